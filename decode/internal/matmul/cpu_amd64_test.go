@@ -1,0 +1,7 @@
+//go:build amd64 && !purego
+
+package matmul
+
+import "golang.org/x/sys/cpu"
+
+func avx2Available() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }

@@ -1,0 +1,5 @@
+//go:build !amd64 || purego
+
+package matmul
+
+func avx2Available() bool { return false }

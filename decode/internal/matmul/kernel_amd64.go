@@ -1,0 +1,27 @@
+//go:build amd64 && !purego
+
+package matmul
+
+import "golang.org/x/sys/cpu"
+
+//go:noescape
+func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32)
+
+//go:noescape
+func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32)
+
+//go:noescape
+func axpyAVX2(dst *float32, a float32, x *float32, n8 uintptr)
+
+var avx2Kernels = kernels{
+	name:   "avx2fma-lane8",
+	dot4x3: dot4x3AVX2,
+	dot1x4: dot1x4AVX2,
+	axpy:   axpyAVX2,
+}
+
+func init() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
+		active = avx2Kernels
+	}
+}

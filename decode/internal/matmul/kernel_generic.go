@@ -1,0 +1,64 @@
+package matmul
+
+import (
+	"math"
+	"unsafe"
+)
+
+// The generic kernels follow the lane schedule of the assembly ones, but Go
+// has no single-precision fused multiply-add: math.FMA in float64 followed
+// by a rounding to float32 rounds twice, which differs from a true float32
+// FMA in rare cases. They therefore carry their own kernel name, and bit-exact
+// continuation is only promised between instances with the same numerics id.
+
+func fma32(a, b, c float32) float32 {
+	return float32(math.FMA(float64(a), float64(b), float64(c)))
+}
+
+func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32) {
+	n := int(n8) * 8
+	*acc = [96]float32{}
+	for t := 0; t < 4; t++ {
+		xr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(x), uintptr(t)*xstride)), n)
+		for r := 0; r < 3; r++ {
+			wr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(w), uintptr(r)*wstride)), n)
+			lanes := acc[(t*3+r)*8 : (t*3+r)*8+8]
+			for i := 0; i < n; i += 8 {
+				for l := 0; l < 8; l++ {
+					lanes[l] = fma32(wr[i+l], xr[i+l], lanes[l])
+				}
+			}
+		}
+	}
+}
+
+func dot1x4Generic(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32) {
+	n := int(n8) * 8
+	*acc = [32]float32{}
+	xr := unsafe.Slice(x, n)
+	for r := 0; r < 4; r++ {
+		wr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(w), uintptr(r)*wstride)), n)
+		lanes := acc[r*8 : r*8+8]
+		for i := 0; i < n; i += 8 {
+			for l := 0; l < 8; l++ {
+				lanes[l] = fma32(wr[i+l], xr[i+l], lanes[l])
+			}
+		}
+	}
+}
+
+func axpyGeneric(dst *float32, a float32, x *float32, n8 uintptr) {
+	n := int(n8) * 8
+	d := unsafe.Slice(dst, n)
+	xs := unsafe.Slice(x, n)
+	for i := range d {
+		d[i] = fma32(a, xs[i], d[i])
+	}
+}
+
+var genericKernels = kernels{
+	name:   "generic-fma64",
+	dot4x3: dot4x3Generic,
+	dot1x4: dot1x4Generic,
+	axpy:   axpyGeneric,
+}

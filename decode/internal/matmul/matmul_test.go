@@ -1,0 +1,121 @@
+package matmul
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+func randVec(r *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(r.NormFloat64())
+	}
+	return v
+}
+
+func naive(x, w []float32, T, m, n int) []float64 {
+	out := make([]float64, T*m)
+	for t := 0; t < T; t++ {
+		for j := 0; j < m; j++ {
+			var s float64
+			for i := 0; i < n; i++ {
+				s += float64(x[t*n+i]) * float64(w[j*n+i])
+			}
+			out[t*m+j] = s
+		}
+	}
+	return out
+}
+
+func forEachKernel(t *testing.T, f func(t *testing.T)) {
+	t.Run(KernelName(), f)
+	restore := UseGeneric()
+	defer restore()
+	t.Run(KernelName(), f)
+}
+
+func TestKernelIsAVX2OnThisMachine(t *testing.T) {
+	if avx2Available() && KernelName() != "avx2fma-lane8" {
+		t.Fatalf("CPU has AVX2+FMA but kernel is %q", KernelName())
+	}
+}
+
+// TestBatchInvariance checks that a row's products do not depend on how many
+// other rows are in the batch, nor on its position in the batch, nor on the
+// tile that computed them.
+func TestBatchInvariance(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(1, 2))
+		for _, dims := range [][2]int{{384, 384}, {172, 64}, {13, 7}, {1024, 40}, {5, 3}} {
+			m, n := dims[0], dims[1]
+			w := randVec(r, m*n)
+			const T = 37
+			x := randVec(r, T*n)
+			full := make([]float32, T*m)
+			MatMul(full, x, T, w, m, n)
+			ref := naive(x, w, T, m, n)
+			for tok := 0; tok < T; tok++ {
+				one := make([]float32, m)
+				MatMul(one, x[tok*n:(tok+1)*n], 1, w, m, n)
+				rows := make([]float32, m)
+				DotRows(rows, x[tok*n:(tok+1)*n], w, n)
+				for j := 0; j < m; j++ {
+					got := full[tok*m+j]
+					if math.Float32bits(one[j]) != math.Float32bits(got) || math.Float32bits(rows[j]) != math.Float32bits(got) {
+						t.Fatalf("m=%d n=%d token %d row %d: batch %x, alone %x, DotRows %x", m, n, tok, j, math.Float32bits(got), math.Float32bits(one[j]), math.Float32bits(rows[j]))
+					}
+					if d := math.Abs(float64(got) - ref[tok*m+j]); d > 1e-3*math.Sqrt(float64(n)) {
+						t.Fatalf("m=%d n=%d: %v vs float64 reference %v", m, n, got, ref[tok*m+j])
+					}
+				}
+			}
+			// A batch that starts at an odd offset puts every row in another tile.
+			shifted := make([]float32, (T-3)*m)
+			MatMul(shifted, x[3*n:], T-3, w, m, n)
+			for i := range shifted {
+				if math.Float32bits(shifted[i]) != math.Float32bits(full[3*m+i]) {
+					t.Fatalf("m=%d n=%d: shifted batch differs at %d", m, n, i)
+				}
+			}
+		}
+	})
+}
+
+func TestAxpy(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(3, 4))
+		for _, n := range []int{0, 1, 7, 8, 9, 64, 100} {
+			x := randVec(r, n)
+			d := randVec(r, n)
+			want := make([]float64, n)
+			for i := range want {
+				want[i] = float64(d[i]) + 0.5*float64(x[i])
+			}
+			Axpy(d, 0.5, x)
+			for i := range d {
+				if math.Abs(float64(d[i])-want[i]) > 1e-5 {
+					t.Fatalf("n=%d i=%d: %v want %v", n, i, d[i], want[i])
+				}
+			}
+		}
+	})
+}
+
+func TestKernelsAgreeClosely(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	m, n := 96, 200
+	w := randVec(r, m*n)
+	x := randVec(r, 8*n)
+	a := make([]float32, 8*m)
+	MatMul(a, x, 8, w, m, n)
+	restore := UseGeneric()
+	b := make([]float32, 8*m)
+	MatMul(b, x, 8, w, m, n)
+	restore()
+	for i := range a {
+		if d := math.Abs(float64(a[i] - b[i])); d > 1e-4*(1+math.Abs(float64(a[i]))) {
+			t.Fatalf("element %d: %v vs generic %v", i, a[i], b[i])
+		}
+	}
+}
