@@ -65,8 +65,9 @@ func (l Layout) String() string {
 // BlockID names a block within one Store.
 type BlockID int32
 
-// Store holds KV blocks. Implementations need not be safe for concurrent
-// use; the scheduler serialises access.
+// Store holds KV blocks. Alloc and Free are called by one goroutine at a
+// time (the scheduler serialises them); Block is called concurrently by the
+// attention workers of one forward pass and must not mutate the store.
 type Store interface {
 	Layout() Layout
 	// Alloc reserves a free block. Its contents are unspecified.

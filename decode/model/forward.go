@@ -1,0 +1,300 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+
+	"github.com/lifeline-llm/lifeline/decode/internal/matmul"
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+)
+
+// ErrBadInput is wrapped by errors about a Forward input.
+var ErrBadInput = errors.New("model: bad forward input")
+
+// Model is a loaded, immutable model. Forward may be called concurrently
+// with distinct workspaces and disjoint KV blocks.
+type Model struct {
+	Config   Config
+	W        Weights
+	Revision string
+	ropeCos  []float32 // ContextLen × HeadSize/2
+	ropeSin  []float32
+}
+
+// New checks the weights against the config and prepares the model.
+func New(c Config, w *Weights) (*Model, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if err := w.check(c); err != nil {
+		return nil, err
+	}
+	m := &Model{Config: c, W: *w, Revision: revision(c, w)}
+	half := c.HeadSize() / 2
+	m.ropeCos = make([]float32, c.ContextLen*half)
+	m.ropeSin = make([]float32, c.ContextLen*half)
+	for pos := 0; pos < c.ContextLen; pos++ {
+		for i := 0; i < half; i++ {
+			freq := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadSize()))
+			s, co := math.Sincos(float64(pos) * freq)
+			m.ropeCos[pos*half+i] = float32(co)
+			m.ropeSin[pos*half+i] = float32(s)
+		}
+	}
+	return m, nil
+}
+
+// KVLayout is the layout of this model's KV blocks with the given block size.
+func (m *Model) KVLayout(blockSize int) kvcache.Layout {
+	return kvcache.NewLayout(m.Config.Layers, m.Config.KVDim(), blockSize)
+}
+
+// Input is one token position to compute.
+type Input struct {
+	Token int
+	Pos   int
+	// Blocks is the block table of the token's sequence: position p lives in
+	// Blocks[p/BlockSize] at slot p%BlockSize. Positions before Pos must
+	// already be written, or be inputs of the same call.
+	Blocks []kvcache.BlockID
+	// Logits, when non-nil, receives this position's VocabSize logits.
+	Logits []float32
+}
+
+// Workspace holds the activations of one Forward call; reuse it across
+// calls to avoid allocation. The zero value is ready.
+type Workspace struct {
+	x, xb, q, k, v, att, hb, hb2, logitsIn, logitsOut []float32
+	scores                                            [][]float32
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// Forward computes the inputs of one batch: it writes each position's keys
+// and values into its KV block and fills the requested logits.
+func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
+	c := m.Config
+	layout := store.Layout()
+	if layout != m.KVLayout(layout.BlockSize) {
+		return fmt.Errorf("%w: store layout %s does not match model layout %s", ErrBadInput, layout, m.KVLayout(layout.BlockSize))
+	}
+	bs := layout.BlockSize
+	for i, t := range in {
+		switch {
+		case t.Token < 0 || t.Token >= c.VocabSize:
+			return fmt.Errorf("%w: input %d: token %d outside vocabulary of %d", ErrBadInput, i, t.Token, c.VocabSize)
+		case t.Pos < 0 || t.Pos >= c.ContextLen:
+			return fmt.Errorf("%w: input %d: position %d outside context of %d", ErrBadInput, i, t.Pos, c.ContextLen)
+		case t.Pos/bs >= len(t.Blocks):
+			return fmt.Errorf("%w: input %d: position %d has no block (table has %d)", ErrBadInput, i, t.Pos, len(t.Blocks))
+		case t.Logits != nil && len(t.Logits) != c.VocabSize:
+			return fmt.Errorf("%w: input %d: logits buffer of %d, want %d", ErrBadInput, i, len(t.Logits), c.VocabSize)
+		}
+	}
+	T := len(in)
+	if T == 0 {
+		return nil
+	}
+	dim, kvDim, hidden := c.Dim, c.KVDim(), c.HiddenDim
+	ws.x = grow(ws.x, T*dim)
+	ws.xb = grow(ws.xb, T*dim)
+	ws.q = grow(ws.q, T*dim)
+	ws.k = grow(ws.k, T*kvDim)
+	ws.v = grow(ws.v, T*kvDim)
+	ws.att = grow(ws.att, T*dim)
+	ws.hb = grow(ws.hb, T*hidden)
+	ws.hb2 = grow(ws.hb2, T*hidden)
+	x, xb := ws.x, ws.xb
+
+	for t, inp := range in {
+		copy(x[t*dim:(t+1)*dim], m.W.Embedding[inp.Token*dim:(inp.Token+1)*dim])
+	}
+	for l := range m.W.Layers {
+		lw := &m.W.Layers[l]
+		for t := 0; t < T; t++ {
+			rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
+		}
+		matmul.MatMul(ws.q, xb, T, lw.Wq, dim, dim)
+		matmul.MatMul(ws.k, xb, T, lw.Wk, kvDim, dim)
+		matmul.MatMul(ws.v, xb, T, lw.Wv, kvDim, dim)
+		for t, inp := range in {
+			m.rope(ws.q[t*dim:(t+1)*dim], inp.Pos)
+			m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
+			blk := store.Block(inp.Blocks[inp.Pos/bs])
+			slot := inp.Pos % bs
+			copy(blk[layout.KeyOffset(l, slot):][:kvDim], ws.k[t*kvDim:(t+1)*kvDim])
+			copy(blk[layout.ValueOffset(l, slot):][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
+		}
+		m.attention(ws, store, in, l)
+		matmul.MatMul(xb, ws.att, T, lw.Wo, dim, dim)
+		addInto(x, xb)
+
+		for t := 0; t < T; t++ {
+			rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
+		}
+		matmul.MatMul(ws.hb, xb, T, lw.W1, hidden, dim)
+		matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
+		for i, h := range ws.hb {
+			// SwiGLU: silu(W1 x) * (W3 x).
+			ws.hb[i] = float32(h/float32(1+math.Exp(float64(-h)))) * ws.hb2[i]
+		}
+		matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
+		addInto(x, xb)
+	}
+
+	// The output head is the widest product: run it only where asked.
+	nl := 0
+	for _, inp := range in {
+		if inp.Logits != nil {
+			nl++
+		}
+	}
+	if nl == 0 {
+		return nil
+	}
+	ws.logitsIn = grow(ws.logitsIn, nl*dim)
+	ws.logitsOut = grow(ws.logitsOut, nl*c.VocabSize)
+	j := 0
+	for t, inp := range in {
+		if inp.Logits != nil {
+			rmsnorm(ws.logitsIn[j*dim:(j+1)*dim], x[t*dim:(t+1)*dim], m.W.FinalNorm, c.NormEps)
+			j++
+		}
+	}
+	matmul.MatMul(ws.logitsOut, ws.logitsIn, nl, m.W.Classifier, c.VocabSize, dim)
+	j = 0
+	for _, inp := range in {
+		if inp.Logits == nil {
+			continue
+		}
+		copy(inp.Logits, ws.logitsOut[j*c.VocabSize:(j+1)*c.VocabSize])
+		if m.W.OutputBias != nil {
+			addInto(inp.Logits, m.W.OutputBias)
+		}
+		j++
+	}
+	return nil
+}
+
+func addInto(dst, src []float32) {
+	for i := range dst {
+		dst[i] += src[i]
+	}
+}
+
+// rmsnorm follows llama2.c: a sequential float32 sum of squares.
+func rmsnorm(out, x, weight []float32, eps float32) {
+	var ss float32
+	for _, v := range x {
+		ss += float32(v * v)
+	}
+	ss = ss/float32(len(x)) + eps
+	inv := float32(1 / math.Sqrt(float64(ss)))
+	for i, v := range x {
+		out[i] = weight[i] * float32(inv*v)
+	}
+}
+
+// rope rotates each head's (2i, 2i+1) pairs by pos·θ^(-2i/HeadSize).
+func (m *Model) rope(vec []float32, pos int) {
+	hs := m.Config.HeadSize()
+	half := hs / 2
+	cos := m.ropeCos[pos*half : (pos+1)*half]
+	sin := m.ropeSin[pos*half : (pos+1)*half]
+	for h := 0; h < len(vec); h += hs {
+		v := vec[h : h+hs]
+		for i := 0; i < half; i++ {
+			a, b := v[2*i], v[2*i+1]
+			v[2*i] = float32(a*cos[i]) - float32(b*sin[i])
+			v[2*i+1] = float32(a*sin[i]) + float32(b*cos[i])
+		}
+	}
+}
+
+// minParallelAttention is the number of attended positions in a batch below
+// which attention runs on one goroutine.
+const minParallelAttention = 4096
+
+// attention computes ws.att for every input of layer l. Each (input, head)
+// is computed by one goroutine with the same operation order regardless of
+// the split.
+func (m *Model) attention(ws *Workspace, store kvcache.Store, in []Input, l int) {
+	work := 0
+	for _, inp := range in {
+		work += inp.Pos + 1
+	}
+	workers := runtime.GOMAXPROCS(0)
+	if work < minParallelAttention || len(in) < 2 {
+		workers = 1
+	}
+	workers = min(workers, len(in))
+	for len(ws.scores) < workers {
+		ws.scores = append(ws.scores, nil)
+	}
+	var wg sync.WaitGroup
+	per := (len(in) + workers - 1) / workers
+	for w := 0; w < workers; w++ {
+		lo, hi := w*per, min((w+1)*per, len(in))
+		if lo >= hi {
+			break
+		}
+		run := func() {
+			for t := lo; t < hi; t++ {
+				ws.scores[w] = m.attendOne(ws.att[t*m.Config.Dim:(t+1)*m.Config.Dim], ws.q[t*m.Config.Dim:(t+1)*m.Config.Dim], ws.scores[w], store, in[t], l)
+			}
+		}
+		if w == workers-1 {
+			run()
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); run() }()
+	}
+	wg.Wait()
+}
+
+func (m *Model) attendOne(out, q, scores []float32, store kvcache.Store, inp Input, l int) []float32 {
+	c := m.Config
+	layout := store.Layout()
+	bs := layout.BlockSize
+	hs, kvDim := c.HeadSize(), c.KVDim()
+	group := c.Heads / c.KVHeads
+	n := inp.Pos + 1
+	scores = grow(scores, n)
+	scale := float32(math.Sqrt(float64(hs)))
+	for h := 0; h < c.Heads; h++ {
+		qh := q[h*hs : (h+1)*hs]
+		kvOff := (h / group) * hs
+		for b := 0; b*bs < n; b++ {
+			blk := store.Block(inp.Blocks[b])
+			cnt := min(bs, n-b*bs)
+			matmul.DotRows(scores[b*bs:b*bs+cnt], qh, blk[layout.KeyOffset(l, 0)+kvOff:], kvDim)
+		}
+		maxv := scores[0] / scale
+		for i := range scores {
+			scores[i] /= scale
+			maxv = max(maxv, scores[i])
+		}
+		var sum float32
+		for i, s := range scores {
+			e := float32(math.Exp(float64(s - maxv)))
+			scores[i] = e
+			sum += e
+		}
+		oh := out[h*hs : (h+1)*hs]
+		clear(oh)
+		for p := 0; p < n; p++ {
+			blk := store.Block(inp.Blocks[p/bs])
+			matmul.Axpy(oh, scores[p]/sum, blk[layout.ValueOffset(l, p%bs)+kvOff:][:hs])
+		}
+	}
+	return scores
+}

@@ -1,0 +1,279 @@
+package model
+
+import (
+	"bytes"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/decode/internal/matmul"
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+)
+
+func tinyModel(t testing.TB) *Model {
+	t.Helper()
+	m, err := Synthetic("tiny", 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// seqRunner computes one sequence position by position in its own store.
+type seqRunner struct {
+	m      *Model
+	store  *kvcache.MemStore
+	blocks []kvcache.BlockID
+	ws     Workspace
+}
+
+func newSeqRunner(t testing.TB, m *Model, positions int) *seqRunner {
+	t.Helper()
+	store, err := kvcache.NewMemStore(m.KVLayout(kvcache.DefaultBlockSize), 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &seqRunner{m: m, store: store}
+	for i := 0; i*kvcache.DefaultBlockSize < positions; i++ {
+		id, err := store.Alloc()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.blocks = append(r.blocks, id)
+	}
+	return r
+}
+
+// run computes tokens[from:to] in one call and returns the logits of each.
+func (r *seqRunner) run(t testing.TB, tokens []int, from, to int) [][]float32 {
+	t.Helper()
+	var in []Input
+	var out [][]float32
+	for p := from; p < to; p++ {
+		l := make([]float32, r.m.Config.VocabSize)
+		in = append(in, Input{Token: tokens[p], Pos: p, Blocks: r.blocks, Logits: l})
+		out = append(out, l)
+	}
+	if err := r.m.Forward(&r.ws, r.store, in); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func testTokens(n int, salt int) []int {
+	toks := make([]int, n)
+	for i := range toks {
+		toks[i] = 300 + (i*37+salt*101)%2000
+	}
+	return toks
+}
+
+func sameBits(a, b []float32) int {
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+// TestCachedDecodeEqualsRecompute checks, at every position, that logits
+// from token-by-token decoding against the KV cache, from one prefill of
+// the whole sequence, from chunked prefill, and from recomputing the whole
+// prefix from scratch are bit-identical.
+func TestCachedDecodeEqualsRecompute(t *testing.T) {
+	for _, kernel := range []string{"active", "generic"} {
+		t.Run(kernel, func(t *testing.T) {
+			if kernel == "generic" {
+				defer matmul.UseGeneric()()
+			}
+			m := tinyModel(t)
+			const n = 53 // crosses three block boundaries
+			toks := testTokens(n, 1)
+			prefill := newSeqRunner(t, m, n).run(t, toks, 0, n)
+			dec := newSeqRunner(t, m, n)
+			chunked := newSeqRunner(t, m, n)
+			var chunkLogits [][]float32
+			for from := 0; from < n; from += 7 {
+				chunkLogits = append(chunkLogits, chunked.run(t, toks, from, min(from+7, n))...)
+			}
+			for p := 0; p < n; p++ {
+				step := dec.run(t, toks, p, p+1)[0]
+				recompute := newSeqRunner(t, m, p+1).run(t, toks, 0, p+1)[p]
+				for name, got := range map[string][]float32{"prefill": prefill[p], "chunked": chunkLogits[p], "recompute": recompute} {
+					if i := sameBits(step, got); i >= 0 {
+						t.Fatalf("position %d: decode and %s logits differ at %d: %v vs %v", p, name, i, step[i], got[i])
+					}
+				}
+			}
+			// The K/V bytes themselves are equal too.
+			prefillBlocks := newSeqRunnerBlocks(t, m, toks)
+			for i, id := range dec.blocks {
+				if j := sameBits(dec.store.Block(id), prefillBlocks[i]); j >= 0 {
+					t.Fatalf("block %d: decode and prefill K/V differ at float %d", i, j)
+				}
+			}
+		})
+	}
+}
+
+func newSeqRunnerBlocks(t *testing.T, m *Model, toks []int) [][]float32 {
+	r := newSeqRunner(t, m, len(toks))
+	r.run(t, toks, 0, len(toks))
+	var out [][]float32
+	for _, id := range r.blocks {
+		out = append(out, r.store.Block(id))
+	}
+	return out
+}
+
+// TestBatchInvariance computes one sequence alone and inside a batch with
+// other sequences of different lengths and phases.
+func TestBatchInvariance(t *testing.T) {
+	m := tinyModel(t)
+	const n = 40
+	toks := testTokens(n, 2)
+	alone := newSeqRunner(t, m, n).run(t, toks, 0, n)
+
+	store, _ := kvcache.NewMemStore(m.KVLayout(kvcache.DefaultBlockSize), 256)
+	alloc := func(positions int) []kvcache.BlockID {
+		var ids []kvcache.BlockID
+		for i := 0; i*kvcache.DefaultBlockSize < positions; i++ {
+			id, err := store.Alloc()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	target := alloc(n)
+	others := make([][]kvcache.BlockID, 31)
+	otherToks := make([][]int, 31)
+	for i := range others {
+		otherToks[i] = testTokens(5+3*i, 10+i)
+		others[i] = alloc(len(otherToks[i]))
+	}
+	var ws Workspace
+	got := make([][]float32, n)
+	// Feed the target 3 tokens per step, others one or more per step.
+	for p, step := 0, 0; p < n; step++ {
+		var in []Input
+		for i := range others {
+			q := step*(1+i%3) + 0
+			for k := 0; k < 1+i%3; k++ {
+				if q+k < len(otherToks[i]) {
+					in = append(in, Input{Token: otherToks[i][q+k], Pos: q + k, Blocks: others[i], Logits: make([]float32, m.Config.VocabSize)})
+				}
+			}
+			if i == 15 {
+				for k := 0; k < 3 && p < n; k, p = k+1, p+1 {
+					got[p] = make([]float32, m.Config.VocabSize)
+					in = append(in, Input{Token: toks[p], Pos: p, Blocks: target, Logits: got[p]})
+				}
+			}
+		}
+		if err := m.Forward(&ws, store, in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for p := range got {
+		if i := sameBits(alone[p], got[p]); i >= 0 {
+			t.Fatalf("position %d: alone and batched logits differ at %d", p, i)
+		}
+	}
+}
+
+func TestForwardRejectsBadInput(t *testing.T) {
+	m := tinyModel(t)
+	r := newSeqRunner(t, m, 16)
+	for name, in := range map[string]Input{
+		"token":    {Token: -1, Pos: 0, Blocks: r.blocks},
+		"big id":   {Token: m.Config.VocabSize, Pos: 0, Blocks: r.blocks},
+		"position": {Token: 5, Pos: m.Config.ContextLen, Blocks: r.blocks},
+		"no block": {Token: 5, Pos: 16, Blocks: r.blocks},
+		"logits":   {Token: 5, Pos: 0, Blocks: r.blocks, Logits: make([]float32, 3)},
+	} {
+		if err := m.Forward(&r.ws, r.store, []Input{in}); !errors.Is(err, ErrBadInput) {
+			t.Errorf("%s: %v, want ErrBadInput", name, err)
+		}
+	}
+	other, _ := kvcache.NewMemStore(kvcache.NewLayout(3, 8, 16), 2)
+	if err := m.Forward(&r.ws, other, []Input{{Token: 5, Pos: 0, Blocks: []kvcache.BlockID{0}}}); !errors.Is(err, ErrBadInput) {
+		t.Errorf("mismatched layout: %v", err)
+	}
+}
+
+func TestSyntheticDeterministicAndDistinct(t *testing.T) {
+	a, b := tinyModel(t), tinyModel(t)
+	if a.Revision != b.Revision {
+		t.Fatal("same preset and seed gave different revisions")
+	}
+	c, _ := Synthetic("tiny", 8)
+	if c.Revision == a.Revision {
+		t.Fatal("different seeds share a revision")
+	}
+	if _, err := Synthetic("huge", 1); !errors.Is(err, ErrUnknownPreset) {
+		t.Fatalf("unknown preset: %v", err)
+	}
+	small, err := PresetConfig("small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := small.Params(); p < 13e6 || p > 17e6 {
+		t.Fatalf("small has %d parameters, want about 15M", p)
+	}
+}
+
+func TestLlama2CRoundTrip(t *testing.T) {
+	src := tinyModel(t)
+	w := src.W
+	w.OutputBias = nil
+	for _, shared := range []bool{false, true} {
+		if shared {
+			w.Classifier = w.Embedding
+		}
+		m, err := New(src.Config, &w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(t.TempDir(), "model.bin")
+		var buf bytes.Buffer
+		if err := WriteLlama2C(&buf, m); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		loaded, err := LoadLlama2C(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loaded.Revision != m.Revision {
+			t.Fatalf("shared=%v: revision %s after round trip, want %s", shared, loaded.Revision, m.Revision)
+		}
+		toks := testTokens(20, 3)
+		a := newSeqRunner(t, m, 20).run(t, toks, 0, 20)
+		b := newSeqRunner(t, loaded, 20).run(t, toks, 0, 20)
+		for p := range a {
+			if i := sameBits(a[p], b[p]); i >= 0 {
+				t.Fatalf("shared=%v position %d: logits differ after round trip", shared, p)
+			}
+		}
+		// Corruptions are clear errors.
+		data := buf.Bytes()
+		for name, bad := range map[string][]byte{
+			"truncated":  data[:len(data)-4],
+			"extra":      append(append([]byte{}, data...), 0, 0, 0, 0),
+			"zero dim":   append([]byte{0, 0, 0, 0}, data[4:]...),
+			"header":     data[:10],
+			"huge layer": append(append(append([]byte{}, data[:8]...), 0xff, 0xff, 0xff, 0x7f), data[12:]...),
+		} {
+			if _, err := ReadLlama2C(bytes.NewReader(bad), int64(len(bad))); !errors.Is(err, ErrBadCheckpoint) {
+				t.Errorf("%s: %v, want ErrBadCheckpoint", name, err)
+			}
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package model
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+)
+
+// Layer holds one transformer block. Matrices are row-major with one row per
+// output: Wq is Dim×Dim, Wk and Wv KVDim×Dim, Wo Dim×Dim, W1 and W3
+// HiddenDim×Dim, W2 Dim×HiddenDim.
+type Layer struct {
+	AttnNorm, Wq, Wk, Wv, Wo []float32
+	FFNNorm, W1, W2, W3      []float32
+}
+
+// Weights are all tensors of a model.
+type Weights struct {
+	Embedding  []float32 // VocabSize×Dim
+	Layers     []Layer
+	FinalNorm  []float32 // Dim
+	Classifier []float32 // VocabSize×Dim; may alias Embedding
+	// OutputBias, when set, is added to the logits (VocabSize).
+	OutputBias []float32
+}
+
+// tensors lists every tensor with its name and expected length, in a fixed
+// order used by the revision hash and the checkpoint writer.
+func (w *Weights) tensors(c Config) []namedTensor {
+	t := []namedTensor{{"embedding", w.Embedding, c.VocabSize * c.Dim}}
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		p := fmt.Sprintf("layers.%d.", i)
+		t = append(t,
+			namedTensor{p + "attn_norm", l.AttnNorm, c.Dim},
+			namedTensor{p + "wq", l.Wq, c.Dim * c.Dim},
+			namedTensor{p + "wk", l.Wk, c.KVDim() * c.Dim},
+			namedTensor{p + "wv", l.Wv, c.KVDim() * c.Dim},
+			namedTensor{p + "wo", l.Wo, c.Dim * c.Dim},
+			namedTensor{p + "ffn_norm", l.FFNNorm, c.Dim},
+			namedTensor{p + "w1", l.W1, c.HiddenDim * c.Dim},
+			namedTensor{p + "w2", l.W2, c.Dim * c.HiddenDim},
+			namedTensor{p + "w3", l.W3, c.HiddenDim * c.Dim},
+		)
+	}
+	t = append(t, namedTensor{"final_norm", w.FinalNorm, c.Dim}, namedTensor{"classifier", w.Classifier, c.VocabSize * c.Dim})
+	if w.OutputBias != nil {
+		t = append(t, namedTensor{"output_bias", w.OutputBias, c.VocabSize})
+	}
+	return t
+}
+
+type namedTensor struct {
+	name string
+	data []float32
+	want int
+}
+
+func (w *Weights) check(c Config) error {
+	if len(w.Layers) != c.Layers {
+		return fmt.Errorf("%w: %d layers of weights for %d layers", ErrBadConfig, len(w.Layers), c.Layers)
+	}
+	for _, t := range w.tensors(c) {
+		if len(t.data) != t.want {
+			return fmt.Errorf("%w: tensor %s has %d values, want %d", ErrBadConfig, t.name, len(t.data), t.want)
+		}
+	}
+	return nil
+}
+
+// revision hashes the shape and every weight: two models with the same
+// revision compute the same function.
+func revision(c Config, w *Weights) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;vocab=%d;ctx=%d;theta=%v;eps=%v\x00",
+		EngineVersion, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.VocabSize, c.ContextLen, c.RopeTheta, c.NormEps)
+	buf := make([]byte, 0, 1<<16)
+	for _, t := range w.tensors(c) {
+		h.Write([]byte(t.name))
+		for i := 0; i < len(t.data); i += 1 << 14 {
+			buf = buf[:0]
+			for _, v := range t.data[i:min(i+1<<14, len(t.data))] {
+				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+			}
+			h.Write(buf)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// Synthetic builds a preset with weights that are a pure function of
+// (preset, seed). Its output bias favours whole words over single
+// characters and rules out byte-fallback and special tokens, so that
+// generations from random weights read as words.
+func Synthetic(preset string, seed uint64) (*Model, error) {
+	c, err := PresetConfig(preset)
+	if err != nil {
+		return nil, err
+	}
+	tensorNo := uint64(0)
+	gen := func(n int, scale float64) []float32 {
+		tensorNo++
+		key := seed*0x9e3779b97f4a7c15 + tensorNo
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32((2*sample.Uniform(key, uint64(i)) - 1) * scale)
+		}
+		return v
+	}
+	ones := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = 1
+		}
+		return v
+	}
+	// Uniform(-a, a) has variance a²/3: a = sqrt(3/fan_in) keeps unit scale.
+	unit := func(fanIn int) float64 { return math.Sqrt(3 / float64(fanIn)) }
+	resid := 0.5 / math.Sqrt(float64(c.Layers))
+	w := &Weights{Embedding: gen(c.VocabSize*c.Dim, 1)}
+	for i := 0; i < c.Layers; i++ {
+		w.Layers = append(w.Layers, Layer{
+			AttnNorm: ones(c.Dim),
+			Wq:       gen(c.Dim*c.Dim, unit(c.Dim)),
+			Wk:       gen(c.KVDim()*c.Dim, unit(c.Dim)),
+			Wv:       gen(c.KVDim()*c.Dim, unit(c.Dim)),
+			Wo:       gen(c.Dim*c.Dim, unit(c.Dim)*resid),
+			FFNNorm:  ones(c.Dim),
+			W1:       gen(c.HiddenDim*c.Dim, unit(c.Dim)),
+			W2:       gen(c.Dim*c.HiddenDim, unit(c.HiddenDim)*resid),
+			W3:       gen(c.HiddenDim*c.Dim, unit(c.Dim)),
+		})
+	}
+	w.FinalNorm = ones(c.Dim)
+	w.Classifier = gen(c.VocabSize*c.Dim, unit(c.Dim)*2)
+	w.OutputBias = readableBias(tokenizer.NewBuiltin())
+	return New(c, w)
+}
+
+func readableBias(tok *tokenizer.Builtin) []float32 {
+	bias := make([]float32, tok.VocabSize())
+	rank := 0
+	for id := range bias {
+		p := tok.PieceString(id)
+		switch {
+		case tok.IsSpecial(id) || tok.IsByteFallback(id):
+			bias[id] = -30
+		case p == ". " || p == ", " || p == ".\n":
+			bias[id] = 1.5
+		case len(p) > 2 && p[0] == ' ':
+			bias[id] = float32(2.5 - 0.001*float64(rank))
+			rank++
+		default:
+			bias[id] = -2
+		}
+	}
+	return bias
+}

@@ -1,0 +1,137 @@
+package sample
+
+import (
+	"errors"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"testing/quick"
+)
+
+func logitsFrom(seed uint64, n int) []float32 {
+	r := rand.New(rand.NewPCG(seed, 7))
+	l := make([]float32, n)
+	for i := range l {
+		l[i] = float32(r.NormFloat64() * 3)
+	}
+	return l
+}
+
+var quickCfg = &quick.Config{MaxCount: 500}
+
+func TestSameInputsSameToken(t *testing.T) {
+	f := func(seed, lseed uint64, pos uint16, temp uint8, topK uint8, topP uint8) bool {
+		logits := logitsFrom(lseed, 64)
+		p := Params{Temperature: float64(temp) / 100, TopK: int(topK % 70), TopP: float64(topP) / 255, Seed: seed, FrequencyPenalty: 0.3}
+		hist := []int{1, 2, 2, int(lseed % 64)}
+		var a, b Sampler
+		// b has run before on unrelated input: scratch must not leak.
+		b.Sample(logitsFrom(lseed+1, 64), Params{Temperature: 1, Seed: 9}, []int{5, 5, 5}, 3)
+		return a.Sample(logits, p, hist, uint64(pos)) == b.Sample(logits, p, hist, uint64(pos))
+	}
+	if err := quick.Check(f, quickCfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rankOf(logits []float32, id int) int {
+	r := 0
+	for j, l := range logits {
+		if l > logits[id] || (l == logits[id] && j < id) {
+			r++
+		}
+	}
+	return r
+}
+
+func TestTopKNeverPicksOutside(t *testing.T) {
+	f := func(seed, lseed uint64, pos uint32, k uint8) bool {
+		logits := logitsFrom(lseed, 50)
+		K := int(k%10) + 1
+		var s Sampler
+		id := s.Sample(logits, Params{Temperature: 5, TopK: K, Seed: seed}, nil, uint64(pos))
+		return rankOf(logits, id) < K
+	}
+	if err := quick.Check(f, quickCfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestTopPNeverPicksOutside(t *testing.T) {
+	f := func(seed, lseed uint64, pos uint32, pp uint8) bool {
+		logits := logitsFrom(lseed, 50)
+		topP := float64(pp%100+1) / 101
+		temp := 1.3
+		// The nucleus: smallest prefix of the sorted distribution reaching topP.
+		ids := make([]int, len(logits))
+		for i := range ids {
+			ids[i] = i
+		}
+		slices.SortFunc(ids, func(a, b int) int { return rankOf(logits, a) - rankOf(logits, b) })
+		var z float64
+		for _, l := range logits {
+			z += math.Exp((float64(l) - float64(logits[ids[0]])) / temp)
+		}
+		allowed := map[int]bool{}
+		var cum float64
+		for _, id := range ids {
+			allowed[id] = true
+			cum += math.Exp((float64(logits[id])-float64(logits[ids[0]]))/temp) / z
+			if cum >= topP {
+				break
+			}
+		}
+		var s Sampler
+		return allowed[s.Sample(logits, Params{Temperature: temp, TopP: topP, Seed: seed}, nil, uint64(pos))]
+	}
+	if err := quick.Check(f, quickCfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestGreedyAndPenalties(t *testing.T) {
+	var s Sampler
+	logits := []float32{1, 3, 3, 2}
+	if id := s.Sample(logits, Params{}, nil, 1); id != 1 {
+		t.Fatalf("greedy tie picked %d, want lowest id 1", id)
+	}
+	// Token 1 used twice: 3 - 2*0.6 = 1.8 < 3 (token 2) -> 2.
+	if id := s.Sample(logits, Params{FrequencyPenalty: 0.6}, []int{1, 1}, 3); id != 2 {
+		t.Fatalf("frequency penalty: picked %d, want 2", id)
+	}
+	// Presence penalty on 1 and 2 leaves 3 (logit 2) on top.
+	if id := s.Sample(logits, Params{PresencePenalty: 1.5}, []int{1, 2}, 3); id != 3 {
+		t.Fatalf("presence penalty: picked %d, want 3", id)
+	}
+}
+
+func TestUniformSpreadsAndDependsOnBoth(t *testing.T) {
+	var buckets [10]int
+	for p := uint64(0); p < 10000; p++ {
+		u := Uniform(42, p)
+		if u < 0 || u >= 1 {
+			t.Fatalf("Uniform out of range: %v", u)
+		}
+		buckets[int(u*10)]++
+	}
+	for i, n := range buckets {
+		if n < 850 || n > 1150 {
+			t.Fatalf("bucket %d has %d of 10000", i, n)
+		}
+	}
+	if Uniform(1, 5) == Uniform(2, 5) || Uniform(1, 5) == Uniform(1, 6) {
+		t.Fatal("Uniform ignores seed or position")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	for _, p := range []Params{{Temperature: -1}, {TopK: -1}, {TopP: 1.5}, {Temperature: math.NaN()}, {FrequencyPenalty: 3}} {
+		if err := p.Validate(); !errors.Is(err, ErrInvalidParams) {
+			t.Errorf("%+v: %v", p, err)
+		}
+	}
+	if err := (Params{Temperature: 0.9, TopK: 40, TopP: 0.95}).Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
