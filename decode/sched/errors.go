@@ -1,0 +1,53 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrOverloaded matches every *OverloadedError.
+	ErrOverloaded = errors.New("sched: overloaded")
+	// ErrTooLarge means the request needs more KV blocks than the whole
+	// store holds: retrying cannot help.
+	ErrTooLarge = errors.New("sched: request needs more KV blocks than the store holds")
+	// ErrCancelled is the error of a sequence that was cancelled.
+	ErrCancelled = errors.New("sched: cancelled")
+	// ErrUnknownSequence is returned by Cancel for an id that is not queued
+	// or running.
+	ErrUnknownSequence = errors.New("sched: unknown sequence")
+	// ErrInvalidRequest is wrapped by every request validation error.
+	ErrInvalidRequest = errors.New("sched: invalid request")
+	// ErrClosed is returned by Submit after Close.
+	ErrClosed = errors.New("sched: closed")
+)
+
+// Limit names the hard limit that rejected a request.
+type Limit string
+
+const (
+	LimitRunning  Limit = "running"
+	LimitQueued   Limit = "queued"
+	LimitKVBlocks Limit = "kv_blocks"
+)
+
+// OverloadedError is the typed, retryable rejection of a request that hit a
+// hard limit. Nothing was queued; the caller may retry later or elsewhere.
+type OverloadedError struct {
+	Limit      Limit
+	Running    int
+	Queued     int
+	FreeBlocks int
+	NeedBlocks int
+}
+
+func (e *OverloadedError) Error() string {
+	return fmt.Sprintf("sched: overloaded: %s limit reached (running %d, queued %d, free KV blocks %d, needed %d)",
+		e.Limit, e.Running, e.Queued, e.FreeBlocks, e.NeedBlocks)
+}
+
+// Is makes errors.Is(err, ErrOverloaded) true.
+func (e *OverloadedError) Is(target error) bool { return target == ErrOverloaded }
+
+// Retryable reports that the request may succeed if sent again.
+func (e *OverloadedError) Retryable() bool { return true }

@@ -1,0 +1,405 @@
+// Package sched is the reference engine's continuous-batching scheduler: it
+// admits sequences under hard limits, reserves their KV blocks, and runs
+// steps that mix prefill chunks and decode tokens of many sequences in one
+// forward pass, interactive traffic first.
+//
+// The scheduler does no I/O of its own; Step is driven by Run or by a test.
+package sched
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+)
+
+// Priority is a request's class. Interactive sequences are admitted and
+// scheduled before batch ones.
+type Priority int
+
+const (
+	Interactive Priority = iota
+	Batch
+	numPriorities
+)
+
+// FinishReason says why a sequence ended.
+type FinishReason string
+
+const (
+	FinishStop      FinishReason = "stop"
+	FinishLength    FinishReason = "length"
+	FinishCancelled FinishReason = "cancelled"
+	FinishError     FinishReason = "error"
+)
+
+// Limits are the scheduler's hard limits. Every one rejects at once with an
+// *OverloadedError rather than waiting.
+type Limits struct {
+	// MaxRunning is the most sequences decoding at once.
+	MaxRunning int
+	// MaxQueued is the most admitted-but-waiting requests; 0 means a request
+	// that cannot start at once is rejected.
+	MaxQueued int
+	// MaxStepTokens is the most positions computed in one step; prefills
+	// longer than that are split into chunks.
+	MaxStepTokens int
+}
+
+// DefaultLimits suit a small CPU engine.
+var DefaultLimits = Limits{MaxRunning: 64, MaxQueued: 256, MaxStepTokens: 512}
+
+// Token is one generated output token.
+type Token struct {
+	// SequenceNo is the 1-based output position; with a prefix of k prior
+	// output tokens the first new token is k+1.
+	SequenceNo int
+	ID         int
+	// Logits of this position, when the request asked to keep them.
+	Logits []float32
+}
+
+// Finish ends a sequence. Err is ErrCancelled for a cancel and the step
+// error for FinishError.
+type Finish struct {
+	Reason    FinishReason
+	Generated int
+	Err       error
+}
+
+// Request is one sequence to generate.
+type Request struct {
+	ID string
+	// Prompt includes BOS.
+	Prompt []int
+	// Prefix are output tokens already generated (by an earlier attempt);
+	// generation continues after them and they count towards MaxTokens.
+	Prefix []int
+	// MaxTokens is the total output budget, Prefix included.
+	MaxTokens  int
+	Sampling   sample.Params
+	StopTokens []int
+	Priority   Priority
+	KeepLogits bool
+	// OnToken is called from the stepping goroutine for every new token;
+	// returning false ends the sequence with FinishStop. OnFinish is called
+	// exactly once. Neither may block or call back into the scheduler.
+	OnToken  func(Token) bool
+	OnFinish func(Finish)
+}
+
+type sequence struct {
+	req      Request
+	tokens   []int // prompt then every output token
+	computed int   // positions whose K/V are written
+	blocks   []kvcache.BlockID
+	logits   []float32
+	nOutput  int
+}
+
+// Scheduler owns the sequences of one engine instance.
+type Scheduler struct {
+	model  *model.Model
+	store  kvcache.Store
+	limits Limits
+
+	mu      sync.Mutex
+	ws      model.Workspace
+	sampler sample.Sampler
+	queues  [numPriorities][]*sequence
+	running []*sequence
+	byID    map[string]*sequence
+	closed  bool
+	wake    chan struct{}
+	// freeErrors counts blocks the store refused to take back.
+	freeErrors int
+}
+
+// New returns a scheduler that computes with m and keeps K/V in store.
+func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error) {
+	if limits.MaxRunning <= 0 || limits.MaxQueued < 0 || limits.MaxStepTokens <= 0 {
+		return nil, fmt.Errorf("%w: limits %+v: need MaxRunning > 0, MaxQueued >= 0, MaxStepTokens > 0", ErrInvalidRequest, limits)
+	}
+	if store.Layout() != m.KVLayout(store.Layout().BlockSize) {
+		return nil, fmt.Errorf("sched: store layout %s does not fit model", store.Layout())
+	}
+	return &Scheduler{model: m, store: store, limits: limits, byID: make(map[string]*sequence), wake: make(chan struct{}, 1)}, nil
+}
+
+// Stats is a snapshot of the scheduler's load.
+type Stats struct {
+	Running, Queued, FreeBlocks, TotalBlocks int
+	FreeErrors                               int
+}
+
+// Stats returns the current load.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors}
+}
+
+func (s *Scheduler) queuedLocked() int {
+	n := 0
+	for _, q := range s.queues {
+		n += len(q)
+	}
+	return n
+}
+
+// blocksFor is the number of blocks a request reserves: every position up to
+// the last one whose K/V is computed (the final token is never fed back).
+func (s *Scheduler) blocksFor(r *Request) int {
+	positions := len(r.Prompt) + r.MaxTokens - 1
+	bs := s.store.Layout().BlockSize
+	return (positions + bs - 1) / bs
+}
+
+func (s *Scheduler) validate(r *Request) error {
+	c := s.model.Config
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: request %q: %s", ErrInvalidRequest, r.ID, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case r.ID == "":
+		return bad("empty id")
+	case len(r.Prompt) == 0:
+		return bad("empty prompt")
+	case r.MaxTokens <= 0:
+		return bad("max_tokens %d must be positive", r.MaxTokens)
+	case len(r.Prefix) >= r.MaxTokens:
+		return bad("prefix of %d tokens leaves nothing to generate within max_tokens %d", len(r.Prefix), r.MaxTokens)
+	case len(r.Prompt)+r.MaxTokens > c.ContextLen:
+		return bad("prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(r.Prompt), r.MaxTokens, c.ContextLen)
+	case r.Priority < 0 || r.Priority >= numPriorities:
+		return bad("priority %d", r.Priority)
+	case r.OnToken == nil || r.OnFinish == nil:
+		return bad("OnToken and OnFinish are required")
+	}
+	for _, ids := range [][]int{r.Prompt, r.Prefix} {
+		for _, id := range ids {
+			if id < 0 || id >= c.VocabSize {
+				return bad("token %d outside the vocabulary of %d", id, c.VocabSize)
+			}
+		}
+	}
+	for _, id := range r.Prefix {
+		if slices.Contains(r.StopTokens, id) {
+			return bad("prefix contains stop token %d", id)
+		}
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return bad("%v", err)
+	}
+	return nil
+}
+
+// Submit admits a request, starting it at once when a slot and its KV
+// blocks are free and queueing it otherwise. When neither is possible it
+// returns an *OverloadedError and changes nothing.
+func (s *Scheduler) Submit(r Request) error {
+	if err := s.validate(&r); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if _, dup := s.byID[r.ID]; dup {
+		return fmt.Errorf("%w: request %q: id already in use", ErrInvalidRequest, r.ID)
+	}
+	need := s.blocksFor(&r)
+	if need > s.store.Capacity() {
+		return fmt.Errorf("%w: request %q needs %d blocks of %d", ErrTooLarge, r.ID, need, s.store.Capacity())
+	}
+	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix)}
+	if s.queuedLocked() == 0 && len(s.running) < s.limits.MaxRunning && s.store.NumFree() >= need {
+		if err := s.startLocked(seq, need); err != nil {
+			return err
+		}
+	} else if s.queuedLocked() < s.limits.MaxQueued {
+		s.queues[r.Priority] = append(s.queues[r.Priority], seq)
+	} else {
+		limit := LimitQueued
+		if s.limits.MaxQueued == 0 {
+			limit = LimitKVBlocks
+			if len(s.running) >= s.limits.MaxRunning {
+				limit = LimitRunning
+			}
+		}
+		return &OverloadedError{Limit: limit, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
+	}
+	s.byID[r.ID] = seq
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *Scheduler) startLocked(seq *sequence, need int) error {
+	for len(seq.blocks) < need {
+		id, err := s.store.Alloc()
+		if err != nil {
+			s.freeLocked(seq)
+			return fmt.Errorf("sched: reserve blocks for %q: %w", seq.req.ID, err)
+		}
+		seq.blocks = append(seq.blocks, id)
+	}
+	s.running = append(s.running, seq)
+	return nil
+}
+
+func (s *Scheduler) freeLocked(seq *sequence) {
+	for _, id := range seq.blocks {
+		// A block we allocated is ours to free; a failure means the store
+		// changed under us. Count it rather than take the engine down.
+		if err := s.store.Free(id); err != nil {
+			s.freeErrors++
+		}
+	}
+	seq.blocks = nil
+}
+
+// admitLocked starts queued requests in priority order while slots and
+// blocks last; it stops at the first that does not fit so that a large
+// interactive request is not overtaken forever.
+func (s *Scheduler) admitLocked() {
+	for p := range s.queues {
+		for len(s.queues[p]) > 0 && len(s.running) < s.limits.MaxRunning {
+			seq := s.queues[p][0]
+			need := s.blocksFor(&seq.req)
+			if s.store.NumFree() < need {
+				return
+			}
+			if err := s.startLocked(seq, need); err != nil {
+				return
+			}
+			s.queues[p] = s.queues[p][1:]
+		}
+	}
+}
+
+// Cancel ends a queued or running sequence and frees its blocks before it
+// returns.
+func (s *Scheduler) Cancel(id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq, ok := s.byID[id]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrUnknownSequence, id)
+	}
+	s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+	return nil
+}
+
+func (s *Scheduler) finishLocked(seq *sequence, f Finish) {
+	s.freeLocked(seq)
+	delete(s.byID, seq.req.ID)
+	s.running = slices.DeleteFunc(s.running, func(x *sequence) bool { return x == seq })
+	q := &s.queues[seq.req.Priority]
+	*q = slices.DeleteFunc(*q, func(x *sequence) bool { return x == seq })
+	f.Generated = seq.nOutput - len(seq.req.Prefix)
+	seq.req.OnFinish(f)
+}
+
+// Step admits what fits and runs one forward pass over the running
+// sequences. It reports whether there was anything to do.
+func (s *Scheduler) Step() (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.admitLocked()
+	if len(s.running) == 0 {
+		return false, nil
+	}
+	order := slices.Clone(s.running)
+	slices.SortStableFunc(order, func(a, b *sequence) int { return int(a.req.Priority) - int(b.req.Priority) })
+	budget := s.limits.MaxStepTokens
+	var in []model.Input
+	var sampled []*sequence
+	vocab := s.model.Config.VocabSize
+	for _, seq := range order {
+		if budget == 0 {
+			break
+		}
+		remaining := len(seq.tokens) - seq.computed
+		chunk := min(remaining, budget)
+		budget -= chunk
+		for p := seq.computed; p < seq.computed+chunk; p++ {
+			inp := model.Input{Token: seq.tokens[p], Pos: p, Blocks: seq.blocks}
+			if p == len(seq.tokens)-1 {
+				if seq.logits == nil {
+					seq.logits = make([]float32, vocab)
+				}
+				inp.Logits = seq.logits
+				sampled = append(sampled, seq)
+			}
+			in = append(in, inp)
+		}
+		seq.computed += chunk
+	}
+	if err := s.model.Forward(&s.ws, s.store, in); err != nil {
+		for _, seq := range order {
+			s.finishLocked(seq, Finish{Reason: FinishError, Err: err})
+		}
+		return true, fmt.Errorf("sched: step: %w", err)
+	}
+	for _, seq := range sampled {
+		r := &seq.req
+		pos := seq.nOutput + 1
+		id := s.sampler.Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(pos))
+		seq.tokens = append(seq.tokens, id)
+		seq.nOutput++
+		tok := Token{SequenceNo: pos, ID: id}
+		if r.KeepLogits {
+			tok.Logits = slices.Clone(seq.logits)
+		}
+		more := r.OnToken(tok)
+		switch {
+		case slices.Contains(r.StopTokens, id) || !more:
+			s.finishLocked(seq, Finish{Reason: FinishStop})
+		case seq.nOutput >= r.MaxTokens:
+			s.finishLocked(seq, Finish{Reason: FinishLength})
+		}
+	}
+	return true, nil
+}
+
+// Run steps until ctx is done, sleeping while there is no work. On return
+// every remaining sequence is cancelled.
+func (s *Scheduler) Run(ctx context.Context) error {
+	defer s.Close()
+	for {
+		busy, err := s.Step()
+		if err != nil {
+			return err
+		}
+		if busy {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.wake:
+		}
+	}
+}
+
+// Close cancels every sequence and refuses further submissions.
+func (s *Scheduler) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, seq := range slices.Collect(maps.Values(s.byID)) {
+		s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+	}
+}
