@@ -152,6 +152,8 @@ func readableBias(tok *tokenizer.Builtin) []float32 {
 			bias[id] = -30
 		case p == ". " || p == ", " || p == ".\n":
 			bias[id] = 1.5
+		case len(p) > 2 && p[0] == ' ' && p[1] >= 'A' && p[1] <= 'Z':
+			bias[id] = 0.5
 		case len(p) > 2 && p[0] == ' ':
 			bias[id] = float32(2.5 - 0.001*float64(rank))
 			rank++

@@ -1,0 +1,92 @@
+// Command lifeline runs Lifeline's processes; today the reference engine
+// (`lifeline engine generate`).
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifeline-llm/lifeline/decode"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := rootCmd().ExecuteContext(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "lifeline:", err)
+		os.Exit(1)
+	}
+}
+
+func rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "lifeline",
+		Short:         "Keep streaming LLM requests alive through failures",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	engine := &cobra.Command{Use: "engine", Short: "Run the reference engine directly"}
+	engine.AddCommand(generateCmd())
+	root.AddCommand(engine)
+	return root
+}
+
+func generateCmd() *cobra.Command {
+	var (
+		opts   decode.GenerateOptions
+		prefix string
+	)
+	cmd := &cobra.Command{
+		Use:   "generate",
+		Short: "Stream one generation from the reference engine",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ids, err := parseTokenIDs(prefix)
+			if err != nil {
+				return err
+			}
+			opts.PrefixTokens = ids
+			return decode.RunGenerate(cmd.Context(), opts, cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Engine.Preset, "preset", "tiny", "synthetic model preset: tiny or small")
+	f.Uint64Var(&opts.Engine.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
+	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin (replaces --preset)")
+	f.StringVar(&opts.Engine.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin for --model")
+	f.StringVar(&opts.Prompt, "prompt", "", "prompt text")
+	f.StringVar(&prefix, "prefix-tokens", "", "comma-separated output token ids already generated; continue after them")
+	f.IntVar(&opts.MaxTokens, "max-tokens", 64, "total output tokens, prefix included")
+	f.Uint64Var(&opts.Sampling.Seed, "seed", 0, "sampling seed")
+	f.Float64Var(&opts.Sampling.Temperature, "temperature", 0.8, "sampling temperature; 0 is greedy")
+	f.Float64Var(&opts.Sampling.TopP, "top-p", 0.95, "nucleus sampling threshold")
+	f.IntVar(&opts.Sampling.TopK, "top-k", 0, "keep only the K most likely tokens; 0 keeps all")
+	f.Float64Var(&opts.Sampling.FrequencyPenalty, "frequency-penalty", 0, "OpenAI frequency penalty")
+	f.Float64Var(&opts.Sampling.PresencePenalty, "presence-penalty", 0, "OpenAI presence penalty")
+	f.StringArrayVar(&opts.Stop, "stop", nil, "stop string (repeatable)")
+	f.BoolVar(&opts.IgnoreEOS, "ignore-eos", false, "keep generating past end-of-sequence")
+	f.BoolVar(&opts.JSON, "json", false, `print one JSON object per token: {"sequence_no","token_id","text"}`)
+	return cmd
+}
+
+func parseTokenIDs(s string) ([]int, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var ids []int
+	for _, f := range strings.Split(s, ",") {
+		id, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("--prefix-tokens: %q is not a token id", f)
+		}
+		ids = append(ids, id)
+	}
+	return ids, nil
+}

@@ -1,0 +1,367 @@
+// Package decode is the reference engine: it ties the model, tokenizer,
+// sampler and scheduler into streams of numbered tokens with text, and
+// hosts the `lifeline engine` command.
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+)
+
+// ErrInvalidRequest matches every *RequestError.
+var ErrInvalidRequest = errors.New("decode: invalid request")
+
+// RequestError names the request field that is wrong.
+type RequestError struct {
+	Field  string
+	Reason string
+}
+
+func (e *RequestError) Error() string {
+	return fmt.Sprintf("decode: invalid request: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalidRequest) true.
+func (e *RequestError) Is(target error) bool { return target == ErrInvalidRequest }
+
+func badField(field, format string, args ...any) error {
+	return &RequestError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// Options configure an engine.
+type Options struct {
+	// Preset names a synthetic model ("tiny", "small"); WeightSeed picks its
+	// weights. Ignored when ModelPath is set.
+	Preset     string
+	WeightSeed uint64
+	// ModelPath and TokenizerPath load a llama2.c model.bin and tokenizer.bin.
+	ModelPath     string
+	TokenizerPath string
+	// BlockSize is the number of positions per KV block; KVBlocks the number
+	// of blocks (0: enough for MaxRunning full contexts, capped).
+	BlockSize int
+	KVBlocks  int
+	Limits    sched.Limits
+}
+
+// Validate reports the first bad option by name.
+func (o *Options) Validate() error {
+	switch {
+	case o.ModelPath == "" && o.Preset == "":
+		return badField("preset", "set a preset or a model path")
+	case o.ModelPath != "" && o.TokenizerPath == "":
+		return badField("tokenizer", "a llama2.c model needs its tokenizer.bin")
+	case o.BlockSize < 0 || o.BlockSize > 4096:
+		return badField("block_size", "%d (want 1..4096)", o.BlockSize)
+	case o.KVBlocks < 0:
+		return badField("kv_blocks", "%d", o.KVBlocks)
+	}
+	return nil
+}
+
+// Engine is one running instance of the reference engine.
+type Engine struct {
+	Model     *model.Model
+	Tokenizer tokenizer.Tokenizer
+	Store     kvcache.Store
+	sched     *sched.Scheduler
+
+	stop context.CancelFunc
+	done chan struct{}
+}
+
+// NewEngine loads the model and starts the scheduler loop; Close stops it.
+func NewEngine(opts Options) (*Engine, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	var (
+		m   *model.Model
+		tok tokenizer.Tokenizer
+		err error
+	)
+	if opts.ModelPath != "" {
+		if m, err = model.LoadLlama2C(opts.ModelPath); err != nil {
+			return nil, err
+		}
+		f, err := os.Open(opts.TokenizerPath)
+		if err != nil {
+			return nil, fmt.Errorf("decode: tokenizer: %w", err)
+		}
+		defer f.Close()
+		if tok, err = tokenizer.ReadLlama2C(f, m.Config.VocabSize); err != nil {
+			return nil, fmt.Errorf("decode: tokenizer %s: %w", opts.TokenizerPath, err)
+		}
+	} else {
+		if m, err = model.Synthetic(opts.Preset, opts.WeightSeed); err != nil {
+			return nil, err
+		}
+		tok = tokenizer.NewBuiltin()
+	}
+	limits := opts.Limits
+	if limits == (sched.Limits{}) {
+		limits = sched.DefaultLimits
+	}
+	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
+	blocks := opts.KVBlocks
+	if blocks == 0 {
+		perSeq := (m.Config.ContextLen + bs - 1) / bs
+		blocks = perSeq * min(limits.MaxRunning, 16)
+	}
+	store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
+	if err != nil {
+		return nil, err
+	}
+	return NewEngineWith(m, tok, store, limits)
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// NewEngineWith starts an engine on a loaded model and a given KV store.
+func NewEngineWith(m *model.Model, tok tokenizer.Tokenizer, store kvcache.Store, limits sched.Limits) (*Engine, error) {
+	if tok.VocabSize() != m.Config.VocabSize {
+		return nil, fmt.Errorf("decode: tokenizer has %d tokens, model %d", tok.VocabSize(), m.Config.VocabSize)
+	}
+	s, err := sched.New(m, store, limits)
+	if err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	e := &Engine{Model: m, Tokenizer: tok, Store: store, sched: s, stop: stop, done: make(chan struct{})}
+	go func() {
+		defer close(e.done)
+		s.Run(ctx)
+	}()
+	return e, nil
+}
+
+// Close stops the scheduler; open streams end as cancelled.
+func (e *Engine) Close() {
+	e.stop()
+	<-e.done
+}
+
+// Stats reports the scheduler's load.
+func (e *Engine) Stats() sched.Stats { return e.sched.Stats() }
+
+// NumericsID identifies the arithmetic of this engine build.
+func (e *Engine) NumericsID() string { return model.NumericsID() }
+
+// Request is one generation.
+type Request struct {
+	ID string
+	// Prompt is text; PromptTokens, when set, is used instead (without BOS).
+	Prompt       string
+	PromptTokens []int
+	// PrefixTokens were already generated; output continues after them,
+	// numbered from len(PrefixTokens)+1, and they count towards MaxTokens.
+	PrefixTokens []int
+	MaxTokens    int
+	Sampling     sample.Params
+	// Stop strings end the output before their first occurrence.
+	Stop         []string
+	StopTokenIDs []int
+	// IgnoreEOS keeps generating past the end-of-sequence token.
+	IgnoreEOS  bool
+	Priority   sched.Priority
+	KeepLogits bool
+}
+
+// Event is one streamed output token, or the end of the stream.
+type Event struct {
+	SequenceNo int
+	TokenID    int
+	// Text is the text this token completes; it is valid UTF-8 and may be
+	// empty (a partial character or a possible stop-string start is held).
+	Text   string
+	Logits []float32
+	// Done marks the last event; it carries no token.
+	Done         bool
+	FinishReason sched.FinishReason
+	Err          error
+}
+
+const maxStopStrings = 4
+
+func (e *Engine) prepare(r *Request) (prompt []int, err error) {
+	switch {
+	case r.MaxTokens <= 0:
+		return nil, badField("max_tokens", "%d (want a positive number)", r.MaxTokens)
+	case len(r.Stop) > maxStopStrings:
+		return nil, badField("stop", "%d stop strings (at most %d)", len(r.Stop), maxStopStrings)
+	}
+	for _, s := range r.Stop {
+		if s == "" || !utf8.ValidString(s) {
+			return nil, badField("stop", "stop strings must be non-empty valid UTF-8")
+		}
+	}
+	if r.PromptTokens != nil {
+		if len(r.PromptTokens) == 0 {
+			return nil, badField("prompt", "empty")
+		}
+		if err := tokenizer.CheckIDs(e.Tokenizer, r.PromptTokens); err != nil {
+			return nil, badField("prompt", "%v", err)
+		}
+		prompt = r.PromptTokens
+	} else {
+		switch {
+		case r.Prompt == "":
+			return nil, badField("prompt", "empty")
+		case !utf8.ValidString(r.Prompt):
+			return nil, badField("prompt", "not valid UTF-8")
+		}
+		if prompt, err = e.Tokenizer.Encode(r.Prompt); err != nil {
+			return nil, badField("prompt", "%v", err)
+		}
+	}
+	prompt = slices.Concat([]int{e.Tokenizer.BOS()}, prompt)
+	ctxLen := e.Model.Config.ContextLen
+	if len(prompt) >= ctxLen {
+		return nil, badField("prompt", "%d tokens do not fit the context of %d", len(prompt), ctxLen)
+	}
+	if len(prompt)+r.MaxTokens > ctxLen {
+		return nil, badField("max_tokens", "prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(prompt), r.MaxTokens, ctxLen)
+	}
+	if err := tokenizer.CheckIDs(e.Tokenizer, r.PrefixTokens); err != nil {
+		return nil, badField("prefix_tokens", "%v", err)
+	}
+	if len(r.PrefixTokens) >= r.MaxTokens {
+		return nil, badField("prefix_tokens", "%d prefix tokens leave nothing to generate within max_tokens %d", len(r.PrefixTokens), r.MaxTokens)
+	}
+	if err := r.Sampling.Validate(); err != nil {
+		return nil, badField("sampling", "%v", err)
+	}
+	return prompt, nil
+}
+
+var requestSeq struct {
+	sync.Mutex
+	n uint64
+}
+
+// Generate starts a request and returns its stream. The channel is
+// buffered for the whole request, so a slow reader never stalls the
+// engine; it is closed after the Done event. Cancelling ctx cancels the
+// request.
+func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) {
+	prompt, err := e.prepare(&r)
+	if err != nil {
+		return nil, err
+	}
+	if r.ID == "" {
+		requestSeq.Lock()
+		requestSeq.n++
+		r.ID = fmt.Sprintf("req-%d", requestSeq.n)
+		requestSeq.Unlock()
+	}
+	stops := slices.Clone(r.StopTokenIDs)
+	if !r.IgnoreEOS {
+		stops = append(stops, e.Tokenizer.EOS())
+	}
+	text := newTextStream(e.Tokenizer, r.Stop)
+	for _, id := range r.PrefixTokens {
+		// Replay the prefix so that held-back text and partial characters
+		// are exactly where the uninterrupted run had them.
+		if _, stopped := text.push(id, false); stopped {
+			return nil, badField("prefix_tokens", "the prefix already contains a stop string")
+		}
+		if slices.Contains(stops, id) {
+			return nil, badField("prefix_tokens", "the prefix contains stop token %d", id)
+		}
+	}
+	events := make(chan Event, r.MaxTokens-len(r.PrefixTokens)+1)
+	finished := make(chan struct{})
+	sr := sched.Request{
+		ID: r.ID, Prompt: prompt, Prefix: r.PrefixTokens, MaxTokens: r.MaxTokens,
+		Sampling: r.Sampling, StopTokens: stops, Priority: r.Priority, KeepLogits: r.KeepLogits,
+		OnToken: func(t sched.Token) bool {
+			last := t.SequenceNo == r.MaxTokens || slices.Contains(stops, t.ID)
+			chunk, stopped := text.push(t.ID, last)
+			events <- Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits}
+			return !stopped
+		},
+		OnFinish: func(f sched.Finish) {
+			events <- Event{Done: true, FinishReason: f.Reason, Err: f.Err}
+			close(events)
+			close(finished)
+		},
+	}
+	if err := e.sched.Submit(sr); err != nil {
+		return nil, err
+	}
+	go func() {
+		select {
+		case <-ctx.Done():
+			e.sched.Cancel(r.ID)
+		case <-finished:
+		}
+	}()
+	return events, nil
+}
+
+// textStream turns tokens into text chunks: UTF-8 reassembly, then stop
+// strings, holding back any tail that could still become a stop string.
+type textStream struct {
+	detok   *tokenizer.Detokenizer
+	stops   []string
+	pending string
+}
+
+func newTextStream(t tokenizer.Tokenizer, stops []string) *textStream {
+	return &textStream{detok: tokenizer.NewDetokenizer(t), stops: stops}
+}
+
+// push adds a token and returns the text now safe to emit, and whether a
+// stop string was reached (the text then ends before it). last flushes
+// everything held.
+func (s *textStream) push(id int, last bool) (string, bool) {
+	s.pending += s.detok.Push(id)
+	if last {
+		s.pending += s.detok.Flush()
+	}
+	cut := -1
+	for _, st := range s.stops {
+		if i := strings.Index(s.pending, st); i >= 0 && (cut < 0 || i < cut) {
+			cut = i
+		}
+	}
+	if cut >= 0 {
+		out := s.pending[:cut]
+		s.pending = ""
+		return out, true
+	}
+	if last {
+		out := s.pending
+		s.pending = ""
+		return out, false
+	}
+	hold := 0
+	for _, st := range s.stops {
+		for n := min(len(st)-1, len(s.pending)); n > hold; n-- {
+			if strings.HasSuffix(s.pending, st[:n]) {
+				hold = n
+				break
+			}
+		}
+	}
+	out := s.pending[:len(s.pending)-hold]
+	s.pending = s.pending[len(s.pending)-hold:]
+	return out, false
+}

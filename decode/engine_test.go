@@ -1,0 +1,234 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+)
+
+func newTinyEngine(t testing.TB) *Engine {
+	t.Helper()
+	e, err := NewEngine(Options{Preset: "tiny", WeightSeed: 1, Limits: sched.Limits{MaxRunning: 64, MaxQueued: 512, MaxStepTokens: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+type result struct {
+	events []Event
+	finish Event
+}
+
+func collect(t testing.TB, ch <-chan Event) result {
+	t.Helper()
+	var r result
+	timeout := time.After(60 * time.Second)
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				return r
+			}
+			if ev.Done {
+				r.finish = ev
+				continue
+			}
+			r.events = append(r.events, ev)
+		case <-timeout:
+			t.Fatal("stream did not end")
+		}
+	}
+}
+
+func generate(t testing.TB, e *Engine, r Request) result {
+	t.Helper()
+	ch, err := e.Generate(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return collect(t, ch)
+}
+
+var continuationPrompts = []string{
+	"Once upon a time",
+	"The water was cold and the",
+	"流式请求的故障恢复",
+	"a",
+	"Tell me a story about a dog who found a river near the old mountain road, then went home.",
+}
+
+// TestContinuationBitExact is the engine's core promise: for 5 prompts and
+// 20 random split points k each, at temperature 0 and 0.9, generating from
+// prompt ‖ first k output tokens reproduces the uninterrupted run after k —
+// token ids, text chunks and logits bit for bit. All continuations of one
+// configuration run concurrently, so they also share batches.
+func TestContinuationBitExact(t *testing.T) {
+	e := newTinyEngine(t)
+	const maxTokens = 48
+	rng := rand.New(rand.NewPCG(2026, 11))
+	for _, temp := range []float64{0, 0.9} {
+		for pi, prompt := range continuationPrompts {
+			base := Request{Prompt: prompt, MaxTokens: maxTokens, IgnoreEOS: true, KeepLogits: true,
+				Sampling: sample.Params{Temperature: temp, TopP: 0.95, TopK: 50, FrequencyPenalty: 0.2, Seed: uint64(1000 + pi)}}
+			full := generate(t, e, base)
+			if len(full.events) != maxTokens || full.finish.FinishReason != sched.FinishLength {
+				t.Fatalf("full run: %d tokens, finish %+v", len(full.events), full.finish)
+			}
+			ids := make([]int, maxTokens)
+			for i, ev := range full.events {
+				ids[i] = ev.TokenID
+				if ev.SequenceNo != i+1 {
+					t.Fatalf("full run event %d has sequence_no %d", i, ev.SequenceNo)
+				}
+			}
+			type split struct {
+				k  int
+				ch <-chan Event
+			}
+			var splits []split
+			for s := 0; s < 20; s++ {
+				k := rng.IntN(maxTokens)
+				r := base
+				r.PrefixTokens = ids[:k]
+				ch, err := e.Generate(context.Background(), r)
+				if err != nil {
+					t.Fatal(err)
+				}
+				splits = append(splits, split{k, ch})
+			}
+			for _, sp := range splits {
+				got := collect(t, sp.ch)
+				if len(got.events) != maxTokens-sp.k {
+					t.Fatalf("temp %v prompt %d k=%d: %d tokens, want %d", temp, pi, sp.k, len(got.events), maxTokens-sp.k)
+				}
+				for i, ev := range got.events {
+					want := full.events[sp.k+i]
+					if ev.SequenceNo != want.SequenceNo || ev.TokenID != want.TokenID || ev.Text != want.Text {
+						t.Fatalf("temp %v prompt %d k=%d: event %d = (%d,%d,%q), want (%d,%d,%q)",
+							temp, pi, sp.k, i, ev.SequenceNo, ev.TokenID, ev.Text, want.SequenceNo, want.TokenID, want.Text)
+					}
+					for j := range ev.Logits {
+						if math.Float32bits(ev.Logits[j]) != math.Float32bits(want.Logits[j]) {
+							t.Fatalf("temp %v prompt %d k=%d seq %d: logit %d differs", temp, pi, sp.k, ev.SequenceNo, j)
+						}
+					}
+				}
+			}
+		}
+	}
+	if st := e.Stats(); st.FreeBlocks != st.TotalBlocks || st.FreeErrors != 0 {
+		t.Fatalf("blocks leaked: %+v", st)
+	}
+}
+
+func TestStopStrings(t *testing.T) {
+	e := newTinyEngine(t)
+	base := Request{Prompt: "Once upon a time", MaxTokens: 40, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 5}}
+	full := generate(t, e, base)
+	var text strings.Builder
+	for _, ev := range full.events {
+		text.WriteString(ev.Text)
+	}
+	words := strings.Fields(text.String())
+	if len(words) < 12 {
+		t.Fatalf("too few words: %q", text.String())
+	}
+	// Stop at the 10th word (and its leading space), spanning tokens.
+	stop := " " + words[9] + " " + words[10]
+	want := text.String()[:strings.Index(text.String(), stop)]
+	r := base
+	r.Stop = []string{"never appears \x01", stop}
+	got := generate(t, e, r)
+	var gotText strings.Builder
+	for _, ev := range got.events {
+		gotText.WriteString(ev.Text)
+	}
+	if gotText.String() != want || got.finish.FinishReason != sched.FinishStop {
+		t.Fatalf("stop %q: got %q (%s), want %q", stop, gotText.String(), got.finish.FinishReason, want)
+	}
+}
+
+func TestCancelEndsStreamAndFreesBlocks(t *testing.T) {
+	e := newTinyEngine(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	ch, err := e.Generate(ctx, Request{Prompt: "hello", MaxTokens: 400, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-ch // one token
+	cancel()
+	r := collect(t, ch)
+	if r.finish.FinishReason != sched.FinishCancelled && r.finish.FinishReason != sched.FinishLength {
+		t.Fatalf("finish %+v", r.finish)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for st := e.Stats(); st.FreeBlocks != st.TotalBlocks; st = e.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("blocks not freed after cancel: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	e := newTinyEngine(t)
+	ctxLen := e.Model.Config.ContextLen
+	for name, c := range map[string]struct {
+		r     Request
+		field string
+	}{
+		"empty prompt":      {Request{Prompt: "", MaxTokens: 5}, "prompt"},
+		"invalid utf8":      {Request{Prompt: "ok \xc3\x28", MaxTokens: 5}, "prompt"},
+		"prompt too long":   {Request{Prompt: strings.Repeat("water ", ctxLen), MaxTokens: 5}, "prompt"},
+		"max tokens 0":      {Request{Prompt: "hi", MaxTokens: 0}, "max_tokens"},
+		"max tokens -3":     {Request{Prompt: "hi", MaxTokens: -3}, "max_tokens"},
+		"max tokens > ctx":  {Request{Prompt: "hi", MaxTokens: ctxLen}, "max_tokens"},
+		"bad prefix id":     {Request{Prompt: "hi", MaxTokens: 5, PrefixTokens: []int{1 << 30}}, "prefix_tokens"},
+		"prefix fills":      {Request{Prompt: "hi", MaxTokens: 2, PrefixTokens: []int{400, 401}}, "prefix_tokens"},
+		"prefix has eos":    {Request{Prompt: "hi", MaxTokens: 5, PrefixTokens: []int{2}}, "prefix_tokens"},
+		"bad temperature":   {Request{Prompt: "hi", MaxTokens: 5, Sampling: sample.Params{Temperature: -1}}, "sampling"},
+		"empty stop string": {Request{Prompt: "hi", MaxTokens: 5, Stop: []string{""}}, "stop"},
+		"empty token list":  {Request{PromptTokens: []int{}, MaxTokens: 5}, "prompt"},
+	} {
+		_, err := e.Generate(context.Background(), c.r)
+		var re *RequestError
+		if !errors.As(err, &re) || !errors.Is(err, ErrInvalidRequest) || re.Field != c.field {
+			t.Errorf("%s: %v, want a RequestError on %q", name, err, c.field)
+		}
+	}
+	if _, err := NewEngine(Options{Preset: "enormous"}); !errors.Is(err, model.ErrUnknownPreset) {
+		t.Errorf("unknown preset: %v", err)
+	}
+	// The engine still serves after all that.
+	if r := generate(t, e, Request{Prompt: "hi", MaxTokens: 3, IgnoreEOS: true}); len(r.events) != 3 {
+		t.Fatalf("engine broken after bad input: %d tokens", len(r.events))
+	}
+}
+
+func TestOverloadIsTypedAtEngineLevel(t *testing.T) {
+	e, err := NewEngine(Options{Preset: "tiny", Limits: sched.Limits{MaxRunning: 1, MaxQueued: 0, MaxStepTokens: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ch, err := e.Generate(context.Background(), Request{Prompt: "hi", MaxTokens: 500, IgnoreEOS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.Generate(context.Background(), Request{Prompt: "hi", MaxTokens: 3})
+	var oe *sched.OverloadedError
+	if !errors.As(err, &oe) || !oe.Retryable() {
+		t.Fatalf("second request: %v, want *sched.OverloadedError", err)
+	}
+	collect(t, ch)
+}

@@ -1,0 +1,85 @@
+package decode
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+)
+
+// GenerateOptions are the flags of `lifeline engine generate`.
+type GenerateOptions struct {
+	Engine       Options
+	Prompt       string
+	PrefixTokens []int
+	MaxTokens    int
+	Sampling     sample.Params
+	Stop         []string
+	IgnoreEOS    bool
+	// JSON prints one object per token instead of plain text.
+	JSON bool
+}
+
+// TokenLine is the JSON object printed per generated token. FinishReason is
+// set on the last token only.
+type TokenLine struct {
+	SequenceNo   int    `json:"sequence_no"`
+	TokenID      int    `json:"token_id"`
+	Text         string `json:"text"`
+	FinishReason string `json:"finish_reason,omitempty"`
+}
+
+// RunGenerate runs one generation on a fresh engine and streams it to out.
+func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error {
+	e, err := NewEngine(opts.Engine)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	events, err := e.Generate(ctx, Request{
+		Prompt: opts.Prompt, PrefixTokens: opts.PrefixTokens, MaxTokens: opts.MaxTokens,
+		Sampling: opts.Sampling, Stop: opts.Stop, IgnoreEOS: opts.IgnoreEOS,
+	})
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(out)
+	defer w.Flush()
+	enc := json.NewEncoder(w)
+	// A token line is held until the next event shows whether it was last.
+	var held *TokenLine
+	for ev := range events {
+		if ev.Done {
+			if held != nil {
+				held.FinishReason = string(ev.FinishReason)
+				if err := enc.Encode(held); err != nil {
+					return err
+				}
+			}
+			if !opts.JSON {
+				fmt.Fprintln(w)
+			}
+			if ev.FinishReason == sched.FinishCancelled || ev.FinishReason == sched.FinishError {
+				return fmt.Errorf("decode: generation ended: %s: %w", ev.FinishReason, ev.Err)
+			}
+			return nil
+		}
+		if !opts.JSON {
+			io.WriteString(w, ev.Text)
+			w.Flush()
+			continue
+		}
+		if held != nil {
+			if err := enc.Encode(held); err != nil {
+				return err
+			}
+			w.Flush()
+		}
+		held = &TokenLine{SequenceNo: ev.SequenceNo, TokenID: ev.TokenID, Text: ev.Text}
+	}
+	return nil
+}
