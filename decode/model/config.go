@@ -13,7 +13,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/lifeline-llm/lifeline/decode/internal/matmul"
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 

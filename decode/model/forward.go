@@ -7,7 +7,7 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/lifeline-llm/lifeline/decode/internal/matmul"
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 )
 
@@ -142,10 +142,7 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 		}
 		matmul.MatMul(ws.hb, xb, T, lw.W1, hidden, dim)
 		matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
-		for i, h := range ws.hb {
-			// SwiGLU: silu(W1 x) * (W3 x).
-			ws.hb[i] = float32(h/float32(1+math.Exp(float64(-h)))) * ws.hb2[i]
-		}
+		parallelChunks(len(ws.hb), 1<<13, func(lo, hi int) { swiglu(ws.hb[lo:hi], ws.hb2[lo:hi]) })
 		matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
 		addInto(x, xb)
 	}
@@ -182,6 +179,35 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 		j++
 	}
 	return nil
+}
+
+// swiglu sets a[i] = silu(a[i]) * b[i].
+func swiglu(a, b []float32) {
+	for i, h := range a {
+		a[i] = float32(h/float32(1+math.Exp(float64(-h)))) * b[i]
+	}
+}
+
+// parallelChunks calls f on disjoint ranges covering [0, n), on several
+// goroutines when n is at least grain. Elementwise work gives the same bits
+// however it is split.
+func parallelChunks(n, grain int, f func(lo, hi int)) {
+	workers := runtime.GOMAXPROCS(0)
+	if n < grain || workers == 1 {
+		f(0, n)
+		return
+	}
+	per := (n + workers - 1) / workers
+	var wg sync.WaitGroup
+	for lo := per; lo < n; lo += per {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f(lo, min(lo+per, n))
+		}()
+	}
+	f(0, min(per, n))
+	wg.Wait()
 }
 
 func addInto(dst, src []float32) {
@@ -221,7 +247,7 @@ func (m *Model) rope(vec []float32, pos int) {
 
 // minParallelAttention is the number of attended positions in a batch below
 // which attention runs on one goroutine.
-const minParallelAttention = 4096
+const minParallelAttention = 256
 
 // attention computes ws.att for every input of layer l. Each (input, head)
 // is computed by one goroutine with the same operation order regardless of

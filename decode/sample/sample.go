@@ -70,18 +70,34 @@ type candidate struct {
 // Sampler holds scratch buffers; it carries no state from one call to the
 // next. The zero value is ready; it is not safe for concurrent use.
 type Sampler struct {
+	logits []float64
+	keys   []uint64
 	cand   []candidate
 	counts map[int]int
+}
+
+// orderKey sorts ascending as (logit descending, id ascending). Logits are
+// compared at float32 precision; ties at that precision fall to the id, so
+// the order stays total and deterministic.
+func orderKey(logit float64, id int) uint64 {
+	b := math.Float32bits(float32(logit))
+	if b&(1<<31) != 0 {
+		b = ^b
+	} else {
+		b |= 1 << 31
+	}
+	return uint64(^b)<<32 | uint64(uint32(id))
 }
 
 // Sample returns the token for 1-based output position (sequence number)
 // position, given the logits of that position and the output tokens before
 // it. The result depends only on its arguments.
 func (s *Sampler) Sample(logits []float32, p Params, history []int, position uint64) int {
-	s.cand = s.cand[:0]
-	for id, l := range logits {
-		s.cand = append(s.cand, candidate{id: id, logit: float64(l)})
+	l := s.logits[:0]
+	for _, v := range logits {
+		l = append(l, float64(v))
 	}
+	s.logits = l
 	if (p.FrequencyPenalty != 0 || p.PresencePenalty != 0) && len(history) > 0 {
 		if s.counts == nil {
 			s.counts = make(map[int]int)
@@ -91,36 +107,61 @@ func (s *Sampler) Sample(logits []float32, p Params, history []int, position uin
 			s.counts[id]++
 		}
 		for id, n := range s.counts {
-			if id >= 0 && id < len(s.cand) {
-				s.cand[id].logit -= float64(n)*p.FrequencyPenalty + p.PresencePenalty
+			if id >= 0 && id < len(l) {
+				l[id] -= float64(n)*p.FrequencyPenalty + p.PresencePenalty
 			}
 		}
 	}
 	if p.Temperature == 0 {
 		best := 0
-		for i, c := range s.cand {
-			if c.logit > s.cand[best].logit {
+		for i, v := range l {
+			if v > l[best] {
 				best = i
 			}
 		}
-		return s.cand[best].id
+		return best
+	}
+	if p.TopK == 0 && (p.TopP == 0 || p.TopP == 1) {
+		// Nothing is cut off: draw over the ids in order, no sort needed.
+		top := l[0]
+		for _, v := range l {
+			top = max(top, v)
+		}
+		var sum float64
+		for i, v := range l {
+			l[i] = math.Exp((v - top) / p.Temperature)
+			sum += l[i]
+		}
+		u := Uniform(p.Seed, position) * sum
+		var cum float64
+		for i, w := range l {
+			cum += w
+			if u < cum {
+				return i
+			}
+		}
+		return len(l) - 1
 	}
 	// Most likely first, lowest id first among equals: a total order, so
 	// the cut-offs below never depend on sort stability.
-	slices.SortFunc(s.cand, func(a, b candidate) int {
-		switch {
-		case a.logit > b.logit:
-			return -1
-		case a.logit < b.logit:
-			return 1
-		}
-		return a.id - b.id
-	})
-	c := s.cand
+	s.keys = s.keys[:0]
+	for id, v := range l {
+		s.keys = append(s.keys, orderKey(v, id))
+	}
+	slices.Sort(s.keys)
+	c := s.cand[:0]
+	for _, k := range s.keys {
+		id := int(uint32(k))
+		c = append(c, candidate{id: id, logit: l[id]})
+	}
+	s.cand = c
 	if p.TopK > 0 && p.TopK < len(c) {
 		c = c[:p.TopK]
 	}
 	top := c[0].logit
+	for i := range c {
+		top = max(top, c[i].logit)
+	}
 	var sum float64
 	for i := range c {
 		c[i].prob = math.Exp((c[i].logit - top) / p.Temperature)

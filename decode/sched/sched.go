@@ -10,6 +10,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 
@@ -108,14 +109,14 @@ type Scheduler struct {
 	store  kvcache.Store
 	limits Limits
 
-	mu      sync.Mutex
-	ws      model.Workspace
-	sampler sample.Sampler
-	queues  [numPriorities][]*sequence
-	running []*sequence
-	byID    map[string]*sequence
-	closed  bool
-	wake    chan struct{}
+	mu       sync.Mutex
+	ws       model.Workspace
+	samplers []*sample.Sampler
+	queues   [numPriorities][]*sequence
+	running  []*sequence
+	byID     map[string]*sequence
+	closed   bool
+	wake     chan struct{}
 	// freeErrors counts blocks the store refused to take back.
 	freeErrors int
 }
@@ -350,10 +351,11 @@ func (s *Scheduler) Step() (bool, error) {
 		}
 		return true, fmt.Errorf("sched: step: %w", err)
 	}
-	for _, seq := range sampled {
+	ids := s.sampleAll(sampled)
+	for i, seq := range sampled {
 		r := &seq.req
 		pos := seq.nOutput + 1
-		id := s.sampler.Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(pos))
+		id := ids[i]
 		seq.tokens = append(seq.tokens, id)
 		seq.nOutput++
 		tok := Token{SequenceNo: pos, ID: id}
@@ -369,6 +371,30 @@ func (s *Scheduler) Step() (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// sampleAll picks the next token of every sequence. Sampling is a pure
+// function of its inputs, so the sequences are split across goroutines.
+func (s *Scheduler) sampleAll(seqs []*sequence) []int {
+	ids := make([]int, len(seqs))
+	workers := min(runtime.GOMAXPROCS(0), (len(seqs)+3)/4)
+	for len(s.samplers) < workers {
+		s.samplers = append(s.samplers, new(sample.Sampler))
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(seqs); i += workers {
+				seq := seqs[i]
+				r := &seq.req
+				ids[i] = s.samplers[w].Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(seq.nOutput+1))
+			}
+		}()
+	}
+	wg.Wait()
+	return ids
 }
 
 // Run steps until ctx is done, sleeping while there is no work. On return

@@ -7,8 +7,11 @@
 // product sees the same sequence of roundings whichever kernel computed it.
 // The caller folds the lanes in a fixed order (see hsum8).
 
-// func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32)
-TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-48
+// func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
+//
+// pf is prefetched at 96 bytes per step: the caller points it at the next
+// three weight rows, which streaming from DRAM would otherwise stall on.
+TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-56
 	MOVQ x+0(FP), SI
 	MOVQ xstride+8(FP), R8
 	MOVQ w+16(FP), DI
@@ -21,6 +24,8 @@ TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-48
 	LEAQ (R10)(R8*2), R12
 	LEAQ (DI)(R9*1), R13
 	LEAQ (DI)(R9*2), BX
+	MOVQ pf+48(FP), R8
+	XORQ R9, R9
 
 	VXORPS Y4, Y4, Y4
 	VXORPS Y5, Y5, Y5
@@ -40,6 +45,9 @@ TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-48
 	JZ   store4x3
 
 loop4x3:
+	PREFETCHT0 (R8)(R9*1)
+	PREFETCHT0 64(R8)(R9*1)
+	ADDQ $96, R9
 	VMOVUPS (DI)(AX*1), Y0
 	VMOVUPS (R13)(AX*1), Y1
 	VMOVUPS (BX)(AX*1), Y2

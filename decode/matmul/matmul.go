@@ -16,7 +16,7 @@ import (
 
 type kernels struct {
 	name   string
-	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32)
+	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
 	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32)
 	axpy   func(dst *float32, a float32, x *float32, n8 uintptr)
 }
@@ -155,8 +155,18 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	}
 	r := r0
 	for ; r+3 <= r1; r += 3 {
+		// Prefetch the next three rows while the first token group runs;
+		// the later groups find this triple in cache.
+		next := &w[r*n]
+		if r+6 <= r1 {
+			next = &w[(r+3)*n]
+		}
 		for t := 0; t < T4; t += 4 {
-			active.dot4x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &acc)
+			pf := next
+			if t > 0 {
+				pf = &w[r*n]
+			}
+			active.dot4x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &acc, pf)
 			for i := 0; i < 4; i++ {
 				for j := 0; j < 3; j++ {
 					store(t+i, r+j, i*3+j)
@@ -167,7 +177,7 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	for ; r < r1; r++ {
 		for t := 0; t < T4; t += 4 {
 			// A zero weight stride computes the one row three times.
-			active.dot4x3(&x[t*n], xs, &w[r*n], 0, uintptr(n8), &acc)
+			active.dot4x3(&x[t*n], xs, &w[r*n], 0, uintptr(n8), &acc, &w[r*n])
 			for i := 0; i < 4; i++ {
 				store(t+i, r, i*3)
 			}

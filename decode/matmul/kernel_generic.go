@@ -15,7 +15,7 @@ func fma32(a, b, c float32) float32 {
 	return float32(math.FMA(float64(a), float64(b), float64(c)))
 }
 
-func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32) {
+func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, _ *float32) {
 	n := int(n8) * 8
 	*acc = [96]float32{}
 	for t := 0; t < 4; t++ {

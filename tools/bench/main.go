@@ -1,0 +1,215 @@
+// Command bench measures the reference engine and prints a Markdown table
+// of figures and ratios against baselines measured in the same run: decode
+// throughput at batch 1 and 16, prefill throughput, the matrix kernel's
+// GFLOP/s and the machine's memcpy bandwidth.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/decode/matmul"
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+)
+
+func main() {
+	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
+	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
+	flag.Parse()
+	if err := run(*tokens, *minRatio); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run(tokens int, minRatio float64) error {
+	fmt.Printf("# Lifeline reference engine benchmark\n\n")
+	fmt.Printf("GOMAXPROCS=%d, kernel %s, numerics id `%s`\n\n", runtime.GOMAXPROCS(0), matmul.KernelName(), model.NumericsID())
+	memcpy := memcpyGBs()
+	fmt.Printf("| measure | tiny | small |\n|---|---|---|\n")
+	results := map[string][4]float64{}
+	for _, preset := range []string{"tiny", "small"} {
+		m, err := model.Synthetic(preset, 1)
+		if err != nil {
+			return err
+		}
+		b1, err := median3(func() (float64, error) { return decodeThroughput(m, 1, tokens) })
+		if err != nil {
+			return err
+		}
+		b16, err := median3(func() (float64, error) { return decodeThroughput(m, 16, tokens) })
+		if err != nil {
+			return err
+		}
+		pf, err := median3(func() (float64, error) { return prefillThroughput(m, prefillLen) })
+		if err != nil {
+			return err
+		}
+		results[preset] = [4]float64{b1, b16, b16 / b1, pf}
+	}
+	row := func(name, format string, i int) {
+		fmt.Printf("| %s | "+format+" | "+format+" |\n", name, results["tiny"][i], results["small"][i])
+	}
+	row("decode tokens/s, batch 1", "%.0f", 0)
+	row("decode tokens/s, batch 16", "%.0f", 1)
+	row("batch-16 / batch-1 throughput", "%.1f×", 2)
+	row(fmt.Sprintf("prefill tokens/s (%d-token prompt)", prefillLen), "%.0f", 3)
+
+	g1, g16 := kernelGFLOPs(1), kernelGFLOPs(16)
+	fmt.Printf("\n| kernel (1024×384 weights) | figure |\n|---|---|\n")
+	fmt.Printf("| matmul GFLOP/s, 1 token | %.1f |\n| matmul GFLOP/s, 16 tokens | %.1f |\n", g1, g16)
+	fmt.Printf("| memcpy GB/s (64 MiB) | %.1f |\n", memcpy)
+	weightGBs := weightBytesSmall() * results["small"][0] / 1e9
+	fmt.Printf("| small, batch 1: weight bytes read per second, GB/s | %.1f (%.0f%% of memcpy) |\n", weightGBs, 100*weightGBs/memcpy)
+	ratio := results["small"][2]
+	status := "met"
+	if ratio < minRatio {
+		status = "NOT MET"
+	}
+	fmt.Printf("\nbatching target (small, batch-16 ≥ %.0f× batch-1): %.1f× — %s\n\n", minRatio, ratio, status)
+	if ratio < minRatio {
+		return fmt.Errorf("batch-16/batch-1 on small is %.1f×, below %.0f×", ratio, minRatio)
+	}
+	return nil
+}
+
+// median3 runs a measurement three times and keeps the median: the machines
+// are shared and a single run is noise.
+func median3(f func() (float64, error)) (float64, error) {
+	var v [3]float64
+	for i := range v {
+		x, err := f()
+		if err != nil {
+			return 0, err
+		}
+		v[i] = x
+	}
+	slices.Sort(v[:])
+	return v[1], nil
+}
+
+// prefillLen fits both presets' contexts with room for one output token.
+const prefillLen = 448
+
+func weightBytesSmall() float64 {
+	c, _ := model.PresetConfig("small")
+	return float64(c.Params()) * 4
+}
+
+func newScheduler(m *model.Model, sequences, positions int) (*sched.Scheduler, kvcache.Store, error) {
+	bs := kvcache.DefaultBlockSize
+	store, err := kvcache.NewMemStore(m.KVLayout(bs), sequences*((positions+bs-1)/bs))
+	if err != nil {
+		return nil, nil, err
+	}
+	s, err := sched.New(m, store, sched.Limits{MaxRunning: sequences, MaxQueued: sequences, MaxStepTokens: 512})
+	return s, store, err
+}
+
+func submit(s *sched.Scheduler, id string, prompt []int, maxTokens int) error {
+	return s.Submit(sched.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens,
+		Sampling: sample.Params{Temperature: 0.8, Seed: 1},
+		OnToken:  func(sched.Token) bool { return true }, OnFinish: func(sched.Finish) {}})
+}
+
+func promptOf(n int) []int {
+	p := []int{1}
+	for i := 1; i < n; i++ {
+		p = append(p, 300+i*7%2000)
+	}
+	return p
+}
+
+// decodeThroughput runs batch sequences with an 8-token prompt until each
+// has produced tokens outputs; the prefill steps are excluded from the time.
+func decodeThroughput(m *model.Model, batch, tokens int) (float64, error) {
+	const promptLen = 8
+	s, _, err := newScheduler(m, batch, promptLen+tokens)
+	if err != nil {
+		return 0, err
+	}
+	for i := 0; i < batch; i++ {
+		if err := submit(s, fmt.Sprint(i), promptOf(promptLen), tokens+1); err != nil {
+			return 0, err
+		}
+	}
+	// The first step prefills every prompt and samples each first token.
+	if _, err := s.Step(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for {
+		busy, err := s.Step()
+		if err != nil {
+			return 0, err
+		}
+		if !busy {
+			break
+		}
+	}
+	return float64(batch*tokens) / time.Since(start).Seconds(), nil
+}
+
+func prefillThroughput(m *model.Model, n int) (float64, error) {
+	s, _, err := newScheduler(m, 1, n+1)
+	if err != nil {
+		return 0, err
+	}
+	if err := submit(s, "p", promptOf(n), 1); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for {
+		busy, err := s.Step()
+		if err != nil {
+			return 0, err
+		}
+		if !busy {
+			break
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), nil
+}
+
+func kernelGFLOPs(T int) float64 {
+	const m, n = 1024, 384
+	w := make([]float32, m*n)
+	x := make([]float32, T*n)
+	for i := range w {
+		w[i] = float32(i%97) / 97
+	}
+	for i := range x {
+		x[i] = float32(i%13) / 13
+	}
+	out := make([]float32, T*m)
+	iters := 0
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		matmul.MatMul(out, x, T, w, m, n)
+		iters++
+	}
+	return float64(2*T*m*n*iters) / time.Since(start).Seconds() / 1e9
+}
+
+func memcpyGBs() float64 {
+	src := make([]byte, 64<<20)
+	dst := make([]byte, len(src))
+	for i := range src {
+		src[i] = byte(i)
+	}
+	copy(dst, src)
+	iters := 0
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond {
+		copy(dst, src)
+		iters++
+	}
+	return float64(len(src)*iters) / time.Since(start).Seconds() / 1e9
+}
