@@ -64,4 +64,3 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 		t.Fatalf("truncated checkpoint: err %v, stderr %q", err, errOut)
 	}
 }
-

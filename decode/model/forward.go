@@ -7,8 +7,8 @@ import (
 	"runtime"
 	"sync"
 
-	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 )
 
 // ErrBadInput is wrapped by errors about a Forward input.
