@@ -47,7 +47,7 @@ func ReadLlama2C(r io.Reader, vocabSize int) (*Llama2C, error) {
 	if maxLen <= 0 || maxLen > maxPieceLen {
 		return nil, fmt.Errorf("%w: max token length %d", ErrBadTokenizerFile, maxLen)
 	}
-	t := &Llama2C{ids: make(map[string]int, vocabSize), byteByID: make(map[int]byte), spaceID: -1}
+	t := &Llama2C{ids: make(map[string]int, min(vocabSize, 1<<16)), byteByID: make(map[int]byte), spaceID: -1}
 	for i := range t.byteID {
 		t.byteID[i] = -1
 	}

@@ -199,3 +199,35 @@ func FuzzTokenizer(f *testing.F) {
 		}
 	})
 }
+
+func FuzzReadLlama2C(f *testing.F) {
+	var buf bytes.Buffer
+	pieces := make([]string, 260)
+	for i := range pieces {
+		pieces[i] = string(rune('a'+i%26)) + string(rune('a'+i/26))
+	}
+	pieces[3] = "<0x00>"
+	WriteLlama2C(&buf, pieces, make([]float32, 260))
+	f.Add(buf.Bytes(), 260)
+	f.Fuzz(func(t *testing.T, data []byte, vocab int) {
+		tok, err := ReadLlama2C(bytes.NewReader(data), vocab)
+		if err != nil {
+			if !errors.Is(err, ErrBadTokenizerFile) {
+				t.Fatalf("error %v does not wrap ErrBadTokenizerFile", err)
+			}
+			return
+		}
+		// A decoded vocabulary may lack characters (they become <unk>), but
+		// encoding stays in range and decoding yields valid UTF-8.
+		ids, err := tok.Encode("hello wörld")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := CheckIDs(tok, ids); err != nil {
+			t.Fatal(err)
+		}
+		if s := Decode(tok, ids); !utf8.ValidString(s) {
+			t.Fatalf("decoded %q", s)
+		}
+	})
+}

@@ -1,0 +1,48 @@
+# Lifeline. A fresh machine needs only Go: `make run`, `make test`.
+GO      ?= go
+BIN     ?= bin
+PROMPT  ?= Once upon a time
+FUZZTIME ?= 10s
+
+.PHONY: all build run test race bench fuzz generate lint clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN)/lifeline ./cmd/lifeline
+
+# Until `lifeline up` exists, the main job is a streaming generation on the
+# reference engine (small preset, about 15M parameters).
+run:
+	$(GO) run ./cmd/lifeline engine generate --preset small --prompt "$(PROMPT)" --seed 1 --max-tokens 64
+
+# Unit, integration (real binaries as processes) and determinism tests.
+test:
+	$(GO) test -count=1 -timeout 10m ./...
+
+# The same tests under the race detector (needs a C compiler).
+race:
+	CGO_ENABLED=1 $(GO) test -count=1 -race -timeout 20m ./...
+
+# Ratios against baselines measured in the same run; see README.
+bench:
+	$(GO) run ./tools/bench
+	$(GO) test -run '^$$' -bench . -benchtime 1s ./decode/matmul/
+
+# Every fuzz target, each for FUZZTIME.
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzTokenizer$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/model/
+
+# Regenerates committed generated code (none needs a tool yet).
+generate:
+	$(GO) generate ./...
+
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+
+clean:
+	rm -rf $(BIN)
