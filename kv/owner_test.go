@@ -1,0 +1,403 @@
+package kv
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// fakeClock is the injected clock of owner tests.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type ownerEnv struct {
+	opts  Options
+	clock *fakeClock
+}
+
+func newOwnerEnv(t testing.TB, slots int) *ownerEnv {
+	t.Helper()
+	dir := t.TempDir()
+	arena := filepath.Join("/dev/shm", "lifeline-kvtest-"+filepath.Base(dir))
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		arena = filepath.Join(dir, "arena")
+	}
+	t.Cleanup(func() { os.Remove(arena) })
+	c := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	return &ownerEnv{clock: c, opts: Options{ArenaPath: arena, Geometry: shm.Geometry{Slots: slots, PayloadSize: 256},
+		DBDir: filepath.Join(dir, "db"), LeaseTTL: 3 * time.Second, HighWater: 0.75, Now: c.Now}}
+}
+
+func (e *ownerEnv) open(t testing.TB) *Owner {
+	t.Helper()
+	o, err := Open(e.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+var testID = Identity{Model: "tiny", ModelRevision: "rev1", TokenizerHash: "tok1", Layout: "layout", DType: "float32",
+	RopeTheta: 10000, BlockSize: 4, NumericsID: "n1"}
+
+// writeBlock allocates, fills, seals and optionally publishes one block.
+func writeBlock(t testing.TB, o *Owner, sid SessionID, key, parent BlockKey, fill byte, publish bool) Ref {
+	t.Helper()
+	refs, err := o.Allocate(sid, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := refs[0]
+	p := o.Arena().Payload(int(r.Slot))[:100]
+	for i := range p {
+		p[i] = fill + byte(i)
+	}
+	r.PayloadLen, r.Checksum = 100, shm.Checksum(p)
+	if err := o.Seal(sid, r, key, parent); err != nil {
+		t.Fatal(err)
+	}
+	if publish {
+		if err := o.Publish(sid, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+func hello(t testing.TB, o *Owner, inst string, gen uint64) SessionID {
+	t.Helper()
+	sid, _, _, err := o.Hello(Writer{inst, gen}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sid
+}
+
+func TestStateMachine(t *testing.T) {
+	for _, c := range []struct {
+		from, to State
+		ok       bool
+	}{
+		{Free, Allocated, true}, {Allocated, Writing, true}, {Writing, Sealed, true}, {Sealed, Published, true},
+		{Writing, Aborted, true}, {Writing, Published, false}, {Published, Writing, false}, {Aborted, Published, false},
+		{Published, Sealed, false}, {Free, Published, false},
+	} {
+		if err := Transition(c.from, c.to); (err == nil) != c.ok {
+			t.Errorf("%s → %s: %v", c.from, c.to, err)
+		}
+	}
+}
+
+func TestIdentityFieldsAllMatter(t *testing.T) {
+	tokens := []int{5, 6, 7, 8, 9, 10, 11, 12}
+	base := testID.Chain(tokens, -1)
+	if len(base) != 2 {
+		t.Fatalf("%d keys for 8 tokens of block size 4", len(base))
+	}
+	for name, mut := range map[string]func(*Identity){
+		"model":            func(i *Identity) { i.Model = "small" },
+		"revision":         func(i *Identity) { i.ModelRevision = "rev2" },
+		"tokenizer hash":   func(i *Identity) { i.TokenizerHash = "tok2" },
+		"adapter":          func(i *Identity) { i.Adapter = "lora-a" },
+		"adapter revision": func(i *Identity) { i.AdapterRevision = "2" },
+		"layout":           func(i *Identity) { i.Layout = "other" },
+		"dtype":            func(i *Identity) { i.DType = "bfloat16" },
+		"rope theta":       func(i *Identity) { i.RopeTheta = 500000 },
+		"block size":       func(i *Identity) { i.BlockSize = 8 },
+		"numerics":         func(i *Identity) { i.NumericsID = "n2" },
+	} {
+		id := testID
+		mut(&id)
+		if k := id.Chain(tokens, -1); len(k) > 0 && k[0] == base[0] {
+			t.Errorf("%s changed but the key did not", name)
+		}
+	}
+	// The parent is part of the key: same tokens after another prefix miss.
+	other := testID.Chain([]int{1, 2, 3, 4, 9, 10, 11, 12}, -1)
+	if other[1] == base[1] {
+		t.Error("second block key ignores its parent")
+	}
+}
+
+func TestPublishLookupAndIdentityMiss(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "decode-1", 1)
+	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8}
+	keys := testID.Chain(tokens, -1)
+	r0 := writeBlock(t, o, sid, keys[0], BlockKey{}, 1, true)
+	// Sealed but unpublished: not visible.
+	writeBlock(t, o, sid, keys[1], keys[0], 2, false)
+	if n := o.Lookup(keys); n != 1 {
+		t.Fatalf("lookup found %d blocks, want 1 (second is only SEALED)", n)
+	}
+	for _, field := range []string{"revision", "tokenizer", "adapter", "dtype", "theta", "block", "parent"} {
+		id := testID
+		var ks []BlockKey
+		switch field {
+		case "revision":
+			id.ModelRevision = "x"
+		case "tokenizer":
+			id.TokenizerHash = "x"
+		case "adapter":
+			id.Adapter = "x"
+		case "dtype":
+			id.DType = "x"
+		case "theta":
+			id.RopeTheta = 1e6
+		case "block":
+			id.BlockSize = 2
+		case "parent":
+			ks = []BlockKey{id.Key(BlockKey{1}, tokens[:4])}
+		}
+		if ks == nil {
+			ks = id.Chain(tokens, -1)
+		}
+		if n := o.Lookup(ks); n != 0 {
+			t.Errorf("%s changed: lookup hit %d blocks", field, n)
+		}
+	}
+	other := hello(t, o, "decode-2", 1)
+	refs, err := o.Acquire(other, keys)
+	if err != nil || len(refs) != 1 || refs[0].Slot != r0.Slot || refs[0].Gen != r0.Gen || refs[0].Checksum != r0.Checksum {
+		t.Fatalf("acquire: %+v, %v", refs, err)
+	}
+	// A writer cannot publish or abort another session's block.
+	if err := o.Abort(other, r0); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("foreign abort: %v", err)
+	}
+	if err := o.Publish(sid, r0); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("double publish: %v", err)
+	}
+}
+
+func TestSealVerifiesChecksum(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "w", 1)
+	refs, _ := o.Allocate(sid, 1)
+	r := refs[0]
+	copy(o.Arena().Payload(int(r.Slot)), "payload")
+	r.PayloadLen, r.Checksum = 7, shm.Checksum([]byte("payloaX"))
+	if err := o.Seal(sid, r, BlockKey{9}, BlockKey{}); !errors.Is(err, ErrChecksum) {
+		t.Fatalf("seal with wrong checksum: %v", err)
+	}
+	if err := o.Publish(sid, r); !errors.Is(err, ErrIllegalTransition) {
+		t.Fatalf("publish of a WRITING block: %v", err)
+	}
+}
+
+func TestStaleReferences(t *testing.T) {
+	env := newOwnerEnv(t, 1)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "w", 1)
+	old := writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, true)
+	if err := o.Release(sid, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Delete(old); err != nil {
+		t.Fatal(err)
+	}
+	// The one slot is reused for a new block at a higher generation.
+	fresh := writeBlock(t, o, sid, BlockKey{2}, BlockKey{}, 2, true)
+	o.Release(sid, fresh)
+	if fresh.Slot != old.Slot || fresh.Gen <= old.Gen {
+		t.Fatalf("slot reuse: old %+v, new %+v", old, fresh)
+	}
+	if got := o.Arena().Gen(int(old.Slot)); got != fresh.Gen {
+		t.Fatalf("header generation %d, want %d", got, fresh.Gen)
+	}
+	// A late delete with the old generation is refused and counted; the new
+	// block survives.
+	if err := o.Delete(old); !errors.Is(err, ErrStaleRef) {
+		t.Fatalf("stale delete: %v", err)
+	}
+	if st := o.Stats(); st.StaleDeletes != 1 || o.Lookup([]BlockKey{{2}}) != 1 {
+		t.Fatalf("after stale delete: %+v, lookup %d", st, o.Lookup([]BlockKey{{2}}))
+	}
+	if err := o.Release(sid, old); !errors.Is(err, ErrStaleRef) {
+		t.Fatalf("stale release: %v", err)
+	}
+	if _, err := o.ReportCorrupt(old); !errors.Is(err, ErrStaleRef) {
+		t.Fatalf("stale corruption report: %v", err)
+	}
+}
+
+func TestCorruptPayloadDropped(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "w", 1)
+	r := writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, true)
+	if dropped, err := o.ReportCorrupt(r); dropped || err != nil {
+		t.Fatalf("intact block reported corrupt: %v %v", dropped, err)
+	}
+	o.Arena().Payload(int(r.Slot))[17] ^= 0x40
+	if dropped, err := o.ReportCorrupt(r); !dropped || err != nil {
+		t.Fatalf("corrupt block not dropped: %v %v", dropped, err)
+	}
+	if o.Lookup([]BlockKey{{1}}) != 0 || o.Stats().CorruptDropped != 1 {
+		t.Fatal("corrupt block still published")
+	}
+}
+
+func TestSweeperReclaimsExpiredWritersNeverLeased(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	o := env.open(t)
+	defer o.Close()
+	env.clock.Advance(o.LeaseTTL()) // past the start-up grace
+	dead := hello(t, o, "dead", 1)
+	live := hello(t, o, "live", 1)
+	writeBlock(t, o, dead, BlockKey{1}, BlockKey{}, 1, false) // SEALED
+	if _, err := o.Allocate(dead, 2); err != nil {            // WRITING
+		t.Fatal(err)
+	}
+	pub := writeBlock(t, o, dead, BlockKey{2}, BlockKey{}, 2, true)
+	if _, err := o.Acquire(live, []BlockKey{{2}}); err != nil {
+		t.Fatal(err)
+	}
+	env.clock.Advance(2 * time.Second)
+	o.KeepAlive(live)
+	env.clock.Advance(2 * time.Second) // dead's lease is over, live's is not
+	res := o.Sweep()
+	if res.SessionsExpired != 1 || res.OrphansReclaimed != 3 {
+		t.Fatalf("sweep: %+v", res)
+	}
+	st := o.Stats()
+	if st.SlotsInUse != 1 || st.ByState["PUBLISHED"] != 1 {
+		t.Fatalf("after sweep: %+v", st)
+	}
+	// Above the high-water mark only unleased published blocks go, LRU first.
+	var unleased []Ref
+	for i := 0; i < 6; i++ {
+		r := writeBlock(t, o, live, BlockKey{byte(10 + i)}, BlockKey{}, byte(i), true)
+		o.Release(live, r)
+		unleased = append(unleased, r)
+		env.clock.Advance(time.Millisecond)
+	}
+	o.KeepAlive(live)
+	res = o.Sweep() // 7 in use of 8, high water 6
+	if res.Evicted != 1 || o.Lookup([]BlockKey{{10}}) != 0 || o.Lookup([]BlockKey{{11}}) != 1 {
+		t.Fatalf("eviction: %+v; oldest should go first", res)
+	}
+	if o.Lookup([]BlockKey{{2}}) != 1 {
+		t.Fatal("leased block was evicted")
+	}
+	// Allocation under pressure evicts too, but never the leased block.
+	if _, err := o.Allocate(live, 3); err != nil {
+		t.Fatal(err)
+	}
+	if o.Lookup([]BlockKey{{2}}) != 1 {
+		t.Fatal("leased block was evicted by allocation")
+	}
+	if _, err := o.Allocate(live, 5); !errors.Is(err, ErrNoFreeSlots) {
+		t.Fatalf("over-allocation: %v", err)
+	}
+	_ = pub
+}
+
+func TestWriterDeadReclaimsAtOnce(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "decode-3", 7)
+	o.Allocate(sid, 2)
+	writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, false)
+	if n := o.WriterDead(Writer{"decode-3", 6}); n != 0 {
+		t.Fatalf("an older generation's death reclaimed %d blocks", n)
+	}
+	if n := o.WriterDead(Writer{"decode-3", 7}); n != 3 {
+		t.Fatalf("reclaimed %d, want 3", n)
+	}
+	if st := o.Stats(); st.SlotsInUse != 0 {
+		t.Fatalf("slots leaked: %+v", st)
+	}
+}
+
+func TestRestartVerifiesPublished(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	o := env.open(t)
+	sid := hello(t, o, "w", 1)
+	good := writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, true)
+	corrupt := writeBlock(t, o, sid, BlockKey{2}, BlockKey{}, 2, true)
+	sealed := writeBlock(t, o, sid, BlockKey{3}, BlockKey{}, 3, false)
+	o.Arena().Payload(int(corrupt.Slot))[3] ^= 1
+	o.Close()
+
+	o = env.open(t)
+	defer o.Close()
+	st := o.Stats()
+	if st.RecoveredAtStart != 1 || st.DroppedAtStartup != 1 {
+		t.Fatalf("restart: %+v", st)
+	}
+	if o.Lookup([]BlockKey{{1}}) != 1 || o.Lookup([]BlockKey{{2}}) != 0 || o.Lookup([]BlockKey{{3}}) != 0 {
+		t.Fatal("restart kept the wrong blocks readable")
+	}
+	// The sealed block's writer re-attaches within the grace and publishes.
+	sid2, ok, _, err := o.Hello(Writer{"w", 1}, []Ref{sealed, {Slot: good.Slot, Gen: good.Gen}}, nil)
+	if err != nil || !ok[0] || ok[1] {
+		t.Fatalf("re-attach: %v %v", ok, err)
+	}
+	if err := o.Publish(sid2, sealed); err != nil {
+		t.Fatal(err)
+	}
+	// Generations stay monotonic across the restart.
+	refs, _ := o.Allocate(sid2, 1)
+	if refs[0].Slot == corrupt.Slot && refs[0].Gen <= corrupt.Gen {
+		t.Fatalf("reused slot %d at generation %d after %d", refs[0].Slot, refs[0].Gen, corrupt.Gen)
+	}
+}
+
+func TestRestartReclaimsUnclaimedAfterGrace(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	sid := hello(t, o, "w", 1)
+	o.Allocate(sid, 2)
+	o.Close()
+	o = env.open(t)
+	defer o.Close()
+	if res := o.Sweep(); res.OrphansReclaimed != 0 {
+		t.Fatalf("reclaimed during grace: %+v", res)
+	}
+	env.clock.Advance(o.LeaseTTL())
+	if res := o.Sweep(); res.OrphansReclaimed != 2 {
+		t.Fatalf("after grace: %+v", res)
+	}
+	if o.Stats().SlotsInUse != 0 {
+		t.Fatal("slots leaked")
+	}
+}
+
+func FuzzDecodeManifest(f *testing.F) {
+	m := Manifest{Slot: 3, SlotGen: 9, State: Published, Key: BlockKey{1, 2}, PayloadLen: 100, Checksum: 5, WriterInstance: "decode-1", WriterGen: 2, Updated: time.Unix(5, 0)}
+	f.Add(m.Encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := DecodeManifest(b)
+		if err != nil {
+			if !errors.Is(err, ErrBadManifest) {
+				t.Fatalf("error %v does not wrap ErrBadManifest", err)
+			}
+			return
+		}
+		if string(m.Encode()) != string(b) {
+			t.Fatal("decoded manifest re-encodes differently")
+		}
+	})
+}
