@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
@@ -54,6 +55,12 @@ type Options struct {
 	BlockSize int
 	KVBlocks  int
 	Limits    sched.Limits
+	// KVSocket, when set, keeps the KV cache in the node's shared-memory
+	// arena through the arena owner's socket; full blocks are published and
+	// published prefixes reused. InstanceID and Generation name this writer.
+	KVSocket   string
+	InstanceID string
+	Generation uint64
 }
 
 // Validate reports the first bad option by name.
@@ -67,6 +74,8 @@ func (o *Options) Validate() error {
 		return badField("block_size", "%d (want 1..4096)", o.BlockSize)
 	case o.KVBlocks < 0:
 		return badField("kv_blocks", "%d", o.KVBlocks)
+	case o.KVSocket != "" && o.InstanceID == "":
+		return badField("instance_id", "a writer to the shared arena needs an instance id")
 	}
 	return nil
 }
@@ -76,10 +85,13 @@ type Engine struct {
 	Model     *model.Model
 	Tokenizer tokenizer.Tokenizer
 	Store     kvcache.Store
-	sched     *sched.Scheduler
+	// Cache is the shared-arena store when Options.KVSocket is set.
+	Cache *kv.Cache
+	sched *sched.Scheduler
 
-	stop context.CancelFunc
-	done chan struct{}
+	stop    context.CancelFunc
+	done    chan struct{}
+	closers []func() error
 }
 
 // NewEngine loads the model and starts the scheduler loop; Close stops it.
@@ -120,11 +132,41 @@ func NewEngine(opts Options) (*Engine, error) {
 		perSeq := (m.Config.ContextLen + bs - 1) / bs
 		blocks = perSeq * min(limits.MaxRunning, 16)
 	}
-	store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
+	if opts.KVSocket == "" {
+		store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
+		if err != nil {
+			return nil, err
+		}
+		return NewEngineWith(m, tok, store, limits)
+	}
+	client, err := kv.Dial(context.Background(), opts.KVSocket, kv.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
 	if err != nil {
 		return nil, err
 	}
-	return NewEngineWith(m, tok, store, limits)
+	layout := m.KVLayout(bs)
+	cache, err := kv.NewCache(client, layout, BlockIdentity(m, tok, layout), blocks)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	e, err := NewEngineWith(m, tok, cache, limits)
+	if err != nil {
+		cache.Close()
+		client.Close()
+		return nil, err
+	}
+	e.closers = append(e.closers, cache.Close, client.Close)
+	e.Cache = cache
+	return e, nil
+}
+
+// BlockIdentity is the identity of the KV blocks this engine computes.
+func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layout) kv.Identity {
+	return kv.Identity{
+		Model: m.Config.Name, ModelRevision: m.Revision, TokenizerHash: tok.Hash(),
+		Layout: layout.String(), DType: layout.DType, RopeTheta: m.Config.RopeTheta,
+		BlockSize: layout.BlockSize, NumericsID: model.NumericsID(),
+	}
 }
 
 func cmpOr(v, def int) int {
@@ -152,10 +194,15 @@ func NewEngineWith(m *model.Model, tok tokenizer.Tokenizer, store kvcache.Store,
 	return e, nil
 }
 
-// Close stops the scheduler; open streams end as cancelled.
+// Close stops the scheduler (open streams end as cancelled), then hands
+// back shared KV blocks.
 func (e *Engine) Close() {
 	e.stop()
 	<-e.done
+	for _, c := range e.closers {
+		c()
+	}
+	e.closers = nil
 }
 
 // Stats reports the scheduler's load.
@@ -195,7 +242,10 @@ type Event struct {
 	// Done marks the last event; it carries no token.
 	Done         bool
 	FinishReason sched.FinishReason
-	Err          error
+	// ReusedPositions counts prompt positions whose K/V were taken from the
+	// shared arena instead of computed (Done event only).
+	ReusedPositions int
+	Err             error
 }
 
 const maxStopStrings = 4
@@ -298,7 +348,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 			return !stopped
 		},
 		OnFinish: func(f sched.Finish) {
-			events <- Event{Done: true, FinishReason: f.Reason, Err: f.Err}
+			events <- Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, Err: f.Err}
 			close(events)
 			close(finished)
 		},

@@ -8,6 +8,7 @@ import (
 	"io"
 
 	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 )
 
@@ -22,6 +23,16 @@ type GenerateOptions struct {
 	IgnoreEOS    bool
 	// JSON prints one object per token instead of plain text.
 	JSON bool
+	// Stats, when set, receives one JSON object with the run's KV figures.
+	Stats io.Writer
+}
+
+// RunStats is what --stats prints after a generation.
+type RunStats struct {
+	Generated       int            `json:"generated"`
+	ReusedPositions int            `json:"reused_positions"`
+	FinishReason    string         `json:"finish_reason"`
+	Cache           *kv.CacheStats `json:"cache,omitempty"`
 }
 
 // TokenLine is the JSON object printed per generated token. FinishReason is
@@ -52,8 +63,17 @@ func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error
 	enc := json.NewEncoder(w)
 	// A token line is held until the next event shows whether it was last.
 	var held *TokenLine
+	generated := 0
 	for ev := range events {
 		if ev.Done {
+			if opts.Stats != nil {
+				st := RunStats{Generated: generated, ReusedPositions: ev.ReusedPositions, FinishReason: string(ev.FinishReason)}
+				if e.Cache != nil {
+					cs := e.Cache.Stats()
+					st.Cache = &cs
+				}
+				json.NewEncoder(opts.Stats).Encode(st)
+			}
 			if held != nil {
 				held.FinishReason = string(ev.FinishReason)
 				if err := enc.Encode(held); err != nil {
@@ -68,6 +88,7 @@ func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error
 			}
 			return nil
 		}
+		generated++
 		if !opts.JSON {
 			io.WriteString(w, ev.Text)
 			w.Flush()

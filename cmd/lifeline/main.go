@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifeline-llm/lifeline/decode"
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
 )
 
 func main() {
@@ -34,7 +35,7 @@ func rootCmd() *cobra.Command {
 	}
 	engine := &cobra.Command{Use: "engine", Short: "Run the reference engine directly"}
 	engine.AddCommand(generateCmd())
-	root.AddCommand(engine)
+	root.AddCommand(engine, kvCmd())
 	return root
 }
 
@@ -42,6 +43,7 @@ func generateCmd() *cobra.Command {
 	var (
 		opts   decode.GenerateOptions
 		prefix string
+		stats  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -53,6 +55,12 @@ func generateCmd() *cobra.Command {
 				return err
 			}
 			opts.PrefixTokens = ids
+			if stats {
+				opts.Stats = cmd.ErrOrStderr()
+			}
+			if err := failpoint.Check(); err != nil {
+				return err
+			}
 			return decode.RunGenerate(cmd.Context(), opts, cmd.OutOrStdout())
 		},
 	}
@@ -73,6 +81,10 @@ func generateCmd() *cobra.Command {
 	f.StringArrayVar(&opts.Stop, "stop", nil, "stop string (repeatable)")
 	f.BoolVar(&opts.IgnoreEOS, "ignore-eos", false, "keep generating past end-of-sequence")
 	f.BoolVar(&opts.JSON, "json", false, `print one JSON object per token: {"sequence_no","token_id","text"}`)
+	f.StringVar(&opts.Engine.KVSocket, "kv-socket", "", "keep the KV cache in the node's shared arena via this owner socket")
+	f.StringVar(&opts.Engine.InstanceID, "instance-id", "", "writer instance id for --kv-socket")
+	f.Uint64Var(&opts.Engine.Generation, "generation", 1, "writer generation for --kv-socket")
+	f.BoolVar(&stats, "stats", false, "print the run's KV figures as JSON on stderr")
 	return cmd
 }
 

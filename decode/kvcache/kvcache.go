@@ -135,3 +135,19 @@ func (s *MemStore) Block(id BlockID) []float32 {
 	n := s.layout.BlockFloats()
 	return s.data[int(id)*n : (int(id)+1)*n : (int(id)+1)*n]
 }
+
+// Sharing is implemented by stores whose full blocks can outlive the
+// sequence that computed them and be reused by later sequences (and other
+// processes) with the same prefix. Failures inside degrade to recompute:
+// a block that cannot be published stays private, a prefix that cannot be
+// found or verified is computed again.
+type Sharing interface {
+	// AcquirePrefix returns read-only blocks holding the K/V of the longest
+	// published prefix of tokens, in whole blocks, at most maxBlocks. The
+	// caller frees them with Free like any other block.
+	AcquirePrefix(tokens []int, maxBlocks int) []BlockID
+	// Publish offers a fully computed block for reuse. tokens is the whole
+	// prefix up to and including the block. The block must not be written
+	// afterwards.
+	Publish(id BlockID, tokens []int)
+}

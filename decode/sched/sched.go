@@ -70,7 +70,9 @@ type Token struct {
 type Finish struct {
 	Reason    FinishReason
 	Generated int
-	Err       error
+	// ReusedPositions were taken from a shared KV store, not computed.
+	ReusedPositions int
+	Err             error
 }
 
 // Request is one sequence to generate.
@@ -98,6 +100,10 @@ type sequence struct {
 	req      Request
 	tokens   []int // prompt then every output token
 	computed int   // positions whose K/V are written
+	// published counts leading blocks that are shared: reused from the
+	// store or offered to it after being computed.
+	published int
+	reused    int // positions whose K/V came from the store
 	blocks   []kvcache.BlockID
 	logits   []float32
 	nOutput  int
@@ -119,6 +125,8 @@ type Scheduler struct {
 	wake     chan struct{}
 	// freeErrors counts blocks the store refused to take back.
 	freeErrors int
+	// reusedPositions counts prompt positions whose K/V came from the store.
+	reusedPositions int
 }
 
 // New returns a scheduler that computes with m and keeps K/V in store.
@@ -136,13 +144,16 @@ func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error)
 type Stats struct {
 	Running, Queued, FreeBlocks, TotalBlocks int
 	FreeErrors                               int
+	// ReusedPositions counts positions whose K/V came from a shared store
+	// instead of being computed.
+	ReusedPositions int
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors}
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions}
 }
 
 func (s *Scheduler) queuedLocked() int {
@@ -245,6 +256,16 @@ func (s *Scheduler) Submit(r Request) error {
 }
 
 func (s *Scheduler) startLocked(seq *sequence, need int) error {
+	if sh, ok := s.store.(kvcache.Sharing); ok {
+		// The last prompt position is always computed: its logits pick
+		// the first new token.
+		bs := s.store.Layout().BlockSize
+		seq.blocks = sh.AcquirePrefix(seq.tokens, (len(seq.tokens)-1)/bs)
+		seq.computed = len(seq.blocks) * bs
+		seq.published = len(seq.blocks)
+		seq.reused = seq.computed
+		s.reusedPositions += seq.computed
+	}
 	for len(seq.blocks) < need {
 		id, err := s.store.Alloc()
 		if err != nil {
@@ -255,6 +276,18 @@ func (s *Scheduler) startLocked(seq *sequence, need int) error {
 	}
 	s.running = append(s.running, seq)
 	return nil
+}
+
+// publishLocked offers the sequence's newly completed blocks for reuse.
+func (s *Scheduler) publishLocked(seq *sequence) {
+	sh, ok := s.store.(kvcache.Sharing)
+	if !ok {
+		return
+	}
+	bs := s.store.Layout().BlockSize
+	for ; seq.published < seq.computed/bs; seq.published++ {
+		sh.Publish(seq.blocks[seq.published], seq.tokens[:(seq.published+1)*bs])
+	}
 }
 
 func (s *Scheduler) freeLocked(seq *sequence) {
@@ -307,6 +340,7 @@ func (s *Scheduler) finishLocked(seq *sequence, f Finish) {
 	q := &s.queues[seq.req.Priority]
 	*q = slices.DeleteFunc(*q, func(x *sequence) bool { return x == seq })
 	f.Generated = seq.nOutput - len(seq.req.Prefix)
+	f.ReusedPositions = seq.reused
 	seq.req.OnFinish(f)
 }
 
@@ -350,6 +384,9 @@ func (s *Scheduler) Step() (bool, error) {
 			s.finishLocked(seq, Finish{Reason: FinishError, Err: err})
 		}
 		return true, fmt.Errorf("sched: step: %w", err)
+	}
+	for _, seq := range order {
+		s.publishLocked(seq)
 	}
 	ids := s.sampleAll(sampled)
 	for i, seq := range sampled {

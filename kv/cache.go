@@ -1,0 +1,263 @@
+package kv
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// Failpoints on the writer's publish path.
+const (
+	FailBeforeSeal    = "kv.before-seal"
+	FailBeforePublish = "kv.before-publish"
+)
+
+// CacheStats count what a worker's cache did.
+type CacheStats struct {
+	Published      int `json:"published"`        // blocks this worker made readable
+	PublishFailed  int `json:"publish_failed"`   // blocks that stayed private (duplicate, owner away)
+	Reused         int `json:"reused"`           // blocks taken from the arena instead of computed
+	CorruptOnRead  int `json:"corrupt_on_read"`  // acquired blocks whose checksum or header did not verify
+	AcquireFailed  int `json:"acquire_failed"`   // prefix lookups that failed (owner away)
+	HandBackFailed int `json:"hand_back_failed"` // aborts or releases the owner did not take
+}
+
+// Cache is a worker's KV block store in the node's shared-memory arena:
+// blocks are arena slots (BlockID = slot), K/V are written straight into
+// the mapping, and full blocks are published for reuse by any process on
+// the node. It implements kvcache.Store and kvcache.Sharing.
+type Cache struct {
+	client   *Client
+	arena    *shm.Arena
+	layout   kvcache.Layout
+	identity Identity
+	capacity int
+
+	mu     sync.Mutex
+	blocks map[kvcache.BlockID]*cacheBlock
+	stats  CacheStats
+}
+
+type cacheBlock struct {
+	ref    Ref
+	shared bool // published or acquired: read-only, released on Free
+	// holders counts the sequences using the block: several sequences of
+	// one worker share a published prefix under one owner lease.
+	holders int
+}
+
+// NewCache maps the owner's arena and serves at most capacity blocks from
+// it. The identity must describe the engine that computes the blocks.
+func NewCache(client *Client, layout kvcache.Layout, id Identity, capacity int) (*Cache, error) {
+	if id.BlockSize != layout.BlockSize {
+		return nil, fmt.Errorf("kv: identity block size %d, layout %d", id.BlockSize, layout.BlockSize)
+	}
+	if layout.BlockBytes() > client.PayloadSize() {
+		return nil, fmt.Errorf("kv: a block of %d bytes does not fit the arena's %d-byte slots", layout.BlockBytes(), client.PayloadSize())
+	}
+	if capacity <= 0 {
+		return nil, fmt.Errorf("kv: cache capacity %d", capacity)
+	}
+	arena, err := shm.Open(client.ArenaPath())
+	if err != nil {
+		return nil, err
+	}
+	return &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, blocks: map[kvcache.BlockID]*cacheBlock{}}, nil
+}
+
+// Close hands every block back and unmaps the arena.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	ids := make([]kvcache.BlockID, 0, len(c.blocks))
+	for id := range c.blocks {
+		ids = append(ids, id)
+	}
+	c.mu.Unlock()
+	for _, id := range ids {
+		c.Free(id)
+	}
+	return c.arena.Close()
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() CacheStats { c.mu.Lock(); defer c.mu.Unlock(); return c.stats }
+
+// Arena is the cache's own mapping of the arena.
+func (c *Cache) Arena() *shm.Arena { return c.arena }
+
+func (c *Cache) Layout() kvcache.Layout { return c.layout }
+func (c *Cache) Capacity() int          { return c.capacity }
+
+func (c *Cache) NumFree() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.capacity - len(c.blocks)
+}
+
+func (c *Cache) Alloc() (kvcache.BlockID, error) {
+	c.mu.Lock()
+	full := len(c.blocks) >= c.capacity
+	c.mu.Unlock()
+	if full {
+		return 0, kvcache.ErrNoFreeBlocks
+	}
+	refs, err := c.client.Allocate(1)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %v", kvcache.ErrNoFreeBlocks, err)
+	}
+	id := kvcache.BlockID(refs[0].Slot)
+	c.mu.Lock()
+	c.blocks[id] = &cacheBlock{ref: refs[0], holders: 1}
+	c.mu.Unlock()
+	return id, nil
+}
+
+func (c *Cache) Free(id kvcache.BlockID) error {
+	c.mu.Lock()
+	b, ok := c.blocks[id]
+	if ok {
+		b.holders--
+		if b.holders > 0 {
+			c.mu.Unlock()
+			return nil
+		}
+		delete(c.blocks, id)
+	}
+	c.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kv: free block %d: %w", id, kvcache.ErrBadBlock)
+	}
+	var err error
+	if b.shared {
+		err = c.client.Release(b.ref)
+	} else {
+		err = c.client.Abort(b.ref)
+	}
+	if err != nil {
+		// The owner reclaims it when our lease ends; nothing else to do.
+		c.mu.Lock()
+		c.stats.HandBackFailed++
+		c.mu.Unlock()
+	}
+	return nil
+}
+
+func (c *Cache) Block(id kvcache.BlockID) []float32 {
+	return c.arena.Float32s(int(id), c.layout.BlockFloats())
+}
+
+func (c *Cache) payload(id kvcache.BlockID) []byte {
+	return c.arena.Payload(int(id))[:c.layout.BlockBytes()]
+}
+
+// Publish seals and publishes a full block under the key of its prefix.
+func (c *Cache) Publish(id kvcache.BlockID, tokens []int) {
+	c.mu.Lock()
+	b, ok := c.blocks[id]
+	c.mu.Unlock()
+	if !ok || b.shared || len(tokens)%c.layout.BlockSize != 0 || len(tokens) == 0 {
+		return
+	}
+	keys := c.identity.Chain(tokens, -1)
+	key := keys[len(keys)-1]
+	var parent BlockKey
+	if len(keys) > 1 {
+		parent = keys[len(keys)-2]
+	}
+	ref := b.ref
+	ref.PayloadLen = uint32(c.layout.BlockBytes())
+	ref.Checksum = shm.Checksum(c.payload(id))
+	fail := func() {
+		c.mu.Lock()
+		c.stats.PublishFailed++
+		c.mu.Unlock()
+	}
+	failpoint.Hit(FailBeforeSeal)
+	if err := c.client.Seal(ref, key, parent); err != nil {
+		fail()
+		return
+	}
+	failpoint.Hit(FailBeforePublish)
+	if err := c.client.Publish(ref); err != nil {
+		fail()
+		return
+	}
+	c.mu.Lock()
+	b.ref, b.shared = ref, true
+	c.stats.Published++
+	c.mu.Unlock()
+}
+
+// AcquirePrefix leases the longest published prefix of tokens and verifies
+// every block before handing it out: the slot must still be at the leased
+// generation and PUBLISHED, and its payload must match its checksum. A block
+// that fails is reported to the owner, and the prefix ends before it.
+func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
+	c.mu.Lock()
+	room := c.capacity - len(c.blocks)
+	c.mu.Unlock()
+	maxBlocks = min(maxBlocks, room)
+	if maxBlocks <= 0 {
+		return nil
+	}
+	refs, err := c.client.Acquire(c.identity.Chain(tokens, maxBlocks))
+	if err != nil {
+		c.mu.Lock()
+		c.stats.AcquireFailed++
+		c.mu.Unlock()
+		return nil
+	}
+	var ids []kvcache.BlockID
+	for i, r := range refs {
+		id := kvcache.BlockID(r.Slot)
+		c.mu.Lock()
+		held, dup := c.blocks[id]
+		if dup && held.shared && held.ref.Gen == r.Gen {
+			// Another of our sequences already holds it, verified.
+			held.holders++
+			c.stats.Reused++
+			c.mu.Unlock()
+			ids = append(ids, id)
+			continue
+		}
+		c.mu.Unlock()
+		ok := !dup && int(r.PayloadLen) == c.layout.BlockBytes() && c.arena.Gen(int(r.Slot)) == r.Gen &&
+			c.arena.State(int(r.Slot)) == shm.SlotPublished && shm.Checksum(c.payload(id)) == r.Checksum
+		if !ok {
+			if !dup {
+				c.client.ReportCorrupt(r)
+				c.mu.Lock()
+				c.stats.CorruptOnRead++
+				c.mu.Unlock()
+			}
+			for _, rest := range refs[i:] {
+				c.mu.Lock()
+				_, ours := c.blocks[kvcache.BlockID(rest.Slot)]
+				c.mu.Unlock()
+				if !ours {
+					c.client.Release(rest)
+				}
+			}
+			break
+		}
+		c.mu.Lock()
+		c.blocks[id] = &cacheBlock{ref: r, shared: true, holders: 1}
+		c.stats.Reused++
+		c.mu.Unlock()
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// Contains reports whether p points into this cache's arena mapping: the
+// zero-copy check for blocks read from another process's writes.
+func (c *Cache) Contains(p *float32) bool {
+	base := c.arena.Base()
+	size := uintptr(c.arena.Geometry().FileSize())
+	addr := uintptr(unsafe.Pointer(p))
+	return addr >= base && addr < base+size
+}

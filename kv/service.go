@@ -1,0 +1,323 @@
+package kv
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/lifeline-llm/lifeline/kv/kvpb"
+)
+
+// maxFrame bounds one message on the socket.
+const maxFrame = 16 << 20
+
+func writeFrame(w io.Writer, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	frame := binary.AppendUvarint(make([]byte, 0, len(b)+binary.MaxVarintLen64), uint64(len(b)))
+	_, err = w.Write(append(frame, b...))
+	return err
+}
+
+func readFrame(r *bufio.Reader, m proto.Message) error {
+	n, err := binary.ReadUvarint(r)
+	if err != nil {
+		return err
+	}
+	if n > maxFrame {
+		return fmt.Errorf("%w: frame of %d bytes", ErrBadRequest, n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
+}
+
+var codeErrors = []struct {
+	code kvpb.Code
+	err  error
+}{
+	{kvpb.Code_STALE_REF, ErrStaleRef},
+	{kvpb.Code_NOT_OWNER, ErrNotOwner},
+	{kvpb.Code_CHECKSUM, ErrChecksum},
+	{kvpb.Code_DUPLICATE, ErrDuplicate},
+	{kvpb.Code_NO_FREE_SLOTS, ErrNoFreeSlots},
+	{kvpb.Code_LEASED, ErrLeased},
+	{kvpb.Code_UNKNOWN_SESSION, ErrUnknownSession},
+	{kvpb.Code_ILLEGAL_TRANSITION, ErrIllegalTransition},
+	{kvpb.Code_BAD_REQUEST, ErrBadRequest},
+}
+
+func codeOf(err error) kvpb.Code {
+	for _, c := range codeErrors {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return kvpb.Code_INTERNAL
+}
+
+// RemoteError is an error the owner returned; it matches the owner's
+// sentinel errors with errors.Is.
+type RemoteError struct {
+	Code    kvpb.Code
+	Message string
+}
+
+func (e *RemoteError) Error() string { return "kv: owner: " + e.Message }
+
+func (e *RemoteError) Is(target error) bool {
+	for _, c := range codeErrors {
+		if c.code == e.Code && c.err == target {
+			return true
+		}
+	}
+	return false
+}
+
+func toPB(r Ref) *kvpb.Ref {
+	return &kvpb.Ref{Slot: r.Slot, Gen: r.Gen, Checksum: r.Checksum, PayloadLen: r.PayloadLen}
+}
+
+func fromPB(r *kvpb.Ref) Ref {
+	if r == nil {
+		return Ref{}
+	}
+	return Ref{Slot: r.Slot, Gen: r.Gen, Checksum: r.Checksum, PayloadLen: r.PayloadLen}
+}
+
+func refsFromPB(rs []*kvpb.Ref) []Ref {
+	out := make([]Ref, len(rs))
+	for i, r := range rs {
+		out[i] = fromPB(r)
+	}
+	return out
+}
+
+func keyFromBytes(b []byte) (BlockKey, error) {
+	var k BlockKey
+	if len(b) != len(k) && len(b) != 0 {
+		return k, fmt.Errorf("%w: key of %d bytes", ErrBadRequest, len(b))
+	}
+	copy(k[:], b)
+	return k, nil
+}
+
+func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
+	if ks == nil {
+		return nil, nil
+	}
+	out := make([]BlockKey, len(ks.Keys))
+	for i, b := range ks.Keys {
+		k, err := keyFromBytes(b)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = k
+	}
+	return out, nil
+}
+
+// Serve answers KV service requests on a unix socket (created mode 0600)
+// and sweeps every LeaseTTL/3 until ctx is done.
+func Serve(ctx context.Context, o *Owner, socketPath string) error {
+	return serve(ctx, o, socketPath, nil)
+}
+
+func serve(ctx context.Context, o *Owner, socketPath string, ready chan<- struct{}) error {
+	os.Remove(socketPath) // a stale socket of a previous owner
+	ln, err := net.Listen("unix", socketPath)
+	if err != nil {
+		return fmt.Errorf("kv: listen %s: %w", socketPath, err)
+	}
+	if err := os.Chmod(socketPath, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("kv: chmod %s: %w", socketPath, err)
+	}
+	if ready != nil {
+		close(ready)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(max(o.LeaseTTL()/3, 10*time.Millisecond))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				ln.Close()
+				return
+			case <-t.C:
+				o.Sweep()
+			}
+		}
+	}()
+	var conns sync.Map
+	defer conns.Range(func(c, _ any) bool { c.(net.Conn).Close(); return true })
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("kv: accept: %w", err)
+		}
+		conns.Store(c, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conns.Delete(c)
+			defer c.Close()
+			serveConn(o, c)
+		}()
+	}
+}
+
+func serveConn(o *Owner, c net.Conn) {
+	r := bufio.NewReader(c)
+	w := bufio.NewWriter(c)
+	var sid SessionID
+	for {
+		var req kvpb.Request
+		if err := readFrame(r, &req); err != nil {
+			return // client gone or garbage: its session lives until its lease ends
+		}
+		resp := handle(o, &sid, &req)
+		resp.Id = req.Id
+		if writeFrame(w, resp) != nil || w.Flush() != nil {
+			return
+		}
+	}
+}
+
+func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
+	resp := &kvpb.Response{}
+	fail := func(err error) *kvpb.Response {
+		resp.Code, resp.Message = codeOf(err), err.Error()
+		return resp
+	}
+	if _, ok := req.Op.(*kvpb.Request_Hello); !ok && *sid == 0 {
+		switch req.Op.(type) {
+		case *kvpb.Request_Stats, *kvpb.Request_WriterDead, *kvpb.Request_Sweep, *kvpb.Request_Lookup, *kvpb.Request_Delete:
+			// Session-free operations for operators and the agent.
+		default:
+			return fail(fmt.Errorf("%w: send hello first", ErrUnknownSession))
+		}
+	}
+	switch op := req.Op.(type) {
+	case *kvpb.Request_Hello:
+		h := op.Hello
+		id, ownedOK, leasedOK, err := o.Hello(Writer{h.InstanceId, h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
+		if err != nil {
+			return fail(err)
+		}
+		*sid = id
+		g := o.Arena().Geometry()
+		resp.Hello = &kvpb.HelloReply{Session: uint64(id), ArenaPath: o.Arena().Path(), Slots: uint32(g.Slots),
+			PayloadSize: uint64(g.PayloadSize), LeaseTtlMs: uint64(o.LeaseTTL().Milliseconds()), OwnedOk: ownedOK, LeasedOk: leasedOK}
+	case *kvpb.Request_KeepAlive:
+		if err := o.KeepAlive(*sid); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_Allocate:
+		refs, err := o.Allocate(*sid, int(op.Allocate.Count))
+		if err != nil {
+			return fail(err)
+		}
+		for _, r := range refs {
+			resp.Refs = append(resp.Refs, toPB(r))
+		}
+	case *kvpb.Request_Seal:
+		key, err := keyFromBytes(op.Seal.Key)
+		if err != nil {
+			return fail(err)
+		}
+		parent, err := keyFromBytes(op.Seal.Parent)
+		if err != nil {
+			return fail(err)
+		}
+		if err := o.Seal(*sid, fromPB(op.Seal.Ref), key, parent); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_Publish:
+		if err := o.Publish(*sid, fromPB(op.Publish.Ref)); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_Abort:
+		if err := o.Abort(*sid, fromPB(op.Abort.Ref)); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_Acquire:
+		keys, err := keysFromPB(op.Acquire)
+		if err != nil {
+			return fail(err)
+		}
+		refs, err := o.Acquire(*sid, keys)
+		if err != nil {
+			return fail(err)
+		}
+		for _, r := range refs {
+			resp.Refs = append(resp.Refs, toPB(r))
+		}
+	case *kvpb.Request_Lookup:
+		keys, err := keysFromPB(op.Lookup)
+		if err != nil {
+			return fail(err)
+		}
+		resp.Count = uint32(o.Lookup(keys))
+	case *kvpb.Request_Release:
+		if err := o.Release(*sid, fromPB(op.Release.Ref)); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_Delete:
+		if err := o.Delete(fromPB(op.Delete.Ref)); err != nil {
+			return fail(err)
+		}
+	case *kvpb.Request_ReportCorrupt:
+		dropped, err := o.ReportCorrupt(fromPB(op.ReportCorrupt.Ref))
+		if err != nil {
+			return fail(err)
+		}
+		resp.Dropped = dropped
+	case *kvpb.Request_WriterDead:
+		resp.Count = uint32(o.WriterDead(Writer{op.WriterDead.InstanceId, op.WriterDead.Generation}))
+	case *kvpb.Request_Sweep:
+		res := o.Sweep()
+		resp.Count = uint32(res.OrphansReclaimed + res.Evicted)
+	case *kvpb.Request_Stats:
+		resp.Stats = statsToPB(o.Stats())
+	default:
+		return fail(fmt.Errorf("%w: unknown operation", ErrBadRequest))
+	}
+	return resp
+}
+
+func statsToPB(s Stats) *kvpb.Stats {
+	by := map[string]uint32{}
+	for k, v := range s.ByState {
+		by[k] = uint32(v)
+	}
+	return &kvpb.Stats{Slots: uint32(s.Slots), ByState: by, Sessions: uint32(s.Sessions), Leases: uint32(s.Leases), SlotsInUse: uint32(s.SlotsInUse),
+		Counters: map[string]uint64{
+			"stale_rejects": s.StaleRejects, "stale_deletes": s.StaleDeletes, "checksum_failures": s.ChecksumFailures,
+			"corrupt_dropped": s.CorruptDropped, "orphans_reclaimed": s.OrphansReclaimed, "evicted": s.Evicted,
+			"dropped_at_startup": s.DroppedAtStartup, "recovered_at_startup": s.RecoveredAtStart,
+			"duplicate_publish": s.DuplicatePublish, "sessions_expired": s.SessionsExpired, "writers_reported_dead": s.WritersReportDead,
+		}}
+}
