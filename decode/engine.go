@@ -14,11 +14,11 @@ import (
 	"unicode/utf8"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
-	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // ErrInvalidRequest matches every *RequestError.

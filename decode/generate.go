@@ -8,8 +8,8 @@ import (
 	"io"
 
 	"github.com/lifeline-llm/lifeline/decode/sample"
-	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // GenerateOptions are the flags of `lifeline engine generate`.

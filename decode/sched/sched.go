@@ -104,9 +104,9 @@ type sequence struct {
 	// store or offered to it after being computed.
 	published int
 	reused    int // positions whose K/V came from the store
-	blocks   []kvcache.BlockID
-	logits   []float32
-	nOutput  int
+	blocks    []kvcache.BlockID
+	logits    []float32
+	nOutput   int
 }
 
 // Scheduler owns the sequences of one engine instance.
