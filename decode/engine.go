@@ -239,7 +239,8 @@ type Event struct {
 	// empty (a partial character or a possible stop-string start is held).
 	Text   string
 	Logits []float32
-	// Done marks the last event; it carries no token.
+	// Done marks the last event; it carries no token. FinishReason is set
+	// on it, and also on the token that ended the stream when one did.
 	Done         bool
 	FinishReason sched.FinishReason
 	// ReusedPositions counts prompt positions whose K/V were taken from the
@@ -286,7 +287,7 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 	if len(prompt) >= ctxLen {
 		return nil, badField("prompt", "%d tokens do not fit the context of %d", len(prompt), ctxLen)
 	}
-	if len(prompt)+r.MaxTokens > ctxLen {
+	if r.MaxTokens > ctxLen-len(prompt) {
 		return nil, badField("max_tokens", "prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(prompt), r.MaxTokens, ctxLen)
 	}
 	if err := tokenizer.CheckIDs(e.Tokenizer, r.PrefixTokens); err != nil {
@@ -325,7 +326,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 	if !r.IgnoreEOS {
 		stops = append(stops, e.Tokenizer.EOS())
 	}
-	text := newTextStream(e.Tokenizer, r.Stop)
+	text := newTextStream(e.Tokenizer, prompt[len(prompt)-1], r.Stop)
 	for _, id := range r.PrefixTokens {
 		// Replay the prefix so that held-back text and partial characters
 		// are exactly where the uninterrupted run had them.
@@ -342,9 +343,15 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		ID: r.ID, Prompt: prompt, Prefix: r.PrefixTokens, MaxTokens: r.MaxTokens,
 		Sampling: r.Sampling, StopTokens: stops, Priority: r.Priority, KeepLogits: r.KeepLogits,
 		OnToken: func(t sched.Token) bool {
-			last := t.SequenceNo == r.MaxTokens || slices.Contains(stops, t.ID)
-			chunk, stopped := text.push(t.ID, last)
-			events <- Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits}
+			chunk, stopped := text.push(t.ID, t.Last)
+			ev := Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits}
+			switch {
+			case stopped || (t.Last && slices.Contains(stops, t.ID)):
+				ev.FinishReason = sched.FinishStop
+			case t.Last:
+				ev.FinishReason = sched.FinishLength
+			}
+			events <- ev
 			return !stopped
 		},
 		OnFinish: func(f sched.Finish) {
@@ -374,8 +381,11 @@ type textStream struct {
 	pending string
 }
 
-func newTextStream(t tokenizer.Tokenizer, stops []string) *textStream {
-	return &textStream{detok: tokenizer.NewDetokenizer(t), stops: stops}
+// newTextStream starts after the prompt's last token, which decides how
+// the first output token is spelled (llama2.c drops a leading space only
+// right after BOS).
+func newTextStream(t tokenizer.Tokenizer, lastPrompt int, stops []string) *textStream {
+	return &textStream{detok: tokenizer.NewDetokenizerAfter(t, lastPrompt), stops: stops}
 }
 
 // push adds a token and returns the text now safe to emit, and whether a

@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -12,6 +13,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
 func newTinyEngine(t testing.TB) *Engine {
@@ -113,6 +115,9 @@ func TestContinuationBitExact(t *testing.T) {
 				}
 				for i, ev := range got.events {
 					want := full.events[sp.k+i]
+					if len(ev.Logits) != e.Model.Config.VocabSize || len(want.Logits) != len(ev.Logits) {
+						t.Fatalf("logits of %d and %d values, want %d", len(ev.Logits), len(want.Logits), e.Model.Config.VocabSize)
+					}
 					if ev.SequenceNo != want.SequenceNo || ev.TokenID != want.TokenID || ev.Text != want.Text {
 						t.Fatalf("temp %v prompt %d k=%d: event %d = (%d,%d,%q), want (%d,%d,%q)",
 							temp, pi, sp.k, i, ev.SequenceNo, ev.TokenID, ev.Text, want.SequenceNo, want.TokenID, want.Text)
@@ -161,22 +166,74 @@ func TestStopStrings(t *testing.T) {
 func TestCancelEndsStreamAndFreesBlocks(t *testing.T) {
 	e := newTinyEngine(t)
 	ctx, cancel := context.WithCancel(context.Background())
-	ch, err := e.Generate(ctx, Request{Prompt: "hello", MaxTokens: 400, IgnoreEOS: true})
+	const max = 500
+	ch, err := e.Generate(ctx, Request{Prompt: "hello", MaxTokens: max, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-ch // one token
 	cancel()
 	r := collect(t, ch)
-	if r.finish.FinishReason != sched.FinishCancelled && r.finish.FinishReason != sched.FinishLength {
-		t.Fatalf("finish %+v", r.finish)
+	if r.finish.FinishReason != sched.FinishCancelled || !errors.Is(r.finish.Err, sched.ErrCancelled) || len(r.events) >= max-1 {
+		t.Fatalf("finish %+v after %d tokens", r.finish, len(r.events))
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for st := e.Stats(); st.FreeBlocks != st.TotalBlocks; st = e.Stats() {
-		if time.Now().After(deadline) {
-			t.Fatalf("blocks not freed after cancel: %+v", st)
+	// The Done event is sent after the blocks are freed.
+	if st := e.Stats(); st.FreeBlocks != st.TotalBlocks {
+		t.Fatalf("blocks not freed after cancel: %+v", st)
+	}
+}
+
+func TestStopTokenID(t *testing.T) {
+	e := newTinyEngine(t)
+	base := Request{Prompt: "Once upon a time", MaxTokens: 30, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 8}}
+	full := generate(t, e, base)
+	stopID := full.events[11].TokenID
+	first := 0
+	for full.events[first].TokenID != stopID {
+		first++
+	}
+	r := base
+	r.StopTokenIDs = []int{stopID}
+	got := generate(t, e, r)
+	if len(got.events) != first+1 || got.finish.FinishReason != sched.FinishStop || got.events[first].FinishReason != sched.FinishStop {
+		t.Fatalf("stop on id %d: %d events (want %d), finish %+v", stopID, len(got.events), first+1, got.finish)
+	}
+}
+
+func TestHugeMaxTokensRejected(t *testing.T) {
+	e := newTinyEngine(t)
+	for _, n := range []int{math.MaxInt, math.MaxInt - 1, math.MaxInt32} {
+		if _, err := e.Generate(context.Background(), Request{Prompt: "hi", MaxTokens: n}); !errors.Is(err, ErrInvalidRequest) {
+			t.Fatalf("max_tokens %d: %v", n, err)
 		}
-		time.Sleep(time.Millisecond)
+	}
+	if r := generate(t, e, Request{Prompt: "hi", MaxTokens: 3, IgnoreEOS: true}); len(r.events) != 3 {
+		t.Fatal("engine broken after huge max_tokens")
+	}
+}
+
+// TestLlama2CFirstTokenKeepsItsSpace: llama2.c drops a piece's leading
+// space only right after BOS, so the first output word must keep its space
+// after a prompt.
+func TestLlama2CFirstTokenKeepsItsSpace(t *testing.T) {
+	b := tokenizer.NewBuiltin()
+	pieces := make([]string, b.VocabSize())
+	scores := make([]float32, b.VocabSize())
+	for i := range pieces {
+		pieces[i] = b.PieceString(i)
+		scores[i] = float32(len(pieces[i]))
+	}
+	var buf bytes.Buffer
+	tokenizer.WriteLlama2C(&buf, pieces, scores)
+	tok, err := tokenizer.ReadLlama2C(&buf, len(pieces))
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt, _ := tok.Encode("Once upon a time")
+	next, _ := b.Encode(" there")
+	ts := newTextStream(tok, prompt[len(prompt)-1], nil)
+	if got, _ := ts.push(next[0], true); got != " there" {
+		t.Fatalf("first output text %q, want %q", got, " there")
 	}
 }
 

@@ -61,8 +61,6 @@ func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error
 	w := bufio.NewWriter(out)
 	defer w.Flush()
 	enc := json.NewEncoder(w)
-	// A token line is held until the next event shows whether it was last.
-	var held *TokenLine
 	generated := 0
 	for ev := range events {
 		if ev.Done {
@@ -73,12 +71,6 @@ func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error
 					st.Cache = &cs
 				}
 				json.NewEncoder(opts.Stats).Encode(st)
-			}
-			if held != nil {
-				held.FinishReason = string(ev.FinishReason)
-				if err := enc.Encode(held); err != nil {
-					return err
-				}
 			}
 			if !opts.JSON {
 				fmt.Fprintln(w)
@@ -94,13 +86,10 @@ func RunGenerate(ctx context.Context, opts GenerateOptions, out io.Writer) error
 			w.Flush()
 			continue
 		}
-		if held != nil {
-			if err := enc.Encode(held); err != nil {
-				return err
-			}
-			w.Flush()
+		if err := enc.Encode(TokenLine{SequenceNo: ev.SequenceNo, TokenID: ev.TokenID, Text: ev.Text, FinishReason: string(ev.FinishReason)}); err != nil {
+			return err
 		}
-		held = &TokenLine{SequenceNo: ev.SequenceNo, TokenID: ev.TokenID, Text: ev.Text}
+		w.Flush()
 	}
 	return nil
 }

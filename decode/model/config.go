@@ -12,6 +12,9 @@ package model
 import (
 	"errors"
 	"fmt"
+	"runtime"
+
+	"golang.org/x/sys/cpu"
 
 	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
@@ -106,6 +109,14 @@ func PresetConfig(name string) (Config, error) {
 // NumericsID names everything that decides the bits of a result: engine
 // arithmetic, tensor parallelism, dtype and the kernel set. Bit-exact
 // continuation is promised only between instances with equal ids.
+//
+// The architecture is in it because math.Exp (softmax, SwiGLU) is assembly
+// on amd64 and arm64 and Go elsewhere, and on amd64 takes an FMA path only
+// when the CPU has FMA.
 func NumericsID() string {
-	return fmt.Sprintf("%s;tp=1;dtype=float32;kernel=%s", EngineVersion, matmul.KernelName())
+	id := fmt.Sprintf("%s;tp=1;dtype=float32;kernel=%s;arch=%s", EngineVersion, matmul.KernelName(), runtime.GOARCH)
+	if runtime.GOARCH == "amd64" {
+		id += fmt.Sprintf(";fma=%v", cpu.X86.HasFMA)
+	}
+	return id
 }

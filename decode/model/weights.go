@@ -102,6 +102,28 @@ func Synthetic(preset string, seed uint64) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	w, err := randomWeights(c, seed)
+	if err != nil {
+		return nil, err
+	}
+	w.OutputBias = readableBias(tokenizer.NewBuiltin())
+	return New(c, w)
+}
+
+// Random builds a model of any shape with weights that are a pure function
+// of (config, seed) and no output bias.
+func Random(c Config, seed uint64) (*Model, error) {
+	w, err := randomWeights(c, seed)
+	if err != nil {
+		return nil, err
+	}
+	return New(c, w)
+}
+
+func randomWeights(c Config, seed uint64) (*Weights, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
 	tensorNo := uint64(0)
 	gen := func(n int, scale float64) []float32 {
 		tensorNo++
@@ -138,8 +160,7 @@ func Synthetic(preset string, seed uint64) (*Model, error) {
 	}
 	w.FinalNorm = ones(c.Dim)
 	w.Classifier = gen(c.VocabSize*c.Dim, unit(c.Dim)*2)
-	w.OutputBias = readableBias(tokenizer.NewBuiltin())
-	return New(c, w)
+	return w, nil
 }
 
 func readableBias(tok *tokenizer.Builtin) []float32 {

@@ -63,6 +63,9 @@ type Token struct {
 	ID         int
 	// Logits of this position, when the request asked to keep them.
 	Logits []float32
+	// Last is set when this token ends the sequence by itself (a stop token
+	// or the max_tokens budget).
+	Last bool
 }
 
 // Finish ends a sequence. Err is ErrCancelled for a cancel and the step
@@ -104,6 +107,9 @@ type sequence struct {
 	// store or offered to it after being computed.
 	published int
 	reused    int // positions whose K/V came from the store
+	// inFlight is set while a step computes the sequence; cancelled asks
+	// that step to end it; finished is set once OnFinish ran.
+	inFlight, cancelled, finished bool
 	blocks    []kvcache.BlockID
 	logits    []float32
 	nOutput   int
@@ -115,7 +121,11 @@ type Scheduler struct {
 	store  kvcache.Store
 	limits Limits
 
+	// stepMu serialises steps; mu guards everything else and is not held
+	// during a forward pass. stepDone is signalled when a step commits.
+	stepMu   sync.Mutex
 	mu       sync.Mutex
+	stepDone *sync.Cond
 	ws       model.Workspace
 	samplers []*sample.Sampler
 	queues   [numPriorities][]*sequence
@@ -127,6 +137,7 @@ type Scheduler struct {
 	freeErrors int
 	// reusedPositions counts prompt positions whose K/V came from the store.
 	reusedPositions int
+	stepErrors      int
 }
 
 // New returns a scheduler that computes with m and keeps K/V in store.
@@ -137,7 +148,9 @@ func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error)
 	if store.Layout() != m.KVLayout(store.Layout().BlockSize) {
 		return nil, fmt.Errorf("sched: store layout %s does not fit model", store.Layout())
 	}
-	return &Scheduler{model: m, store: store, limits: limits, byID: make(map[string]*sequence), wake: make(chan struct{}, 1)}, nil
+	s := &Scheduler{model: m, store: store, limits: limits, byID: make(map[string]*sequence), wake: make(chan struct{}, 1)}
+	s.stepDone = sync.NewCond(&s.mu)
+	return s, nil
 }
 
 // Stats is a snapshot of the scheduler's load.
@@ -147,13 +160,15 @@ type Stats struct {
 	// ReusedPositions counts positions whose K/V came from a shared store
 	// instead of being computed.
 	ReusedPositions int
+	// StepErrors counts forward passes that failed (their batch ended).
+	StepErrors int
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions}
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors}
 }
 
 func (s *Scheduler) queuedLocked() int {
@@ -186,7 +201,7 @@ func (s *Scheduler) validate(r *Request) error {
 		return bad("max_tokens %d must be positive", r.MaxTokens)
 	case len(r.Prefix) >= r.MaxTokens:
 		return bad("prefix of %d tokens leaves nothing to generate within max_tokens %d", len(r.Prefix), r.MaxTokens)
-	case len(r.Prompt)+r.MaxTokens > c.ContextLen:
+	case r.MaxTokens > c.ContextLen-len(r.Prompt):
 		return bad("prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(r.Prompt), r.MaxTokens, c.ContextLen)
 	case r.Priority < 0 || r.Priority >= numPriorities:
 		return bad("priority %d", r.Priority)
@@ -278,8 +293,9 @@ func (s *Scheduler) startLocked(seq *sequence, need int) error {
 	return nil
 }
 
-// publishLocked offers the sequence's newly completed blocks for reuse.
-func (s *Scheduler) publishLocked(seq *sequence) {
+// publish offers the sequence's newly completed blocks for reuse. It runs
+// outside the lock, while the sequence is in flight.
+func (s *Scheduler) publish(seq *sequence) {
 	sh, ok := s.store.(kvcache.Sharing)
 	if !ok {
 		return
@@ -329,11 +345,29 @@ func (s *Scheduler) Cancel(id string) error {
 	if !ok {
 		return fmt.Errorf("%w: %q", ErrUnknownSequence, id)
 	}
-	s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+	s.cancelLocked(seq)
 	return nil
 }
 
+// cancelLocked ends seq; if a step is computing it, it waits for that step,
+// which ends it, so that its blocks are free when this returns.
+func (s *Scheduler) cancelLocked(seq *sequence) {
+	if seq.inFlight {
+		seq.cancelled = true
+		for seq.inFlight {
+			s.stepDone.Wait()
+		}
+	}
+	if !seq.finished {
+		s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+	}
+}
+
 func (s *Scheduler) finishLocked(seq *sequence, f Finish) {
+	if seq.finished {
+		return
+	}
+	seq.finished = true
 	s.freeLocked(seq)
 	delete(s.byID, seq.req.ID)
 	s.running = slices.DeleteFunc(s.running, func(x *sequence) bool { return x == seq })
@@ -345,19 +379,26 @@ func (s *Scheduler) finishLocked(seq *sequence, f Finish) {
 }
 
 // Step admits what fits and runs one forward pass over the running
-// sequences. It reports whether there was anything to do.
+// sequences. It reports whether there was anything to do. The scheduler's
+// lock is not held during the forward pass and sampling, so Submit, Stats
+// and Cancel of sequences outside the batch answer at once; Cancel of a
+// sequence inside the batch waits for the step to end, because its blocks
+// are being written.
 func (s *Scheduler) Step() (bool, error) {
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.admitLocked()
 	if len(s.running) == 0 {
+		s.mu.Unlock()
 		return false, nil
 	}
 	order := slices.Clone(s.running)
 	slices.SortStableFunc(order, func(a, b *sequence) int { return int(a.req.Priority) - int(b.req.Priority) })
 	budget := s.limits.MaxStepTokens
 	var in []model.Input
-	var sampled []*sequence
+	var batch, sampled []*sequence
 	vocab := s.model.Config.VocabSize
 	for _, seq := range order {
 		if budget == 0 {
@@ -378,18 +419,44 @@ func (s *Scheduler) Step() (bool, error) {
 			in = append(in, inp)
 		}
 		seq.computed += chunk
+		seq.inFlight = true
+		batch = append(batch, seq)
 	}
-	if err := s.model.Forward(&s.ws, s.store, in); err != nil {
-		for _, seq := range order {
+	s.mu.Unlock()
+
+	// Unlocked: nobody else touches the batch's sequences until inFlight
+	// is cleared (Cancel waits for it).
+	err := s.model.Forward(&s.ws, s.store, in)
+	var ids []int
+	if err == nil {
+		for _, seq := range batch {
+			s.publish(seq)
+		}
+		ids = s.sampleAll(sampled)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.stepDone.Broadcast()
+	for _, seq := range batch {
+		seq.inFlight = false
+	}
+	if err != nil {
+		s.stepErrors++
+		for _, seq := range batch {
 			s.finishLocked(seq, Finish{Reason: FinishError, Err: err})
 		}
 		return true, fmt.Errorf("sched: step: %w", err)
 	}
-	for _, seq := range order {
-		s.publishLocked(seq)
+	for _, seq := range batch {
+		if seq.cancelled {
+			s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+		}
 	}
-	ids := s.sampleAll(sampled)
 	for i, seq := range sampled {
+		if seq.finished {
+			continue
+		}
 		r := &seq.req
 		pos := seq.nOutput + 1
 		id := ids[i]
@@ -399,9 +466,11 @@ func (s *Scheduler) Step() (bool, error) {
 		if r.KeepLogits {
 			tok.Logits = slices.Clone(seq.logits)
 		}
+		stop := slices.Contains(r.StopTokens, id)
+		tok.Last = stop || seq.nOutput >= r.MaxTokens
 		more := r.OnToken(tok)
 		switch {
-		case slices.Contains(r.StopTokens, id) || !more:
+		case stop || !more:
 			s.finishLocked(seq, Finish{Reason: FinishStop})
 		case seq.nOutput >= r.MaxTokens:
 			s.finishLocked(seq, Finish{Reason: FinishLength})
@@ -439,10 +508,9 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []int {
 func (s *Scheduler) Run(ctx context.Context) error {
 	defer s.Close()
 	for {
-		busy, err := s.Step()
-		if err != nil {
-			return err
-		}
+		// A failed step has already ended the sequences in its batch (and
+		// counted it); the others keep running.
+		busy, _ := s.Step()
 		if busy {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -463,6 +531,6 @@ func (s *Scheduler) Close() {
 	defer s.mu.Unlock()
 	s.closed = true
 	for _, seq := range slices.Collect(maps.Values(s.byID)) {
-		s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+		s.cancelLocked(seq)
 	}
 }

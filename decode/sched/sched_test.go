@@ -264,6 +264,9 @@ func TestBatchInvariantTokens(t *testing.T) {
 	}
 	for i := range alone.tokens {
 		a, b := alone.tokens[i], batched.tokens[i]
+		if len(a.Logits) != tiny.Config.VocabSize || len(b.Logits) != len(a.Logits) {
+			t.Fatalf("token %d: logits of %d and %d values", i, len(a.Logits), len(b.Logits))
+		}
 		if a.ID != b.ID || a.SequenceNo != b.SequenceNo {
 			t.Fatalf("token %d: alone %+v, batched %+v", i, a.ID, b.ID)
 		}
@@ -284,6 +287,7 @@ func TestBadRequests(t *testing.T) {
 		"max tokens 0":   func(r *Request) { r.MaxTokens = 0 },
 		"max tokens -1":  func(r *Request) { r.MaxTokens = -1 },
 		"context":        func(r *Request) { r.MaxTokens = tiny.Config.ContextLen },
+		"max int":        func(r *Request) { r.MaxTokens = math.MaxInt },
 		"token id":       func(r *Request) { r.Prompt = []int{1, tiny.Config.VocabSize} },
 		"negative id":    func(r *Request) { r.Prompt = []int{-4} },
 		"prefix too big": func(r *Request) { r.Prefix = []int{5, 5, 5, 5, 5} },
@@ -333,8 +337,8 @@ func TestRunAndClose(t *testing.T) {
 		t.Fatalf("Run returned %v", err)
 	}
 	<-long.done
-	if long.finish.Reason != FinishCancelled && long.finish.Reason != FinishLength {
-		t.Fatalf("open request ended with %+v", long.finish)
+	if long.finish.Reason != FinishCancelled || len(long.tokens) >= 400 {
+		t.Fatalf("open request ended with %+v after %d tokens", long.finish, len(long.tokens))
 	}
 	if store.NumFree() != store.Capacity() {
 		t.Fatal("blocks leaked after Run returned")

@@ -65,7 +65,13 @@ type Detokenizer struct {
 
 // NewDetokenizer starts a stream right after BOS.
 func NewDetokenizer(t Tokenizer) *Detokenizer {
-	return &Detokenizer{tok: t, prev: t.BOS()}
+	return NewDetokenizerAfter(t, t.BOS())
+}
+
+// NewDetokenizerAfter starts a stream that follows token prev, e.g. the
+// last prompt token.
+func NewDetokenizerAfter(t Tokenizer, prev int) *Detokenizer {
+	return &Detokenizer{tok: t, prev: prev}
 }
 
 // Push adds one token and returns the text it completes.

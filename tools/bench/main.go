@@ -98,9 +98,11 @@ func median3(f func() (float64, error)) (float64, error) {
 // prefillLen fits both presets' contexts with room for one output token.
 const prefillLen = 448
 
+// weightBytesSmall is what one decode step streams: every weight except the
+// embedding table, of which it reads one row per token.
 func weightBytesSmall() float64 {
 	c, _ := model.PresetConfig("small")
-	return float64(c.Params()) * 4
+	return float64(c.Params()-c.VocabSize*c.Dim) * 4
 }
 
 func newScheduler(m *model.Model, sequences, positions int) (*sched.Scheduler, kvcache.Store, error) {
