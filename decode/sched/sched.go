@@ -110,9 +110,9 @@ type sequence struct {
 	// inFlight is set while a step computes the sequence; cancelled asks
 	// that step to end it; finished is set once OnFinish ran.
 	inFlight, cancelled, finished bool
-	blocks    []kvcache.BlockID
-	logits    []float32
-	nOutput   int
+	blocks                        []kvcache.BlockID
+	logits                        []float32
+	nOutput                       int
 }
 
 // Scheduler owns the sequences of one engine instance.
