@@ -135,8 +135,11 @@ func (c *Client) call(req *kvpb.Request) (*kvpb.Response, error) {
 		}
 	}
 	resp, err := c.roundTripLocked(req)
-	if errors.Is(err, ErrUnknownSession) {
-		// The owner restarted or our lease lapsed: re-attach and retry.
+	if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrOwnerUnavailable) {
+		// The owner restarted, the connection broke, or our lease lapsed:
+		// reconnect, re-attach what we hold, and retry once. A retried
+		// request whose first copy did take effect fails with a typed
+		// error (stale, not owner) rather than acting twice.
 		if err := c.connectLocked(context.Background()); err != nil {
 			return nil, err
 		}
@@ -147,7 +150,9 @@ func (c *Client) call(req *kvpb.Request) (*kvpb.Response, error) {
 
 func (c *Client) keepAlive() {
 	defer close(c.done)
+	c.mu.Lock()
 	ttl := time.Duration(c.hello.LeaseTtlMs) * time.Millisecond
+	c.mu.Unlock()
 	t := time.NewTicker(max(ttl/3, 10*time.Millisecond))
 	defer t.Stop()
 	for {

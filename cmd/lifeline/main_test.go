@@ -126,3 +126,5 @@ func TestGenerateBadInput(t *testing.T) {
 		}
 	}
 }
+
+func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(strings.TrimSpace(s)), v) }

@@ -1,0 +1,244 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// serveOwner runs an owner with the real clock behind a socket.
+func serveOwner(t *testing.T, slots int, ttl time.Duration) (*Owner, string) {
+	t.Helper()
+	env := newOwnerEnv(t, slots)
+	env.opts.Now = nil
+	env.opts.LeaseTTL = ttl
+	env.opts.Geometry.PayloadSize = kvcache.NewLayout(2, 32, 16).BlockBytes()
+	o := env.open(t)
+	sock := filepath.Join(t.TempDir(), "kv.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, o, sock) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		o.Close()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("owner socket never came up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return o, sock
+}
+
+var cacheLayout = kvcache.NewLayout(2, 32, 16)
+
+func cacheIdentity() Identity {
+	id := testID
+	id.BlockSize = 16
+	id.Layout = cacheLayout.String()
+	return id
+}
+
+func newTestCache(t *testing.T, sock, instance string) (*Cache, *Client) {
+	t.Helper()
+	c, err := Dial(context.Background(), sock, Writer{instance, 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cache.Close(); c.Close() })
+	return cache, c
+}
+
+// TestHandoffIsZeroCopy: a block written by one cache (one mapping, as one
+// process) and acquired by another (its own mapping) is read in place:
+// the reader's slice lies inside its own mapping of the arena, and a byte
+// written through the writer's mapping afterwards is visible to the reader.
+func TestHandoffIsZeroCopy(t *testing.T) {
+	o, sock := serveOwner(t, 32, 3*time.Second)
+	w, _ := newTestCache(t, sock, "writer")
+	r, _ := newTestCache(t, sock, "reader")
+	tokens := make([]int, 40)
+	for i := range tokens {
+		tokens[i] = 100 + i
+	}
+	var ids []kvcache.BlockID
+	for b := 0; b < 2; b++ {
+		id, err := w.Alloc()
+		if err != nil {
+			t.Fatal(err)
+		}
+		blk := w.Block(id)
+		for i := range blk {
+			blk[i] = float32(b*1000 + i)
+		}
+		w.Publish(id, tokens[:(b+1)*16])
+		ids = append(ids, id)
+	}
+	if st := w.Stats(); st.Published != 2 {
+		t.Fatalf("writer stats %+v", st)
+	}
+	got := r.AcquirePrefix(tokens, 2)
+	if len(got) != 2 || got[0] != ids[0] || got[1] != ids[1] {
+		t.Fatalf("reader acquired %v, want %v", got, ids)
+	}
+	rb := r.Block(got[1])
+	if !r.Contains(&rb[0]) || r.Arena().Base() == w.Arena().Base() {
+		t.Fatal("reader's block is not in its own mapping of the arena")
+	}
+	if rb[5] != 1005 {
+		t.Fatalf("reader sees %v", rb[5])
+	}
+	w.Block(ids[1])[5] = 42 // through the writer's mapping
+	if rb[5] != 42 {
+		t.Fatal("reader does not see the writer's memory: the block was copied")
+	}
+	w.Block(ids[1])[5] = 1005
+	// Another identity misses.
+	other, oc := newTestCache(t, sock, "other")
+	other.identity.ModelRevision = "different"
+	if ids := other.AcquirePrefix(tokens, 2); len(ids) != 0 {
+		t.Fatalf("different revision hit %d blocks", len(ids))
+	}
+	_ = oc
+	// Everything handed back on close: no leases left, blocks stay cached.
+	r.Close()
+	w.Close()
+	if st := o.Stats(); st.Leases != 0 || st.ByState["PUBLISHED"] != 2 || st.SlotsInUse != 2 {
+		t.Fatalf("after close: %+v", st)
+	}
+}
+
+func TestCorruptBlockDetectedOnAcquire(t *testing.T) {
+	o, sock := serveOwner(t, 32, 3*time.Second)
+	w, _ := newTestCache(t, sock, "writer")
+	tokens := make([]int, 33)
+	var ids []kvcache.BlockID
+	for b := 0; b < 2; b++ {
+		id, _ := w.Alloc()
+		blk := w.Block(id)
+		for i := range blk {
+			blk[i] = float32(i)
+		}
+		w.Publish(id, tokens[:(b+1)*16])
+		ids = append(ids, id)
+	}
+	w.Block(ids[1])[7] = -1 // scribble after publish
+	r, _ := newTestCache(t, sock, "reader")
+	got := r.AcquirePrefix(tokens, 2)
+	if len(got) != 1 || r.Stats().CorruptOnRead != 1 {
+		t.Fatalf("acquired %v, stats %+v; want the intact first block only", got, r.Stats())
+	}
+	if st := o.Stats(); st.CorruptDropped != 1 || st.ByState["PUBLISHED"] != 1 {
+		t.Fatalf("owner after report: %+v", st)
+	}
+}
+
+func TestProtocolAbuse(t *testing.T) {
+	o, sock := serveOwner(t, 8, 3*time.Second)
+	// Operations before hello are refused with a typed error.
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &Client{conn: c}
+	cl.r, cl.w = newBufReader(c), newBufWriter(c)
+	if _, err := cl.roundTripLocked(allocReq(1)); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("allocate before hello: %v", err)
+	}
+	c.Close()
+	// Garbage and an oversized frame close the connection, nothing else.
+	for _, junk := range [][]byte{{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, {0x05, 1, 2, 3, 4, 5}} {
+		c, _ := net.Dial("unix", sock)
+		c.Write(junk)
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("server answered garbage")
+		}
+		c.Close()
+	}
+	// A bad key length is a typed error.
+	client, err := Dial(context.Background(), sock, Writer{"w", 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	refs, _ := client.Allocate(1)
+	if _, err := client.call(sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("short key: %v", err)
+	}
+	if _, err := client.Allocate(1 << 20); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("huge allocation: %v", err)
+	}
+	if st := o.Stats(); st.SlotsInUse != 1 {
+		t.Fatalf("owner state changed by bad requests: %+v", st)
+	}
+}
+
+func TestClientReattachesAfterOwnerRestart(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	env.opts.Now = nil
+	env.opts.Geometry.PayloadSize = 64
+	sock := filepath.Join(t.TempDir(), "kv.sock")
+	start := func() (*Owner, func()) {
+		o := env.open(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Serve(ctx, o, sock) }()
+		for i := 0; ; i++ {
+			if c, err := net.Dial("unix", sock); err == nil {
+				c.Close()
+				break
+			}
+			if i > 2000 {
+				t.Fatal("socket never came up")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return o, func() { cancel(); <-done; o.Close() }
+	}
+	o, stop := start()
+	client, err := Dial(context.Background(), sock, Writer{"w", 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	refs, _ := client.Allocate(2)
+	a := o.Arena()
+	copy(a.Payload(int(refs[0].Slot)), "abcdefgh")
+	r := refs[0]
+	r.PayloadLen, r.Checksum = 8, shm.Checksum([]byte("abcdefgh"))
+	if err := client.Seal(r, BlockKey{5}, BlockKey{}); err != nil {
+		t.Fatal(err)
+	}
+	stop() // the owner goes away; the arena and manifests stay
+	o, stop = start()
+	defer stop()
+	// The next call finds its session unknown, re-attaches both blocks and
+	// goes on: the sealed one publishes.
+	if err := client.Publish(r); err != nil {
+		t.Fatalf("publish after owner restart: %v", err)
+	}
+	if err := client.Abort(refs[1]); err != nil {
+		t.Fatalf("abort after owner restart: %v", err)
+	}
+	if st := o.Stats(); st.ByState["PUBLISHED"] != 1 || st.SlotsInUse != 1 {
+		t.Fatalf("after re-attach: %+v", st)
+	}
+}
