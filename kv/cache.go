@@ -48,6 +48,7 @@ type cacheBlock struct {
 	// holders counts the sequences using the block: several sequences of
 	// one worker share a published prefix under one owner lease.
 	holders int
+	key     BlockKey // set once shared
 }
 
 // NewCache maps the owner's arena and serves at most capacity blocks from
@@ -155,19 +156,28 @@ func (c *Cache) payload(id kvcache.BlockID) []byte {
 }
 
 // Publish seals and publishes a full block under the key of its prefix.
-func (c *Cache) Publish(id kvcache.BlockID, tokens []int) {
+func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
+	bs := c.layout.BlockSize
 	c.mu.Lock()
 	b, ok := c.blocks[id]
+	var parent BlockKey
+	parentKnown := false
+	if pb, ok := c.blocks[parentID]; ok && pb.shared {
+		parent, parentKnown = pb.key, true
+	}
 	c.mu.Unlock()
-	if !ok || b.shared || len(tokens)%c.layout.BlockSize != 0 || len(tokens) == 0 {
+	if !ok || b.shared || len(tokens)%bs != 0 || len(tokens) == 0 {
 		return
 	}
-	keys := c.identity.Chain(tokens, -1)
-	key := keys[len(keys)-1]
-	var parent BlockKey
-	if len(keys) > 1 {
-		parent = keys[len(keys)-2]
+	if len(tokens) == bs {
+		parent, parentKnown = BlockKey{}, true
 	}
+	if !parentKnown {
+		// The parent block is private (its publish failed): hash the chain.
+		keys := c.identity.Chain(tokens[:len(tokens)-bs], -1)
+		parent = keys[len(keys)-1]
+	}
+	key := c.identity.Key(parent, tokens[len(tokens)-bs:])
 	ref := b.ref
 	ref.PayloadLen = uint32(c.layout.BlockBytes())
 	ref.Checksum = shm.Checksum(c.payload(id))
@@ -187,7 +197,7 @@ func (c *Cache) Publish(id kvcache.BlockID, tokens []int) {
 		return
 	}
 	c.mu.Lock()
-	b.ref, b.shared = ref, true
+	b.ref, b.shared, b.key = ref, true, key
 	c.stats.Published++
 	c.mu.Unlock()
 }
@@ -204,7 +214,8 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 	if maxBlocks <= 0 {
 		return nil
 	}
-	refs, err := c.client.Acquire(c.identity.Chain(tokens, maxBlocks))
+	keys := c.identity.Chain(tokens, maxBlocks)
+	refs, err := c.client.Acquire(keys)
 	if err != nil {
 		c.mu.Lock()
 		c.stats.AcquireFailed++
@@ -245,7 +256,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 			break
 		}
 		c.mu.Lock()
-		c.blocks[id] = &cacheBlock{ref: r, shared: true, holders: 1}
+		c.blocks[id] = &cacheBlock{ref: r, shared: true, holders: 1, key: keys[i]}
 		c.stats.Reused++
 		c.mu.Unlock()
 		ids = append(ids, id)

@@ -88,7 +88,7 @@ func TestHandoffIsZeroCopy(t *testing.T) {
 		for i := range blk {
 			blk[i] = float32(b*1000 + i)
 		}
-		w.Publish(id, tokens[:(b+1)*16])
+		w.Publish(id, parentOf(ids), tokens[:(b+1)*16])
 		ids = append(ids, id)
 	}
 	if st := w.Stats(); st.Published != 2 {
@@ -136,7 +136,7 @@ func TestCorruptBlockDetectedOnAcquire(t *testing.T) {
 		for i := range blk {
 			blk[i] = float32(i)
 		}
-		w.Publish(id, tokens[:(b+1)*16])
+		w.Publish(id, parentOf(ids), tokens[:(b+1)*16])
 		ids = append(ids, id)
 	}
 	w.Block(ids[1])[7] = -1 // scribble after publish
@@ -241,4 +241,11 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 	if st := o.Stats(); st.ByState["PUBLISHED"] != 1 || st.SlotsInUse != 1 {
 		t.Fatalf("after re-attach: %+v", st)
 	}
+}
+
+func parentOf(ids []kvcache.BlockID) kvcache.BlockID {
+	if len(ids) == 0 {
+		return kvcache.NoBlock
+	}
+	return ids[len(ids)-1]
 }

@@ -151,11 +151,14 @@ func OpenOrCreate(path string, g Geometry) (a *Arena, created bool, err error) {
 		return nil, false, fmt.Errorf("shm: create %s: %w", path, err)
 	}
 	defer f.Close()
-	if err := f.Truncate(g.FileSize()); err != nil {
+	// Allocate every page now: a full /dev/shm then fails here, with an
+	// error, instead of as a SIGBUS in a worker's first write, and writers
+	// never pay for page allocation on the hot path.
+	if err := unix.Fallocate(int(f.Fd()), 0, 0, g.FileSize()); err != nil {
 		os.Remove(path)
-		return nil, false, fmt.Errorf("shm: size %s: %w", path, err)
+		return nil, false, fmt.Errorf("shm: allocate %d bytes for %s: %w", g.FileSize(), path, err)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(g.FileSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := mapArena(f, g)
 	if err != nil {
 		os.Remove(path)
 		return nil, false, fmt.Errorf("shm: map %s: %w", path, err)
@@ -187,11 +190,25 @@ func Open(path string) (*Arena, error) {
 	if st.Size() != g.FileSize() {
 		return nil, fmt.Errorf("%w: %s is %d bytes, geometry needs %d", ErrBadArena, path, st.Size(), g.FileSize())
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(g.FileSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mem, err := mapArena(f, g)
 	if err != nil {
 		return nil, fmt.Errorf("shm: map %s: %w", path, err)
 	}
 	return &Arena{path: path, geo: g, mem: mem}, nil
+}
+
+// mapArena maps the whole file shared and faults every page in writable
+// up front (MADV_POPULATE_WRITE, Linux 5.14+), so that no reader or writer
+// takes a page fault on the token path: on these VMs a first write to a
+// shared page costs about 5 µs, 160 µs per 128 KiB block. On an older
+// kernel the advice fails and pages fault in lazily instead.
+func mapArena(f *os.File, g Geometry) ([]byte, error) {
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(g.FileSize()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, err
+	}
+	unix.Madvise(mem, unix.MADV_POPULATE_WRITE)
+	return mem, nil
 }
 
 // Close unmaps the arena; slices from it must not be used afterwards.

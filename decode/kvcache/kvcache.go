@@ -147,7 +147,12 @@ type Sharing interface {
 	// caller frees them with Free like any other block.
 	AcquirePrefix(tokens []int, maxBlocks int) []BlockID
 	// Publish offers a fully computed block for reuse. tokens is the whole
-	// prefix up to and including the block. The block must not be written
-	// afterwards.
-	Publish(id BlockID, tokens []int)
+	// prefix up to and including the block; parent is the block before it
+	// in the same sequence (NoBlock for the first), which lets the store
+	// chain identities without rehashing the prefix. The block must not be
+	// written afterwards.
+	Publish(id BlockID, parent BlockID, tokens []int)
 }
+
+// NoBlock is the parent of a sequence's first block.
+const NoBlock BlockID = -1

@@ -302,7 +302,11 @@ func (s *Scheduler) publish(seq *sequence) {
 	}
 	bs := s.store.Layout().BlockSize
 	for ; seq.published < seq.computed/bs; seq.published++ {
-		sh.Publish(seq.blocks[seq.published], seq.tokens[:(seq.published+1)*bs])
+		parent := kvcache.NoBlock
+		if seq.published > 0 {
+			parent = seq.blocks[seq.published-1]
+		}
+		sh.Publish(seq.blocks[seq.published], parent, seq.tokens[:(seq.published+1)*bs])
 	}
 }
 

@@ -74,6 +74,9 @@ func run(tokens int, minRatio float64) error {
 		status = "NOT MET"
 	}
 	fmt.Printf("\nbatching target (small, batch-16 ≥ %.0f× batch-1): %.1f× — %s\n\n", minRatio, ratio, status)
+	if err := runKVBench(); err != nil {
+		return err
+	}
 	if ratio < minRatio {
 		return fmt.Errorf("batch-16/batch-1 on small is %.1f×, below %.0f×", ratio, minRatio)
 	}
