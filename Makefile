@@ -34,10 +34,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTokenizer$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/model/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSlotHeader$$' -fuzztime $(FUZZTIME) ./shm/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeFileHeader$$' -fuzztime $(FUZZTIME) ./shm/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifest$$' -fuzztime $(FUZZTIME) ./kv/
 
-# Regenerates committed generated code (none needs a tool yet).
+# Regenerates committed generated code: kv/kvpb from kv.proto (needs
+# protoc and protoc-gen-go: apt-get install protobuf-compiler;
+# go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12).
 generate:
-	$(GO) generate ./...
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" $(GO) generate ./...
 
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
