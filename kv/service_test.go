@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -248,4 +249,67 @@ func parentOf(ids []kvcache.BlockID) kvcache.BlockID {
 		return kvcache.NoBlock
 	}
 	return ids[len(ids)-1]
+}
+
+// TestNoGoroutineLeak: a served owner with clients that come and go leaves
+// no goroutines behind once everything is closed.
+func TestNoGoroutineLeak(t *testing.T) {
+	base := runtime.NumGoroutine()
+	var late *Client
+	func() {
+		env := newOwnerEnv(t, 16)
+		env.opts.Now = nil
+		env.opts.Geometry.PayloadSize = cacheLayout.BlockBytes()
+		o := env.open(t)
+		defer o.Close()
+		sock := filepath.Join(t.TempDir(), "kv.sock")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Serve(ctx, o, sock) }()
+		defer func() { cancel(); <-done }()
+		for i := 0; ; i++ {
+			if c, err := net.Dial("unix", sock); err == nil {
+				c.Close()
+				break
+			}
+			if i > 2000 {
+				t.Fatal("socket never came up")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		for i := 0; i < 5; i++ {
+			c, err := Dial(context.Background(), sock, Writer{"w", uint64(i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cache, err := NewCache(c, cacheLayout, cacheIdentity(), 4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, _ := cache.Alloc()
+			cache.Publish(id, kvcache.NoBlock, make([]int, 16))
+			cache.Close()
+			c.Close()
+		}
+		// One client is still connected when the server stops.
+		var err error
+		if late, err = Dial(context.Background(), sock, Writer{"late", 1}); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	waitGoroutines := func(max int) {
+		deadline := time.Now().Add(10 * time.Second)
+		for runtime.NumGoroutine() > max {
+			if time.Now().After(deadline) {
+				buf := make([]byte, 1<<16)
+				t.Fatalf("%d goroutines, want at most %d:\n%s", runtime.NumGoroutine(), max, buf[:runtime.Stack(buf, true)])
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	// The still-connected client's keepalive goroutine is the one allowed
+	// survivor; everything of the server must be gone. Then it goes too.
+	waitGoroutines(base + 1)
+	late.Close()
+	waitGoroutines(base)
 }
