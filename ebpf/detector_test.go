@@ -1,0 +1,201 @@
+package ebpf
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("LIFELINE_EBPF_HELPER") == "alloc" {
+		// Wait until the test has put us in a memory-limited cgroup, then
+		// allocate and touch far more than the limit.
+		io.ReadFull(os.Stdin, make([]byte, 1))
+		var hold [][]byte
+		for i := 0; i < 64; i++ {
+			b := make([]byte, 16<<20)
+			for j := 0; j < len(b); j += 4096 {
+				b[j] = 1
+			}
+			hold = append(hold, b)
+		}
+		fmt.Println(len(hold))
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func detectors(t *testing.T) map[string]Detector {
+	t.Helper()
+	out := map[string]Detector{}
+	if os.Geteuid() == 0 {
+		// As root on Linux eBPF must work: a failure here is a failure.
+		d, err := NewEBPF()
+		if err != nil {
+			t.Fatalf("eBPF detector unavailable as root: %v", err)
+		}
+		out[NameEBPF] = d
+	} else if _, err := NewEBPF(); !errors.Is(err, ErrNotSupported) {
+		t.Fatalf("as non-root NewEBPF gave %v, want ErrNotSupported", err)
+	}
+	p, err := NewPidfd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out[NamePidfd] = p
+	t.Cleanup(func() {
+		for _, d := range out {
+			d.Close()
+		}
+	})
+	return out
+}
+
+func waitExit(t *testing.T, d Detector, pid int) Exit {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ex := <-d.Exits():
+			if ex.PID == pid {
+				return ex
+			}
+		case <-timeout:
+			t.Fatalf("%s: no exit for pid %d", d.Name(), pid)
+		}
+	}
+}
+
+func TestKillAndExitCode(t *testing.T) {
+	for name, d := range detectors(t) {
+		t.Run(name, func(t *testing.T) {
+			// SIGKILL.
+			cmd := exec.Command("sleep", "60")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := d.Watch(cmd.Process.Pid); err != nil {
+				t.Fatal(err)
+			}
+			killed := time.Now()
+			cmd.Process.Signal(syscall.SIGKILL)
+			ex := waitExit(t, d, cmd.Process.Pid)
+			if ex.Signal != 9 || ex.OOM || ex.Detector != name {
+				t.Fatalf("kill -9 reported as %+v", ex)
+			}
+			t.Logf("%s: kill → detected %v", name, ex.DetectedAt.Sub(killed))
+			// The detector did not reap the child: its parent still can.
+			if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+				t.Fatalf("Wait after detection: %v", err)
+			}
+
+			// A normal exit with a code.
+			cmd = exec.Command("sh", "-c", "read x; exit 7")
+			stdin, _ := cmd.StdinPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			d.Watch(cmd.Process.Pid)
+			stdin.Write([]byte("go\n"))
+			ex = waitExit(t, d, cmd.Process.Pid)
+			if ex.Code != 7 || ex.Signal != 0 {
+				t.Fatalf("exit 7 reported as %+v", ex)
+			}
+			cmd.Wait()
+
+			// An unwatched process is not reported.
+			other := exec.Command("sleep", "60")
+			other.Start()
+			watched := exec.Command("sleep", "60")
+			watched.Start()
+			d.Watch(watched.Process.Pid)
+			other.Process.Kill()
+			other.Wait()
+			watched.Process.Kill()
+			if ex := waitExit(t, d, watched.Process.Pid); ex.PID != watched.Process.Pid {
+				t.Fatalf("got %+v", ex)
+			}
+			watched.Wait()
+		})
+	}
+}
+
+// memoryCgroup creates a cgroup limited to limit bytes and returns a
+// function that moves a pid into it.
+func memoryCgroup(t *testing.T, limit int64) func(pid int) {
+	t.Helper()
+	name := fmt.Sprintf("lifeline-oomtest-%d", os.Getpid())
+	v1 := "/sys/fs/cgroup/memory"
+	if st, err := os.Stat(v1); err == nil && st.IsDir() {
+		dir := filepath.Join(v1, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(dir) })
+		if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "memory.memsw.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0)
+		return func(pid int) {
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	v2 := "/sys/fs/cgroup"
+	if b, err := os.ReadFile(filepath.Join(v2, "cgroup.controllers")); err == nil && strings.Contains(string(b), "memory") {
+		os.WriteFile(filepath.Join(v2, "cgroup.subtree_control"), []byte("+memory"), 0)
+		dir := filepath.Join(v2, name)
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Remove(dir) })
+		if err := os.WriteFile(filepath.Join(dir, "memory.max"), []byte(fmt.Sprint(limit)), 0); err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("0"), 0)
+		return func(pid int) {
+			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Skip("no memory cgroup controller (v1 or v2) on this machine")
+	return nil
+}
+
+// TestOOMKillClassified: a process killed by the OOM killer inside a
+// memory-limited cgroup is reported as OOM, not as a plain signal 9.
+func TestOOMKillClassified(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: cannot create cgroups or load eBPF")
+	}
+	d, err := NewEBPF()
+	if err != nil {
+		t.Fatalf("eBPF detector unavailable as root: %v", err)
+	}
+	defer d.Close()
+	move := memoryCgroup(t, 64<<20)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "LIFELINE_EBPF_HELPER=alloc")
+	stdin, _ := cmd.StdinPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	move(cmd.Process.Pid)
+	d.Watch(cmd.Process.Pid)
+	stdin.Write([]byte{1})
+	ex := waitExit(t, d, cmd.Process.Pid)
+	if !ex.OOM || ex.Signal != 9 {
+		t.Fatalf("OOM kill reported as %+v", ex)
+	}
+	cmd.Wait()
+}

@@ -1,0 +1,185 @@
+package ebpf
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/ringbuf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+const tracefs = "/sys/kernel/tracing"
+
+// EnsureTracefs mounts tracefs when it is missing (it is not mounted at boot
+// on these machines); tracepoint attachment needs it.
+func EnsureTracefs() error {
+	if _, err := os.Stat(tracefs + "/events"); err == nil {
+		return nil
+	}
+	if err := unix.Mount("tracefs", tracefs, "tracefs", 0, ""); err != nil {
+		return fmt.Errorf("%w: mount tracefs at %s: %v", ErrNotSupported, tracefs, err)
+	}
+	return nil
+}
+
+type ebpfDetector struct {
+	objs   exitObjects
+	links  []link.Link
+	reader *ringbuf.Reader
+	exits  chan Exit
+
+	// wall = wallBase + (ktime - monoBase)
+	wallBase time.Time
+	monoBase int64
+
+	mu  sync.Mutex
+	oom map[int]time.Time // tgid → when the OOM killer marked it
+	wg  sync.WaitGroup
+}
+
+// NewEBPF loads and attaches the exit and OOM probes.
+func NewEBPF() (Detector, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: not root", ErrNotSupported)
+	}
+	if err := EnsureTracefs(); err != nil {
+		return nil, err
+	}
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("%w: memlock: %v", ErrNotSupported, err)
+	}
+	d := &ebpfDetector{exits: make(chan Exit, 256), oom: map[int]time.Time{}}
+	if err := loadExitObjects(&d.objs, nil); err != nil {
+		return nil, fmt.Errorf("%w: load programs: %v", ErrNotSupported, err)
+	}
+	for _, tp := range []struct {
+		group, name string
+		prog        *ebpf.Program
+	}{
+		{"sched", "sched_process_exit", d.objs.OnProcessExit},
+		{"oom", "mark_victim", d.objs.OnMarkVictim},
+	} {
+		l, err := link.Tracepoint(tp.group, tp.name, tp.prog, nil)
+		if err != nil {
+			d.closeObjects()
+			return nil, fmt.Errorf("%w: attach %s/%s: %v", ErrNotSupported, tp.group, tp.name, err)
+		}
+		d.links = append(d.links, l)
+	}
+	r, err := ringbuf.NewReader(d.objs.Events)
+	if err != nil {
+		d.closeObjects()
+		return nil, fmt.Errorf("%w: ring buffer: %v", ErrNotSupported, err)
+	}
+	d.reader = r
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	d.wallBase, d.monoBase = time.Now(), ts.Nano()
+	d.wg.Add(1)
+	go d.read()
+	return d, nil
+}
+
+func (d *ebpfDetector) Name() string { return NameEBPF }
+
+func (d *ebpfDetector) Watch(pid int) error {
+	if pid <= 0 {
+		return fmt.Errorf("ebpf: watch pid %d", pid)
+	}
+	if err := d.objs.Watched.Put(uint32(pid), uint8(1)); err != nil {
+		return fmt.Errorf("ebpf: watch pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+func (d *ebpfDetector) Unwatch(pid int) { d.objs.Watched.Delete(uint32(pid)) }
+
+func (d *ebpfDetector) Exits() <-chan Exit { return d.exits }
+
+func (d *ebpfDetector) read() {
+	defer d.wg.Done()
+	defer close(d.exits)
+	for {
+		rec, err := d.reader.Read()
+		if err != nil {
+			if errors.Is(err, ringbuf.ErrClosed) {
+				return
+			}
+			continue
+		}
+		if len(rec.RawSample) < 24 {
+			continue
+		}
+		raw := rec.RawSample
+		ev := exitEvent{
+			KtimeNs:  binary.LittleEndian.Uint64(raw[0:]),
+			Pid:      binary.LittleEndian.Uint32(raw[8:]),
+			ExitCode: binary.LittleEndian.Uint32(raw[12:]),
+			Kind:     binary.LittleEndian.Uint32(raw[16:]),
+		}
+		at := d.wallBase.Add(time.Duration(int64(ev.KtimeNs) - d.monoBase))
+		switch ev.Kind {
+		case 1: // OOM victim: remember its thread group while it still exists
+			tgid := tgidOf(int(ev.Pid))
+			d.mu.Lock()
+			d.oom[tgid] = at
+			d.mu.Unlock()
+		case 0:
+			code, sig := decodeExitCode(ev.ExitCode)
+			d.mu.Lock()
+			_, oom := d.oom[int(ev.Pid)]
+			delete(d.oom, int(ev.Pid))
+			for pid, t := range d.oom {
+				if at.Sub(t) > time.Minute {
+					delete(d.oom, pid)
+				}
+			}
+			d.mu.Unlock()
+			d.objs.Watched.Delete(ev.Pid)
+			d.exits <- Exit{PID: int(ev.Pid), Code: code, Signal: sig, OOM: oom, Detector: NameEBPF, DetectedAt: at}
+		}
+	}
+}
+
+// tgidOf reads a task's thread-group id; a victim is still alive when it
+// is marked. It falls back to the pid itself.
+func tgidOf(pid int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return pid
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "Tgid:"); ok {
+			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+				return n
+			}
+		}
+	}
+	return pid
+}
+
+func (d *ebpfDetector) closeObjects() {
+	for _, l := range d.links {
+		l.Close()
+	}
+	d.objs.Close()
+}
+
+func (d *ebpfDetector) Close() error {
+	err := d.reader.Close()
+	d.wg.Wait()
+	d.closeObjects()
+	return err
+}
