@@ -130,7 +130,8 @@ func NewEngine(opts Options) (*Engine, error) {
 	blocks := opts.KVBlocks
 	if blocks == 0 {
 		perSeq := (m.Config.ContextLen + bs - 1) / bs
-		blocks = perSeq * min(limits.MaxRunning, 16)
+		// Plus the blocks the scheduler holds back for a canary.
+		blocks = perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
 	}
 	if opts.KVSocket == "" {
 		store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)

@@ -34,7 +34,7 @@ func NewPidfd() (Detector, error) {
 	return &pidfdDetector{exits: make(chan Exit, 256), watched: map[int]chan struct{}{}}, nil
 }
 
-func (p *pidfdDetector) Name() string      { return NamePidfd }
+func (p *pidfdDetector) Name() string       { return NamePidfd }
 func (p *pidfdDetector) Exits() <-chan Exit { return p.exits }
 
 func (p *pidfdDetector) Watch(pid int) error {

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -100,14 +101,14 @@ func (c *Client) roundTripLocked(req *kvpb.Request) (*kvpb.Response, error) {
 	c.nextID++
 	req.Id = c.nextID
 	c.conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if err := writeFrame(c.w, req); err != nil {
+	if err := frame.Write(c.w, req); err != nil {
 		return nil, c.brokenLocked(err)
 	}
 	if err := c.w.Flush(); err != nil {
 		return nil, c.brokenLocked(err)
 	}
 	var resp kvpb.Response
-	if err := readFrame(c.r, &resp); err != nil {
+	if err := frame.Read(c.r, &resp); err != nil {
 		return nil, c.brokenLocked(err)
 	}
 	if resp.Id != req.Id {

@@ -3,47 +3,16 @@ package kv
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
+	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
-
-// maxFrame bounds one message on the socket.
-const maxFrame = 16 << 20
-
-func writeFrame(w io.Writer, m proto.Message) error {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		return err
-	}
-	frame := binary.AppendUvarint(make([]byte, 0, len(b)+binary.MaxVarintLen64), uint64(len(b)))
-	_, err = w.Write(append(frame, b...))
-	return err
-}
-
-func readFrame(r *bufio.Reader, m proto.Message) error {
-	n, err := binary.ReadUvarint(r)
-	if err != nil {
-		return err
-	}
-	if n > maxFrame {
-		return fmt.Errorf("%w: frame of %d bytes", ErrBadRequest, n)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
-		return err
-	}
-	return proto.Unmarshal(b, m)
-}
 
 var codeErrors = []struct {
 	code kvpb.Code
@@ -195,12 +164,12 @@ func serveConn(o *Owner, c net.Conn) {
 	var sid SessionID
 	for {
 		var req kvpb.Request
-		if err := readFrame(r, &req); err != nil {
+		if err := frame.Read(r, &req); err != nil {
 			return // client gone or garbage: its session lives until its lease ends
 		}
 		resp := handle(o, &sid, &req)
 		resp.Id = req.Id
-		if writeFrame(w, resp) != nil || w.Flush() != nil {
+		if frame.Write(w, resp) != nil || w.Flush() != nil {
 			return
 		}
 	}

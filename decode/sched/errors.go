@@ -29,6 +29,8 @@ const (
 	LimitRunning  Limit = "running"
 	LimitQueued   Limit = "queued"
 	LimitKVBlocks Limit = "kv_blocks"
+	// LimitCanary: a canary is already running.
+	LimitCanary Limit = "canary"
 )
 
 // OverloadedError is the typed, retryable rejection of a request that hit a

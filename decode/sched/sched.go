@@ -26,8 +26,24 @@ type Priority int
 const (
 	Interactive Priority = iota
 	Batch
+	// Canary is the health-check lane: it never queues behind traffic. One
+	// canary runs at a time outside MaxRunning, on KV blocks held back for
+	// it; a second is rejected at once.
+	Canary
 	numPriorities
 )
+
+// CanaryMaxPositions bounds a canary's prompt plus output, so that the
+// blocks held back for it always suffice.
+const CanaryMaxPositions = 16
+
+// rank orders priorities for scheduling: canary, interactive, batch.
+func (p Priority) rank() int {
+	if p == Canary {
+		return -1
+	}
+	return int(p)
+}
 
 // FinishReason says why a sequence ended.
 type FinishReason string
@@ -205,6 +221,8 @@ func (s *Scheduler) validate(r *Request) error {
 		return bad("prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(r.Prompt), r.MaxTokens, c.ContextLen)
 	case r.Priority < 0 || r.Priority >= numPriorities:
 		return bad("priority %d", r.Priority)
+	case r.Priority == Canary && len(r.Prompt)+r.MaxTokens > CanaryMaxPositions:
+		return bad("a canary may use at most %d positions", CanaryMaxPositions)
 	case r.OnToken == nil || r.OnFinish == nil:
 		return bad("OnToken and OnFinish are required")
 	}
@@ -246,7 +264,14 @@ func (s *Scheduler) Submit(r Request) error {
 		return fmt.Errorf("%w: request %q needs %d blocks of %d", ErrTooLarge, r.ID, need, s.store.Capacity())
 	}
 	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix)}
-	if s.queuedLocked() == 0 && len(s.running) < s.limits.MaxRunning && s.store.NumFree() >= need {
+	if r.Priority == Canary {
+		if s.canaryRunningLocked() {
+			return &OverloadedError{Limit: LimitCanary, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
+		}
+		if err := s.startLocked(seq, need); err != nil {
+			return err
+		}
+	} else if s.queuedLocked() == 0 && s.regularRunningLocked() < s.limits.MaxRunning && s.store.NumFree()-s.canaryReserveLocked() >= need {
 		if err := s.startLocked(seq, need); err != nil {
 			return err
 		}
@@ -256,7 +281,7 @@ func (s *Scheduler) Submit(r Request) error {
 		limit := LimitQueued
 		if s.limits.MaxQueued == 0 {
 			limit = LimitKVBlocks
-			if len(s.running) >= s.limits.MaxRunning {
+			if s.regularRunningLocked() >= s.limits.MaxRunning {
 				limit = LimitRunning
 			}
 		}
@@ -321,15 +346,37 @@ func (s *Scheduler) freeLocked(seq *sequence) {
 	seq.blocks = nil
 }
 
+func (s *Scheduler) canaryRunningLocked() bool {
+	return slices.ContainsFunc(s.running, func(q *sequence) bool { return q.req.Priority == Canary })
+}
+
+func (s *Scheduler) regularRunningLocked() int {
+	n := len(s.running)
+	if s.canaryRunningLocked() {
+		n--
+	}
+	return n
+}
+
+// canaryReserveLocked is the number of free blocks regular traffic must
+// leave for a canary that is not running yet.
+func (s *Scheduler) canaryReserveLocked() int {
+	if s.canaryRunningLocked() {
+		return 0
+	}
+	bs := s.store.Layout().BlockSize
+	return (CanaryMaxPositions + bs - 1) / bs
+}
+
 // admitLocked starts queued requests in priority order while slots and
 // blocks last; it stops at the first that does not fit so that a large
 // interactive request is not overtaken forever.
 func (s *Scheduler) admitLocked() {
 	for p := range s.queues {
-		for len(s.queues[p]) > 0 && len(s.running) < s.limits.MaxRunning {
+		for len(s.queues[p]) > 0 && s.regularRunningLocked() < s.limits.MaxRunning {
 			seq := s.queues[p][0]
 			need := s.blocksFor(&seq.req)
-			if s.store.NumFree() < need {
+			if s.store.NumFree()-s.canaryReserveLocked() < need {
 				return
 			}
 			if err := s.startLocked(seq, need); err != nil {
@@ -399,7 +446,7 @@ func (s *Scheduler) Step() (bool, error) {
 		return false, nil
 	}
 	order := slices.Clone(s.running)
-	slices.SortStableFunc(order, func(a, b *sequence) int { return int(a.req.Priority) - int(b.req.Priority) })
+	slices.SortStableFunc(order, func(a, b *sequence) int { return a.req.Priority.rank() - b.req.Priority.rank() })
 	budget := s.limits.MaxStepTokens
 	var in []model.Input
 	var batch, sampled []*sequence

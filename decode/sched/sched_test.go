@@ -347,3 +347,40 @@ func TestRunAndClose(t *testing.T) {
 		t.Fatalf("submit after close: %v", err)
 	}
 }
+
+// TestCanaryNeverQueuesBehindTraffic: with every regular slot taken and no
+// queue, a canary still starts (on its held-back block), runs first, and a
+// second concurrent canary is rejected at once.
+func TestCanaryNeverQueuesBehindTraffic(t *testing.T) {
+	s, store := newSched(t, 8, Limits{MaxRunning: 1, MaxQueued: 0, MaxStepTokens: 64})
+	busy := newRecorder()
+	if err := s.Submit(busy.attach(Request{ID: "busy", Prompt: prompt(40, 1), MaxTokens: 60})); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Submit(newRecorder().attach(Request{ID: "more", Prompt: prompt(4, 1), MaxTokens: 4})); !errors.Is(err, ErrOverloaded) {
+		t.Fatalf("regular request with the slot taken: %v", err)
+	}
+	canary := newRecorder()
+	if err := s.Submit(canary.attach(Request{ID: "canary", Prompt: prompt(4, 2), MaxTokens: 6, Priority: Canary})); err != nil {
+		t.Fatalf("canary behind traffic: %v", err)
+	}
+	var oe *OverloadedError
+	if err := s.Submit(newRecorder().attach(Request{ID: "canary2", Prompt: prompt(4, 2), MaxTokens: 6, Priority: Canary})); !errors.As(err, &oe) || oe.Limit != LimitCanary {
+		t.Fatalf("second canary: %v", err)
+	}
+	if err := s.Submit(newRecorder().attach(Request{ID: "big", Prompt: prompt(10, 2), MaxTokens: 10, Priority: Canary})); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("oversized canary: %v", err)
+	}
+	for i := 0; i < 6; i++ {
+		if _, err := s.Step(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if canary.finish == nil || len(canary.tokens) != 6 {
+		t.Fatalf("canary not done after 6 steps: %d tokens", len(canary.tokens))
+	}
+	drain(t, s)
+	if store.NumFree() != store.Capacity() {
+		t.Fatal("blocks leaked")
+	}
+}

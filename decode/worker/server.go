@@ -1,0 +1,253 @@
+// Package worker serves a reference-engine instance over QUIC with mutual
+// TLS: one bidirectional stream per request, protobuf frames (decode/wire)
+// stamped with the instance id and generation. It also holds the client the
+// frontend and the node agent's canary use.
+package worker
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lifeline-llm/lifeline/decode"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+)
+
+// ALPN is the protocol name of the worker endpoint.
+const ALPN = "lifeline-worker/1"
+
+// Options configure one worker process (rank 0 of an instance).
+type Options struct {
+	InstanceID string
+	Generation uint64
+	Role       string
+	Listen     string
+	CertDir    string
+	Engine     decode.Options
+}
+
+// Validate names the first bad field.
+func (o *Options) Validate() error {
+	switch {
+	case o.InstanceID == "":
+		return errors.New("worker: instance-id: empty")
+	case o.Generation == 0:
+		return errors.New("worker: generation: must be positive")
+	case o.Role != "decode" && o.Role != "prefill" && o.Role != "both":
+		return fmt.Errorf("worker: role: %q (want decode, prefill or both)", o.Role)
+	case o.Listen == "":
+		return errors.New("worker: listen: empty")
+	case o.CertDir == "":
+		return errors.New("worker: certs: empty (components only talk mutual TLS)")
+	}
+	return o.Engine.Validate()
+}
+
+// Ready is the JSON line a worker prints on stdout once it serves.
+type Ready struct {
+	InstanceID    string `json:"instance_id"`
+	Generation    uint64 `json:"generation"`
+	Addr          string `json:"addr"`
+	Model         string `json:"model"`
+	ModelRevision string `json:"model_revision"`
+	NumericsID    string `json:"numerics_id"`
+}
+
+func quicConfig() *quic.Config {
+	return &quic.Config{MaxIdleTimeout: 10 * time.Second, KeepAlivePeriod: 2 * time.Second, MaxIncomingStreams: 4096}
+}
+
+// Run loads the engine, serves until ctx is done, and prints a Ready line
+// to out once the endpoint accepts connections.
+func Run(ctx context.Context, opts Options, out io.Writer) error {
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	tlsConf, err := pki.Load(opts.CertDir, ALPN)
+	if err != nil {
+		return err
+	}
+	if opts.Engine.KVSocket != "" && opts.Engine.InstanceID == "" {
+		opts.Engine.InstanceID, opts.Engine.Generation = opts.InstanceID, opts.Generation
+	}
+	e, err := decode.NewEngine(opts.Engine)
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	ln, err := quic.ListenAddr(opts.Listen, tlsConf, quicConfig())
+	if err != nil {
+		return fmt.Errorf("worker: listen %s: %w", opts.Listen, err)
+	}
+	defer ln.Close()
+	s := &server{opts: opts, engine: e}
+	json.NewEncoder(out).Encode(Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
+		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()})
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		conn, err := ln.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("worker: accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(ctx, conn)
+		}()
+	}
+}
+
+type server struct {
+	opts   Options
+	engine *decode.Engine
+}
+
+func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
+	defer conn.CloseWithError(0, "")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		st, err := conn.AcceptStream(ctx)
+		if err != nil {
+			return
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveStream(st)
+		}()
+	}
+}
+
+func (s *server) stamp(f *wire.Frame) *wire.Frame {
+	f.InstanceId, f.Generation = s.opts.InstanceID, s.opts.Generation
+	return f
+}
+
+func (s *server) serveStream(st *quic.Stream) {
+	defer st.Close()
+	var req wire.Request
+	if err := frame.Read(bufio.NewReader(st), &req); err != nil {
+		st.CancelRead(1)
+		return
+	}
+	w := bufio.NewWriter(st)
+	send := func(f *wire.Frame) error {
+		if err := frame.Write(w, s.stamp(f)); err != nil {
+			return err
+		}
+		return w.Flush()
+	}
+	switch op := req.Op.(type) {
+	case *wire.Request_Health:
+		st := s.engine.Stats()
+		send(&wire.Frame{Health: &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
+			FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
+			ModelRevision: s.engine.Model.Revision}})
+	case *wire.Request_Generate:
+		s.generate(st, op.Generate, send)
+	default:
+		send(&wire.Frame{FinishReason: "error", Error: &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "unknown operation"}})
+	}
+}
+
+func intsOf(v []int32) []int {
+	if v == nil {
+		return nil
+	}
+	out := make([]int, len(v))
+	for i, x := range v {
+		out[i] = int(x)
+	}
+	return out
+}
+
+// ErrorFrame renders an engine error as a typed wire error.
+func ErrorFrame(err error) *wire.Error {
+	e := &wire.Error{Code: wire.Code_INTERNAL, Message: err.Error()}
+	var oe *sched.OverloadedError
+	switch {
+	case errors.As(err, &oe):
+		e.Code, e.Retryable = wire.Code_OVERLOADED, true
+	case errors.Is(err, decode.ErrInvalidRequest), errors.Is(err, sched.ErrInvalidRequest):
+		e.Code = wire.Code_INVALID_REQUEST
+	case errors.Is(err, sched.ErrTooLarge):
+		e.Code = wire.Code_TOO_LARGE
+	case errors.Is(err, sched.ErrCancelled):
+		e.Code = wire.Code_CANCELLED
+	case errors.Is(err, sched.ErrClosed):
+		e.Code, e.Retryable = wire.Code_SHUTTING_DOWN, true
+	}
+	return e
+}
+
+func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Frame) error) {
+	prio := sched.Interactive
+	switch g.Lane {
+	case wire.Lane_BATCH:
+		prio = sched.Batch
+	case wire.Lane_CANARY:
+		prio = sched.Canary
+	}
+	req := decode.Request{
+		ID: fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, s.opts.InstanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
+		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
+		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
+			PresencePenalty: g.PresencePenalty, Seed: g.Seed},
+	}
+	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
+		req.PromptTokens = []int{}
+	}
+	// The stream's context ends when the client resets or goes away: that
+	// cancels the sequence and frees its blocks.
+	events, err := s.engine.Generate(st.Context(), req)
+	base := func() *wire.Frame { return &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch} }
+	if err != nil {
+		f := base()
+		f.FinishReason, f.Error = "error", ErrorFrame(err)
+		send(f)
+		return
+	}
+	for ev := range events {
+		f := base()
+		if ev.Done {
+			f.FinishReason = string(ev.FinishReason)
+			f.ReusedPositions = uint32(ev.ReusedPositions)
+			if ev.Err != nil {
+				f.Error = ErrorFrame(ev.Err)
+			}
+		} else {
+			f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
+		}
+		if send(f) != nil {
+			// The client is gone; the stream context cancels the request.
+			for range events {
+			}
+			return
+		}
+	}
+}
+
+// ClientTLS loads the mutual-TLS config a client of workers presents.
+func ClientTLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }

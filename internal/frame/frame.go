@@ -1,0 +1,48 @@
+// Package frame delimits protobuf messages on a byte stream (unix socket,
+// QUIC stream): a uvarint length, then the message. Readers bound the
+// length so that a corrupt or hostile peer cannot make them allocate
+// without limit.
+package frame
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/protobuf/proto"
+)
+
+// MaxSize bounds one message.
+const MaxSize = 16 << 20
+
+// ErrTooLarge is returned for a frame longer than MaxSize.
+var ErrTooLarge = errors.New("frame: message too large")
+
+// Write writes one message.
+func Write(w io.Writer, m proto.Message) error {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	buf := binary.AppendUvarint(make([]byte, 0, len(b)+binary.MaxVarintLen64), uint64(len(b)))
+	_, err = w.Write(append(buf, b...))
+	return err
+}
+
+// Read reads one message into m.
+func Read(r *bufio.Reader, m proto.Message) error {
+	n, err := binary.ReadUvarint(r)
+	if err != nil {
+		return err
+	}
+	if n > MaxSize {
+		return fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	return proto.Unmarshal(b, m)
+}
