@@ -11,8 +11,13 @@ import (
 
 	"github.com/dgraph-io/badger/v4"
 
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/shm"
 )
+
+// FailOwnerAfterPublishManifest is hit in the owner between the PUBLISHED
+// manifest write and the header write.
+const FailOwnerAfterPublishManifest = "kv.owner.after-publish-manifest"
 
 var (
 	// ErrStaleRef is returned for a (slot, generation) reference whose slot
@@ -125,6 +130,7 @@ type Owner struct {
 	byKey      map[BlockKey]uint32
 	sessions   map[SessionID]*session
 	graceUntil time.Time
+	lastSweep  time.Time
 	stats      Stats
 }
 
@@ -197,6 +203,15 @@ func (o *Owner) Close() error {
 	return err
 }
 
+// StartGrace restarts the start-up grace: Serve calls it once its socket
+// accepts connections, so that a large arena's recovery scan does not eat
+// the time workers have to re-attach.
+func (o *Owner) StartGrace() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.graceUntil = o.opts.Now().Add(o.opts.LeaseTTL)
+}
+
 // Arena is the owner's mapping (for tests and benchmarks).
 func (o *Owner) Arena() *shm.Arena { return o.arena }
 
@@ -229,40 +244,66 @@ func (o *Owner) recover() error {
 	}
 	now := o.opts.Now()
 	o.graceUntil = now.Add(o.opts.LeaseTTL)
+	var quarantine []uint32
 	for i := range o.slots {
 		s := &o.slots[i]
 		h, herr := o.arena.Header(i)
-		if herr == nil {
-			s.gen = h.Gen
-		}
+		// The generation is read even from a header that fails its
+		// checksum: SetHeader stores it last, so a torn header still holds
+		// the highest generation ever handed out for the slot.
+		s.gen = o.arena.Gen(i)
 		m, ok := manifests[uint32(i)]
+		if ok {
+			s.gen = max(s.gen, m.SlotGen)
+		}
 		if !ok {
-			o.resetSlot(uint32(i), herr == nil && h.State == Free)
+			if herr == nil && h.State == Free {
+				o.resetSlot(uint32(i), true)
+			} else {
+				// Possibly in a live writer's hands (ALLOCATED, or a header
+				// we cannot read): out of use until the grace ends.
+				quarantine = append(quarantine, uint32(i))
+			}
 			continue
 		}
-		s.gen = max(s.gen, m.SlotGen)
 		keep := false
+		// The manifest is written before the header, so a crash between the
+		// two leaves the header one state behind at the same generation.
+		headerOK := herr == nil && h.Gen == m.SlotGen && (h.State == m.State ||
+			(m.State == Published && h.State == Sealed) || (m.State == Sealed && h.State == Writing) ||
+			(m.State == Writing && h.State == Allocated))
 		switch m.State {
 		case Published:
 			_, dup := o.byKey[m.Key]
-			keep = herr == nil && h.Gen == m.SlotGen && h.State == Published && !dup &&
-				h.Checksum == m.Checksum && o.payloadVerifies(uint32(i), m.PayloadLen, m.Checksum)
+			keep = headerOK && !dup && o.payloadVerifies(uint32(i), m.PayloadLen, m.Checksum)
 			if keep {
 				o.stats.RecoveredAtStart++
 				o.byKey[m.Key] = uint32(i)
 			}
 		case Writing, Sealed:
 			// Possibly a live writer's block: unreadable, reclaimable after grace.
-			keep = herr == nil && h.Gen == m.SlotGen && h.State == m.State
+			keep = headerOK
 		}
 		if !keep {
 			o.stats.DroppedAtStartup++
 			bad = append(bad, manifestKey(uint32(i)))
-			o.resetSlot(uint32(i), false)
+			quarantine = append(quarantine, uint32(i))
 			continue
 		}
 		*s = slot{gen: m.SlotGen, state: m.State, key: m.Key, parent: m.Parent, writer: Writer{m.WriterInstance, m.WriterGen},
 			payloadLen: m.PayloadLen, checksum: m.Checksum, lastUsed: m.Updated}
+		if err := o.setHeader(uint32(i)); err != nil {
+			return err
+		}
+	}
+	// Dropped and unreadable slots may still be in a live writer's hands:
+	// they return to the pool only after the grace (see Sweep).
+	for _, i := range quarantine {
+		s := &o.slots[i]
+		*s = slot{gen: s.gen, state: Aborted}
+		if err := o.setHeader(i); err != nil {
+			return err
+		}
 	}
 	if len(bad) > 0 {
 		wb := o.db.NewWriteBatch()
@@ -295,17 +336,24 @@ func (o *Owner) resetSlot(i uint32, headerAlreadyFree bool) {
 	o.free = append(o.free, i)
 }
 
-func (o *Owner) persist(i uint32) error {
+func (o *Owner) manifestOf(i uint32, now time.Time) *Manifest {
 	s := &o.slots[i]
-	m := Manifest{Slot: i, SlotGen: s.gen, State: s.state, Key: s.key, Parent: s.parent, PayloadLen: s.payloadLen,
-		Checksum: s.checksum, WriterInstance: s.writer.Instance, WriterGen: s.writer.Gen, Updated: o.opts.Now()}
+	return &Manifest{Slot: i, SlotGen: s.gen, State: s.state, Key: s.key, Parent: s.parent, PayloadLen: s.payloadLen,
+		Checksum: s.checksum, WriterInstance: s.writer.Instance, WriterGen: s.writer.Gen, Updated: now}
+}
+
+func (o *Owner) persist(i uint32) error {
+	m := o.manifestOf(i, o.opts.Now())
 	return o.db.Update(func(txn *badger.Txn) error { return txn.Set(manifestKey(i), m.Encode()) })
 }
 
-func (o *Owner) setHeader(i uint32) {
+func (o *Owner) setHeader(i uint32) error {
 	s := &o.slots[i]
-	o.arena.SetHeader(int(i), shm.SlotHeader{Gen: s.gen, State: s.state, PayloadLen: s.payloadLen, Checksum: s.checksum,
-		WriterGen: s.writer.Gen, WriterInstance: s.writer.Instance})
+	if err := o.arena.SetHeader(int(i), shm.SlotHeader{Gen: s.gen, State: s.state, PayloadLen: s.payloadLen, Checksum: s.checksum,
+		WriterGen: s.writer.Gen, WriterInstance: s.writer.Instance}); err != nil {
+		return fmt.Errorf("kv: slot %d header: %w", i, err)
+	}
+	return nil
 }
 
 // freeSlot deletes a block's manifest and returns its slot to the pool.
@@ -337,8 +385,8 @@ func (o *Owner) sessionLocked(sid SessionID) (*session, error) {
 // leased the published blocks it still reads; each is re-attached if the
 // reference still names the same block, and the answers say which were.
 func (o *Owner) Hello(w Writer, owned, leased []Ref) (SessionID, []bool, []bool, error) {
-	if w.Instance == "" || len(w.Instance) > shm.MaxInstanceID {
-		return 0, nil, nil, fmt.Errorf("%w: writer instance id %q", ErrBadRequest, w.Instance)
+	if _, err := (shm.SlotHeader{WriterInstance: w.Instance}).Encode(); err != nil || w.Instance == "" {
+		return 0, nil, nil, fmt.Errorf("%w: writer instance id %q (1..%d bytes, no NUL)", ErrBadRequest, w.Instance, shm.MaxInstanceID)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -417,27 +465,42 @@ func (o *Owner) Allocate(sid SessionID, n int) ([]Ref, error) {
 	if len(o.free) < n {
 		return nil, fmt.Errorf("%w: need %d, %d free", ErrNoFreeSlots, n, len(o.free))
 	}
-	refs := make([]Ref, 0, n)
-	for k := 0; k < n; k++ {
-		i := o.free[len(o.free)-1]
-		o.free = o.free[:len(o.free)-1]
+	// Bump every generation in the headers first (ALLOCATED fences old
+	// references at once), then persist all manifests in one batch, then
+	// mark the headers WRITING. A crash in between leaves ALLOCATED headers
+	// without manifests, which a restart frees at the bumped generation.
+	taken := o.free[len(o.free)-n:]
+	o.free = o.free[:len(o.free)-n]
+	undo := func() {
+		for _, i := range taken {
+			o.resetSlot(i, false)
+		}
+	}
+	wb := o.db.NewWriteBatch()
+	defer wb.Cancel()
+	now := o.opts.Now()
+	for _, i := range taken {
 		sl := &o.slots[i]
 		sl.gen++
-		sl.state = Allocated
-		sl.writer = s.writer
-		sl.session = sid
-		o.setHeader(i)
-		sl.state = Writing
-		if err := o.persist(i); err != nil {
-			o.resetSlot(i, false)
-			for _, r := range refs {
-				o.freeSlot(r.Slot)
-			}
-			return nil, fmt.Errorf("kv: persist allocation: %w", err)
+		sl.state, sl.writer, sl.session = Allocated, s.writer, sid
+		if err := o.setHeader(i); err != nil {
+			undo()
+			return nil, err
 		}
-		o.setHeader(i)
+		sl.state = Writing
+		wb.Set(manifestKey(i), o.manifestOf(i, now).Encode())
+	}
+	if err := wb.Flush(); err != nil {
+		undo()
+		return nil, fmt.Errorf("kv: persist allocation: %w", err)
+	}
+	refs := make([]Ref, 0, n)
+	for _, i := range taken {
+		if err := o.setHeader(i); err != nil {
+			return nil, err
+		}
 		s.owned[i] = struct{}{}
-		refs = append(refs, Ref{Slot: i, Gen: sl.gen})
+		refs = append(refs, Ref{Slot: i, Gen: o.slots[i].gen})
 	}
 	return refs, nil
 }
@@ -474,6 +537,9 @@ func (o *Owner) Seal(sid SessionID, r Ref, key, parent BlockKey) error {
 	if err != nil {
 		return err
 	}
+	if sl.state == Sealed && sl.key == key && sl.parent == parent && sl.checksum == r.Checksum && sl.payloadLen == r.PayloadLen {
+		return nil // a retry of a seal whose answer was lost
+	}
 	if err := Transition(sl.state, Sealed); err != nil {
 		return err
 	}
@@ -486,8 +552,7 @@ func (o *Owner) Seal(sid SessionID, r Ref, key, parent BlockKey) error {
 		sl.state = Writing
 		return fmt.Errorf("kv: persist seal: %w", err)
 	}
-	o.setHeader(r.Slot)
-	return nil
+	return o.setHeader(r.Slot)
 }
 
 // Publish makes a sealed block readable with one manifest write. The
@@ -495,6 +560,9 @@ func (o *Owner) Seal(sid SessionID, r Ref, key, parent BlockKey) error {
 func (o *Owner) Publish(sid SessionID, r Ref) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if ok, err := o.republishedLocked(sid, r); ok || err != nil {
+		return err
+	}
 	sl, err := o.ownedLocked(sid, r)
 	if err != nil {
 		return err
@@ -511,13 +579,34 @@ func (o *Owner) Publish(sid SessionID, r Ref) error {
 		sl.state = Sealed
 		return fmt.Errorf("kv: persist publish: %w", err)
 	}
-	o.setHeader(r.Slot)
+	// A crash here leaves a PUBLISHED manifest over a SEALED header at the
+	// same generation; a restarted owner completes the publish.
+	failpoint.Hit(FailOwnerAfterPublishManifest)
+	if err := o.setHeader(r.Slot); err != nil {
+		return err
+	}
 	o.byKey[sl.key] = r.Slot
 	s := o.sessions[sid]
 	delete(s.owned, r.Slot)
 	sl.session = 0
 	o.leaseLocked(s, r.Slot)
 	return nil
+}
+
+// republishedLocked answers a Publish retried after its reply was lost: the
+// block is already PUBLISHED at the same generation by the same writer, so
+// the retry succeeds and the (possibly new) session takes the lease.
+func (o *Owner) republishedLocked(sid SessionID, r Ref) (bool, error) {
+	s, err := o.sessionLocked(sid)
+	if err != nil || int(r.Slot) >= len(o.slots) {
+		return false, nil
+	}
+	sl := &o.slots[r.Slot]
+	if sl.gen != r.Gen || sl.state != Published || sl.writer != s.writer || o.byKey[sl.key] != r.Slot {
+		return false, nil
+	}
+	o.leaseLocked(s, r.Slot)
+	return true, nil
 }
 
 // Abort discards a WRITING or SEALED block and frees its slot.
@@ -532,7 +621,6 @@ func (o *Owner) Abort(sid SessionID, r Ref) error {
 		return err
 	}
 	sl.state = Aborted
-	o.setHeader(r.Slot)
 	return o.freeSlot(r.Slot)
 }
 
@@ -683,6 +771,15 @@ func (o *Owner) Sweep() SweepResult {
 	defer o.mu.Unlock()
 	var res SweepResult
 	now := o.opts.Now()
+	// If the owner itself stalled (a slow disk under the lock, a paused
+	// process), writers could not renew either: give them the lost time
+	// back rather than expire live sessions.
+	if gap := now.Sub(o.lastSweep); !o.lastSweep.IsZero() && gap > o.opts.LeaseTTL/2 {
+		for _, s := range o.sessions {
+			s.expires = s.expires.Add(gap)
+		}
+	}
+	o.lastSweep = now
 	for sid, s := range o.sessions {
 		if !now.Before(s.expires) {
 			res.OrphansReclaimed += o.endSessionLocked(sid)

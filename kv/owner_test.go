@@ -181,8 +181,17 @@ func TestPublishLookupAndIdentityMiss(t *testing.T) {
 	if err := o.Abort(other, r0); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("foreign abort: %v", err)
 	}
-	if err := o.Publish(sid, r0); !errors.Is(err, ErrNotOwner) {
-		t.Fatalf("double publish: %v", err)
+	// A publish retried after a lost reply succeeds without acting twice;
+	// another writer cannot publish the block.
+	leases := o.Stats().Leases
+	if err := o.Publish(sid, r0); err != nil {
+		t.Fatalf("retried publish: %v", err)
+	}
+	if o.Stats().Leases != leases {
+		t.Fatal("retried publish added a lease")
+	}
+	if err := o.Publish(other, r0); !errors.Is(err, ErrNotOwner) {
+		t.Fatalf("foreign publish: %v", err)
 	}
 }
 
@@ -400,4 +409,112 @@ func FuzzDecodeManifest(f *testing.F) {
 			t.Fatal("decoded manifest re-encodes differently")
 		}
 	})
+}
+
+// TestRetriedPublishKeepsLease: the reply of a publish is lost, the writer
+// reconnects (new session) and retries: the retry succeeds and the new
+// session holds the lease, so the block cannot be evicted under it.
+func TestRetriedPublishKeepsLease(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	defer o.Close()
+	old := hello(t, o, "w", 1)
+	r := writeBlock(t, o, old, BlockKey{1}, BlockKey{}, 1, false)
+	if err := o.Publish(old, r); err != nil { // applied, reply lost
+		t.Fatal(err)
+	}
+	fresh, _, leased, err := o.Hello(Writer{"w", 1}, nil, nil)
+	if err != nil || len(leased) != 0 {
+		t.Fatal(err)
+	}
+	if err := o.Publish(fresh, r); err != nil {
+		t.Fatalf("retried publish on a new session: %v", err)
+	}
+	env.clock.Advance(2 * time.Second)
+	if err := o.KeepAlive(fresh); err != nil {
+		t.Fatal(err)
+	}
+	env.clock.Advance(2 * time.Second) // the old session is past its lease
+	if res := o.Sweep(); res.SessionsExpired != 1 {
+		t.Fatalf("sweep: %+v", res)
+	}
+	if _, err := o.Allocate(fresh, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Allocate(fresh, 1); !errors.Is(err, ErrNoFreeSlots) || o.Lookup([]BlockKey{{1}}) != 1 {
+		t.Fatalf("leased block evicted: %v, lookup %d", err, o.Lookup([]BlockKey{{1}}))
+	}
+}
+
+// TestRestartCompletesHalfWrittenHeader: the owner died between writing a
+// PUBLISHED manifest and the header (left SEALED): the restart keeps the
+// block published. A header that fails its checksum keeps its generation:
+// the next allocation of that slot is higher than any handed out before.
+func TestRestartCompletesHalfWrittenHeader(t *testing.T) {
+	env := newOwnerEnv(t, 2)
+	o := env.open(t)
+	sid := hello(t, o, "w", 1)
+	r := writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, true)
+	h, _ := o.Arena().Header(int(r.Slot))
+	h.State = Sealed
+	o.Arena().SetHeader(int(r.Slot), h)
+	// Slot 1 goes through five generations, then its header is torn.
+	other := 1 - r.Slot
+	var last Ref
+	for i := 0; i < 5; i++ {
+		refs, err := o.Allocate(sid, 1)
+		if err != nil || refs[0].Slot != other {
+			t.Fatalf("allocate: %v %v", refs, err)
+		}
+		last = refs[0]
+		o.Abort(sid, refs[0])
+	}
+	o.Close()
+	a, err := shm.Open(env.opts.ArenaPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, _ := a.Header(int(other))
+	hb.WriterInstance = "torn"
+	a.SetHeader(int(other), hb)
+	a.Close()
+	corruptHeaderByte(t, env.opts.ArenaPath, int(other), 40)
+
+	o = env.open(t)
+	defer o.Close()
+	if o.Lookup([]BlockKey{{1}}) != 1 || o.Arena().State(int(r.Slot)) != Published {
+		t.Fatal("a publish whose header write was lost did not survive the restart")
+	}
+	// The torn slot is quarantined until the grace ends, then reused above
+	// its old generation.
+	sid = hello(t, o, "w", 2)
+	if _, err := o.Allocate(sid, 1); !errors.Is(err, ErrNoFreeSlots) {
+		t.Fatalf("torn slot reused during the grace: %v", err)
+	}
+	env.clock.Advance(o.LeaseTTL())
+	o.KeepAlive(sid)
+	o.Sweep()
+	sid = hello(t, o, "w", 3)
+	refs, err := o.Allocate(sid, 1)
+	if err != nil || refs[0].Gen <= last.Gen {
+		t.Fatalf("after a torn header: %v %v, last generation was %d", refs, err, last.Gen)
+	}
+}
+
+// corruptHeaderByte flips one byte of a slot header through the file; the
+// header region starts one page into the arena.
+func corruptHeaderByte(t *testing.T, path string, slot, off int) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	pos := int64(4096 + shm.SlotHeaderSize*slot + off)
+	b := make([]byte, 1)
+	f.ReadAt(b, pos)
+	b[0] ^= 0xff
+	if _, err := f.WriteAt(b, pos); err != nil {
+		t.Fatal(err)
+	}
 }

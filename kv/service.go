@@ -115,6 +115,7 @@ func serve(ctx context.Context, o *Owner, socketPath string, ready chan<- struct
 		ln.Close()
 		return fmt.Errorf("kv: chmod %s: %w", socketPath, err)
 	}
+	o.StartGrace()
 	if ready != nil {
 		close(ready)
 	}
@@ -145,7 +146,12 @@ func serve(ctx context.Context, o *Owner, socketPath string, ready chan<- struct
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("kv: accept: %w", err)
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("kv: accept: %w", err)
+			}
+			// Out of file descriptors and the like: wait, do not die.
+			time.Sleep(10 * time.Millisecond)
+			continue
 		}
 		conns.Store(c, nil)
 		wg.Add(1)

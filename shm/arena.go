@@ -163,9 +163,17 @@ func OpenOrCreate(path string, g Geometry) (a *Arena, created bool, err error) {
 		os.Remove(path)
 		return nil, false, fmt.Errorf("shm: map %s: %w", path, err)
 	}
+	a = &Arena{path: path, geo: g, mem: mem}
+	for i := 0; i < g.Slots; i++ {
+		if err := a.SetHeader(i, SlotHeader{State: SlotFree}); err != nil {
+			a.Close()
+			os.Remove(path)
+			return nil, false, err
+		}
+	}
 	// The file header goes last: a crash before it leaves a file Open rejects.
 	copy(mem, encodeFileHeader(g))
-	return &Arena{path: path, geo: g, mem: mem}, true, nil
+	return a, true, nil
 }
 
 // Open maps an existing arena read-write.
