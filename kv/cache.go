@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"errors"
 	"fmt"
 	"sync"
 	"unsafe"
@@ -18,6 +19,8 @@ const (
 
 // CacheStats count what a worker's cache did.
 type CacheStats struct {
+	Lost           int `json:"lost"`             // blocks given up because the lease could not be proven
+	Fallback       int `json:"fallback"`         // blocks served from private memory while the owner was away
 	Published      int `json:"published"`        // blocks this worker made readable
 	PublishFailed  int `json:"publish_failed"`   // blocks that stayed private (duplicate, owner away)
 	Reused         int `json:"reused"`           // blocks taken from the arena instead of computed
@@ -36,6 +39,9 @@ type Cache struct {
 	layout   kvcache.Layout
 	identity Identity
 	capacity int
+	// private serves blocks while the owner is unavailable: recompute
+	// instead of reuse, but keep decoding.
+	private *kvcache.MemStore
 
 	mu     sync.Mutex
 	blocks map[kvcache.BlockID]*cacheBlock
@@ -49,7 +55,13 @@ type cacheBlock struct {
 	// one worker share a published prefix under one owner lease.
 	holders int
 	key     BlockKey // set once shared
+	// lost is set when the client could no longer prove the block is ours:
+	// its slot may belong to someone else now.
+	lost bool
 }
+
+// privateBase offsets the ids of private fallback blocks past every slot.
+const privateBase kvcache.BlockID = 1 << 30
 
 // NewCache maps the owner's arena and serves at most capacity blocks from
 // it. The identity must describe the engine that computes the blocks.
@@ -63,11 +75,48 @@ func NewCache(client *Client, layout kvcache.Layout, id Identity, capacity int) 
 	if capacity <= 0 {
 		return nil, fmt.Errorf("kv: cache capacity %d", capacity)
 	}
-	arena, err := shm.Open(client.ArenaPath())
+	arena, err := shm.OpenWorker(client.ArenaPath())
 	if err != nil {
 		return nil, err
 	}
-	return &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, blocks: map[kvcache.BlockID]*cacheBlock{}}, nil
+	private, err := kvcache.NewMemStore(layout, capacity)
+	if err != nil {
+		arena.Close()
+		return nil, err
+	}
+	c := &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, private: private, blocks: map[kvcache.BlockID]*cacheBlock{}}
+	client.OnLost(c.markLost)
+	return c, nil
+}
+
+func (c *Cache) markLost(refs []Ref) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range refs {
+		if b, ok := c.blocks[kvcache.BlockID(r.Slot)]; ok && b.ref.Gen == r.Gen && !b.lost {
+			b.lost = true
+			c.stats.Lost++
+		}
+	}
+}
+
+// Losses counts blocks declared lost.
+func (c *Cache) Losses() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return uint64(c.stats.Lost)
+}
+
+// Valid reports whether a block is still ours to read and write. The
+// scheduler recomputes sequences holding a block that is not.
+func (c *Cache) Valid(id kvcache.BlockID) bool {
+	if id >= privateBase {
+		return true
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.blocks[id]
+	return ok && !b.lost
 }
 
 // Close hands every block back and unmaps the arena.
@@ -79,7 +128,10 @@ func (c *Cache) Close() error {
 	}
 	c.mu.Unlock()
 	for _, id := range ids {
-		c.Free(id)
+		for c.Free(id) == nil {
+			// Free drops one holder per call; a block shared by several
+			// sequences needs one call each.
+		}
 	}
 	return c.arena.Close()
 }
@@ -96,17 +148,30 @@ func (c *Cache) Capacity() int          { return c.capacity }
 func (c *Cache) NumFree() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.capacity - len(c.blocks)
+	return c.capacity - c.inUseLocked()
 }
+
+func (c *Cache) inUseLocked() int { return len(c.blocks) + c.private.Capacity() - c.private.NumFree() }
 
 func (c *Cache) Alloc() (kvcache.BlockID, error) {
 	c.mu.Lock()
-	full := len(c.blocks) >= c.capacity
+	full := c.inUseLocked() >= c.capacity
 	c.mu.Unlock()
 	if full {
 		return 0, kvcache.ErrNoFreeBlocks
 	}
 	refs, err := c.client.Allocate(1)
+	if errors.Is(err, ErrOwnerUnavailable) {
+		// Degrade to private memory: this block will not be shared.
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		id, perr := c.private.Alloc()
+		if perr != nil {
+			return 0, perr
+		}
+		c.stats.Fallback++
+		return privateBase + id, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("%w: %v", kvcache.ErrNoFreeBlocks, err)
 	}
@@ -118,6 +183,11 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 }
 
 func (c *Cache) Free(id kvcache.BlockID) error {
+	if id >= privateBase {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.private.Free(id - privateBase)
+	}
 	c.mu.Lock()
 	b, ok := c.blocks[id]
 	if ok {
@@ -131,6 +201,9 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 	c.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("kv: free block %d: %w", id, kvcache.ErrBadBlock)
+	}
+	if b.lost {
+		return nil // the owner already took it back
 	}
 	var err error
 	if b.shared {
@@ -148,6 +221,9 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 }
 
 func (c *Cache) Block(id kvcache.BlockID) []float32 {
+	if id >= privateBase {
+		return c.private.Block(id - privateBase)
+	}
 	return c.arena.Float32s(int(id), c.layout.BlockFloats())
 }
 
@@ -158,6 +234,9 @@ func (c *Cache) payload(id kvcache.BlockID) []byte {
 // Publish seals and publishes a full block under the key of its prefix.
 func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 	bs := c.layout.BlockSize
+	if id >= privateBase {
+		return // private fallback blocks are never shared
+	}
 	c.mu.Lock()
 	b, ok := c.blocks[id]
 	var parent BlockKey
@@ -166,7 +245,7 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		parent, parentKnown = pb.key, true
 	}
 	c.mu.Unlock()
-	if !ok || b.shared || len(tokens)%bs != 0 || len(tokens) == 0 {
+	if !ok || b.shared || b.lost || len(tokens)%bs != 0 || len(tokens) == 0 {
 		return
 	}
 	if len(tokens) == bs {
@@ -186,12 +265,18 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		c.stats.PublishFailed++
 		c.mu.Unlock()
 	}
-	failpoint.Hit(FailBeforeSeal)
+	if err := failpoint.Hit(FailBeforeSeal); err != nil {
+		fail()
+		return
+	}
 	if err := c.client.Seal(ref, key, parent); err != nil {
 		fail()
 		return
 	}
-	failpoint.Hit(FailBeforePublish)
+	if err := failpoint.Hit(FailBeforePublish); err != nil {
+		fail()
+		return
+	}
 	if err := c.client.Publish(ref); err != nil {
 		fail()
 		return
@@ -227,7 +312,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 		id := kvcache.BlockID(r.Slot)
 		c.mu.Lock()
 		held, dup := c.blocks[id]
-		if dup && held.shared && held.ref.Gen == r.Gen {
+		if dup && held.shared && !held.lost && held.ref.Gen == r.Gen {
 			// Another of our sequences already holds it, verified.
 			held.holders++
 			c.stats.Reused++
@@ -245,11 +330,15 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 				c.stats.CorruptOnRead++
 				c.mu.Unlock()
 			}
+			// Hand back the leases Acquire took for this and the rest,
+			// except on blocks we already hold shared (one owner lease
+			// serves all our holders).
 			for _, rest := range refs[i:] {
 				c.mu.Lock()
-				_, ours := c.blocks[kvcache.BlockID(rest.Slot)]
+				held, ours := c.blocks[kvcache.BlockID(rest.Slot)]
+				keep := ours && held.shared && !held.lost && held.ref.Gen == rest.Gen
 				c.mu.Unlock()
-				if !ours {
+				if !keep {
 					c.client.Release(rest)
 				}
 			}

@@ -20,8 +20,11 @@ import (
 var ErrOwnerUnavailable = errors.New("kv: arena owner unavailable")
 
 // Client is a worker's connection to the arena owner. It keeps its session
-// alive, and after a lost connection or an owner restart it reconnects and
-// re-attaches the blocks it writes and the leases it holds. Safe for
+// alive on a connection of its own, and fences itself: once it cannot prove
+// its lease is still live (no renewal acknowledged within the lease TTL
+// minus a safety margin), or the owner no longer recognises a block after
+// a reconnect, it declares those blocks lost through OnLost and forgets
+// them, before the owner could hand their slots to anyone else. Safe for
 // concurrent use.
 type Client struct {
 	socket string
@@ -35,9 +38,14 @@ type Client struct {
 	hello  *kvpb.HelloReply
 	owned  map[uint32]Ref
 	leased map[uint32]Ref
+	onLost func([]Ref)
+	// validUntil is when our lease may end at the owner: the send time of
+	// the last acknowledged renewal plus the TTL, less a margin.
+	validUntil time.Time
 
-	stop chan struct{}
-	done chan struct{}
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
 }
 
 // Dial connects to the owner's socket as writer and starts keepalives.
@@ -53,7 +61,36 @@ func Dial(ctx context.Context, socket string, w Writer) (*Client, error) {
 	return c, nil
 }
 
+// OnLost registers the function told about blocks the client had to give
+// up (their slots may be reused). It runs without the client's lock held.
+func (c *Client) OnLost(f func([]Ref)) {
+	c.mu.Lock()
+	c.onLost = f
+	c.mu.Unlock()
+}
+
+func (c *Client) ttl() time.Duration {
+	if c.hello == nil {
+		return 3 * time.Second
+	}
+	return time.Duration(c.hello.LeaseTtlMs) * time.Millisecond
+}
+
+// margin is how long before the owner could expire us we stop trusting
+// our blocks: enough for a step in flight to notice at its end.
+func (c *Client) margin() time.Duration { return c.ttl() / 3 }
+
+// connectLocked dials and says hello, re-attaching what we hold. Blocks the
+// owner does not confirm are returned as lost.
 func (c *Client) connectLocked(ctx context.Context) error {
+	lost, err := c.helloLocked(ctx)
+	if len(lost) > 0 {
+		c.reportLostLocked(lost)
+	}
+	return err
+}
+
+func (c *Client) helloLocked(ctx context.Context) ([]Ref, error) {
 	if c.conn != nil {
 		c.conn.Close()
 		c.conn = nil
@@ -61,11 +98,21 @@ func (c *Client) connectLocked(ctx context.Context) error {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", c.socket)
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrOwnerUnavailable, err)
+		return nil, fmt.Errorf("%w: %v", ErrOwnerUnavailable, err)
 	}
 	c.conn, c.r, c.w = conn, bufio.NewReader(conn), bufio.NewWriter(conn)
-	owned := slices.Collect(maps.Values(c.owned))
-	leased := slices.Collect(maps.Values(c.leased))
+	var owned, leased []Ref
+	if time.Now().Before(c.validUntil) || c.validUntil.IsZero() {
+		owned = slices.Collect(maps.Values(c.owned))
+		leased = slices.Collect(maps.Values(c.leased))
+	} else {
+		// Our lease may already have ended at the owner: what we held is
+		// not ours to re-attach.
+		lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
+		clear(c.owned)
+		clear(c.leased)
+		defer func() { c.reportLostLocked(lost) }()
+	}
 	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen}
 	for _, r := range owned {
 		hello.Owned = append(hello.Owned, toPB(r))
@@ -73,26 +120,45 @@ func (c *Client) connectLocked(ctx context.Context) error {
 	for _, r := range leased {
 		hello.Leased = append(hello.Leased, toPB(r))
 	}
+	sent := time.Now()
 	resp, err := c.roundTripLocked(&kvpb.Request{Op: &kvpb.Request_Hello{Hello: hello}})
 	if err != nil {
-		conn.Close()
-		c.conn = nil
-		return err
+		if c.conn != nil {
+			c.conn.Close()
+			c.conn = nil
+		}
+		return nil, err
 	}
 	c.hello = resp.Hello
-	// Forget what the owner no longer knows: those blocks are gone.
-	for i, ok := range resp.Hello.OwnedOk {
-		if !ok && i < len(owned) {
-			delete(c.owned, owned[i].Slot)
+	c.validUntil = sent.Add(c.ttl() - c.margin())
+	var lost []Ref
+	for i, r := range owned {
+		if i >= len(resp.Hello.OwnedOk) || !resp.Hello.OwnedOk[i] {
+			delete(c.owned, r.Slot)
+			lost = append(lost, r)
 		}
 	}
-	for i, ok := range resp.Hello.LeasedOk {
-		if !ok && i < len(leased) {
-			delete(c.leased, leased[i].Slot)
+	for i, r := range leased {
+		if i >= len(resp.Hello.LeasedOk) || !resp.Hello.LeasedOk[i] {
+			delete(c.leased, r.Slot)
+			lost = append(lost, r)
 		}
 	}
-	return nil
+	return lost, nil
 }
+
+// reportLostLocked calls OnLost without the lock.
+func (c *Client) reportLostLocked(lost []Ref) {
+	if len(lost) == 0 || c.onLost == nil {
+		return
+	}
+	f := c.onLost
+	c.mu.Unlock()
+	f(lost)
+	c.mu.Lock()
+}
+
+func (c *Client) rtt() time.Duration { return min(5*time.Second, c.ttl()/2) }
 
 func (c *Client) roundTripLocked(req *kvpb.Request) (*kvpb.Response, error) {
 	if c.conn == nil {
@@ -100,7 +166,7 @@ func (c *Client) roundTripLocked(req *kvpb.Request) (*kvpb.Response, error) {
 	}
 	c.nextID++
 	req.Id = c.nextID
-	c.conn.SetDeadline(time.Now().Add(5 * time.Second))
+	c.conn.SetDeadline(time.Now().Add(c.rtt()))
 	if err := frame.Write(c.w, req); err != nil {
 		return nil, c.brokenLocked(err)
 	}
@@ -138,9 +204,9 @@ func (c *Client) call(req *kvpb.Request) (*kvpb.Response, error) {
 	resp, err := c.roundTripLocked(req)
 	if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrOwnerUnavailable) {
 		// The owner restarted, the connection broke, or our lease lapsed:
-		// reconnect, re-attach what we hold, and retry once. A retried
-		// request whose first copy did take effect fails with a typed
-		// error (stale, not owner) rather than acting twice.
+		// reconnect, re-attach what we hold, and retry once. Seal and
+		// Publish are idempotent at the owner; a retried Allocate whose
+		// first copy did land leaks its slots until that session expires.
 		if err := c.connectLocked(context.Background()); err != nil {
 			return nil, err
 		}
@@ -149,35 +215,80 @@ func (c *Client) call(req *kvpb.Request) (*kvpb.Response, error) {
 	return resp, err
 }
 
+// keepAlive renews the session on its own connection, so that a slow call
+// on the main one never delays a renewal, and fences the client when
+// renewals stop being acknowledged.
 func (c *Client) keepAlive() {
 	defer close(c.done)
 	c.mu.Lock()
-	ttl := time.Duration(c.hello.LeaseTtlMs) * time.Millisecond
+	ttl := c.ttl()
 	c.mu.Unlock()
-	t := time.NewTicker(max(ttl/3, 10*time.Millisecond))
+	t := time.NewTicker(max(ttl/6, 5*time.Millisecond))
 	defer t.Stop()
+	var conn net.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-t.C:
-			c.call(&kvpb.Request{Op: &kvpb.Request_KeepAlive{KeepAlive: &kvpb.Empty{}}})
 		}
+		c.mu.Lock()
+		session := c.hello.GetSession()
+		deadline := c.validUntil
+		c.mu.Unlock()
+		sent := time.Now()
+		err := func() error {
+			if conn == nil {
+				var err error
+				if conn, err = net.DialTimeout("unix", c.socket, ttl/3); err != nil {
+					conn = nil
+					return err
+				}
+			}
+			kc := &Client{conn: conn, r: bufio.NewReader(conn), w: bufio.NewWriter(conn), hello: &kvpb.HelloReply{LeaseTtlMs: uint64(ttl.Milliseconds())}}
+			_, err := kc.roundTripLocked(&kvpb.Request{Op: &kvpb.Request_KeepAlive{KeepAlive: &kvpb.KeepAlive{Session: session}}})
+			if kc.conn == nil {
+				conn = nil
+			}
+			return err
+		}()
+		c.mu.Lock()
+		switch {
+		case err == nil && c.hello.GetSession() == session:
+			c.validUntil = sent.Add(ttl - c.margin())
+		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
+			// The session is gone or may be: give everything up now and
+			// start a new session.
+			lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
+			clear(c.owned)
+			clear(c.leased)
+			c.validUntil = time.Time{}
+			c.reportLostLocked(lost)
+			c.connectLocked(context.Background())
+		}
+		c.mu.Unlock()
 	}
 }
 
 // Close stops keepalives and closes the connection. Blocks still owned or
 // leased are left to the owner's lease expiry; call Abort/Release first for
-// a prompt hand-back.
+// a prompt hand-back. Close may be called more than once.
 func (c *Client) Close() error {
-	close(c.stop)
-	<-c.done
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.conn != nil {
-		c.conn.Close()
-		c.conn = nil
-	}
+	c.closeOnce.Do(func() {
+		close(c.stop)
+		<-c.done
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.conn != nil {
+			c.conn.Close()
+			c.conn = nil
+		}
+	})
 	return nil
 }
 

@@ -32,10 +32,17 @@ type ownerEnv struct {
 func newOwnerEnv(t testing.TB, slots int) *ownerEnv {
 	t.Helper()
 	dir := t.TempDir()
-	arena := filepath.Join("/dev/shm", "lifeline-kvtest-"+filepath.Base(dir))
-	if _, err := os.Stat("/dev/shm"); err != nil {
-		arena = filepath.Join(dir, "arena")
+	shmDir := "/dev/shm"
+	if _, err := os.Stat(shmDir); err != nil {
+		shmDir = dir
 	}
+	f, err := os.CreateTemp(shmDir, "lifeline-kvtest-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena := f.Name()
+	f.Close()
+	os.Remove(arena) // the owner creates it exclusively
 	t.Cleanup(func() { os.Remove(arena) })
 	c := &fakeClock{t: time.Unix(1_800_000_000, 0)}
 	return &ownerEnv{clock: c, opts: Options{ArenaPath: arena, Geometry: shm.Geometry{Slots: slots, PayloadSize: 256},

@@ -189,7 +189,7 @@ func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
 	}
 	if _, ok := req.Op.(*kvpb.Request_Hello); !ok && *sid == 0 {
 		switch req.Op.(type) {
-		case *kvpb.Request_Stats, *kvpb.Request_WriterDead, *kvpb.Request_Sweep, *kvpb.Request_Lookup, *kvpb.Request_Delete:
+		case *kvpb.Request_Stats, *kvpb.Request_WriterDead, *kvpb.Request_Sweep, *kvpb.Request_Lookup, *kvpb.Request_Delete, *kvpb.Request_KeepAlive:
 			// Session-free operations for operators and the agent.
 		default:
 			return fail(fmt.Errorf("%w: send hello first", ErrUnknownSession))
@@ -207,7 +207,11 @@ func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
 		resp.Hello = &kvpb.HelloReply{Session: uint64(id), ArenaPath: o.Arena().Path(), Slots: uint32(g.Slots),
 			PayloadSize: uint64(g.PayloadSize), LeaseTtlMs: uint64(o.LeaseTTL().Milliseconds()), OwnedOk: ownedOK, LeasedOk: leasedOK}
 	case *kvpb.Request_KeepAlive:
-		if err := o.KeepAlive(*sid); err != nil {
+		target := *sid
+		if op.KeepAlive.GetSession() != 0 {
+			target = SessionID(op.KeepAlive.GetSession())
+		}
+		if err := o.KeepAlive(target); err != nil {
 			return fail(err)
 		}
 	case *kvpb.Request_Allocate:

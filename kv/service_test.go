@@ -313,3 +313,93 @@ func TestNoGoroutineLeak(t *testing.T) {
 	late.Close()
 	waitGoroutines(base)
 }
+
+// TestStaleReferenceReadIsAMiss: between the owner handing out a reference
+// and the reader using it, the slot moves to another generation; the
+// reader's own check of the header makes that a miss, never a read.
+func TestStaleReferenceReadIsAMiss(t *testing.T) {
+	o, sock := serveOwner(t, 8, 3*time.Second)
+	w, _ := newTestCache(t, sock, "writer")
+	tokens := make([]int, 17)
+	id, _ := w.Alloc()
+	w.Publish(id, kvcache.NoBlock, tokens[:16])
+	// Simulate the slot's reuse behind the manifest's back: the header
+	// generation moves on, the manifest still names the old one.
+	h, err := o.Arena().Header(int(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.Gen++
+	o.Arena().SetHeader(int(id), h)
+	r, _ := newTestCache(t, sock, "reader")
+	if got := r.AcquirePrefix(tokens, 1); len(got) != 0 {
+		t.Fatalf("read through a stale reference: %v", got)
+	}
+	if r.Stats().CorruptOnRead != 1 || r.Stats().Reused != 0 {
+		t.Fatalf("reader stats %+v", r.Stats())
+	}
+}
+
+// TestClientFencesItselfWhenTheOwnerGoes: with the owner gone, renewals
+// stop; before the owner could have expired the session, the client
+// declares its blocks lost, and the cache stops vouching for them.
+func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	env.opts.Now = nil
+	env.opts.LeaseTTL = 300 * time.Millisecond
+	env.opts.Geometry.PayloadSize = cacheLayout.BlockBytes()
+	o := env.open(t)
+	sock := filepath.Join(t.TempDir(), "kv.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, o, sock) }()
+	for i := 0; ; i++ {
+		if c, err := net.Dial("unix", sock); err == nil {
+			c.Close()
+			break
+		}
+		if i > 2000 {
+			t.Fatal("socket never came up")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	c, err := Dial(context.Background(), sock, Writer{"w", 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	id, err := cache.Alloc()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cache.Valid(id) || cache.Losses() != 0 {
+		t.Fatal("fresh block not valid")
+	}
+	stopped := time.Now()
+	cancel()
+	<-done
+	o.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for cache.Valid(id) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client never gave up its blocks")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if elapsed := time.Since(stopped); elapsed > 300*time.Millisecond {
+		t.Logf("fenced %v after the owner stopped (lease TTL 300ms)", elapsed)
+	}
+	// With the owner away, new blocks come from private memory.
+	pid, err := cache.Alloc()
+	if err != nil || pid < privateBase || cache.Stats().Fallback != 1 {
+		t.Fatalf("fallback allocation: %v %v %+v", pid, err, cache.Stats())
+	}
+	if err := cache.Free(pid); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -219,6 +219,20 @@ func mapArena(f *os.File, g Geometry) ([]byte, error) {
 	return mem, nil
 }
 
+// OpenWorker maps an arena for a worker: payloads read-write, slot headers
+// read-only, so that a worker bug cannot scribble on the owner's fences.
+func OpenWorker(path string) (*Arena, error) {
+	a, err := Open(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Mprotect(a.mem[:a.geo.payloadStart()], unix.PROT_READ); err != nil {
+		a.Close()
+		return nil, fmt.Errorf("shm: protect headers of %s: %w", path, err)
+	}
+	return a, nil
+}
+
 // Close unmaps the arena; slices from it must not be used afterwards.
 func (a *Arena) Close() error {
 	if a.mem == nil {

@@ -97,6 +97,9 @@ func DecodeSlotHeader(b []byte) (SlotHeader, error) {
 	if h.State >= numSlotStates {
 		return SlotHeader{}, fmt.Errorf("%w: state %d", ErrBadHeader, h.State)
 	}
+	if binary.LittleEndian.Uint32(b[20:]) != 0 || binary.LittleEndian.Uint32(b[60:]) != 0 {
+		return SlotHeader{}, fmt.Errorf("%w: reserved bytes set", ErrBadHeader)
+	}
 	id := b[32:56]
 	if i := bytes.IndexByte(id, 0); i >= 0 {
 		if bytes.IndexFunc(id[i:], func(r rune) bool { return r != 0 }) >= 0 {

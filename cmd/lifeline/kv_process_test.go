@@ -38,8 +38,13 @@ type kvNode struct {
 func newKVNode(t *testing.T, ttl time.Duration) *kvNode {
 	t.Helper()
 	dir := t.TempDir()
-	n := &kvNode{dir: dir, socket: filepath.Join(dir, "kv.sock"), slots: 64, ttl: ttl,
-		arena: filepath.Join("/dev/shm", "lifeline-proc-"+filepath.Base(dir))}
+	f, err := os.CreateTemp("/dev/shm", "lifeline-proc-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Remove(f.Name()) // the owner creates it exclusively
+	n := &kvNode{dir: dir, socket: filepath.Join(dir, "kv.sock"), slots: 64, ttl: ttl, arena: f.Name()}
 	t.Cleanup(func() {
 		if n.owner != nil && n.owner.ProcessState == nil {
 			n.owner.Process.Kill()

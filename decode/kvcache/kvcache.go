@@ -156,3 +156,13 @@ type Sharing interface {
 
 // NoBlock is the parent of a sequence's first block.
 const NoBlock BlockID = -1
+
+// Validator is implemented by stores whose blocks can be taken away from
+// under a sequence (a shared arena whose lease could not be renewed). The
+// scheduler recomputes a sequence that holds a block that is not valid.
+type Validator interface {
+	Valid(BlockID) bool
+	// Losses counts blocks taken back so far; the scheduler only checks
+	// validity when it changes.
+	Losses() uint64
+}

@@ -20,6 +20,9 @@ var (
 	ErrInvalidRequest = errors.New("sched: invalid request")
 	// ErrClosed is returned by Submit after Close.
 	ErrClosed = errors.New("sched: closed")
+	// ErrKVLost ends a sequence whose KV blocks were taken back and could
+	// not be replaced; the request can be retried or migrated.
+	ErrKVLost = errors.New("sched: KV blocks lost")
 )
 
 // Limit names the hard limit that rejected a request.

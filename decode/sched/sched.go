@@ -154,6 +154,10 @@ type Scheduler struct {
 	// reusedPositions counts prompt positions whose K/V came from the store.
 	reusedPositions int
 	stepErrors      int
+	// seenLosses is the store's loss count at the last revalidation;
+	// recomputed counts sequences restarted because their blocks were lost.
+	seenLosses uint64
+	recomputed int
 }
 
 // New returns a scheduler that computes with m and keeps K/V in store.
@@ -178,13 +182,16 @@ type Stats struct {
 	ReusedPositions int
 	// StepErrors counts forward passes that failed (their batch ended).
 	StepErrors int
+	// Recomputed counts sequences recomputed after their KV blocks were
+	// taken back.
+	Recomputed int
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors}
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed}
 }
 
 func (s *Scheduler) queuedLocked() int {
@@ -296,6 +303,18 @@ func (s *Scheduler) Submit(r Request) error {
 }
 
 func (s *Scheduler) startLocked(seq *sequence, need int) error {
+	if err := s.reserveLocked(seq, need); err != nil {
+		return err
+	}
+	s.running = append(s.running, seq)
+	return nil
+}
+
+// reserveLocked gives seq its blocks: the longest shared prefix, then
+// fresh blocks up to need. On failure it holds nothing and the error is a
+// retryable *OverloadedError.
+func (s *Scheduler) reserveLocked(seq *sequence, need int) error {
+	seq.blocks, seq.computed, seq.published = nil, 0, 0
 	if sh, ok := s.store.(kvcache.Sharing); ok {
 		// The last prompt position is always computed: its logits pick
 		// the first new token.
@@ -303,19 +322,46 @@ func (s *Scheduler) startLocked(seq *sequence, need int) error {
 		seq.blocks = sh.AcquirePrefix(seq.tokens, (len(seq.tokens)-1)/bs)
 		seq.computed = len(seq.blocks) * bs
 		seq.published = len(seq.blocks)
-		seq.reused = seq.computed
-		s.reusedPositions += seq.computed
 	}
 	for len(seq.blocks) < need {
 		id, err := s.store.Alloc()
 		if err != nil {
 			s.freeLocked(seq)
-			return fmt.Errorf("sched: reserve blocks for %q: %w", seq.req.ID, err)
+			seq.computed, seq.published = 0, 0
+			return &OverloadedError{Limit: LimitKVBlocks, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
 		}
 		seq.blocks = append(seq.blocks, id)
 	}
-	s.running = append(s.running, seq)
+	seq.reused += seq.computed
+	s.reusedPositions += seq.computed
 	return nil
+}
+
+// revalidateLocked recomputes, from its tokens, every sequence that holds a
+// block the store took back (a shared arena whose lease lapsed): KV is
+// derived state, the tokens are the facts. A sequence that cannot get
+// blocks again ends with ErrKVLost.
+func (s *Scheduler) revalidateLocked() {
+	v, ok := s.store.(kvcache.Validator)
+	if !ok {
+		return
+	}
+	if losses := v.Losses(); losses == s.seenLosses {
+		return
+	} else {
+		s.seenLosses = losses
+	}
+	for _, seq := range slices.Clone(s.running) {
+		if !slices.ContainsFunc(seq.blocks, func(id kvcache.BlockID) bool { return !v.Valid(id) }) {
+			continue
+		}
+		s.recomputed++
+		need := s.blocksFor(&seq.req)
+		s.freeLocked(seq)
+		if err := s.reserveLocked(seq, need); err != nil {
+			s.finishLocked(seq, Finish{Reason: FinishError, Err: fmt.Errorf("%w: %v", ErrKVLost, err)})
+		}
+	}
 }
 
 // publish offers the sequence's newly completed blocks for reuse. It runs
@@ -440,6 +486,7 @@ func (s *Scheduler) Step() (bool, error) {
 	defer s.stepMu.Unlock()
 
 	s.mu.Lock()
+	s.revalidateLocked()
 	s.admitLocked()
 	if len(s.running) == 0 {
 		s.mu.Unlock()

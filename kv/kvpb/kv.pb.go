@@ -372,6 +372,51 @@ func (x *Allocate) GetCount() uint32 {
 	return 0
 }
 
+// KeepAlive renews a session; it may come on any connection.
+type KeepAlive struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Session       uint64                 `protobuf:"varint,1,opt,name=session,proto3" json:"session,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeepAlive) Reset() {
+	*x = KeepAlive{}
+	mi := &file_kv_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeepAlive) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeepAlive) ProtoMessage() {}
+
+func (x *KeepAlive) ProtoReflect() protoreflect.Message {
+	mi := &file_kv_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
+func (*KeepAlive) Descriptor() ([]byte, []int) {
+	return file_kv_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *KeepAlive) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
 type Seal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Ref           *Ref                   `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
@@ -383,7 +428,7 @@ type Seal struct {
 
 func (x *Seal) Reset() {
 	*x = Seal{}
-	mi := &file_kv_proto_msgTypes[4]
+	mi := &file_kv_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +440,7 @@ func (x *Seal) String() string {
 func (*Seal) ProtoMessage() {}
 
 func (x *Seal) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[4]
+	mi := &file_kv_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +453,7 @@ func (x *Seal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seal.ProtoReflect.Descriptor instead.
 func (*Seal) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{4}
+	return file_kv_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Seal) GetRef() *Ref {
@@ -441,7 +486,7 @@ type Publish struct {
 
 func (x *Publish) Reset() {
 	*x = Publish{}
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_kv_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -453,7 +498,7 @@ func (x *Publish) String() string {
 func (*Publish) ProtoMessage() {}
 
 func (x *Publish) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_kv_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -466,7 +511,7 @@ func (x *Publish) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Publish.ProtoReflect.Descriptor instead.
 func (*Publish) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{5}
+	return file_kv_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Publish) GetRef() *Ref {
@@ -485,7 +530,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_kv_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -497,7 +542,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_kv_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -510,7 +555,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{6}
+	return file_kv_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Abort) GetRef() *Ref {
@@ -529,7 +574,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -541,7 +586,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -554,7 +599,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{7}
+	return file_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Keys) GetKeys() [][]byte {
@@ -573,7 +618,7 @@ type RefOnly struct {
 
 func (x *RefOnly) Reset() {
 	*x = RefOnly{}
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +630,7 @@ func (x *RefOnly) String() string {
 func (*RefOnly) ProtoMessage() {}
 
 func (x *RefOnly) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +643,7 @@ func (x *RefOnly) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefOnly.ProtoReflect.Descriptor instead.
 func (*RefOnly) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{8}
+	return file_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RefOnly) GetRef() *Ref {
@@ -618,7 +663,7 @@ type WriterDead struct {
 
 func (x *WriterDead) Reset() {
 	*x = WriterDead{}
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +675,7 @@ func (x *WriterDead) String() string {
 func (*WriterDead) ProtoMessage() {}
 
 func (x *WriterDead) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +688,7 @@ func (x *WriterDead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriterDead.ProtoReflect.Descriptor instead.
 func (*WriterDead) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{9}
+	return file_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WriterDead) GetInstanceId() string {
@@ -668,7 +713,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -680,7 +725,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -693,7 +738,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{10}
+	return file_kv_proto_rawDescGZIP(), []int{11}
 }
 
 type Request struct {
@@ -722,7 +767,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -734,7 +779,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -747,7 +792,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{11}
+	return file_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Request) GetId() uint64 {
@@ -773,7 +818,7 @@ func (x *Request) GetHello() *Hello {
 	return nil
 }
 
-func (x *Request) GetKeepAlive() *Empty {
+func (x *Request) GetKeepAlive() *KeepAlive {
 	if x != nil {
 		if x, ok := x.Op.(*Request_KeepAlive); ok {
 			return x.KeepAlive
@@ -899,7 +944,7 @@ type Request_Hello struct {
 }
 
 type Request_KeepAlive struct {
-	KeepAlive *Empty `protobuf:"bytes,3,opt,name=keep_alive,json=keepAlive,proto3,oneof"`
+	KeepAlive *KeepAlive `protobuf:"bytes,3,opt,name=keep_alive,json=keepAlive,proto3,oneof"`
 }
 
 type Request_Allocate struct {
@@ -992,7 +1037,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1049,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1062,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{12}
+	return file_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Stats) GetSlots() uint32 {
@@ -1078,7 +1123,7 @@ type Response struct {
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1090,7 +1135,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1103,7 +1148,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{13}
+	return file_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Response) GetId() uint64 {
@@ -1193,7 +1238,9 @@ const file_kv_proto_rawDesc = "" +
 	"\bowned_ok\x18\x06 \x03(\bR\aownedOk\x12\x1b\n" +
 	"\tleased_ok\x18\a \x03(\bR\bleasedOk\" \n" +
 	"\bAllocate\x12\x14\n" +
-	"\x05count\x18\x01 \x01(\rR\x05count\"W\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\"%\n" +
+	"\tKeepAlive\x12\x18\n" +
+	"\asession\x18\x01 \x01(\x04R\asession\"W\n" +
 	"\x04Seal\x12%\n" +
 	"\x03ref\x18\x01 \x01(\v2\x13.lifeline.kv.v1.RefR\x03ref\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\fR\x03key\x12\x16\n" +
@@ -1213,12 +1260,12 @@ const file_kv_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\"\a\n" +
-	"\x05Empty\"\xf7\x05\n" +
+	"\x05Empty\"\xfb\x05\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
-	"\x05hello\x18\x02 \x01(\v2\x15.lifeline.kv.v1.HelloH\x00R\x05hello\x126\n" +
+	"\x05hello\x18\x02 \x01(\v2\x15.lifeline.kv.v1.HelloH\x00R\x05hello\x12:\n" +
 	"\n" +
-	"keep_alive\x18\x03 \x01(\v2\x15.lifeline.kv.v1.EmptyH\x00R\tkeepAlive\x126\n" +
+	"keep_alive\x18\x03 \x01(\v2\x19.lifeline.kv.v1.KeepAliveH\x00R\tkeepAlive\x126\n" +
 	"\ballocate\x18\x04 \x01(\v2\x18.lifeline.kv.v1.AllocateH\x00R\ballocate\x12*\n" +
 	"\x04seal\x18\x05 \x01(\v2\x14.lifeline.kv.v1.SealH\x00R\x04seal\x123\n" +
 	"\apublish\x18\x06 \x01(\v2\x17.lifeline.kv.v1.PublishH\x00R\apublish\x12-\n" +
@@ -1285,25 +1332,26 @@ func file_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_kv_proto_goTypes = []any{
 	(Code)(0),          // 0: lifeline.kv.v1.Code
 	(*Ref)(nil),        // 1: lifeline.kv.v1.Ref
 	(*Hello)(nil),      // 2: lifeline.kv.v1.Hello
 	(*HelloReply)(nil), // 3: lifeline.kv.v1.HelloReply
 	(*Allocate)(nil),   // 4: lifeline.kv.v1.Allocate
-	(*Seal)(nil),       // 5: lifeline.kv.v1.Seal
-	(*Publish)(nil),    // 6: lifeline.kv.v1.Publish
-	(*Abort)(nil),      // 7: lifeline.kv.v1.Abort
-	(*Keys)(nil),       // 8: lifeline.kv.v1.Keys
-	(*RefOnly)(nil),    // 9: lifeline.kv.v1.RefOnly
-	(*WriterDead)(nil), // 10: lifeline.kv.v1.WriterDead
-	(*Empty)(nil),      // 11: lifeline.kv.v1.Empty
-	(*Request)(nil),    // 12: lifeline.kv.v1.Request
-	(*Stats)(nil),      // 13: lifeline.kv.v1.Stats
-	(*Response)(nil),   // 14: lifeline.kv.v1.Response
-	nil,                // 15: lifeline.kv.v1.Stats.ByStateEntry
-	nil,                // 16: lifeline.kv.v1.Stats.CountersEntry
+	(*KeepAlive)(nil),  // 5: lifeline.kv.v1.KeepAlive
+	(*Seal)(nil),       // 6: lifeline.kv.v1.Seal
+	(*Publish)(nil),    // 7: lifeline.kv.v1.Publish
+	(*Abort)(nil),      // 8: lifeline.kv.v1.Abort
+	(*Keys)(nil),       // 9: lifeline.kv.v1.Keys
+	(*RefOnly)(nil),    // 10: lifeline.kv.v1.RefOnly
+	(*WriterDead)(nil), // 11: lifeline.kv.v1.WriterDead
+	(*Empty)(nil),      // 12: lifeline.kv.v1.Empty
+	(*Request)(nil),    // 13: lifeline.kv.v1.Request
+	(*Stats)(nil),      // 14: lifeline.kv.v1.Stats
+	(*Response)(nil),   // 15: lifeline.kv.v1.Response
+	nil,                // 16: lifeline.kv.v1.Stats.ByStateEntry
+	nil,                // 17: lifeline.kv.v1.Stats.CountersEntry
 }
 var file_kv_proto_depIdxs = []int32{
 	1,  // 0: lifeline.kv.v1.Hello.owned:type_name -> lifeline.kv.v1.Ref
@@ -1313,25 +1361,25 @@ var file_kv_proto_depIdxs = []int32{
 	1,  // 4: lifeline.kv.v1.Abort.ref:type_name -> lifeline.kv.v1.Ref
 	1,  // 5: lifeline.kv.v1.RefOnly.ref:type_name -> lifeline.kv.v1.Ref
 	2,  // 6: lifeline.kv.v1.Request.hello:type_name -> lifeline.kv.v1.Hello
-	11, // 7: lifeline.kv.v1.Request.keep_alive:type_name -> lifeline.kv.v1.Empty
+	5,  // 7: lifeline.kv.v1.Request.keep_alive:type_name -> lifeline.kv.v1.KeepAlive
 	4,  // 8: lifeline.kv.v1.Request.allocate:type_name -> lifeline.kv.v1.Allocate
-	5,  // 9: lifeline.kv.v1.Request.seal:type_name -> lifeline.kv.v1.Seal
-	6,  // 10: lifeline.kv.v1.Request.publish:type_name -> lifeline.kv.v1.Publish
-	7,  // 11: lifeline.kv.v1.Request.abort:type_name -> lifeline.kv.v1.Abort
-	8,  // 12: lifeline.kv.v1.Request.acquire:type_name -> lifeline.kv.v1.Keys
-	8,  // 13: lifeline.kv.v1.Request.lookup:type_name -> lifeline.kv.v1.Keys
-	9,  // 14: lifeline.kv.v1.Request.release:type_name -> lifeline.kv.v1.RefOnly
-	9,  // 15: lifeline.kv.v1.Request.delete:type_name -> lifeline.kv.v1.RefOnly
-	11, // 16: lifeline.kv.v1.Request.stats:type_name -> lifeline.kv.v1.Empty
-	10, // 17: lifeline.kv.v1.Request.writer_dead:type_name -> lifeline.kv.v1.WriterDead
-	9,  // 18: lifeline.kv.v1.Request.report_corrupt:type_name -> lifeline.kv.v1.RefOnly
-	11, // 19: lifeline.kv.v1.Request.sweep:type_name -> lifeline.kv.v1.Empty
-	15, // 20: lifeline.kv.v1.Stats.by_state:type_name -> lifeline.kv.v1.Stats.ByStateEntry
-	16, // 21: lifeline.kv.v1.Stats.counters:type_name -> lifeline.kv.v1.Stats.CountersEntry
+	6,  // 9: lifeline.kv.v1.Request.seal:type_name -> lifeline.kv.v1.Seal
+	7,  // 10: lifeline.kv.v1.Request.publish:type_name -> lifeline.kv.v1.Publish
+	8,  // 11: lifeline.kv.v1.Request.abort:type_name -> lifeline.kv.v1.Abort
+	9,  // 12: lifeline.kv.v1.Request.acquire:type_name -> lifeline.kv.v1.Keys
+	9,  // 13: lifeline.kv.v1.Request.lookup:type_name -> lifeline.kv.v1.Keys
+	10, // 14: lifeline.kv.v1.Request.release:type_name -> lifeline.kv.v1.RefOnly
+	10, // 15: lifeline.kv.v1.Request.delete:type_name -> lifeline.kv.v1.RefOnly
+	12, // 16: lifeline.kv.v1.Request.stats:type_name -> lifeline.kv.v1.Empty
+	11, // 17: lifeline.kv.v1.Request.writer_dead:type_name -> lifeline.kv.v1.WriterDead
+	10, // 18: lifeline.kv.v1.Request.report_corrupt:type_name -> lifeline.kv.v1.RefOnly
+	12, // 19: lifeline.kv.v1.Request.sweep:type_name -> lifeline.kv.v1.Empty
+	16, // 20: lifeline.kv.v1.Stats.by_state:type_name -> lifeline.kv.v1.Stats.ByStateEntry
+	17, // 21: lifeline.kv.v1.Stats.counters:type_name -> lifeline.kv.v1.Stats.CountersEntry
 	0,  // 22: lifeline.kv.v1.Response.code:type_name -> lifeline.kv.v1.Code
 	3,  // 23: lifeline.kv.v1.Response.hello:type_name -> lifeline.kv.v1.HelloReply
 	1,  // 24: lifeline.kv.v1.Response.refs:type_name -> lifeline.kv.v1.Ref
-	13, // 25: lifeline.kv.v1.Response.stats:type_name -> lifeline.kv.v1.Stats
+	14, // 25: lifeline.kv.v1.Response.stats:type_name -> lifeline.kv.v1.Stats
 	26, // [26:26] is the sub-list for method output_type
 	26, // [26:26] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
@@ -1344,7 +1392,7 @@ func file_kv_proto_init() {
 	if File_kv_proto != nil {
 		return
 	}
-	file_kv_proto_msgTypes[11].OneofWrappers = []any{
+	file_kv_proto_msgTypes[12].OneofWrappers = []any{
 		(*Request_Hello)(nil),
 		(*Request_KeepAlive)(nil),
 		(*Request_Allocate)(nil),
@@ -1366,7 +1414,7 @@ func file_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kv_proto_rawDesc), len(file_kv_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   16,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
