@@ -34,6 +34,7 @@ func TestOwnerLossMidStreamRecomputes(t *testing.T) {
 	}
 	sock := filepath.Join(dir, "kv.sock")
 	ctx, stopOwner := context.WithCancel(context.Background())
+	defer stopOwner()
 	served := make(chan error, 1)
 	go func() { served <- kv.Serve(ctx, o, sock) }()
 	for i := 0; ; i++ {
