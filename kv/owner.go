@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -94,6 +95,9 @@ type Stats struct {
 	DuplicatePublish  uint64
 	SessionsExpired   uint64
 	WritersReportDead uint64
+	// Quarantined lists an arena file or manifest directory that could not
+	// be opened at start-up and was moved aside (the owner started empty).
+	Quarantined []string
 }
 
 type slot struct {
@@ -162,7 +166,19 @@ func Open(opts Options) (*Owner, error) {
 	case opts.LeaseTTL < 0 || opts.HighWater <= 0 || opts.HighWater > 1:
 		return nil, fmt.Errorf("%w: lease TTL %v, high water %v", ErrBadRequest, opts.LeaseTTL, opts.HighWater)
 	}
+	// KV is derived state: an arena or manifest store that cannot be
+	// opened is moved aside and the owner starts empty, rather than refuse
+	// to start and take the node's reuse (and its writers) down with it.
+	var quarantined []string
 	arena, _, err := shm.OpenOrCreate(opts.ArenaPath, opts.Geometry)
+	if errors.Is(err, shm.ErrBadArena) {
+		aside, rerr := quarantine(opts.ArenaPath)
+		if rerr != nil {
+			return nil, fmt.Errorf("%w (and moving it aside failed: %v)", err, rerr)
+		}
+		quarantined = append(quarantined, aside)
+		arena, _, err = shm.OpenOrCreate(opts.ArenaPath, opts.Geometry)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -175,6 +191,13 @@ func Open(opts Options) (*Owner, error) {
 		WithNumVersionsToKeep(1)
 	db, err := badger.Open(bopts)
 	if err != nil {
+		aside, rerr := quarantine(opts.DBDir)
+		if rerr == nil {
+			quarantined = append(quarantined, aside)
+			db, err = badger.Open(bopts)
+		}
+	}
+	if err != nil {
 		arena.Close()
 		return nil, fmt.Errorf("kv: open manifests %s: %w", opts.DBDir, err)
 	}
@@ -184,11 +207,22 @@ func Open(opts Options) (*Owner, error) {
 		byKey:    make(map[BlockKey]uint32),
 		sessions: make(map[SessionID]*session),
 	}
+	o.stats.Quarantined = quarantined
 	if err := o.recover(); err != nil {
 		o.Close()
 		return nil, err
 	}
 	return o, nil
+}
+
+// quarantine renames path aside (path.corrupt-<unix nanos>) for a person to
+// look at, and returns the new name.
+func quarantine(path string) (string, error) {
+	aside := fmt.Sprintf("%s.corrupt-%d", path, time.Now().UnixNano())
+	if err := os.Rename(path, aside); err != nil {
+		return "", err
+	}
+	return aside, nil
 }
 
 // Close releases the arena mapping and the manifest store. The arena file

@@ -525,3 +525,43 @@ func corruptHeaderByte(t *testing.T, path string, slot, off int) {
 		t.Fatal(err)
 	}
 }
+
+// TestCorruptStoresAreMovedAside: a manifest store Badger cannot open and
+// an arena file with a bad header are moved aside; the owner starts empty
+// instead of refusing to start.
+func TestCorruptStoresAreMovedAside(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	sid := hello(t, o, "w", 1)
+	writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, true)
+	o.Close()
+	// Scribble on every file Badger keeps, and on the arena's magic.
+	entries, _ := os.ReadDir(env.opts.DBDir)
+	for _, e := range entries {
+		p := filepath.Join(env.opts.DBDir, e.Name())
+		if b, err := os.ReadFile(p); err == nil && len(b) > 0 {
+			for i := range b {
+				b[i] ^= 0x5a
+			}
+			os.WriteFile(p, b, 0o600)
+		}
+	}
+	f, _ := os.OpenFile(env.opts.ArenaPath, os.O_RDWR, 0)
+	f.WriteAt([]byte("XXXX"), 0)
+	f.Close()
+
+	o = env.open(t)
+	defer o.Close()
+	st := o.Stats()
+	if len(st.Quarantined) != 2 || st.SlotsInUse != 0 || o.Lookup([]BlockKey{{1}}) != 0 {
+		t.Fatalf("after corruption: %+v", st)
+	}
+	for _, q := range st.Quarantined {
+		if _, err := os.Stat(q); err != nil {
+			t.Errorf("quarantined %s is gone: %v", q, err)
+		}
+		t.Cleanup(func() { os.RemoveAll(q) })
+	}
+	sid = hello(t, o, "w", 2)
+	writeBlock(t, o, sid, BlockKey{2}, BlockKey{}, 2, true)
+}

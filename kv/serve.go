@@ -58,6 +58,9 @@ func RunServe(ctx context.Context, opts ServeOptions, log io.Writer) error {
 	go func() { errc <- serve(ctx, o, opts.Socket, ready) }()
 	select {
 	case <-ready:
+		for _, q := range st.Quarantined {
+			fmt.Fprintf(log, "kv: could not open %s; moved it aside and started empty\n", q)
+		}
 		fmt.Fprintf(log, "kv: serving %s on %s: %d slots, %d recovered, %d dropped at startup\n",
 			opts.Arena, opts.Socket, st.Slots, st.RecoveredAtStart, st.DroppedAtStartup)
 	case err := <-errc:

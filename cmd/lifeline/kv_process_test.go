@@ -88,11 +88,12 @@ func waitLine(t *testing.T, r io.Reader, want string) string {
 	}
 }
 
-func (n *kvNode) startOwner(t *testing.T) {
+func (n *kvNode) startOwner(t *testing.T, env ...string) {
 	t.Helper()
 	layout := kvcache.NewLayout(2, 32, 16) // the tiny preset
 	cmd := exec.Command(binary, "kv", "serve", "--socket", n.socket, "--arena", n.arena, "--db", filepath.Join(n.dir, "db"),
 		"--slots", fmt.Sprint(n.slots), "--slot-bytes", fmt.Sprint(layout.BlockBytes()), "--lease-ttl", n.ttl.String())
+	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -410,5 +411,32 @@ func TestKVServeBadFlags(t *testing.T) {
 	_, errOut, err := run(t, "engine", "generate", "--prompt", "hi", "--kv-socket", "/nonexistent/kv.sock", "--instance-id", "x")
 	if err == nil || !strings.Contains(errOut, "owner unavailable") {
 		t.Errorf("no owner: err %v, stderr %q", err, errOut)
+	}
+}
+
+// TestKVOwnerKilledBetweenManifestAndHeader: the owner dies (failpoint
+// kill) after writing a PUBLISHED manifest and before the slot header
+// follows. The writer carries on without it (private memory) and finishes;
+// the restarted owner completes the publish, and the block is reused.
+func TestKVOwnerKilledBetweenManifestAndHeader(t *testing.T) {
+	n := newKVNode(t, 1*time.Second)
+	n.owner.Process.Kill()
+	n.owner.Wait()
+	n.startOwner(t, "LIFELINE_FAILPOINTS="+kv.FailOwnerAfterPublishManifest+"=kill")
+	first := runGenerate(t, n.generateArgs("decode-a")...)
+	if err := n.owner.Wait(); err == nil || n.owner.ProcessState.ExitCode() != -1 {
+		t.Fatalf("owner did not die at the failpoint: %v", err)
+	}
+	if cs := first.stats.Cache; cs.Published != 0 || cs.PublishFailed == 0 {
+		t.Fatalf("writer cache stats %+v: want its publishes to fail", *cs)
+	}
+	n.startOwner(t)
+	st := n.stats(t)
+	if st.Counters["recovered_at_startup"] != 1 || readable(t, n) != 1 {
+		t.Fatalf("restart after a half-written publish: %v, %d readable", st, readable(t, n))
+	}
+	again := runGenerate(t, n.generateArgs("decode-b")...)
+	if fmt.Sprint(again.lines) != fmt.Sprint(first.lines) || again.stats.ReusedPositions != 16 {
+		t.Fatalf("reuse after recovery: %+v", again.stats)
 	}
 }
