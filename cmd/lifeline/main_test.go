@@ -15,7 +15,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode"
 )
 
-var binary string
+var binary, nodectlBinary string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "lifeline-bin")
@@ -25,6 +25,11 @@ func TestMain(m *testing.M) {
 	binary = filepath.Join(dir, "lifeline")
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "build lifeline: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	nodectlBinary = filepath.Join(dir, "nodectl")
+	if out, err := exec.Command("go", "build", "-o", nodectlBinary, "../nodectl").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build nodectl: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()

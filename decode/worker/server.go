@@ -73,15 +73,16 @@ func quicConfig() *quic.Config {
 // Run loads the engine, serves until ctx is done, and prints a Ready line
 // to out once the endpoint accepts connections.
 func Run(ctx context.Context, opts Options, out io.Writer) error {
+	// The worker writes the shared arena as its instance and generation.
+	if opts.Engine.KVSocket != "" && opts.Engine.InstanceID == "" {
+		opts.Engine.InstanceID, opts.Engine.Generation = opts.InstanceID, opts.Generation
+	}
 	if err := opts.Validate(); err != nil {
 		return err
 	}
 	tlsConf, err := pki.Load(opts.CertDir, ALPN)
 	if err != nil {
 		return err
-	}
-	if opts.Engine.KVSocket != "" && opts.Engine.InstanceID == "" {
-		opts.Engine.InstanceID, opts.Engine.Generation = opts.InstanceID, opts.Generation
 	}
 	e, err := decode.NewEngine(opts.Engine)
 	if err != nil {

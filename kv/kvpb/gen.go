@@ -1,5 +1,5 @@
 // Package kvpb holds the wire messages of the KV service, generated from
-// kv.proto by protoc-gen-go (committed, so building needs no protoc).
+// lifeline_kv.proto by protoc-gen-go (committed, so building needs no protoc).
 package kvpb
 
-//go:generate protoc --go_out=. --go_opt=paths=source_relative kv.proto
+//go:generate protoc --go_out=. --go_opt=paths=source_relative lifeline_kv.proto

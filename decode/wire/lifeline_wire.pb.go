@@ -8,7 +8,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: wire.proto
+// source: lifeline_wire.proto
 
 package wire
 
@@ -61,11 +61,11 @@ func (x Lane) String() string {
 }
 
 func (Lane) Descriptor() protoreflect.EnumDescriptor {
-	return file_wire_proto_enumTypes[0].Descriptor()
+	return file_lifeline_wire_proto_enumTypes[0].Descriptor()
 }
 
 func (Lane) Type() protoreflect.EnumType {
-	return &file_wire_proto_enumTypes[0]
+	return &file_lifeline_wire_proto_enumTypes[0]
 }
 
 func (x Lane) Number() protoreflect.EnumNumber {
@@ -74,7 +74,7 @@ func (x Lane) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Lane.Descriptor instead.
 func (Lane) EnumDescriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{0}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{0}
 }
 
 type Code int32
@@ -122,11 +122,11 @@ func (x Code) String() string {
 }
 
 func (Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_wire_proto_enumTypes[1].Descriptor()
+	return file_lifeline_wire_proto_enumTypes[1].Descriptor()
 }
 
 func (Code) Type() protoreflect.EnumType {
-	return &file_wire_proto_enumTypes[1]
+	return &file_lifeline_wire_proto_enumTypes[1]
 }
 
 func (x Code) Number() protoreflect.EnumNumber {
@@ -135,7 +135,7 @@ func (x Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Code.Descriptor instead.
 func (Code) EnumDescriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
 }
 
 type Generate struct {
@@ -161,7 +161,7 @@ type Generate struct {
 
 func (x *Generate) Reset() {
 	*x = Generate{}
-	mi := &file_wire_proto_msgTypes[0]
+	mi := &file_lifeline_wire_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -173,7 +173,7 @@ func (x *Generate) String() string {
 func (*Generate) ProtoMessage() {}
 
 func (x *Generate) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[0]
+	mi := &file_lifeline_wire_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -186,7 +186,7 @@ func (x *Generate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Generate.ProtoReflect.Descriptor instead.
 func (*Generate) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{0}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Generate) GetRequestId() string {
@@ -302,7 +302,7 @@ type Health struct {
 
 func (x *Health) Reset() {
 	*x = Health{}
-	mi := &file_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +314,7 @@ func (x *Health) String() string {
 func (*Health) ProtoMessage() {}
 
 func (x *Health) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +327,7 @@ func (x *Health) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Health.ProtoReflect.Descriptor instead.
 func (*Health) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
 }
 
 type Request struct {
@@ -343,7 +343,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +355,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +368,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -423,7 +423,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +435,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +448,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Error) GetCode() Code {
@@ -487,7 +487,7 @@ type HealthReply struct {
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +499,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +512,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *HealthReply) GetReady() bool {
@@ -584,7 +584,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +596,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +609,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_wire_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Frame) GetInstanceId() string {
@@ -689,12 +689,11 @@ func (x *Frame) GetReusedPositions() uint32 {
 	return 0
 }
 
-var File_wire_proto protoreflect.FileDescriptor
+var File_lifeline_wire_proto protoreflect.FileDescriptor
 
-const file_wire_proto_rawDesc = "" +
+const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\n" +
-	"wire.proto\x12\x10lifeline.wire.v1\"\xe6\x03\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xe6\x03\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -768,20 +767,20 @@ const file_wire_proto_rawDesc = "" +
 	"\rSHUTTING_DOWN\x10\x06B.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
 
 var (
-	file_wire_proto_rawDescOnce sync.Once
-	file_wire_proto_rawDescData []byte
+	file_lifeline_wire_proto_rawDescOnce sync.Once
+	file_lifeline_wire_proto_rawDescData []byte
 )
 
-func file_wire_proto_rawDescGZIP() []byte {
-	file_wire_proto_rawDescOnce.Do(func() {
-		file_wire_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_wire_proto_rawDesc), len(file_wire_proto_rawDesc)))
+func file_lifeline_wire_proto_rawDescGZIP() []byte {
+	file_lifeline_wire_proto_rawDescOnce.Do(func() {
+		file_lifeline_wire_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)))
 	})
-	return file_wire_proto_rawDescData
+	return file_lifeline_wire_proto_rawDescData
 }
 
-var file_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
-var file_wire_proto_goTypes = []any{
+var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_lifeline_wire_proto_goTypes = []any{
 	(Lane)(0),           // 0: lifeline.wire.v1.Lane
 	(Code)(0),           // 1: lifeline.wire.v1.Code
 	(*Generate)(nil),    // 2: lifeline.wire.v1.Generate
@@ -791,7 +790,7 @@ var file_wire_proto_goTypes = []any{
 	(*HealthReply)(nil), // 6: lifeline.wire.v1.HealthReply
 	(*Frame)(nil),       // 7: lifeline.wire.v1.Frame
 }
-var file_wire_proto_depIdxs = []int32{
+var file_lifeline_wire_proto_depIdxs = []int32{
 	0, // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
 	2, // 1: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
 	3, // 2: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
@@ -805,12 +804,12 @@ var file_wire_proto_depIdxs = []int32{
 	0, // [0:6] is the sub-list for field type_name
 }
 
-func init() { file_wire_proto_init() }
-func file_wire_proto_init() {
-	if File_wire_proto != nil {
+func init() { file_lifeline_wire_proto_init() }
+func file_lifeline_wire_proto_init() {
+	if File_lifeline_wire_proto != nil {
 		return
 	}
-	file_wire_proto_msgTypes[2].OneofWrappers = []any{
+	file_lifeline_wire_proto_msgTypes[2].OneofWrappers = []any{
 		(*Request_Generate)(nil),
 		(*Request_Health)(nil),
 	}
@@ -818,18 +817,18 @@ func file_wire_proto_init() {
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_wire_proto_rawDesc), len(file_wire_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
 			NumEnums:      2,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_wire_proto_goTypes,
-		DependencyIndexes: file_wire_proto_depIdxs,
-		EnumInfos:         file_wire_proto_enumTypes,
-		MessageInfos:      file_wire_proto_msgTypes,
+		GoTypes:           file_lifeline_wire_proto_goTypes,
+		DependencyIndexes: file_lifeline_wire_proto_depIdxs,
+		EnumInfos:         file_lifeline_wire_proto_enumTypes,
+		MessageInfos:      file_lifeline_wire_proto_msgTypes,
 	}.Build()
-	File_wire_proto = out.File
-	file_wire_proto_goTypes = nil
-	file_wire_proto_depIdxs = nil
+	File_lifeline_wire_proto = out.File
+	file_lifeline_wire_proto_goTypes = nil
+	file_lifeline_wire_proto_depIdxs = nil
 }

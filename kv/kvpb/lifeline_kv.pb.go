@@ -6,7 +6,7 @@
 // versions:
 // 	protoc-gen-go v1.36.12
 // 	protoc        v3.21.12
-// source: kv.proto
+// source: lifeline_kv.proto
 
 package kvpb
 
@@ -82,11 +82,11 @@ func (x Code) String() string {
 }
 
 func (Code) Descriptor() protoreflect.EnumDescriptor {
-	return file_kv_proto_enumTypes[0].Descriptor()
+	return file_lifeline_kv_proto_enumTypes[0].Descriptor()
 }
 
 func (Code) Type() protoreflect.EnumType {
-	return &file_kv_proto_enumTypes[0]
+	return &file_lifeline_kv_proto_enumTypes[0]
 }
 
 func (x Code) Number() protoreflect.EnumNumber {
@@ -95,7 +95,7 @@ func (x Code) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Code.Descriptor instead.
 func (Code) EnumDescriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{0}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{0}
 }
 
 type Ref struct {
@@ -110,7 +110,7 @@ type Ref struct {
 
 func (x *Ref) Reset() {
 	*x = Ref{}
-	mi := &file_kv_proto_msgTypes[0]
+	mi := &file_lifeline_kv_proto_msgTypes[0]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +122,7 @@ func (x *Ref) String() string {
 func (*Ref) ProtoMessage() {}
 
 func (x *Ref) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[0]
+	mi := &file_lifeline_kv_proto_msgTypes[0]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +135,7 @@ func (x *Ref) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ref.ProtoReflect.Descriptor instead.
 func (*Ref) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{0}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{0}
 }
 
 func (x *Ref) GetSlot() uint32 {
@@ -180,7 +180,7 @@ type Hello struct {
 
 func (x *Hello) Reset() {
 	*x = Hello{}
-	mi := &file_kv_proto_msgTypes[1]
+	mi := &file_lifeline_kv_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -192,7 +192,7 @@ func (x *Hello) String() string {
 func (*Hello) ProtoMessage() {}
 
 func (x *Hello) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[1]
+	mi := &file_lifeline_kv_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -205,7 +205,7 @@ func (x *Hello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Hello.ProtoReflect.Descriptor instead.
 func (*Hello) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *Hello) GetInstanceId() string {
@@ -251,7 +251,7 @@ type HelloReply struct {
 
 func (x *HelloReply) Reset() {
 	*x = HelloReply{}
-	mi := &file_kv_proto_msgTypes[2]
+	mi := &file_lifeline_kv_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +263,7 @@ func (x *HelloReply) String() string {
 func (*HelloReply) ProtoMessage() {}
 
 func (x *HelloReply) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[2]
+	mi := &file_lifeline_kv_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +276,7 @@ func (x *HelloReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HelloReply.ProtoReflect.Descriptor instead.
 func (*HelloReply) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *HelloReply) GetSession() uint64 {
@@ -337,7 +337,7 @@ type Allocate struct {
 
 func (x *Allocate) Reset() {
 	*x = Allocate{}
-	mi := &file_kv_proto_msgTypes[3]
+	mi := &file_lifeline_kv_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -349,7 +349,7 @@ func (x *Allocate) String() string {
 func (*Allocate) ProtoMessage() {}
 
 func (x *Allocate) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[3]
+	mi := &file_lifeline_kv_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -362,7 +362,7 @@ func (x *Allocate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Allocate.ProtoReflect.Descriptor instead.
 func (*Allocate) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Allocate) GetCount() uint32 {
@@ -382,7 +382,7 @@ type KeepAlive struct {
 
 func (x *KeepAlive) Reset() {
 	*x = KeepAlive{}
-	mi := &file_kv_proto_msgTypes[4]
+	mi := &file_lifeline_kv_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -394,7 +394,7 @@ func (x *KeepAlive) String() string {
 func (*KeepAlive) ProtoMessage() {}
 
 func (x *KeepAlive) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[4]
+	mi := &file_lifeline_kv_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -407,7 +407,7 @@ func (x *KeepAlive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeepAlive.ProtoReflect.Descriptor instead.
 func (*KeepAlive) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *KeepAlive) GetSession() uint64 {
@@ -428,7 +428,7 @@ type Seal struct {
 
 func (x *Seal) Reset() {
 	*x = Seal{}
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_lifeline_kv_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -440,7 +440,7 @@ func (x *Seal) String() string {
 func (*Seal) ProtoMessage() {}
 
 func (x *Seal) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[5]
+	mi := &file_lifeline_kv_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -453,7 +453,7 @@ func (x *Seal) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Seal.ProtoReflect.Descriptor instead.
 func (*Seal) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Seal) GetRef() *Ref {
@@ -486,7 +486,7 @@ type Publish struct {
 
 func (x *Publish) Reset() {
 	*x = Publish{}
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_lifeline_kv_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -498,7 +498,7 @@ func (x *Publish) String() string {
 func (*Publish) ProtoMessage() {}
 
 func (x *Publish) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[6]
+	mi := &file_lifeline_kv_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -511,7 +511,7 @@ func (x *Publish) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Publish.ProtoReflect.Descriptor instead.
 func (*Publish) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{6}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Publish) GetRef() *Ref {
@@ -530,7 +530,7 @@ type Abort struct {
 
 func (x *Abort) Reset() {
 	*x = Abort{}
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_lifeline_kv_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -542,7 +542,7 @@ func (x *Abort) String() string {
 func (*Abort) ProtoMessage() {}
 
 func (x *Abort) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[7]
+	mi := &file_lifeline_kv_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -555,7 +555,7 @@ func (x *Abort) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Abort.ProtoReflect.Descriptor instead.
 func (*Abort) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{7}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Abort) GetRef() *Ref {
@@ -574,7 +574,7 @@ type Keys struct {
 
 func (x *Keys) Reset() {
 	*x = Keys{}
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_lifeline_kv_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -586,7 +586,7 @@ func (x *Keys) String() string {
 func (*Keys) ProtoMessage() {}
 
 func (x *Keys) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[8]
+	mi := &file_lifeline_kv_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -599,7 +599,7 @@ func (x *Keys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Keys.ProtoReflect.Descriptor instead.
 func (*Keys) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{8}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Keys) GetKeys() [][]byte {
@@ -618,7 +618,7 @@ type RefOnly struct {
 
 func (x *RefOnly) Reset() {
 	*x = RefOnly{}
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_lifeline_kv_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -630,7 +630,7 @@ func (x *RefOnly) String() string {
 func (*RefOnly) ProtoMessage() {}
 
 func (x *RefOnly) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[9]
+	mi := &file_lifeline_kv_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -643,7 +643,7 @@ func (x *RefOnly) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RefOnly.ProtoReflect.Descriptor instead.
 func (*RefOnly) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{9}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RefOnly) GetRef() *Ref {
@@ -663,7 +663,7 @@ type WriterDead struct {
 
 func (x *WriterDead) Reset() {
 	*x = WriterDead{}
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_lifeline_kv_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -675,7 +675,7 @@ func (x *WriterDead) String() string {
 func (*WriterDead) ProtoMessage() {}
 
 func (x *WriterDead) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[10]
+	mi := &file_lifeline_kv_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -688,7 +688,7 @@ func (x *WriterDead) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriterDead.ProtoReflect.Descriptor instead.
 func (*WriterDead) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{10}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WriterDead) GetInstanceId() string {
@@ -713,7 +713,7 @@ type Empty struct {
 
 func (x *Empty) Reset() {
 	*x = Empty{}
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_lifeline_kv_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +725,7 @@ func (x *Empty) String() string {
 func (*Empty) ProtoMessage() {}
 
 func (x *Empty) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[11]
+	mi := &file_lifeline_kv_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +738,7 @@ func (x *Empty) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Empty.ProtoReflect.Descriptor instead.
 func (*Empty) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{11}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{11}
 }
 
 type Request struct {
@@ -767,7 +767,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_lifeline_kv_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +779,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[12]
+	mi := &file_lifeline_kv_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +792,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{12}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Request) GetId() uint64 {
@@ -1037,7 +1037,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_lifeline_kv_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1049,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[13]
+	mi := &file_lifeline_kv_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1062,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{13}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Stats) GetSlots() uint32 {
@@ -1123,7 +1123,7 @@ type Response struct {
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_kv_proto_msgTypes[14]
+	mi := &file_lifeline_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1135,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_kv_proto_msgTypes[14]
+	mi := &file_lifeline_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1148,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_kv_proto_rawDescGZIP(), []int{14}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Response) GetId() uint64 {
@@ -1207,11 +1207,11 @@ func (x *Response) GetStats() *Stats {
 	return nil
 }
 
-var File_kv_proto protoreflect.FileDescriptor
+var File_lifeline_kv_proto protoreflect.FileDescriptor
 
-const file_kv_proto_rawDesc = "" +
+const file_lifeline_kv_proto_rawDesc = "" +
 	"\n" +
-	"\bkv.proto\x12\x0elifeline.kv.v1\"h\n" +
+	"\x11lifeline_kv.proto\x12\x0elifeline.kv.v1\"h\n" +
 	"\x03Ref\x12\x12\n" +
 	"\x04slot\x18\x01 \x01(\rR\x04slot\x12\x10\n" +
 	"\x03gen\x18\x02 \x01(\x04R\x03gen\x12\x1a\n" +
@@ -1320,20 +1320,20 @@ const file_kv_proto_rawDesc = "" +
 	"B*Z(github.com/lifeline-llm/lifeline/kv/kvpbb\x06proto3"
 
 var (
-	file_kv_proto_rawDescOnce sync.Once
-	file_kv_proto_rawDescData []byte
+	file_lifeline_kv_proto_rawDescOnce sync.Once
+	file_lifeline_kv_proto_rawDescData []byte
 )
 
-func file_kv_proto_rawDescGZIP() []byte {
-	file_kv_proto_rawDescOnce.Do(func() {
-		file_kv_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_kv_proto_rawDesc), len(file_kv_proto_rawDesc)))
+func file_lifeline_kv_proto_rawDescGZIP() []byte {
+	file_lifeline_kv_proto_rawDescOnce.Do(func() {
+		file_lifeline_kv_proto_rawDescData = protoimpl.X.CompressGZIP(unsafe.Slice(unsafe.StringData(file_lifeline_kv_proto_rawDesc), len(file_lifeline_kv_proto_rawDesc)))
 	})
-	return file_kv_proto_rawDescData
+	return file_lifeline_kv_proto_rawDescData
 }
 
-var file_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
-var file_kv_proto_goTypes = []any{
+var file_lifeline_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_lifeline_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_lifeline_kv_proto_goTypes = []any{
 	(Code)(0),          // 0: lifeline.kv.v1.Code
 	(*Ref)(nil),        // 1: lifeline.kv.v1.Ref
 	(*Hello)(nil),      // 2: lifeline.kv.v1.Hello
@@ -1353,7 +1353,7 @@ var file_kv_proto_goTypes = []any{
 	nil,                // 16: lifeline.kv.v1.Stats.ByStateEntry
 	nil,                // 17: lifeline.kv.v1.Stats.CountersEntry
 }
-var file_kv_proto_depIdxs = []int32{
+var file_lifeline_kv_proto_depIdxs = []int32{
 	1,  // 0: lifeline.kv.v1.Hello.owned:type_name -> lifeline.kv.v1.Ref
 	1,  // 1: lifeline.kv.v1.Hello.leased:type_name -> lifeline.kv.v1.Ref
 	1,  // 2: lifeline.kv.v1.Seal.ref:type_name -> lifeline.kv.v1.Ref
@@ -1387,12 +1387,12 @@ var file_kv_proto_depIdxs = []int32{
 	0,  // [0:26] is the sub-list for field type_name
 }
 
-func init() { file_kv_proto_init() }
-func file_kv_proto_init() {
-	if File_kv_proto != nil {
+func init() { file_lifeline_kv_proto_init() }
+func file_lifeline_kv_proto_init() {
+	if File_lifeline_kv_proto != nil {
 		return
 	}
-	file_kv_proto_msgTypes[12].OneofWrappers = []any{
+	file_lifeline_kv_proto_msgTypes[12].OneofWrappers = []any{
 		(*Request_Hello)(nil),
 		(*Request_KeepAlive)(nil),
 		(*Request_Allocate)(nil),
@@ -1412,18 +1412,18 @@ func file_kv_proto_init() {
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
-			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kv_proto_rawDesc), len(file_kv_proto_rawDesc)),
+			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_kv_proto_rawDesc), len(file_lifeline_kv_proto_rawDesc)),
 			NumEnums:      1,
 			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
-		GoTypes:           file_kv_proto_goTypes,
-		DependencyIndexes: file_kv_proto_depIdxs,
-		EnumInfos:         file_kv_proto_enumTypes,
-		MessageInfos:      file_kv_proto_msgTypes,
+		GoTypes:           file_lifeline_kv_proto_goTypes,
+		DependencyIndexes: file_lifeline_kv_proto_depIdxs,
+		EnumInfos:         file_lifeline_kv_proto_enumTypes,
+		MessageInfos:      file_lifeline_kv_proto_msgTypes,
 	}.Build()
-	File_kv_proto = out.File
-	file_kv_proto_goTypes = nil
-	file_kv_proto_depIdxs = nil
+	File_lifeline_kv_proto = out.File
+	file_lifeline_kv_proto_goTypes = nil
+	file_lifeline_kv_proto_depIdxs = nil
 }

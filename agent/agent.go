@@ -1,0 +1,395 @@
+package agent
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/coreos/go-systemd/v22/daemon"
+	"github.com/dgraph-io/badger/v4"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// Agent is one node's agent.
+type Agent struct {
+	opts Options
+	log  *slog.Logger
+
+	db       *badger.DB
+	etcd     *clientv3.Client
+	kvOwner  *kv.Owner
+	kvSocket string
+	tlsConf  *tls.Config
+
+	detector         ebpf.Detector
+	detectorFallback error
+
+	events  *eventLog
+	metrics *metrics
+
+	mu         sync.Mutex
+	instances  map[string]*instance
+	byPID      map[int]*instance
+	lease      clientv3.LeaseID
+	leaseAlive time.Time
+	started    time.Time
+}
+
+// instance is one supervised worker instance (rank 0 only: tp = 1).
+type instance struct {
+	id   string
+	spec InstanceSpec
+
+	// Guarded by Agent.mu.
+	gen        uint64
+	pid        int
+	addr       string
+	state      string // starting, running, restarting, crash_loop, stopped
+	ready      bool
+	notReady   string // reason when not ready
+	lastExit   *Event
+	restarts   int
+	model      string
+	revision   string
+	numerics   string
+	canaryOK   time.Time
+	canaryFail int
+	running    int
+	queued     int
+	freeBlocks int
+
+	deaths chan ebpf.Exit
+}
+
+// Run starts the agent and blocks until ctx is done, then stops the
+// workers and deregisters.
+func Run(ctx context.Context, opts Options, log *slog.Logger) error {
+	opts.Defaults()
+	if err := opts.Validate(); err != nil {
+		return err
+	}
+	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{}, byPID: map[int]*instance{}, started: time.Now()}
+	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
+		return fmt.Errorf("agent: data_dir: %w", err)
+	}
+	var err error
+	if a.tlsConf, err = worker.ClientTLS(opts.CertDir); err != nil {
+		return fmt.Errorf("agent: certs: %w", err)
+	}
+	a.db, err = badger.Open(badger.DefaultOptions(filepath.Join(opts.DataDir, "agent")).WithLogger(nil).
+		WithMemTableSize(8 << 20).WithValueLogFileSize(16 << 20).WithBlockCacheSize(4 << 20).WithIndexCacheSize(4 << 20))
+	if err != nil {
+		return fmt.Errorf("agent: state store: %w", err)
+	}
+	defer a.db.Close()
+
+	// The node's KV arena and its owner service.
+	a.kvOwner, err = kv.Open(kv.Options{ArenaPath: opts.ArenaPath, Geometry: shm.Geometry{Slots: opts.ArenaSlots, PayloadSize: opts.ArenaSlotBytes},
+		DBDir: filepath.Join(opts.DataDir, "kv"), LeaseTTL: time.Duration(opts.LeaseTTL)})
+	if err != nil {
+		return err
+	}
+	defer a.kvOwner.Close()
+	a.kvSocket = filepath.Join(opts.DataDir, "kv.sock")
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := kv.Serve(ctx, a.kvOwner, a.kvSocket); err != nil {
+			log.Error("kv service stopped", "err", err)
+		}
+	}()
+
+	a.detector, a.detectorFallback = ebpf.NewDetector()
+	if a.detector == nil {
+		return fmt.Errorf("agent: no failure detector: %w", a.detectorFallback)
+	}
+	defer a.detector.Close()
+	if a.detectorFallback != nil {
+		log.Warn("eBPF failure detection unavailable; using pidfd", "reason", a.detectorFallback)
+	}
+	log.Info("failure detector", "detector", a.detector.Name())
+
+	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: nil})
+	if err != nil {
+		return fmt.Errorf("agent: etcd: %w", err)
+	}
+	defer a.etcd.Close()
+	wg.Add(1)
+	go func() { defer wg.Done(); a.keepLease(ctx) }()
+
+	ctl, err := a.serveControl(ctx, &wg)
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	if opts.Metrics != "" {
+		if err := a.serveMetrics(ctx, &wg); err != nil {
+			return err
+		}
+	}
+
+	wg.Add(1)
+	go func() { defer wg.Done(); a.dispatchExits(ctx) }()
+	for _, spec := range opts.Instances {
+		for k := 0; k < spec.Count; k++ {
+			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting", deaths: make(chan ebpf.Exit, 4)}
+			a.mu.Lock()
+			a.instances[inst.id] = inst
+			a.mu.Unlock()
+			wg.Add(1)
+			go func() { defer wg.Done(); a.supervise(ctx, inst) }()
+		}
+	}
+	daemon.SdNotify(false, daemon.SdNotifyReady)
+	<-ctx.Done()
+	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	a.revokeLease()
+	return nil
+}
+
+// dispatchExits routes detector events to the instance that owns the pid.
+func (a *Agent) dispatchExits(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ex, ok := <-a.detector.Exits():
+			if !ok {
+				return
+			}
+			a.mu.Lock()
+			inst := a.byPID[ex.PID]
+			a.mu.Unlock()
+			if inst != nil {
+				select {
+				case inst.deaths <- ex:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// supervise keeps one instance running: a new generation for every start,
+// restarts with exponential backoff, and a crash-loop limit.
+func (a *Agent) supervise(ctx context.Context, inst *instance) {
+	backoff := time.Duration(a.opts.RestartBackoff)
+	var recent []time.Time
+	for ctx.Err() == nil {
+		started := time.Now()
+		exit, err := a.runOnce(ctx, inst)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			a.log.Error("worker start failed", "instance_id", inst.id, "err", err, "recovery_action", "restart")
+		}
+		_ = exit
+		// A worker that ran for a whole window was healthy: start over.
+		if time.Since(started) > time.Duration(a.opts.CrashLoopWindow) {
+			backoff = time.Duration(a.opts.RestartBackoff)
+			recent = recent[:0]
+		}
+		recent = append(recent, time.Now())
+		for len(recent) > 0 && time.Since(recent[0]) > time.Duration(a.opts.CrashLoopWindow) {
+			recent = recent[1:]
+		}
+		if len(recent) > a.opts.CrashLoopLimit {
+			a.setState(inst, "crash_loop")
+			a.emit(Event{Kind: EventCrashLoop, InstanceID: inst.id, Detail: fmt.Sprintf("%d exits within %v", len(recent), time.Duration(a.opts.CrashLoopWindow))})
+			a.log.Error("crash loop: giving up on instance", "instance_id", inst.id, "recovery_action", "none")
+			return
+		}
+		a.setState(inst, "restarting")
+		jitter := time.Duration(rand.Int64N(int64(backoff)/5 + 1))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff + jitter):
+		}
+		backoff = min(2*backoff, time.Duration(a.opts.RestartMax))
+		a.mu.Lock()
+		inst.restarts++
+		a.mu.Unlock()
+		a.metrics.restarts.WithLabelValues(inst.id).Inc()
+	}
+}
+
+func (a *Agent) setState(inst *instance, state string) {
+	a.mu.Lock()
+	inst.state = state
+	a.mu.Unlock()
+}
+
+func (a *Agent) emit(e Event) Event {
+	e.Node = a.opts.NodeID
+	return a.events.add(e)
+}
+
+// runOnce starts the worker at a new generation and supervises it until it
+// dies; it returns the exit event.
+func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
+	gen, err := a.nextGeneration(ctx, inst.id)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(a.opts.WorkerBinary, "worker", "--instance-id", inst.id, "--generation", fmt.Sprint(gen),
+		"--role", inst.spec.Role, "--preset", inst.spec.Preset, "--weight-seed", fmt.Sprint(inst.spec.WeightSeed),
+		"--listen", "127.0.0.1:0", "--certs", a.opts.CertDir, "--kv-socket", a.kvSocket)
+	// Workers outlive an agent restart (systemd KillMode=process): their
+	// own process group, no parent-death signal.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("agent: start worker %s: %w", inst.id, err)
+	}
+	pid := cmd.Process.Pid
+	if err := a.detector.Watch(pid); err != nil {
+		a.log.Warn("cannot watch worker", "instance_id", inst.id, "pid", pid, "err", err)
+	}
+	a.mu.Lock()
+	inst.gen, inst.pid, inst.state, inst.ready, inst.notReady = gen, pid, "starting", false, "starting"
+	a.byPID[pid] = inst
+	a.mu.Unlock()
+	a.emit(Event{Kind: EventStarted, InstanceID: inst.id, Generation: gen, PID: pid})
+	a.log.Info("worker started", "instance_id", inst.id, "generation", gen, "pid", pid)
+
+	// The reaper: the authoritative exit status, and a death path that does
+	// not depend on the detector.
+	waited := make(chan ebpf.Exit, 1)
+	go func() {
+		err := cmd.Wait()
+		ex := ebpf.Exit{PID: pid, Code: cmd.ProcessState.ExitCode(), Detector: "wait", DetectedAt: time.Now()}
+		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			ex.Code, ex.Signal = -1, int(ws.Signal())
+		}
+		_ = err
+		waited <- ex
+	}()
+	readyc := make(chan worker.Ready, 1)
+	go func() {
+		dec := json.NewDecoder(bufio.NewReader(stdout))
+		var r worker.Ready
+		if dec.Decode(&r) == nil {
+			readyc <- r
+		}
+		io.Copy(io.Discard, stdout)
+	}()
+
+	wctx, stopInstance := context.WithCancel(ctx)
+	defer stopInstance()
+	var death ebpf.Exit
+	select {
+	case r := <-readyc:
+		a.mu.Lock()
+		inst.addr, inst.model, inst.revision, inst.numerics, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, "running"
+		a.mu.Unlock()
+		go a.canaryLoop(wctx, inst, gen, cmd.Process)
+		death = a.awaitDeath(ctx, inst, waited, cmd.Process)
+	case death = <-inst.deaths:
+	case death = <-waited:
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		death = <-waited
+	case <-ctx.Done():
+		a.stopWorker(cmd.Process, waited)
+		return nil, ctx.Err()
+	}
+	if death.Detector == "" {
+		return nil, ctx.Err() // agent shutting down
+	}
+	return a.onDeath(inst, gen, death), nil
+}
+
+// awaitDeath waits for the first report of the worker's death: the
+// detector's (microseconds) or the reaper's.
+func (a *Agent) awaitDeath(ctx context.Context, inst *instance, waited chan ebpf.Exit, p *os.Process) ebpf.Exit {
+	select {
+	case ex := <-inst.deaths:
+		go func() { <-waited }() // reap
+		return ex
+	case ex := <-waited:
+		return ex
+	case <-ctx.Done():
+		a.stopWorker(p, waited)
+		return ebpf.Exit{}
+	}
+}
+
+// stopWorker ends a worker on agent shutdown: SIGTERM, then SIGKILL.
+func (a *Agent) stopWorker(p *os.Process, waited chan ebpf.Exit) {
+	p.Signal(syscall.SIGTERM)
+	select {
+	case <-waited:
+	case <-time.After(5 * time.Second):
+		p.Kill()
+		<-waited
+	}
+}
+
+// onDeath acts on a worker's death at once, without waiting for any lease:
+// deregister, announce, reclaim its KV blocks.
+func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
+	reason := ReasonExitCode
+	switch {
+	case ex.OOM:
+		reason = ReasonOOM
+	case ex.Signal != 0:
+		reason = ReasonSignal
+	}
+	a.mu.Lock()
+	if r := inst.notReady; inst.canaryFail >= a.opts.CanaryFailures && (r == ReasonCanaryTimeout || r == ReasonCanaryError) {
+		reason = r // we killed it for failing canaries
+	}
+	delete(a.byPID, ex.PID)
+	inst.ready, inst.notReady, inst.pid, inst.canaryFail = false, "exited", 0, 0
+	a.mu.Unlock()
+	a.detector.Unwatch(ex.PID)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	a.etcd.Delete(ctx, InstancesPrefix+inst.id)
+	fail, _ := json.Marshal(Failure{InstanceID: inst.id, Generation: gen, Node: a.opts.NodeID, Reason: reason, Detector: ex.Detector, DetectedAt: ex.DetectedAt.UnixNano()})
+	a.mu.Lock()
+	lease := a.lease
+	a.mu.Unlock()
+	if lease != 0 {
+		a.etcd.Put(ctx, FailuresPrefix+inst.id, string(fail), clientv3.WithLease(lease))
+	}
+	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: gen})
+	e := a.emit(Event{Kind: EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
+		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
+	a.mu.Lock()
+	inst.lastExit = &e
+	a.mu.Unlock()
+	a.metrics.exits.WithLabelValues(reason).Inc()
+	a.metrics.detection.WithLabelValues(ex.Detector).Observe(time.Since(ex.DetectedAt).Seconds())
+	a.metrics.orphans.Add(float64(reclaimed))
+	a.log.Warn("worker died", "instance_id", inst.id, "generation", gen, "pid", ex.PID, "failure_reason", reason,
+		"detector", ex.Detector, "recovery_action", "deregistered; restart")
+	return &e
+}

@@ -1,0 +1,187 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Worker is one entry of `nodectl workers --json`; the keys are stable.
+type Worker struct {
+	InstanceID string `json:"instance_id"`
+	Role       string `json:"role"`
+	Rank       int    `json:"rank"`
+	PID        int    `json:"pid"`
+	Generation uint64 `json:"generation"`
+	Ready      bool   `json:"ready"`
+	LastExit   *Event `json:"last_exit"`
+	// Beyond the documented keys, for humans.
+	State    string `json:"state"`
+	NotReady string `json:"not_ready,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	Restarts int    `json:"restarts"`
+}
+
+// Status is `nodectl status --json`.
+type Status struct {
+	NodeID           string         `json:"node_id"`
+	Detector         string         `json:"detector"`
+	DetectorFallback string         `json:"detector_fallback,omitempty"`
+	Etcd             EtcdStatus     `json:"etcd"`
+	Arena            map[string]any `json:"arena"`
+	Instances        []Worker       `json:"instances"`
+	UptimeSeconds    float64        `json:"uptime_seconds"`
+}
+
+// EtcdStatus says whether the agent can prove it is routable.
+type EtcdStatus struct {
+	Endpoints     []string `json:"endpoints"`
+	LeaseID       int64    `json:"lease_id"`
+	Routable      bool     `json:"routable"`
+	LastRenewalMs int64    `json:"last_renewal_ms_ago"`
+}
+
+func (a *Agent) workers() []Worker {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Worker
+	for _, inst := range a.instances {
+		out = append(out, Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
+			LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
+	return out
+}
+
+func (a *Agent) status() Status {
+	st := Status{NodeID: a.opts.NodeID, Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
+	if a.detectorFallback != nil {
+		st.DetectorFallback = a.detectorFallback.Error()
+	}
+	a.mu.Lock()
+	st.Etcd = EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
+	a.mu.Unlock()
+	ks := a.kvOwner.Stats()
+	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
+		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects}
+	for state, n := range ks.ByState {
+		a.metrics.slots.WithLabelValues(state).Set(float64(n))
+	}
+	return st
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (a *Agent) handleLivez(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"live": true})
+}
+
+// handleReadyz: the node is ready when it can prove its lease and at least
+// one instance is ready.
+func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
+	a.mu.Lock()
+	ready := a.routableLocked()
+	someReady := false
+	for _, inst := range a.instances {
+		someReady = someReady || inst.ready
+	}
+	a.mu.Unlock()
+	if ready && someReady {
+		writeJSON(w, http.StatusOK, map[string]any{"ready": true})
+		return
+	}
+	writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "routable": ready, "instance_ready": someReady})
+}
+
+// serveControl answers nodectl on a unix socket that only the agent's user
+// can reach.
+func (a *Agent) serveControl(ctx context.Context, wg *sync.WaitGroup) (*http.Server, error) {
+	if err := os.MkdirAll(filepath.Dir(a.opts.Socket), 0o755); err != nil {
+		return nil, err
+	}
+	os.Remove(a.opts.Socket)
+	ln, err := net.Listen("unix", a.opts.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("agent: control socket: %w", err)
+	}
+	if err := os.Chmod(a.opts.Socket, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.status()) })
+	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.workers()) })
+	mux.HandleFunc("GET /v1/kv/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.kvOwner.Stats()) })
+	mux.HandleFunc("GET /v1/events", a.handleEvents)
+	mux.HandleFunc("GET /livez", a.handleLivez)
+	mux.HandleFunc("GET /readyz", a.handleReadyz)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-ctx.Done()
+		srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("control socket", "err", err)
+		}
+	}()
+	return srv, nil
+}
+
+// handleEvents writes the recent events as JSON lines; with ?follow=1 it
+// keeps writing new ones until the client goes away.
+func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
+	follow := r.URL.Query().Get("follow")
+	if follow != "" && follow != "0" && follow != "1" && follow != "true" && follow != "false" {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "follow: want 0 or 1"})
+		return
+	}
+	var ch chan Event
+	if follow == "1" || follow == "true" {
+		var unsub func()
+		ch, unsub = a.events.subscribe()
+		defer unsub()
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	enc := json.NewEncoder(w)
+	for _, e := range a.events.snapshot() {
+		enc.Encode(e)
+	}
+	fl, _ := w.(http.Flusher)
+	if fl != nil {
+		fl.Flush()
+	}
+	if ch == nil {
+		return
+	}
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case e := <-ch:
+			if enc.Encode(e) != nil {
+				return
+			}
+			if fl != nil {
+				fl.Flush()
+			}
+		}
+	}
+}

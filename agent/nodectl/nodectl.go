@@ -1,0 +1,155 @@
+// Package nodectl is the operator CLI of a node: it talks to the agent's
+// control socket (HTTP over a unix socket, JSON).
+package nodectl
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifeline-llm/lifeline/agent"
+)
+
+// DefaultSocket is where the systemd unit puts the control socket.
+const DefaultSocket = "/run/lifeline/agent.sock"
+
+func client(socket string) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", socket)
+	}}}
+}
+
+func get(ctx context.Context, socket, path string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := client(socket).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("agent at %s: %w", socket, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return nil, fmt.Errorf("agent: %s: %s", resp.Status, b)
+	}
+	return resp, nil
+}
+
+func getJSON(ctx context.Context, socket, path string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := get(ctx, socket, path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// Command is the nodectl root command.
+func Command() *cobra.Command {
+	var socket string
+	root := &cobra.Command{Use: "nodectl", Short: "Inspect a Lifeline node", SilenceUsage: true, SilenceErrors: true}
+	root.PersistentFlags().StringVar(&socket, "socket", DefaultSocket, "the agent's control socket")
+
+	var asJSON bool
+	status := &cobra.Command{Use: "status", Short: "Detectors, etcd, lease, arena and instances", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var st agent.Status
+			if err := getJSON(cmd.Context(), socket, "/v1/status", &st); err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(st)
+			}
+			fmt.Fprintf(out, "node %s, up %.0fs\n", st.NodeID, st.UptimeSeconds)
+			fmt.Fprintf(out, "failure detector: %s", st.Detector)
+			if st.DetectorFallback != "" {
+				fmt.Fprintf(out, " (eBPF unavailable: %s)", st.DetectorFallback)
+			}
+			fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
+			fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
+			return printWorkers(out, st.Instances)
+		}}
+	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+
+	var workersJSON bool
+	workers := &cobra.Command{Use: "workers", Short: "Supervised worker processes", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var ws []agent.Worker
+			if err := getJSON(cmd.Context(), socket, "/v1/workers", &ws); err != nil {
+				return err
+			}
+			if workersJSON {
+				if ws == nil {
+					ws = []agent.Worker{}
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(ws)
+			}
+			return printWorkers(cmd.OutOrStdout(), ws)
+		}}
+	workers.Flags().BoolVar(&workersJSON, "json", false, `print a JSON array of {"instance_id","role","rank","pid","generation","ready","last_exit"}`)
+
+	var follow bool
+	events := &cobra.Command{Use: "events", Short: "Recent events as JSON lines", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := "/v1/events"
+			if follow {
+				path += "?follow=1"
+			}
+			resp, err := get(cmd.Context(), socket, path)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				fmt.Fprintln(cmd.OutOrStdout(), sc.Text())
+			}
+			if cmd.Context().Err() != nil {
+				return nil
+			}
+			return sc.Err()
+		}}
+	events.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+
+	kvCmd := &cobra.Command{Use: "kv", Short: "The node's KV arena"}
+	kvCmd.AddCommand(&cobra.Command{Use: "stats", Short: "Slots by state and counters (JSON)", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var v map[string]any
+			if err := getJSON(cmd.Context(), socket, "/v1/kv/stats", &v); err != nil {
+				return err
+			}
+			return json.NewEncoder(cmd.OutOrStdout()).Encode(v)
+		}})
+	root.AddCommand(status, workers, events, kvCmd)
+	return root
+}
+
+func printWorkers(out io.Writer, ws []agent.Worker) error {
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tROLE\tGEN\tPID\tREADY\tSTATE\tRESTARTS\tLAST EXIT")
+	for _, w := range ws {
+		last := "-"
+		if w.LastExit != nil {
+			last = fmt.Sprintf("%s (%s)", w.LastExit.Reason, w.LastExit.Detector)
+		}
+		ready := fmt.Sprint(w.Ready)
+		if !w.Ready && w.NotReady != "" {
+			ready = "no: " + w.NotReady
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", w.InstanceID, w.Role, w.Generation, w.PID, ready, w.State, w.Restarts, last)
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,168 @@
+// Package agent is the node agent: one per GPU host, run by systemd. It
+// spawns and supervises worker instances, gives every start a strictly
+// higher generation, registers ready instances in etcd under a lease,
+// detects worker deaths with eBPF (pidfd as fallback) and acts on them at
+// once, owns the node's KV arena, and answers nodectl on a unix socket.
+// The agent is not on the token path: its restart does not cut streams.
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// ErrBadConfig is wrapped by every configuration error.
+var ErrBadConfig = errors.New("agent: bad config")
+
+// Duration is a time.Duration that reads "3s" from JSON.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("want a duration string like \"3s\": %w", err)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// InstanceSpec asks for Count instances of one role and model.
+type InstanceSpec struct {
+	Role       string `json:"role"`
+	Preset     string `json:"preset"`
+	WeightSeed uint64 `json:"weight_seed"`
+	Count      int    `json:"count"`
+}
+
+// Options are the agent's whole configuration, from a JSON file and flags.
+type Options struct {
+	NodeID  string   `json:"node_id"`
+	DataDir string   `json:"data_dir"`
+	Socket  string   `json:"socket"`
+	Metrics string   `json:"metrics_listen"`
+	Etcd    []string `json:"etcd"`
+	CertDir string   `json:"certs"`
+	// ArenaPath is the node's KV arena file; ArenaSlots × ArenaSlotBytes.
+	ArenaPath      string `json:"arena"`
+	ArenaSlots     int    `json:"arena_slots"`
+	ArenaSlotBytes int    `json:"arena_slot_bytes"`
+
+	Instances []InstanceSpec `json:"instances"`
+
+	LeaseTTL        Duration `json:"lease_ttl"`
+	CanaryIdle      Duration `json:"canary_idle"`
+	CanaryTimeout   Duration `json:"canary_timeout"`
+	CanaryFailures  int      `json:"canary_failures"`
+	RestartBackoff  Duration `json:"restart_backoff"`
+	RestartMax      Duration `json:"restart_backoff_max"`
+	CrashLoopLimit  int      `json:"crash_loop_limit"`
+	CrashLoopWindow Duration `json:"crash_loop_window"`
+	// WorkerBinary is the lifeline executable to spawn workers with
+	// (default: this executable).
+	WorkerBinary string `json:"worker_binary"`
+}
+
+// Defaults fills unset fields.
+func (o *Options) Defaults() {
+	def := func(d *Duration, v time.Duration) {
+		if *d == 0 {
+			*d = Duration(v)
+		}
+	}
+	def(&o.LeaseTTL, 3*time.Second)
+	def(&o.CanaryIdle, 5*time.Second)
+	def(&o.CanaryTimeout, time.Second)
+	def(&o.RestartBackoff, 100*time.Millisecond)
+	def(&o.RestartMax, 5*time.Second)
+	def(&o.CrashLoopWindow, time.Minute)
+	if o.CanaryFailures == 0 {
+		o.CanaryFailures = 3
+	}
+	if o.CrashLoopLimit == 0 {
+		o.CrashLoopLimit = 5
+	}
+	if o.ArenaSlots == 0 {
+		o.ArenaSlots = 1024
+	}
+	if o.ArenaSlotBytes == 0 {
+		o.ArenaSlotBytes = 131072
+	}
+	if o.WorkerBinary == "" {
+		o.WorkerBinary, _ = os.Executable()
+	}
+	for i := range o.Instances {
+		if o.Instances[i].WeightSeed == 0 {
+			o.Instances[i].WeightSeed = 1
+		}
+	}
+}
+
+// Validate reports the first bad field by its JSON name.
+func (o *Options) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrBadConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case o.NodeID == "" || strings.ContainsAny(o.NodeID, "/ "):
+		return bad("node_id", "%q (non-empty, no '/' or spaces)", o.NodeID)
+	case o.DataDir == "":
+		return bad("data_dir", "empty")
+	case o.Socket == "":
+		return bad("socket", "empty")
+	case len(o.Etcd) == 0:
+		return bad("etcd", "no endpoints")
+	case o.CertDir == "":
+		return bad("certs", "empty: components only talk mutual TLS")
+	case o.ArenaPath == "":
+		return bad("arena", "empty")
+	case o.ArenaSlots <= 0:
+		return bad("arena_slots", "%d", o.ArenaSlots)
+	case o.ArenaSlotBytes <= 0:
+		return bad("arena_slot_bytes", "%d", o.ArenaSlotBytes)
+	case time.Duration(o.LeaseTTL) < time.Second:
+		return bad("lease_ttl", "%v (etcd leases are whole seconds, at least 1s)", time.Duration(o.LeaseTTL))
+	case o.CanaryFailures < 1:
+		return bad("canary_failures", "%d", o.CanaryFailures)
+	case o.CrashLoopLimit < 1:
+		return bad("crash_loop_limit", "%d", o.CrashLoopLimit)
+	case o.RestartMax < o.RestartBackoff:
+		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
+	}
+	for i, in := range o.Instances {
+		switch {
+		case in.Role != "decode" && in.Role != "prefill" && in.Role != "both":
+			return bad(fmt.Sprintf("instances[%d].role", i), "%q (decode, prefill or both)", in.Role)
+		case in.Preset != "tiny" && in.Preset != "small":
+			return bad(fmt.Sprintf("instances[%d].preset", i), "%q (tiny or small)", in.Preset)
+		case in.Count < 0 || in.Count > 64:
+			return bad(fmt.Sprintf("instances[%d].count", i), "%d (0..64)", in.Count)
+		}
+	}
+	return nil
+}
+
+// LoadFile reads a JSON config; unknown fields are errors, so that a typo
+// does not silently fall back to a default.
+func LoadFile(path string, into *Options) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadConfig, err)
+	}
+	defer f.Close()
+	dec := json.NewDecoder(f)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrBadConfig, path, err)
+	}
+	return nil
+}

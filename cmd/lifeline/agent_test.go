@@ -1,0 +1,272 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+)
+
+type agentNode struct {
+	etcd    *embedetcd.Server
+	cli     *clientv3.Client
+	dir     string
+	socket  string
+	config  string
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	stderr  *syncBuffer
+	arena   string
+	certDir string
+}
+
+func startEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
+	t.Helper()
+	e, err := embedetcd.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return e, cli
+}
+
+func newAgentNode(t *testing.T, extra map[string]any) *agentNode {
+	t.Helper()
+	e, cli := startEtcd(t)
+	n := &agentNode{etcd: e, cli: cli, dir: t.TempDir(), certDir: certDir(t)}
+	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	n.arena = f.Name()
+	t.Cleanup(func() { os.Remove(n.arena) })
+	n.socket = filepath.Join(n.dir, "agent.sock")
+	cfg := map[string]any{
+		"node_id": "n1", "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{e.Endpoint},
+		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
+		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}},
+		"lease_ttl": "3s", "canary_idle": "1s", "canary_timeout": "1s",
+		"worker_binary": binary,
+	}
+	for k, v := range extra {
+		cfg[k] = v
+	}
+	b, _ := json.Marshal(cfg)
+	n.config = filepath.Join(n.dir, "agent.json")
+	os.WriteFile(n.config, b, 0o600)
+	n.start(t)
+	return n
+}
+
+func (n *agentNode) start(t *testing.T) {
+	t.Helper()
+	n.cmd = exec.Command(binary, "agent", "--config", n.config)
+	n.stderr = &syncBuffer{}
+	n.cmd.Stderr = n.stderr
+	if err := n.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	n.exited = exited
+	cmd := n.cmd
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Signal(syscall.SIGTERM)
+			<-exited
+		}
+	})
+}
+
+func (n *agentNode) nodectl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(nodectlBinary, append([]string{"--socket", n.socket}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodectl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// waitRegistration waits for a ready registration of instance at a
+// generation above after.
+func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64) agent.Registration {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-n.exited:
+			t.Fatalf("agent exited; log:\n%s", n.stderr.String())
+		default:
+		}
+		resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix+instance)
+		if err == nil && len(resp.Kvs) == 1 {
+			var r agent.Registration
+			json.Unmarshal(resp.Kvs[0].Value, &r)
+			if r.Ready && r.Generation > after {
+				return r
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no ready registration of %s above generation %d; agent log:\n%s", instance, after, n.stderr.String())
+	return agent.Registration{}
+}
+
+func (n *agentNode) workers(t *testing.T) []agent.Worker {
+	t.Helper()
+	var ws []agent.Worker
+	if err := json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// TestAgentDetectsWorkerKill: SIGKILL a worker. The agent's eBPF detector
+// (as root) sees it, the registration is gone and a failure is announced in
+// etcd without waiting for any lease, and the instance comes back at the
+// next generation once a canary passed.
+func TestAgentDetectsWorkerKill(t *testing.T) {
+	n := newAgentNode(t, nil)
+	const id = "n1-decode-tiny-0"
+	reg := n.waitRegistration(t, id, 0)
+	ws := n.workers(t)
+	if len(ws) != 1 || ws[0].PID == 0 || ws[0].Generation != reg.Generation || !ws[0].Ready {
+		t.Fatalf("workers: %+v", ws)
+	}
+	watch := n.cli.Watch(context.Background(), agent.InstancesPrefix+id)
+	failures := n.cli.Watch(context.Background(), agent.FailuresPrefix+id)
+
+	killed := time.Now()
+	if err := syscall.Kill(ws[0].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	var deleted, announced time.Time
+	for deleted.IsZero() || announced.IsZero() {
+		select {
+		case wr := <-watch:
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete && deleted.IsZero() {
+					deleted = time.Now()
+				}
+			}
+		case fr := <-failures:
+			for _, ev := range fr.Events {
+				if ev.Type == clientv3.EventTypePut && announced.IsZero() {
+					announced = time.Now()
+					var f agent.Failure
+					json.Unmarshal(ev.Kv.Value, &f)
+					if f.Generation != reg.Generation || f.Reason != agent.ReasonSignal {
+						t.Fatalf("failure %+v", f)
+					}
+					if os.Geteuid() == 0 && f.Detector != "ebpf" {
+						t.Fatalf("running as root but the death was detected by %q", f.Detector)
+					}
+				}
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no deregistration/announcement within 10s; agent log:\n%s", n.stderr.String())
+		}
+	}
+	// Kill → agent event (kernel time of the exit tracepoint).
+	var exitEvent agent.Event
+	for _, line := range strings.Split(strings.TrimSpace(n.nodectl(t, "events")), "\n") {
+		var e agent.Event
+		json.Unmarshal([]byte(line), &e)
+		if e.Kind == agent.EventExit && e.InstanceID == id {
+			exitEvent = e
+		}
+	}
+	if exitEvent.Signal != 9 || exitEvent.Generation != reg.Generation {
+		t.Fatalf("exit event %+v", exitEvent)
+	}
+	t.Logf("kill → detected %v (%s), → key deleted %v, → failure announced %v",
+		exitEvent.DetectedAt.Sub(killed), exitEvent.Detector, deleted.Sub(killed), announced.Sub(killed))
+	if d := deleted.Sub(killed); d > 2*time.Second {
+		t.Fatalf("deregistration took %v: that is lease-expiry speed, not detection", d)
+	}
+	next := n.waitRegistration(t, id, reg.Generation)
+	if next.Generation != reg.Generation+1 {
+		t.Fatalf("back at generation %d, want %d", next.Generation, reg.Generation+1)
+	}
+	ws = n.workers(t)
+	if ws[0].LastExit == nil || ws[0].LastExit.Reason != agent.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
+		t.Fatalf("workers after restart: %+v", ws[0])
+	}
+	// A clean stop takes the workers and the registrations with it.
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	<-n.exited
+	if err := syscall.Kill(ws[0].PID, 0); err == nil {
+		t.Fatal("worker survived the agent's clean stop")
+	}
+	if resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+		t.Fatalf("registrations left after a clean stop: %v %v", resp, err)
+	}
+}
+
+func TestAgentBadConfig(t *testing.T) {
+	dir := t.TempDir()
+	for _, c := range []struct {
+		cfg  string
+		want string
+	}{
+		{`{"node_id": "", "data_dir": "d"}`, "node_id"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "lease_ttl": "100ms"}`, "lease_ttl"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "chef", "preset": "tiny", "count": 1}]}`, "instances[0].role"},
+		{`{"node_id": "a", "typo_field": 1}`, "typo_field"},
+		{`{"node_id": `, "agent.json"},
+		{`{"node_id": "a", "lease_ttl": 3}`, "duration"},
+	} {
+		p := filepath.Join(dir, "agent.json")
+		os.WriteFile(p, []byte(c.cfg), 0o600)
+		_, errOut, err := run(t, "agent", "--config", p, "--check-config")
+		if err == nil || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "panic") {
+			t.Errorf("%s: err %v, stderr %q (want it to name %q)", c.cfg, err, errOut, c.want)
+		}
+	}
+	good := fmt.Sprintf(`{"node_id": "a", "data_dir": %q, "socket": "s", "etcd": ["127.0.0.1:1"], "certs": "c", "arena": "/dev/shm/x"}`, dir)
+	p := filepath.Join(dir, "good.json")
+	os.WriteFile(p, []byte(good), 0o600)
+	if out, errOut, err := run(t, "agent", "--config", p, "--check-config"); err != nil || !strings.Contains(out, "config OK") {
+		t.Fatalf("good config: %v %s %s", err, out, errOut)
+	}
+}
+
+// syncBuffer collects a process's stderr for failure messages.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

@@ -1,0 +1,69 @@
+// Package embedetcd runs a single-member etcd inside the process, on free
+// loopback ports: what `lifeline up` uses on one machine and what tests use
+// as a real etcd.
+package embedetcd
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Server is a running embedded etcd.
+type Server struct {
+	etcd     *embed.Etcd
+	Endpoint string
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Start runs etcd with its data in dir and waits until it serves. If
+// clientPort is 0 a free one is picked.
+func Start(dir string, clientPort int) (*Server, error) {
+	cfg := embed.NewConfig()
+	cfg.Dir = dir
+	cfg.Logger = "zap"
+	cfg.LogLevel = "fatal"
+	var err error
+	if clientPort == 0 {
+		if clientPort, err = freePort(); err != nil {
+			return nil, err
+		}
+	}
+	peerPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", clientPort))
+	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("embedetcd: start: %w", err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		e.Close()
+		return nil, fmt.Errorf("embedetcd: not ready after 30s")
+	}
+	return &Server{etcd: e, Endpoint: cu.Host}, nil
+}
+
+// Close stops etcd.
+func (s *Server) Close() {
+	s.etcd.Close()
+	<-s.etcd.Server.StopNotify()
+}
