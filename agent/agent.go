@@ -195,6 +195,12 @@ func (a *Agent) dispatchExits(ctx context.Context) {
 func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	backoff := time.Duration(a.opts.RestartBackoff)
 	var recent []time.Time
+	if rec, ok := a.adoptable(inst.id); ok {
+		a.adopt(ctx, inst, rec)
+		if ctx.Err() != nil {
+			return
+		}
+	}
 	for ctx.Err() == nil {
 		started := time.Now()
 		exit, err := a.runOnce(ctx, inst)
@@ -308,6 +314,10 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		a.mu.Lock()
 		inst.addr, inst.model, inst.revision, inst.numerics, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, "running"
 		a.mu.Unlock()
+		if st, err := processStartTime(pid); err == nil {
+			a.saveWorker(workerRecord{InstanceID: inst.id, Generation: gen, PID: pid, StartTime: st, Addr: r.Addr,
+				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID})
+		}
 		go a.canaryLoop(wctx, inst, gen, cmd.Process)
 		death = a.awaitDeath(ctx, inst, waited, cmd.Process)
 	case death = <-inst.deaths:
@@ -323,6 +333,49 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		return nil, ctx.Err() // agent shutting down
 	}
 	return a.onDeath(inst, gen, death), nil
+}
+
+// adopt supervises a worker a previous agent process started, at its
+// generation, until it dies. It is not our child: only the detector can
+// report its death, and the agent leaves it running when it stops itself,
+// as it found it.
+func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
+	p, err := os.FindProcess(rec.PID)
+	if err != nil {
+		return
+	}
+	if err := a.detector.Watch(rec.PID); err != nil {
+		a.log.Warn("cannot watch adopted worker", "instance_id", inst.id, "pid", rec.PID, "err", err)
+		return
+	}
+	// It may have died between the check and the watch.
+	if st, err := processStartTime(rec.PID); err != nil || st != rec.StartTime {
+		a.detector.Unwatch(rec.PID)
+		return
+	}
+	a.mu.Lock()
+	inst.gen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
+	inst.state, inst.ready, inst.notReady = "running", false, "adopted; canary pending"
+	a.byPID[rec.PID] = inst
+	a.mu.Unlock()
+	a.emit(Event{Kind: EventAdopted, InstanceID: inst.id, Generation: rec.Generation, PID: rec.PID})
+	a.log.Info("adopted running worker", "instance_id", inst.id, "generation", rec.Generation, "pid", rec.PID)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go a.canaryLoop(wctx, inst, rec.Generation, p)
+	select {
+	case ex := <-inst.deaths:
+		a.onDeath(inst, rec.Generation, ex)
+	case <-ctx.Done():
+		// A clean stop stops adopted workers too (a SIGKILLed agent stops
+		// nothing, which is what adoption is for).
+		p.Signal(syscall.SIGTERM)
+		select {
+		case <-inst.deaths:
+		case <-time.After(5 * time.Second):
+			p.Kill()
+		}
+	}
 }
 
 // awaitDeath waits for the first report of the worker's death: the
@@ -361,6 +414,7 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	case ex.Signal != 0:
 		reason = ReasonSignal
 	}
+	a.forgetWorker(inst.id)
 	a.mu.Lock()
 	if r := inst.notReady; inst.canaryFail >= a.opts.CanaryFailures && (r == ReasonCanaryTimeout || r == ReasonCanaryError) {
 		reason = r // we killed it for failing canaries

@@ -17,6 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 )
 
@@ -83,6 +85,9 @@ func (n *agentNode) start(t *testing.T) {
 	n.cmd = exec.Command(binary, "agent", "--config", n.config)
 	n.stderr = &syncBuffer{}
 	n.cmd.Stderr = n.stderr
+	// Workers inherit the agent's stderr and may outlive it (that is the
+	// point of adoption): do not wait for them to close it.
+	n.cmd.WaitDelay = time.Second
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +137,22 @@ func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64
 	}
 	t.Fatalf("no ready registration of %s above generation %d; agent log:\n%s", instance, after, n.stderr.String())
 	return agent.Registration{}
+}
+
+// waitWorkerReady polls nodectl until the (single) worker is ready.
+func (n *agentNode) waitWorkerReady(t *testing.T) agent.Worker {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		out, err := exec.Command(nodectlBinary, "--socket", n.socket, "workers", "--json").Output()
+		var ws []agent.Worker
+		if err == nil && json.Unmarshal(out, &ws) == nil && len(ws) == 1 && ws[0].Ready {
+			return ws[0]
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("worker never ready; agent log:\n%s", n.stderr.String())
+	return agent.Worker{}
 }
 
 func (n *agentNode) workers(t *testing.T) []agent.Worker {
@@ -269,4 +290,53 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestAgentRestartAdoptsWorkers: the agent is SIGKILLed while a stream is
+// in flight. The worker keeps running and keeps streaming; the restarted
+// agent adopts it at the same pid and generation instead of restarting
+// it, and still detects its death afterwards.
+func TestAgentRestartAdoptsWorkers(t *testing.T) {
+	n := newAgentNode(t, nil)
+	const id = "n1-decode-tiny-0"
+	reg := n.waitRegistration(t, id, 0)
+	before := n.workers(t)[0]
+
+	tlsConf, err := worker.ClientTLS(n.certDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := worker.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Generate(ctx, &wire.Generate{RequestId: "long", Prompt: "Once upon a time", MaxTokens: 480, IgnoreEos: true, Seed: 1, Temperature: 0.8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(); err != nil {
+		t.Fatal(err)
+	}
+	n.cmd.Process.Kill()
+	<-n.exited
+	n.start(t)
+	frames := collectFrames(t, s)
+	if last := frames[len(frames)-1]; last.FinishReason != "length" || len(frames) != 480 {
+		t.Fatalf("stream across the agent restart: %d frames, last %+v", len(frames), last)
+	}
+	after := n.waitWorkerReady(t)
+	again := n.waitRegistration(t, id, 0)
+	if after.PID != before.PID || after.Generation != before.Generation || again.Generation != reg.Generation {
+		t.Fatalf("restarted agent did not adopt: before %+v, after %+v", before, after)
+	}
+	if err := syscall.Kill(after.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	next := n.waitRegistration(t, id, reg.Generation)
+	if next.Generation != reg.Generation+1 {
+		t.Fatalf("after the adopted worker died: generation %d", next.Generation)
+	}
 }
