@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -338,5 +340,82 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 	next := n.waitRegistration(t, id, reg.Generation)
 	if next.Generation != reg.Generation+1 {
 		t.Fatalf("after the adopted worker died: generation %d", next.Generation)
+	}
+}
+
+// TestAgentCanaryCatchesStoppedWorker: a SIGSTOPped worker still has its
+// process and its socket, but its canary times out: the instance goes not
+// ready within the canary window and is restarted (at generation + 1) after
+// the failure threshold.
+func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "300ms", "canary_timeout": "300ms", "canary_failures": 2})
+	const id = "n1-decode-tiny-0"
+	reg := n.waitRegistration(t, id, 0)
+	w := n.workers(t)[0]
+	stopped := time.Now()
+	if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(w.PID, syscall.SIGCONT)
+	// Not ready (deregistered) within a few canary windows.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix+id)
+		if err == nil && len(resp.Kvs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stopped worker still registered after 10s; log:\n%s", n.stderr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("SIGSTOP → not ready after %v", time.Since(stopped))
+	next := n.waitRegistration(t, id, reg.Generation)
+	ws := n.workers(t)
+	if next.Generation != reg.Generation+1 || ws[0].LastExit == nil || ws[0].LastExit.Reason != agent.ReasonCanaryTimeout {
+		t.Fatalf("after the canary threshold: generation %d, last exit %+v", next.Generation, ws[0].LastExit)
+	}
+}
+
+func TestAgentControlSocketBadRequests(t *testing.T) {
+	n := newAgentNode(t, nil)
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", n.socket)
+	}}}
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{"GET", "/v1/nope", 404},
+		{"POST", "/v1/status", 404},
+		{"DELETE", "/v1/workers", 404},
+		{"GET", "/v1/events?follow=maybe", 400},
+		{"GET", "/v1/status", 200},
+	} {
+		req, _ := http.NewRequest(c.method, "http://agent"+c.path, strings.NewReader("{garbage"))
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != c.want {
+			t.Errorf("%s %s: %d, want %d", c.method, c.path, resp.StatusCode, c.want)
+		}
+	}
+	// Raw garbage on the socket.
+	conn, err := net.Dial("unix", n.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Write([]byte("\x00\xff not http at all\r\n\r\n"))
+	conn.Close()
+	if st, err := os.Stat(n.socket); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("control socket mode: %v %v", st, err)
+	}
+	// Still serving.
+	if out := n.nodectl(t, "status"); !strings.Contains(out, "failure detector") {
+		t.Fatalf("status after abuse: %s", out)
 	}
 }
