@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -119,9 +120,17 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		}
 	}()
 
-	a.detector, a.detectorFallback = ebpf.NewDetector()
+	switch opts.Detector {
+	case "ebpf":
+		a.detector, err = ebpf.NewEBPF()
+	case "pidfd":
+		a.detector, err = ebpf.NewPidfd()
+		a.detectorFallback = errors.New("pidfd chosen by configuration")
+	default:
+		a.detector, a.detectorFallback = ebpf.NewDetector()
+	}
 	if a.detector == nil {
-		return fmt.Errorf("agent: no failure detector: %w", a.detectorFallback)
+		return fmt.Errorf("agent: no failure detector: %w", errors.Join(err, a.detectorFallback))
 	}
 	defer a.detector.Close()
 	if a.detectorFallback != nil {
@@ -161,6 +170,26 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		}
 	}
 	daemon.SdNotify(false, daemon.SdNotifyReady)
+	if interval, err := daemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(interval / 2)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					// The agent's own loops answer: the control socket and
+					// the lease loop share a.mu; taking it proves no deadlock.
+					a.mu.Lock()
+					a.mu.Unlock()
+					daemon.SdNotify(false, daemon.SdNotifyWatchdog)
+				}
+			}
+		}()
+	}
 	<-ctx.Done()
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	a.revokeLease()
@@ -386,7 +415,16 @@ func (a *Agent) awaitDeath(ctx context.Context, inst *instance, waited chan ebpf
 		go func() { <-waited }() // reap
 		return ex
 	case ex := <-waited:
-		return ex
+		// The exit tracepoint fires before the process can be reaped, but
+		// its ring-buffer delivery can lose the race to Wait. Give it a
+		// moment: only the detector knows an OOM kill, and its timestamp
+		// is the earlier one.
+		select {
+		case d := <-inst.deaths:
+			return d
+		case <-time.After(50 * time.Millisecond):
+			return ex
+		}
 	case <-ctx.Done():
 		a.stopWorker(p, waited)
 		return ebpf.Exit{}

@@ -70,6 +70,8 @@ type Options struct {
 	// WorkerBinary is the lifeline executable to spawn workers with
 	// (default: this executable).
 	WorkerBinary string `json:"worker_binary"`
+	// Detector is "auto" (eBPF, else pidfd), "ebpf" or "pidfd".
+	Detector string `json:"detector"`
 }
 
 // Defaults fills unset fields.
@@ -96,6 +98,9 @@ func (o *Options) Defaults() {
 	}
 	if o.ArenaSlotBytes == 0 {
 		o.ArenaSlotBytes = 131072
+	}
+	if o.Detector == "" {
+		o.Detector = "auto"
 	}
 	if o.WorkerBinary == "" {
 		o.WorkerBinary, _ = os.Executable()
@@ -135,6 +140,8 @@ func (o *Options) Validate() error {
 		return bad("canary_failures", "%d", o.CanaryFailures)
 	case o.CrashLoopLimit < 1:
 		return bad("crash_loop_limit", "%d", o.CrashLoopLimit)
+	case o.Detector != "auto" && o.Detector != "ebpf" && o.Detector != "pidfd":
+		return bad("detector", "%q (auto, ebpf or pidfd)", o.Detector)
 	case o.RestartMax < o.RestartBackoff:
 		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
 	}

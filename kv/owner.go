@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,10 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/shm"
 )
+
+// MaxInstanceID bounds a writer's instance id (the manifest stores its
+// length in one byte).
+const MaxInstanceID = 255
 
 // FailOwnerAfterPublishManifest is hit in the owner between the PUBLISHED
 // manifest write and the header write.
@@ -384,7 +389,7 @@ func (o *Owner) persist(i uint32) error {
 func (o *Owner) setHeader(i uint32) error {
 	s := &o.slots[i]
 	if err := o.arena.SetHeader(int(i), shm.SlotHeader{Gen: s.gen, State: s.state, PayloadLen: s.payloadLen, Checksum: s.checksum,
-		WriterGen: s.writer.Gen, WriterInstance: s.writer.Instance}); err != nil {
+		WriterGen: s.writer.Gen, WriterInstance: shm.HeaderInstanceID(s.writer.Instance)}); err != nil {
 		return fmt.Errorf("kv: slot %d header: %w", i, err)
 	}
 	return nil
@@ -419,8 +424,8 @@ func (o *Owner) sessionLocked(sid SessionID) (*session, error) {
 // leased the published blocks it still reads; each is re-attached if the
 // reference still names the same block, and the answers say which were.
 func (o *Owner) Hello(w Writer, owned, leased []Ref) (SessionID, []bool, []bool, error) {
-	if _, err := (shm.SlotHeader{WriterInstance: w.Instance}).Encode(); err != nil || w.Instance == "" {
-		return 0, nil, nil, fmt.Errorf("%w: writer instance id %q (1..%d bytes, no NUL)", ErrBadRequest, w.Instance, shm.MaxInstanceID)
+	if w.Instance == "" || len(w.Instance) > MaxInstanceID || strings.IndexByte(w.Instance, 0) >= 0 {
+		return 0, nil, nil, fmt.Errorf("%w: writer instance id %q (1..%d bytes, no NUL)", ErrBadRequest, w.Instance, MaxInstanceID)
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -564,4 +565,23 @@ func TestCorruptStoresAreMovedAside(t *testing.T) {
 	}
 	sid = hello(t, o, "w", 2)
 	writeBlock(t, o, sid, BlockKey{2}, BlockKey{}, 2, true)
+}
+
+func TestLongInstanceIDs(t *testing.T) {
+	env := newOwnerEnv(t, 2)
+	o := env.open(t)
+	defer o.Close()
+	long := "gpu-node-0001.rack-17-decode-small-3"
+	sid := hello(t, o, long, 9)
+	r := writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, false)
+	h, err := o.Arena().Header(int(r.Slot))
+	if err != nil || h.WriterInstance != shm.HeaderInstanceID(long) || len(h.WriterInstance) > shm.MaxInstanceID {
+		t.Fatalf("header %+v %v", h, err)
+	}
+	if n := o.WriterDead(Writer{long, 9}); n != 1 {
+		t.Fatalf("writer-dead with the long id reclaimed %d", n)
+	}
+	if _, _, _, err := o.Hello(Writer{strings.Repeat("x", 300), 1}, nil, nil); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("300-byte id: %v", err)
+	}
 }

@@ -40,6 +40,17 @@ func (s SlotState) String() string {
 // MaxInstanceID is the longest writer instance id a header holds.
 const MaxInstanceID = 24
 
+// HeaderInstanceID fits an instance id into a header: ids up to
+// MaxInstanceID bytes as they are, longer ones as a 15-byte prefix, '~',
+// and 8 hex digits of their CRC-32C. The header's copy is for people
+// inspecting the arena; the manifest keeps the whole id.
+func HeaderInstanceID(id string) string {
+	if len(id) <= MaxInstanceID {
+		return id
+	}
+	return fmt.Sprintf("%s~%08x", id[:15], Checksum([]byte(id)))
+}
+
 // SlotHeader is the decoded header of one slot.
 //
 //	0  gen           uint64  slot generation, bumped on every reuse

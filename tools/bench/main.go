@@ -22,8 +22,24 @@ import (
 func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
+	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
+	only := flag.String("only", "", "run only this part: engine, kv or detect")
 	flag.Parse()
-	if err := run(*tokens, *minRatio); err != nil {
+	var err error
+	switch *only {
+	case "detect":
+		err = runDetectionBench(*kills)
+	case "kv":
+		err = runKVBench()
+	case "engine", "":
+		err = run(*tokens, *minRatio)
+		if err == nil && *only == "" {
+			err = runDetectionBench(*kills)
+		}
+	default:
+		err = fmt.Errorf("-only %q: want engine, kv or detect", *only)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
