@@ -15,7 +15,10 @@ import (
 type workerRecord struct {
 	InstanceID string `json:"instance_id"`
 	Generation uint64 `json:"generation"`
-	PID        int    `json:"pid"`
+	// KVGeneration is the generation the worker started with, under which
+	// it writes the KV arena; Generation may have been raised since.
+	KVGeneration uint64 `json:"kv_generation"`
+	PID          int    `json:"pid"`
 	// StartTime is field 22 of /proc/<pid>/stat: with the pid it names one
 	// process, never a later one that reused the pid.
 	StartTime string `json:"start_time"`

@@ -59,6 +59,7 @@ type instance struct {
 
 	// Guarded by Agent.mu.
 	gen        uint64
+	kvGen      uint64 // the generation the worker started with: its KV writer identity
 	pid        int
 	addr       string
 	state      string // starting, running, restarting, crash_loop, stopped
@@ -307,7 +308,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		a.log.Warn("cannot watch worker", "instance_id", inst.id, "pid", pid, "err", err)
 	}
 	a.mu.Lock()
-	inst.gen, inst.pid, inst.state, inst.ready, inst.notReady = gen, pid, "starting", false, "starting"
+	inst.gen, inst.kvGen, inst.pid, inst.state, inst.ready, inst.notReady = gen, gen, pid, "starting", false, "starting"
 	a.byPID[pid] = inst
 	a.mu.Unlock()
 	a.emit(Event{Kind: EventStarted, InstanceID: inst.id, Generation: gen, PID: pid})
@@ -344,7 +345,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		inst.addr, inst.model, inst.revision, inst.numerics, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, "running"
 		a.mu.Unlock()
 		if st, err := processStartTime(pid); err == nil {
-			a.saveWorker(workerRecord{InstanceID: inst.id, Generation: gen, PID: pid, StartTime: st, Addr: r.Addr,
+			a.saveWorker(workerRecord{InstanceID: inst.id, Generation: gen, KVGeneration: gen, PID: pid, StartTime: st, Addr: r.Addr,
 				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID})
 		}
 		go a.canaryLoop(wctx, inst, gen, cmd.Process)
@@ -361,6 +362,9 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	if death.Detector == "" {
 		return nil, ctx.Err() // agent shutting down
 	}
+	a.mu.Lock()
+	gen = inst.gen // raised if the instance was re-registered meanwhile
+	a.mu.Unlock()
 	return a.onDeath(inst, gen, death), nil
 }
 
@@ -383,7 +387,10 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 		return
 	}
 	a.mu.Lock()
-	inst.gen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
+	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
+	if inst.kvGen == 0 {
+		inst.kvGen = rec.Generation
+	}
 	inst.state, inst.ready, inst.notReady = "running", false, "adopted; canary pending"
 	a.byPID[rec.PID] = inst
 	a.mu.Unlock()
@@ -394,7 +401,10 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	go a.canaryLoop(wctx, inst, rec.Generation, p)
 	select {
 	case ex := <-inst.deaths:
-		a.onDeath(inst, rec.Generation, ex)
+		a.mu.Lock()
+		gen := inst.gen
+		a.mu.Unlock()
+		a.onDeath(inst, gen, ex)
 	case <-ctx.Done():
 		// A clean stop stops adopted workers too (a SIGKILLed agent stops
 		// nothing, which is what adoption is for).
@@ -459,6 +469,7 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	}
 	delete(a.byPID, ex.PID)
 	inst.ready, inst.notReady, inst.pid, inst.canaryFail = false, "exited", 0, 0
+	kvGen := inst.kvGen
 	a.mu.Unlock()
 	a.detector.Unwatch(ex.PID)
 
@@ -472,7 +483,7 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	if lease != 0 {
 		a.etcd.Put(ctx, FailuresPrefix+inst.id, string(fail), clientv3.WithLease(lease))
 	}
-	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: gen})
+	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: kvGen})
 	e := a.emit(Event{Kind: EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
 		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
 	a.mu.Lock()

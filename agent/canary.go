@@ -87,7 +87,7 @@ func (a *Agent) canary(ctx context.Context, c *worker.Client, id string, gen uin
 			return "", nil
 		}
 		seq++
-		if int(f.SequenceNo) != seq || f.Generation != gen {
+		if int(f.SequenceNo) != seq || f.Generation < gen {
 			return ReasonCanaryError, fmt.Errorf("canary frame %d: sequence %d generation %d", seq, f.SequenceNo, f.Generation)
 		}
 	}
@@ -104,10 +104,11 @@ func classify(ctx context.Context, err error) (string, error) {
 // should go on.
 func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err error, proc *os.Process) bool {
 	a.mu.Lock()
-	if inst.gen != gen {
+	if inst.pid != proc.Pid {
 		a.mu.Unlock()
-		return false
+		return false // that worker is gone
 	}
+	gen = inst.gen
 	wasReady := inst.ready
 	if err == nil {
 		inst.ready, inst.notReady, inst.canaryFail, inst.canaryOK = true, "", 0, time.Now()

@@ -6,6 +6,9 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/worker"
 )
 
 // keepLease holds the agent's etcd lease and keeps every ready instance
@@ -31,8 +34,7 @@ func (a *Agent) keepLease(ctx context.Context) {
 		a.lease, a.leaseAlive = grant.ID, time.Now()
 		a.mu.Unlock()
 		if wasLost {
-			a.metrics.reregisters.Inc()
-			a.emit(Event{Kind: EventReregistered})
+			a.reregister(ctx)
 		}
 		a.registerAll(ctx)
 		kctx, kcancel := context.WithCancel(ctx)
@@ -73,7 +75,8 @@ func (a *Agent) keepLease(ctx context.Context) {
 		a.mu.Unlock()
 		a.metrics.leaseLost.Inc()
 		a.emit(Event{Kind: EventLeaseLost, Detail: "etcd lease could not be renewed within its TTL; not routable"})
-		a.log.Warn("etcd lease lost", "recovery_action", "re-register when etcd answers")
+		a.log.Warn("etcd lease lost", "recovery_action", "workers stop accepting; re-register when etcd answers")
+		a.fenceAll(ctx)
 	}
 }
 
@@ -127,4 +130,70 @@ func (a *Agent) revokeLease() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	a.etcd.Revoke(ctx, lease)
+}
+
+// fenceAll tells every running worker to refuse new requests: the agent can
+// no longer prove it is routable, so nothing should be routed to it, and a
+// frontend with a stale view must be told so. In-flight work continues.
+func (a *Agent) fenceAll(ctx context.Context) {
+	for _, inst := range a.running() {
+		if _, err := a.admin(ctx, inst, false, 0); err != nil {
+			a.log.Warn("cannot fence worker", "instance_id", inst.id, "err", err)
+		}
+	}
+}
+
+// reregister gives every running instance a new generation after a lost
+// lease: whatever happened while the agent was cut off, the instance comes
+// back as a new endpoint, and frames of its old generation are stale.
+func (a *Agent) reregister(ctx context.Context) {
+	a.metrics.reregisters.Inc()
+	for _, inst := range a.running() {
+		gen, err := a.nextGeneration(ctx, inst.id)
+		if err != nil {
+			a.log.Warn("re-register: generation", "instance_id", inst.id, "err", err)
+			continue
+		}
+		if _, err := a.admin(ctx, inst, true, gen); err != nil {
+			a.log.Warn("re-register: worker", "instance_id", inst.id, "err", err)
+			continue
+		}
+		a.mu.Lock()
+		inst.gen = gen
+		rec := workerRecord{InstanceID: inst.id, Generation: gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
+			Model: inst.model, Revision: inst.revision, Numerics: inst.numerics}
+		a.mu.Unlock()
+		if st, err := processStartTime(rec.PID); err == nil {
+			rec.StartTime = st
+			a.saveWorker(rec)
+		}
+		a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
+	}
+}
+
+func (a *Agent) running() []*instance {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []*instance
+	for _, inst := range a.instances {
+		if inst.pid != 0 && inst.addr != "" {
+			out = append(out, inst)
+		}
+	}
+	return out
+}
+
+// admin sends an Admin request to an instance's worker.
+func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen uint64) (*wire.HealthReply, error) {
+	a.mu.Lock()
+	addr, cur := inst.addr, inst.gen
+	a.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c, err := worker.Dial(actx, addr, a.tlsConf, inst.id, cur)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.Admin(actx, accepting, gen)
 }

@@ -419,3 +419,86 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 		t.Fatalf("status after abuse: %s", out)
 	}
 }
+
+// TestAgentEtcdOutage: etcd goes away for longer than the lease TTL. An
+// in-flight generation completes; once the TTL has passed the node says it
+// is not routable and its worker refuses new requests (typed, retryable);
+// when etcd is back every instance is re-registered at a higher generation,
+// by the same process, and serves again.
+func TestAgentEtcdOutage(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"lease_ttl": "2s", "canary_idle": "1h"})
+	const id = "n1-decode-tiny-0"
+	reg := n.waitRegistration(t, id, 0)
+	pid := n.workers(t)[0].PID
+	tlsConf, _ := worker.ClientTLS(n.certDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	c, err := worker.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// A slow stream: it runs through the outage.
+	s, err := c.Generate(ctx, &wire.Generate{RequestId: "inflight", Prompt: "Once upon a time", MaxTokens: 400, IgnoreEos: true, Lane: wire.Lane_BATCH})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(); err != nil {
+		t.Fatal(err)
+	}
+	etcdDir, port := n.etcd.Dir(), n.etcd.Port()
+	n.etcd.Close()
+	down := time.Now()
+	// Not routable after the TTL.
+	var st agent.Status
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st)
+		if !st.Etcd.Routable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("still routable 20s into an etcd outage")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st.Etcd.LastRenewalMs < 2000 {
+		t.Fatalf("not routable %dms after its last renewal, before the 2s TTL", st.Etcd.LastRenewalMs)
+	}
+	t.Logf("not routable %v after etcd stopped (%dms after the last renewal)", time.Since(down), st.Etcd.LastRenewalMs)
+	// New work is refused once the agent has fenced the worker.
+	var refused *wire.Frame
+	for deadline := time.Now().Add(10 * time.Second); refused == nil; {
+		ns, err := c.Generate(ctx, &wire.Generate{RequestId: "new", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs := collectFrames(t, ns)
+		if len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_SHUTTING_DOWN && fs[0].Error.GetRetryable() {
+			refused = fs[0]
+		} else if time.Now().After(deadline) {
+			t.Fatalf("new request during the outage: %+v", fs)
+		}
+	}
+	// The in-flight stream is not cut.
+	frames := collectFrames(t, s)
+	if last := frames[len(frames)-1]; last.FinishReason != "length" {
+		t.Fatalf("in-flight stream ended %+v", last)
+	}
+	// etcd returns: re-registered at a higher generation, same process.
+	e2, err := embedetcd.Start(etcdDir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e2.Close)
+	next := n.waitRegistration(t, id, reg.Generation)
+	if w := n.workers(t)[0]; w.PID != pid || next.Generation <= reg.Generation {
+		t.Fatalf("after the outage: pid %d (was %d), generation %d (was %d)", w.PID, pid, next.Generation, reg.Generation)
+	}
+	ns, err := c.Generate(ctx, &wire.Generate{RequestId: "after", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs := collectFrames(t, ns); len(fs) != 4 || fs[0].Generation != next.Generation {
+		t.Fatalf("after re-registration: %+v", fs)
+	}
+}

@@ -330,12 +330,68 @@ func (*Health) Descriptor() ([]byte, []int) {
 	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
 }
 
+// Admin is the node agent's control of its worker: whether it accepts new
+// requests (an agent that cannot prove its etcd lease must stop routing to
+// it) and a new generation to stamp (after re-registration).
+type Admin struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Accepting     bool                   `protobuf:"varint,1,opt,name=accepting,proto3" json:"accepting,omitempty"`
+	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Admin) Reset() {
+	*x = Admin{}
+	mi := &file_lifeline_wire_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Admin) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Admin) ProtoMessage() {}
+
+func (x *Admin) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_wire_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Admin.ProtoReflect.Descriptor instead.
+func (*Admin) Descriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Admin) GetAccepting() bool {
+	if x != nil {
+		return x.Accepting
+	}
+	return false
+}
+
+func (x *Admin) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Request_Generate
 	//	*Request_Health
+	//	*Request_Admin
 	Op            isRequest_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -343,7 +399,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -355,7 +411,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -368,7 +424,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -396,6 +452,15 @@ func (x *Request) GetHealth() *Health {
 	return nil
 }
 
+func (x *Request) GetAdmin() *Admin {
+	if x != nil {
+		if x, ok := x.Op.(*Request_Admin); ok {
+			return x.Admin
+		}
+	}
+	return nil
+}
+
 type isRequest_Op interface {
 	isRequest_Op()
 }
@@ -408,9 +473,15 @@ type Request_Health struct {
 	Health *Health `protobuf:"bytes,2,opt,name=health,proto3,oneof"`
 }
 
+type Request_Admin struct {
+	Admin *Admin `protobuf:"bytes,3,opt,name=admin,proto3,oneof"`
+}
+
 func (*Request_Generate) isRequest_Op() {}
 
 func (*Request_Health) isRequest_Op() {}
+
+func (*Request_Admin) isRequest_Op() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -423,7 +494,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +506,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +519,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Error) GetCode() Code {
@@ -481,13 +552,14 @@ type HealthReply struct {
 	NumericsId    string                 `protobuf:"bytes,5,opt,name=numerics_id,json=numericsId,proto3" json:"numerics_id,omitempty"`
 	Model         string                 `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
 	ModelRevision string                 `protobuf:"bytes,7,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
+	Accepting     bool                   `protobuf:"varint,8,opt,name=accepting,proto3" json:"accepting,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +571,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +584,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *HealthReply) GetReady() bool {
@@ -564,6 +636,13 @@ func (x *HealthReply) GetModelRevision() string {
 	return ""
 }
 
+func (x *HealthReply) GetAccepting() bool {
+	if x != nil {
+		return x.Accepting
+	}
+	return false
+}
+
 type Frame struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId   string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
@@ -584,7 +663,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +675,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +688,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Frame) GetInstanceId() string {
@@ -714,15 +793,21 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x12*\n" +
 	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\"\b\n" +
-	"\x06Health\"}\n" +
+	"\x06Health\"E\n" +
+	"\x05Admin\x12\x1c\n" +
+	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"\xae\x01\n" +
 	"\aRequest\x128\n" +
 	"\bgenerate\x18\x01 \x01(\v2\x1a.lifeline.wire.v1.GenerateH\x00R\bgenerate\x122\n" +
-	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06healthB\x04\n" +
+	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06health\x12/\n" +
+	"\x05admin\x18\x03 \x01(\v2\x17.lifeline.wire.v1.AdminH\x00R\x05adminB\x04\n" +
 	"\x02op\"k\n" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xd4\x01\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xf2\x01\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -732,7 +817,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\vnumerics_id\x18\x05 \x01(\tR\n" +
 	"numericsId\x12\x14\n" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
-	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\"\x92\x03\n" +
+	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\x12\x1c\n" +
+	"\taccepting\x18\b \x01(\bR\taccepting\"\x92\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -779,29 +865,31 @@ func file_lifeline_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_lifeline_wire_proto_goTypes = []any{
 	(Lane)(0),           // 0: lifeline.wire.v1.Lane
 	(Code)(0),           // 1: lifeline.wire.v1.Code
 	(*Generate)(nil),    // 2: lifeline.wire.v1.Generate
 	(*Health)(nil),      // 3: lifeline.wire.v1.Health
-	(*Request)(nil),     // 4: lifeline.wire.v1.Request
-	(*Error)(nil),       // 5: lifeline.wire.v1.Error
-	(*HealthReply)(nil), // 6: lifeline.wire.v1.HealthReply
-	(*Frame)(nil),       // 7: lifeline.wire.v1.Frame
+	(*Admin)(nil),       // 4: lifeline.wire.v1.Admin
+	(*Request)(nil),     // 5: lifeline.wire.v1.Request
+	(*Error)(nil),       // 6: lifeline.wire.v1.Error
+	(*HealthReply)(nil), // 7: lifeline.wire.v1.HealthReply
+	(*Frame)(nil),       // 8: lifeline.wire.v1.Frame
 }
 var file_lifeline_wire_proto_depIdxs = []int32{
 	0, // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
 	2, // 1: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
 	3, // 2: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
-	1, // 3: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
-	5, // 4: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
-	6, // 5: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	4, // 3: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
+	1, // 4: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
+	6, // 5: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
+	7, // 6: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
+	7, // [7:7] is the sub-list for method output_type
+	7, // [7:7] is the sub-list for method input_type
+	7, // [7:7] is the sub-list for extension type_name
+	7, // [7:7] is the sub-list for extension extendee
+	0, // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_wire_proto_init() }
@@ -809,9 +897,10 @@ func file_lifeline_wire_proto_init() {
 	if File_lifeline_wire_proto != nil {
 		return
 	}
-	file_lifeline_wire_proto_msgTypes[2].OneofWrappers = []any{
+	file_lifeline_wire_proto_msgTypes[3].OneofWrappers = []any{
 		(*Request_Generate)(nil),
 		(*Request_Health)(nil),
+		(*Request_Admin)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -819,7 +908,7 @@ func file_lifeline_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -91,6 +91,24 @@ func (c *Client) Health(ctx context.Context) (*wire.HealthReply, error) {
 	return f.Health, nil
 }
 
+// Admin sets whether the worker accepts new requests and raises the
+// generation it stamps; it returns the worker's health after the change.
+func (c *Client) Admin(ctx context.Context, accepting bool, generation uint64) (*wire.HealthReply, error) {
+	s, err := c.open(ctx, &wire.Request{Op: &wire.Request_Admin{Admin: &wire.Admin{Accepting: accepting, Generation: generation}}})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Cancel()
+	f, err := s.Next()
+	if err != nil {
+		return nil, err
+	}
+	if f.Health == nil {
+		return nil, fmt.Errorf("worker: admin answer without health")
+	}
+	return f.Health, nil
+}
+
 // Next returns the next frame; io.EOF after the last one. Frames stamped
 // with another instance or an older generation are dropped and counted.
 func (s *Stream) Next() (*wire.Frame, error) {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -95,6 +96,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer ln.Close()
 	s := &server{opts: opts, engine: e}
+	s.generation.Store(opts.Generation)
+	s.accepting.Store(true)
 	json.NewEncoder(out).Encode(Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()})
 	go func() {
@@ -122,6 +125,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 type server struct {
 	opts   Options
 	engine *decode.Engine
+	// generation is stamped on every frame; the agent raises it when it
+	// re-registers the instance. accepting is cleared while the agent
+	// cannot prove it is routable.
+	generation atomic.Uint64
+	accepting  atomic.Bool
 }
 
 func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
@@ -142,7 +150,7 @@ func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
 }
 
 func (s *server) stamp(f *wire.Frame) *wire.Frame {
-	f.InstanceId, f.Generation = s.opts.InstanceID, s.opts.Generation
+	f.InstanceId, f.Generation = s.opts.InstanceID, s.generation.Load()
 	return f
 }
 
@@ -162,15 +170,30 @@ func (s *server) serveStream(st *quic.Stream) {
 	}
 	switch op := req.Op.(type) {
 	case *wire.Request_Health:
-		st := s.engine.Stats()
-		send(&wire.Frame{Health: &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
-			FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
-			ModelRevision: s.engine.Model.Revision}})
+		send(&wire.Frame{Health: s.health()})
+	case *wire.Request_Admin:
+		a := op.Admin
+		// A generation only ever goes up.
+		for {
+			cur := s.generation.Load()
+			if a.Generation <= cur || s.generation.CompareAndSwap(cur, a.Generation) {
+				break
+			}
+		}
+		s.accepting.Store(a.Accepting)
+		send(&wire.Frame{Health: s.health()})
 	case *wire.Request_Generate:
 		s.generate(st, op.Generate, send)
 	default:
 		send(&wire.Frame{FinishReason: "error", Error: &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "unknown operation"}})
 	}
+}
+
+func (s *server) health() *wire.HealthReply {
+	st := s.engine.Stats()
+	return &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
+		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
+		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load()}
 }
 
 func intsOf(v []int32) []int {
@@ -204,6 +227,11 @@ func ErrorFrame(err error) *wire.Error {
 }
 
 func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Frame) error) {
+	if !s.accepting.Load() && g.Lane != wire.Lane_CANARY {
+		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error",
+			Error: &wire.Error{Code: wire.Code_SHUTTING_DOWN, Retryable: true, Message: "not accepting new requests: the node agent cannot prove its registration lease"}})
+		return
+	}
 	prio := sched.Interactive
 	switch g.Lane {
 	case wire.Lane_BATCH:

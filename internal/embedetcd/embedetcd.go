@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/server/v3/embed"
@@ -16,7 +17,14 @@ import (
 type Server struct {
 	etcd     *embed.Etcd
 	Endpoint string
+	dir      string
+	port     int
+	once     sync.Once
 }
+
+// Dir and Port let a caller start the same member again after Close.
+func (s *Server) Dir() string { return s.dir }
+func (s *Server) Port() int   { return s.port }
 
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -59,11 +67,13 @@ func Start(dir string, clientPort int) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedetcd: not ready after 30s")
 	}
-	return &Server{etcd: e, Endpoint: cu.Host}, nil
+	return &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort}, nil
 }
 
-// Close stops etcd.
+// Close stops etcd; a second Close does nothing.
 func (s *Server) Close() {
-	s.etcd.Close()
-	<-s.etcd.Server.StopNotify()
+	s.once.Do(func() {
+		s.etcd.Close()
+		<-s.etcd.Server.StopNotify()
+	})
 }
