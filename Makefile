@@ -1,5 +1,8 @@
 # Lifeline. A fresh machine needs only Go: `make run`, `make test`.
 GO      ?= go
+# go-nvml's headers mark deprecated calls it wraps; do not print that at
+# every build.
+export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s

@@ -40,6 +40,9 @@ type Agent struct {
 
 	detector         ebpf.Detector
 	detectorFallback error
+	// gpu is nil without a GPU; gpuErr says why.
+	gpu    *gpuChecker
+	gpuErr error
 
 	events  *eventLog
 	metrics *metrics
@@ -139,6 +142,14 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	}
 	log.Info("failure detector", "detector", a.detector.Name())
 
+	if a.gpu, a.gpuErr = newGPUChecker(); a.gpuErr != nil {
+		log.Info("GPU health checks off", "reason", a.gpuErr)
+	} else {
+		defer a.gpu.close()
+		wg.Add(1)
+		go func() { defer wg.Done(); a.gpu.run(ctx, a.onGPUEvent) }()
+	}
+
 	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: nil})
 	if err != nil {
 		return fmt.Errorf("agent: etcd: %w", err)
@@ -195,6 +206,20 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
 	a.revokeLease()
 	return nil
+}
+
+// onGPUEvent marks every instance not ready on a critical GPU error. The
+// reference engine runs on CPU, so there is no device-to-instance mapping
+// yet: a GPU engine will narrow this to the instances on that device.
+func (a *Agent) onGPUEvent(e gpuEvent) {
+	a.mu.Lock()
+	for _, inst := range a.instances {
+		inst.ready, inst.notReady = false, ReasonGPUXid
+	}
+	a.mu.Unlock()
+	a.emit(Event{Kind: EventNotReady, Reason: ReasonGPUXid, Detail: fmt.Sprintf("device %d: %s %d", e.Device, e.Kind, e.XID)})
+	a.log.Error("critical GPU error", "failure_reason", ReasonGPUXid, "device", e.Device, "kind", e.Kind, "xid", e.XID, "recovery_action", "not ready")
+	a.registerAll(context.Background())
 }
 
 // dispatchExits routes detector events to the instance that owns the pid.

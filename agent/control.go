@@ -36,6 +36,7 @@ type Status struct {
 	Detector         string         `json:"detector"`
 	DetectorFallback string         `json:"detector_fallback,omitempty"`
 	Etcd             EtcdStatus     `json:"etcd"`
+	GPU              string         `json:"gpu"`
 	Arena            map[string]any `json:"arena"`
 	Instances        []Worker       `json:"instances"`
 	UptimeSeconds    float64        `json:"uptime_seconds"`
@@ -65,6 +66,12 @@ func (a *Agent) status() Status {
 	st := Status{NodeID: a.opts.NodeID, Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
 	if a.detectorFallback != nil {
 		st.DetectorFallback = a.detectorFallback.Error()
+	}
+	st.GPU = "ok"
+	if a.gpuErr != nil {
+		st.GPU = a.gpuErr.Error()
+	} else if a.gpu != nil {
+		st.GPU = fmt.Sprintf("ok: %d devices watched for XID and double-bit ECC errors", a.gpu.devices)
 	}
 	a.mu.Lock()
 	st.Etcd = EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}

@@ -78,6 +78,7 @@ func Command() *cobra.Command {
 			if st.DetectorFallback != "" {
 				fmt.Fprintf(out, " (eBPF unavailable: %s)", st.DetectorFallback)
 			}
+			fmt.Fprintf(out, "\nGPU: %s", st.GPU)
 			fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
 			fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
 			return printWorkers(out, st.Instances)

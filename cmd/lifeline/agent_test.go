@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -171,7 +172,8 @@ func (n *agentNode) workers(t *testing.T) []agent.Worker {
 // etcd without waiting for any lease, and the instance comes back at the
 // next generation once a canary passed.
 func TestAgentDetectsWorkerKill(t *testing.T) {
-	n := newAgentNode(t, nil)
+	metricsAddr := freeTCPAddr(t)
+	n := newAgentNode(t, map[string]any{"metrics_listen": metricsAddr})
 	const id = "n1-decode-tiny-0"
 	reg := n.waitRegistration(t, id, 0)
 	ws := n.workers(t)
@@ -236,6 +238,18 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	ws = n.workers(t)
 	if ws[0].LastExit == nil || ws[0].LastExit.Reason != agent.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
+	}
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`lifeline_agent_worker_exits_total{reason="signal"} 1`, `lifeline_agent_restarts_total{instance_id="n1-decode-tiny-0"} 1`,
+		`lifeline_agent_failure_detection_seconds_count{detector="` + exitEvent.Detector + `"} 1`, `lifeline_agent_canary_total{result="ok"}`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 	// A clean stop takes the workers and the registrations with it.
 	n.cmd.Process.Signal(syscall.SIGTERM)
@@ -501,4 +515,14 @@ func TestAgentEtcdOutage(t *testing.T) {
 	if fs := collectFrames(t, ns); len(fs) != 4 || fs[0].Generation != next.Generation {
 		t.Fatalf("after re-registration: %+v", fs)
 	}
+}
+
+func freeTCPAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
