@@ -526,3 +526,21 @@ func freeTCPAddr(t *testing.T) string {
 	defer l.Close()
 	return l.Addr().String()
 }
+
+// TestSystemdUnitVerifies runs systemd's own checker over the unit, pointed
+// at the binary under test.
+func TestSystemdUnitVerifies(t *testing.T) {
+	analyze, err := exec.LookPath("systemd-analyze")
+	if err != nil {
+		t.Skip("systemd-analyze is not installed on this machine")
+	}
+	unit, err := os.ReadFile("../../deploy/lifeline-agent.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(t.TempDir(), "lifeline-agent.service")
+	os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", binary)), 0o644)
+	if out, err := exec.Command(analyze, "verify", p).CombinedOutput(); err != nil {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
