@@ -126,7 +126,8 @@ func weightBytesSmall() float64 {
 
 func newScheduler(m *model.Model, sequences, positions int) (*sched.Scheduler, kvcache.Store, error) {
 	bs := kvcache.DefaultBlockSize
-	store, err := kvcache.NewMemStore(m.KVLayout(bs), sequences*((positions+bs-1)/bs))
+	// Plus the blocks the scheduler holds back for a canary.
+	store, err := kvcache.NewMemStore(m.KVLayout(bs), sequences*((positions+bs-1)/bs)+(sched.CanaryMaxPositions+bs-1)/bs)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -134,10 +135,14 @@ func newScheduler(m *model.Model, sequences, positions int) (*sched.Scheduler, k
 	return s, store, err
 }
 
+// generated counts the tokens the benchmark's sequences produced, so that a
+// run that silently generated nothing cannot report a throughput.
+var generated int
+
 func submit(s *sched.Scheduler, id string, prompt []int, maxTokens int) error {
 	return s.Submit(sched.Request{ID: id, Prompt: prompt, MaxTokens: maxTokens,
 		Sampling: sample.Params{Temperature: 0.8, Seed: 1},
-		OnToken:  func(sched.Token) bool { return true }, OnFinish: func(sched.Finish) {}})
+		OnToken:  func(sched.Token) bool { generated++; return true }, OnFinish: func(sched.Finish) {}})
 }
 
 func promptOf(n int) []int {
@@ -161,6 +166,7 @@ func decodeThroughput(m *model.Model, batch, tokens int) (float64, error) {
 			return 0, err
 		}
 	}
+	generated = 0
 	// The first step prefills every prompt and samples each first token.
 	if _, err := s.Step(); err != nil {
 		return 0, err
@@ -175,7 +181,11 @@ func decodeThroughput(m *model.Model, batch, tokens int) (float64, error) {
 			break
 		}
 	}
-	return float64(batch*tokens) / time.Since(start).Seconds(), nil
+	elapsed := time.Since(start)
+	if generated != batch*(tokens+1) {
+		return 0, fmt.Errorf("decode bench: %d tokens generated, want %d", generated, batch*(tokens+1))
+	}
+	return float64(batch*tokens) / elapsed.Seconds(), nil
 }
 
 func prefillThroughput(m *model.Model, n int) (float64, error) {
@@ -183,6 +193,7 @@ func prefillThroughput(m *model.Model, n int) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
+	generated = 0
 	if err := submit(s, "p", promptOf(n), 1); err != nil {
 		return 0, err
 	}
@@ -195,6 +206,9 @@ func prefillThroughput(m *model.Model, n int) (float64, error) {
 		if !busy {
 			break
 		}
+	}
+	if generated != 1 {
+		return 0, fmt.Errorf("prefill bench: the prompt was never computed")
 	}
 	return float64(n) / time.Since(start).Seconds(), nil
 }
