@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -47,9 +49,17 @@ type Agent struct {
 	events  *eventLog
 	metrics *metrics
 
-	mu         sync.Mutex
-	instances  map[string]*instance
-	byPID      map[int]*instance
+	mu        sync.Mutex
+	instances map[string]*instance
+	// byPID routes a detector report to the one process it is about, so
+	// that a late report about a previous worker can never be taken for
+	// the current one's death.
+	byPID map[int]chan ebpf.Exit
+	// regMu orders registrations against deregistrations: a snapshot of a
+	// ready instance is never written after its death was acted on.
+	regMu sync.Mutex
+	// gpuFault is set by a critical GPU error; instances stay not ready.
+	gpuFault   bool
 	lease      clientv3.LeaseID
 	leaseAlive time.Time
 	started    time.Time
@@ -69,6 +79,7 @@ type instance struct {
 	ready      bool
 	notReady   string // reason when not ready
 	lastExit   *Event
+	spawnFails int // consecutive failures to get a generation
 	restarts   int
 	model      string
 	revision   string
@@ -78,8 +89,6 @@ type instance struct {
 	running    int
 	queued     int
 	freeBlocks int
-
-	deaths chan ebpf.Exit
 }
 
 // Run starts the agent and blocks until ctx is done, then stops the
@@ -89,7 +98,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{}, byPID: map[int]*instance{}, started: time.Now()}
+	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{}, byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return fmt.Errorf("agent: data_dir: %w", err)
 	}
@@ -145,9 +154,12 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if a.gpu, a.gpuErr = newGPUChecker(); a.gpuErr != nil {
 		log.Info("GPU health checks off", "reason", a.gpuErr)
 	} else {
-		defer a.gpu.close()
 		wg.Add(1)
-		go func() { defer wg.Done(); a.gpu.run(ctx, a.onGPUEvent) }()
+		go func() {
+			defer wg.Done()
+			a.gpu.run(ctx, a.onGPUEvent)
+			a.gpu.close()
+		}()
 	}
 
 	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: nil})
@@ -173,7 +185,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	go func() { defer wg.Done(); a.dispatchExits(ctx) }()
 	for _, spec := range opts.Instances {
 		for k := 0; k < spec.Count; k++ {
-			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting", deaths: make(chan ebpf.Exit, 4)}
+			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting"}
 			a.mu.Lock()
 			a.instances[inst.id] = inst
 			a.mu.Unlock()
@@ -181,7 +193,27 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 			go func() { defer wg.Done(); a.supervise(ctx, inst) }()
 		}
 	}
-	daemon.SdNotify(false, daemon.SdNotifyReady)
+	// READY=1 once registered: a lease is held and an instance is ready
+	// (or none is configured), or after a minute with the reason in STATUS.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		deadline := time.Now().Add(time.Minute)
+		for ctx.Err() == nil {
+			a.mu.Lock()
+			ok := a.lease != 0 && (len(a.instances) == 0 || slices.ContainsFunc(slices.Collect(maps.Values(a.instances)), func(i *instance) bool { return i.ready }))
+			a.mu.Unlock()
+			if ok {
+				daemon.SdNotify(false, daemon.SdNotifyReady)
+				return
+			}
+			if time.Now().After(deadline) {
+				daemon.SdNotify(false, daemon.SdNotifyReady+"\nSTATUS=no instance ready or no etcd lease after 1m")
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}()
 	if interval, err := daemon.SdWatchdogEnabled(false); err == nil && interval > 0 {
 		wg.Add(1)
 		go func() {
@@ -213,6 +245,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 // yet: a GPU engine will narrow this to the instances on that device.
 func (a *Agent) onGPUEvent(e gpuEvent) {
 	a.mu.Lock()
+	a.gpuFault = true
 	for _, inst := range a.instances {
 		inst.ready, inst.notReady = false, ReasonGPUXid
 	}
@@ -233,11 +266,11 @@ func (a *Agent) dispatchExits(ctx context.Context) {
 				return
 			}
 			a.mu.Lock()
-			inst := a.byPID[ex.PID]
+			ch := a.byPID[ex.PID]
 			a.mu.Unlock()
-			if inst != nil {
+			if ch != nil {
 				select {
-				case inst.deaths <- ex:
+				case ch <- ex:
 				default:
 				}
 			}
@@ -258,14 +291,25 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	}
 	for ctx.Err() == nil {
 		started := time.Now()
-		exit, err := a.runOnce(ctx, inst)
+		_, err := a.runOnce(ctx, inst)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errNoGeneration) {
+			// etcd unreachable: not the worker's fault, not a crash. Wait
+			// for etcd, without giving up on the instance.
+			a.setState(inst, "waiting_for_etcd")
+			a.log.Warn("cannot get a generation", "instance_id", inst.id, "err", err, "recovery_action", "retry")
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+			continue
 		}
 		if err != nil {
 			a.log.Error("worker start failed", "instance_id", inst.id, "err", err, "recovery_action", "restart")
 		}
-		_ = exit
 		// A worker that ran for a whole window was healthy: start over.
 		if time.Since(started) > time.Duration(a.opts.CrashLoopWindow) {
 			backoff = time.Duration(a.opts.RestartBackoff)
@@ -309,10 +353,13 @@ func (a *Agent) emit(e Event) Event {
 
 // runOnce starts the worker at a new generation and supervises it until it
 // dies; it returns the exit event.
+// errNoGeneration wraps a failure to allocate a generation.
+var errNoGeneration = errors.New("agent: no generation")
+
 func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	gen, err := a.nextGeneration(ctx, inst.id)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w: %v", errNoGeneration, err)
 	}
 	cmd := exec.Command(a.opts.WorkerBinary, "worker", "--instance-id", inst.id, "--generation", fmt.Sprint(gen),
 		"--role", inst.spec.Role, "--preset", inst.spec.Preset, "--weight-seed", fmt.Sprint(inst.spec.WeightSeed),
@@ -329,13 +376,14 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		return nil, fmt.Errorf("agent: start worker %s: %w", inst.id, err)
 	}
 	pid := cmd.Process.Pid
+	detected := make(chan ebpf.Exit, 1)
+	a.mu.Lock()
+	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.state, inst.ready, inst.notReady = gen, gen, pid, "", "starting", false, "starting"
+	a.byPID[pid] = detected
+	a.mu.Unlock()
 	if err := a.detector.Watch(pid); err != nil {
 		a.log.Warn("cannot watch worker", "instance_id", inst.id, "pid", pid, "err", err)
 	}
-	a.mu.Lock()
-	inst.gen, inst.kvGen, inst.pid, inst.state, inst.ready, inst.notReady = gen, gen, pid, "starting", false, "starting"
-	a.byPID[pid] = inst
-	a.mu.Unlock()
 	a.emit(Event{Kind: EventStarted, InstanceID: inst.id, Generation: gen, PID: pid})
 	a.log.Info("worker started", "instance_id", inst.id, "generation", gen, "pid", pid)
 
@@ -374,12 +422,14 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID})
 		}
 		go a.canaryLoop(wctx, inst, gen, cmd.Process)
-		death = a.awaitDeath(ctx, inst, waited, cmd.Process)
-	case death = <-inst.deaths:
-	case death = <-waited:
+		death = a.awaitDeath(ctx, detected, waited, cmd.Process)
+	case d := <-detected:
+		death = settle(d, detected, waited)
+	case w := <-waited:
+		death = settle(w, detected, waited)
 	case <-time.After(60 * time.Second):
 		cmd.Process.Kill()
-		death = <-waited
+		death = settle(<-waited, detected, waited)
 	case <-ctx.Done():
 		a.stopWorker(cmd.Process, waited)
 		return nil, ctx.Err()
@@ -402,6 +452,15 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	if err != nil {
 		return
 	}
+	detected := make(chan ebpf.Exit, 1)
+	a.mu.Lock()
+	a.byPID[rec.PID] = detected
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.byPID, rec.PID)
+		a.mu.Unlock()
+	}()
 	if err := a.detector.Watch(rec.PID); err != nil {
 		a.log.Warn("cannot watch adopted worker", "instance_id", inst.id, "pid", rec.PID, "err", err)
 		return
@@ -417,53 +476,83 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 		inst.kvGen = rec.Generation
 	}
 	inst.state, inst.ready, inst.notReady = "running", false, "adopted; canary pending"
-	a.byPID[rec.PID] = inst
 	a.mu.Unlock()
+	// A worker the previous agent fenced (lost lease) comes back as a new
+	// endpoint: a new generation, and accepting again. Otherwise it keeps
+	// its generation.
+	if h, err := a.health(ctx, inst); err == nil && !h.Accepting {
+		a.reregisterOne(ctx, inst)
+	}
 	a.emit(Event{Kind: EventAdopted, InstanceID: inst.id, Generation: rec.Generation, PID: rec.PID})
 	a.log.Info("adopted running worker", "instance_id", inst.id, "generation", rec.Generation, "pid", rec.PID)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	go a.canaryLoop(wctx, inst, rec.Generation, p)
 	select {
-	case ex := <-inst.deaths:
+	case ex := <-detected:
 		a.mu.Lock()
 		gen := inst.gen
 		a.mu.Unlock()
 		a.onDeath(inst, gen, ex)
 	case <-ctx.Done():
 		// A clean stop stops adopted workers too (a SIGKILLed agent stops
-		// nothing, which is what adoption is for).
+		// nothing, which is what adoption is for). The dispatcher is gone
+		// by now: watch the process itself.
 		p.Signal(syscall.SIGTERM)
-		select {
-		case <-inst.deaths:
-		case <-time.After(5 * time.Second):
-			p.Kill()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			if st, err := processStartTime(rec.PID); err != nil || st != rec.StartTime {
+				break
+			}
+			if time.Now().After(deadline) {
+				p.Kill()
+				break
+			}
+			time.Sleep(10 * time.Millisecond)
 		}
 	}
 }
 
 // awaitDeath waits for the first report of the worker's death: the
 // detector's (microseconds) or the reaper's.
-func (a *Agent) awaitDeath(ctx context.Context, inst *instance, waited chan ebpf.Exit, p *os.Process) ebpf.Exit {
+func (a *Agent) awaitDeath(ctx context.Context, detected, waited chan ebpf.Exit, p *os.Process) ebpf.Exit {
 	select {
-	case ex := <-inst.deaths:
-		go func() { <-waited }() // reap
-		return ex
-	case ex := <-waited:
-		// The exit tracepoint fires before the process can be reaped, but
-		// its ring-buffer delivery can lose the race to Wait. Give it a
-		// moment: only the detector knows an OOM kill, and its timestamp
-		// is the earlier one.
-		select {
-		case d := <-inst.deaths:
-			return d
-		case <-time.After(50 * time.Millisecond):
-			return ex
-		}
+	case d := <-detected:
+		return settle(d, detected, waited)
+	case w := <-waited:
+		return settle(w, detected, waited)
 	case <-ctx.Done():
 		a.stopWorker(p, waited)
 		return ebpf.Exit{}
 	}
+}
+
+// settle completes a first report of a child's death with the other
+// source. A detector report that knows the exit status (eBPF) is acted on
+// at once and the child is reaped in the background. A detector report
+// that does not (pidfd on an already reaped child) waits for the reaper's
+// status. A reaper report waits briefly for the detector, the only one that
+// knows an OOM kill and whose timestamp is the earlier one.
+func settle(first ebpf.Exit, detected, waited chan ebpf.Exit) ebpf.Exit {
+	if first.Detector != "wait" {
+		if first.Code >= 0 || first.Signal != 0 {
+			go func() { <-waited }()
+			return first
+		}
+		select {
+		case w := <-waited:
+			w.Detector, w.DetectedAt, w.OOM = first.Detector, first.DetectedAt, first.OOM
+			return w
+		case <-time.After(2 * time.Second):
+			return first
+		}
+	}
+	select {
+	case d := <-detected:
+		first.Detector, first.DetectedAt, first.OOM = d.Detector, d.DetectedAt, d.OOM
+	case <-time.After(50 * time.Millisecond):
+	}
+	return first
 }
 
 // stopWorker ends a worker on agent shutdown: SIGTERM, then SIGKILL.
@@ -497,10 +586,14 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	kvGen := inst.kvGen
 	a.mu.Unlock()
 	a.detector.Unwatch(ex.PID)
+	// The KV blocks first: that needs no network.
+	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: kvGen})
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	a.regMu.Lock()
 	a.etcd.Delete(ctx, InstancesPrefix+inst.id)
+	a.regMu.Unlock()
 	fail, _ := json.Marshal(Failure{InstanceID: inst.id, Generation: gen, Node: a.opts.NodeID, Reason: reason, Detector: ex.Detector, DetectedAt: ex.DetectedAt.UnixNano()})
 	a.mu.Lock()
 	lease := a.lease
@@ -508,7 +601,6 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	if lease != 0 {
 		a.etcd.Put(ctx, FailuresPrefix+inst.id, string(fail), clientv3.WithLease(lease))
 	}
-	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: kvGen})
 	e := a.emit(Event{Kind: EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
 		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
 	a.mu.Lock()

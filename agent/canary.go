@@ -20,17 +20,12 @@ const canaryTokens = 4
 // instance has been idle for CanaryIdle ±20%. A failure makes the instance
 // not ready; CanaryFailures in a row kill it for a restart.
 func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc *os.Process) {
-	a.mu.Lock()
-	addr := inst.addr
-	a.mu.Unlock()
-	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	client, err := worker.Dial(dctx, addr, a.tlsConf, inst.id, gen)
-	cancel()
-	if err != nil {
-		a.canaryResult(inst, gen, ReasonCanaryError, err, proc)
-		return
-	}
-	defer client.Close()
+	var client *worker.Client
+	defer func() {
+		if client != nil {
+			client.Close()
+		}
+	}()
 	wait := time.Duration(0)
 	for {
 		select {
@@ -40,6 +35,28 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 		}
 		idle := time.Duration(a.opts.CanaryIdle)
 		wait = idle + time.Duration((rand.Float64()*0.4-0.2)*float64(idle))
+		// Dial anew after any failure: a QUIC connection idles out while a
+		// worker is paused, and a dial failure is a canary failure too.
+		if client == nil {
+			a.mu.Lock()
+			addr := inst.addr
+			a.mu.Unlock()
+			dctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout)+time.Second)
+			c, err := worker.Dial(dctx, addr, a.tlsConf, inst.id, gen)
+			timedOut := errors.Is(dctx.Err(), context.DeadlineExceeded)
+			cancel()
+			if err != nil {
+				reason := ReasonCanaryError
+				if timedOut {
+					reason = ReasonCanaryTimeout // a worker that cannot even handshake is stuck
+				}
+				if ctx.Err() != nil || !a.canaryResult(inst, gen, reason, err, proc) {
+					return
+				}
+				continue
+			}
+			client = c
+		}
 		hctx, hcancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
 		h, herr := client.Health(hctx)
 		hcancel()
@@ -55,6 +72,10 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 		reason, err := a.canary(ctx, client, inst.id, gen)
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil {
+			client.Close()
+			client = nil
 		}
 		if !a.canaryResult(inst, gen, reason, err, proc) {
 			return
@@ -110,6 +131,12 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 	}
 	gen = inst.gen
 	wasReady := inst.ready
+	if err == nil && a.gpuFault {
+		// The canary passes on the CPU engine, but the node has a critical
+		// GPU error: it stays not ready until the agent restarts.
+		a.mu.Unlock()
+		return true
+	}
 	if err == nil {
 		inst.ready, inst.notReady, inst.canaryFail, inst.canaryOK = true, "", 0, time.Now()
 		a.mu.Unlock()

@@ -60,7 +60,10 @@ func (a *Agent) nextGeneration(ctx context.Context, instance string) (uint64, er
 		var remote uint64
 		rev := int64(0)
 		if len(resp.Kvs) == 1 {
-			remote, _ = strconv.ParseUint(string(resp.Kvs[0].Value), 10, 64)
+			if remote, err = strconv.ParseUint(string(resp.Kvs[0].Value), 10, 64); err != nil {
+				cancel()
+				return 0, fmt.Errorf("agent: generation of %s in etcd is %q: %w", instance, resp.Kvs[0].Value, err)
+			}
 			rev = resp.Kvs[0].ModRevision
 		}
 		next = max(local, remote) + 1
@@ -80,7 +83,20 @@ func (a *Agent) nextGeneration(ctx context.Context, instance string) (uint64, er
 		}
 	}
 	failpoint.Hit(FailBeforeGenerationPersist)
+	// Only ever raise the local record, even if two bumps race.
 	err = a.db.Update(func(txn *badger.Txn) error {
+		if item, err := txn.Get(genKey(instance)); err == nil {
+			var cur uint64
+			item.Value(func(v []byte) error {
+				if len(v) == 8 {
+					cur = binary.BigEndian.Uint64(v)
+				}
+				return nil
+			})
+			if cur >= next {
+				return nil
+			}
+		}
 		return txn.Set(genKey(instance), binary.BigEndian.AppendUint64(nil, next))
 	})
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
@@ -74,6 +75,11 @@ func (g *gpuChecker) run(ctx context.Context, out func(gpuEvent)) {
 			continue
 		}
 		if ret != nvml.SUCCESS {
+			// The GPU may be gone; do not spin.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
 			continue
 		}
 		idx := -1

@@ -3,6 +3,8 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -83,6 +85,8 @@ func (a *Agent) keepLease(ctx context.Context) {
 // registerAll writes the registration of every ready instance and removes
 // those that are not ready.
 func (a *Agent) registerAll(ctx context.Context) {
+	a.regMu.Lock()
+	defer a.regMu.Unlock()
 	a.mu.Lock()
 	lease := a.lease
 	var puts []Registration
@@ -149,26 +153,42 @@ func (a *Agent) fenceAll(ctx context.Context) {
 func (a *Agent) reregister(ctx context.Context) {
 	a.metrics.reregisters.Inc()
 	for _, inst := range a.running() {
-		gen, err := a.nextGeneration(ctx, inst.id)
-		if err != nil {
-			a.log.Warn("re-register: generation", "instance_id", inst.id, "err", err)
-			continue
-		}
-		if _, err := a.admin(ctx, inst, true, gen); err != nil {
-			a.log.Warn("re-register: worker", "instance_id", inst.id, "err", err)
-			continue
-		}
-		a.mu.Lock()
-		inst.gen = gen
-		rec := workerRecord{InstanceID: inst.id, Generation: gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
-			Model: inst.model, Revision: inst.revision, Numerics: inst.numerics}
-		a.mu.Unlock()
-		if st, err := processStartTime(rec.PID); err == nil {
-			rec.StartTime = st
-			a.saveWorker(rec)
-		}
-		a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
+		a.reregisterOne(ctx, inst)
 	}
+}
+
+// reregisterOne gives one running instance a new generation. An instance
+// whose worker cannot be told is killed: a fenced worker must never be
+// registered again at its old generation, and its restart brings it back
+// at a new one.
+func (a *Agent) reregisterOne(ctx context.Context, inst *instance) {
+	a.mu.Lock()
+	pid := inst.pid
+	a.mu.Unlock()
+	gen, err := a.nextGeneration(ctx, inst.id)
+	if err == nil {
+		_, err = a.admin(ctx, inst, true, gen)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if inst.pid != pid {
+		return // the worker changed meanwhile; the new one has its own generation
+	}
+	if err != nil {
+		a.log.Warn("re-register failed; restarting the worker", "instance_id", inst.id, "err", err, "recovery_action", "restart")
+		if p, ferr := os.FindProcess(pid); ferr == nil && pid != 0 {
+			p.Kill()
+		}
+		return
+	}
+	inst.gen = max(inst.gen, gen)
+	rec := workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
+		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics}
+	if st, err := processStartTime(rec.PID); err == nil {
+		rec.StartTime = st
+		go a.saveWorker(rec)
+	}
+	go a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
 }
 
 func (a *Agent) running() []*instance {
@@ -188,6 +208,9 @@ func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen u
 	a.mu.Lock()
 	addr, cur := inst.addr, inst.gen
 	a.mu.Unlock()
+	if addr == "" {
+		return nil, fmt.Errorf("agent: %s has no endpoint yet", inst.id)
+	}
 	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	c, err := worker.Dial(actx, addr, a.tlsConf, inst.id, cur)
@@ -195,5 +218,22 @@ func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen u
 		return nil, err
 	}
 	defer c.Close()
-	return c.Admin(actx, accepting, gen)
+	// The worker checks the instance id and the generation we believe it
+	// has, so that a reused address never reaches another worker.
+	return c.Admin(actx, inst.id, cur, accepting, gen)
+}
+
+// health asks an instance's worker for its state.
+func (a *Agent) health(ctx context.Context, inst *instance) (*wire.HealthReply, error) {
+	a.mu.Lock()
+	addr, cur := inst.addr, inst.gen
+	a.mu.Unlock()
+	hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c, err := worker.Dial(hctx, addr, a.tlsConf, inst.id, cur)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.Health(hctx)
 }

@@ -134,8 +134,16 @@ func (o *Options) Validate() error {
 		return bad("arena_slots", "%d", o.ArenaSlots)
 	case o.ArenaSlotBytes <= 0:
 		return bad("arena_slot_bytes", "%d", o.ArenaSlotBytes)
-	case time.Duration(o.LeaseTTL) < time.Second:
+	case time.Duration(o.LeaseTTL) < time.Second || time.Duration(o.LeaseTTL)%time.Second != 0:
 		return bad("lease_ttl", "%v (etcd leases are whole seconds, at least 1s)", time.Duration(o.LeaseTTL))
+	case o.CanaryIdle <= 0:
+		return bad("canary_idle", "%v (must be positive)", time.Duration(o.CanaryIdle))
+	case o.CanaryTimeout <= 0:
+		return bad("canary_timeout", "%v (must be positive)", time.Duration(o.CanaryTimeout))
+	case o.RestartBackoff <= 0:
+		return bad("restart_backoff", "%v (must be positive)", time.Duration(o.RestartBackoff))
+	case o.CrashLoopWindow <= 0:
+		return bad("crash_loop_window", "%v (must be positive)", time.Duration(o.CrashLoopWindow))
 	case o.CanaryFailures < 1:
 		return bad("canary_failures", "%d", o.CanaryFailures)
 	case o.CrashLoopLimit < 1:
@@ -145,7 +153,13 @@ func (o *Options) Validate() error {
 	case o.RestartMax < o.RestartBackoff:
 		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
 	}
+	seen := map[string]int{}
 	for i, in := range o.Instances {
+		key := in.Role + "/" + in.Preset
+		if j, dup := seen[key]; dup {
+			return bad(fmt.Sprintf("instances[%d]", i), "same role and preset as instances[%d]: merge their counts", j)
+		}
+		seen[key] = i
 		switch {
 		case in.Role != "decode" && in.Role != "prefill" && in.Role != "both":
 			return bad(fmt.Sprintf("instances[%d].role", i), "%q (decode, prefill or both)", in.Role)

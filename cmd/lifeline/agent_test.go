@@ -274,6 +274,10 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "typo_field": 1}`, "typo_field"},
 		{`{"node_id": `, "agent.json"},
 		{`{"node_id": "a", "lease_ttl": 3}`, "duration"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "restart_backoff": "-1s"}`, "restart_backoff"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "canary_idle": "-5s"}`, "canary_idle"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "lease_ttl": "2500ms"}`, "lease_ttl"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1}, {"role": "decode", "preset": "tiny", "count": 2}]}`, "instances[1]"},
 	} {
 		p := filepath.Join(dir, "agent.json")
 		os.WriteFile(p, []byte(c.cfg), 0o600)
@@ -542,5 +546,77 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", binary)), 0o644)
 	if out, err := exec.Command(analyze, "verify", p).CombinedOutput(); err != nil {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+// workersOf lists the live worker processes whose command line names sock.
+func workersOf(t *testing.T, sock string) []int {
+	t.Helper()
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid := 0
+		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err == nil && strings.Contains(string(cmdline), "worker\x00") && strings.Contains(string(cmdline), sock) &&
+			!strings.Contains(string(stat), ") Z ") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestAgentStaleDeathsNeverOrphanAWorker: a worker that crashes at start a
+// few times in a row (both the detector and the reaper report each death)
+// must leave exactly one supervised worker running, never a second one
+// whose death report was mistaken for an older process's.
+func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "flaky-worker")
+	counter := filepath.Join(dir, "starts")
+	os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0)\necho $((n+1)) > %s\n[ $n -lt 5 ] && exit 1\nexec %s \"$@\"\n", counter, counter, binary)), 0o755)
+	n := newAgentNode(t, map[string]any{"worker_binary": script, "restart_backoff": "10ms", "restart_backoff_max": "20ms", "crash_loop_limit": 20})
+	const id = "n1-decode-tiny-0"
+	n.waitRegistration(t, id, 0)
+	kvSock := filepath.Join(n.dir, "data", "kv.sock")
+	w := n.waitWorkerReady(t)
+	// Give any stray death report time to be (mis)used.
+	time.Sleep(300 * time.Millisecond)
+	pids := workersOf(t, kvSock)
+	if len(pids) != 1 || pids[0] != w.PID {
+		t.Fatalf("worker processes %v, supervised %d", pids, w.PID)
+	}
+	if again := n.workers(t)[0]; again.PID != w.PID || !again.Ready {
+		t.Fatalf("supervised worker changed: %+v", again)
+	}
+}
+
+// TestAgentWorkerDeathDuringEtcdOutage: with etcd down a dead worker cannot
+// get a new generation; the agent waits for etcd instead of counting it as
+// a crash loop, and the instance comes back when etcd does.
+func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"lease_ttl": "2s", "crash_loop_limit": 2})
+	const id = "n1-decode-tiny-0"
+	reg := n.waitRegistration(t, id, 0)
+	pid := n.workers(t)[0].PID
+	etcdDir, port := n.etcd.Dir(), n.etcd.Port()
+	n.etcd.Close()
+	syscall.Kill(pid, syscall.SIGKILL)
+	// Well past what the crash-loop limit would allow.
+	time.Sleep(5 * time.Second)
+	if w := n.workers(t)[0]; w.State == "crash_loop" {
+		t.Fatalf("etcd outage counted as a crash loop: %+v", w)
+	}
+	e2, err := embedetcd.Start(etcdDir, port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e2.Close)
+	next := n.waitRegistration(t, id, reg.Generation)
+	if w := n.workers(t)[0]; w.PID == pid || w.PID == 0 {
+		t.Fatalf("instance not restarted after etcd returned: %+v (generation %d)", w, next.Generation)
 	}
 }

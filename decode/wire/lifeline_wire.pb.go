@@ -334,11 +334,15 @@ func (*Health) Descriptor() ([]byte, []int) {
 // requests (an agent that cannot prove its etcd lease must stop routing to
 // it) and a new generation to stamp (after re-registration).
 type Admin struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Accepting     bool                   `protobuf:"varint,1,opt,name=accepting,proto3" json:"accepting,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Accepting  bool                   `protobuf:"varint,1,opt,name=accepting,proto3" json:"accepting,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The worker refuses an Admin meant for another instance, or sent by an
+	// agent that believes it is at a later generation than it is.
+	InstanceId        string `protobuf:"bytes,3,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	CurrentGeneration uint64 `protobuf:"varint,4,opt,name=current_generation,json=currentGeneration,proto3" json:"current_generation,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Admin) Reset() {
@@ -381,6 +385,20 @@ func (x *Admin) GetAccepting() bool {
 func (x *Admin) GetGeneration() uint64 {
 	if x != nil {
 		return x.Generation
+	}
+	return 0
+}
+
+func (x *Admin) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *Admin) GetCurrentGeneration() uint64 {
+	if x != nil {
+		return x.CurrentGeneration
 	}
 	return 0
 }
@@ -793,12 +811,15 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x12*\n" +
 	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\"\b\n" +
-	"\x06Health\"E\n" +
+	"\x06Health\"\x95\x01\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
-	"generation\"\xae\x01\n" +
+	"generation\x12\x1f\n" +
+	"\vinstance_id\x18\x03 \x01(\tR\n" +
+	"instanceId\x12-\n" +
+	"\x12current_generation\x18\x04 \x01(\x04R\x11currentGeneration\"\xae\x01\n" +
 	"\aRequest\x128\n" +
 	"\bgenerate\x18\x01 \x01(\v2\x1a.lifeline.wire.v1.GenerateH\x00R\bgenerate\x122\n" +
 	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06health\x12/\n" +

@@ -93,8 +93,9 @@ func (c *Client) Health(ctx context.Context) (*wire.HealthReply, error) {
 
 // Admin sets whether the worker accepts new requests and raises the
 // generation it stamps; it returns the worker's health after the change.
-func (c *Client) Admin(ctx context.Context, accepting bool, generation uint64) (*wire.HealthReply, error) {
-	s, err := c.open(ctx, &wire.Request{Op: &wire.Request_Admin{Admin: &wire.Admin{Accepting: accepting, Generation: generation}}})
+func (c *Client) Admin(ctx context.Context, instanceID string, current uint64, accepting bool, generation uint64) (*wire.HealthReply, error) {
+	s, err := c.open(ctx, &wire.Request{Op: &wire.Request_Admin{Admin: &wire.Admin{Accepting: accepting, Generation: generation,
+		InstanceId: instanceID, CurrentGeneration: current}}})
 	if err != nil {
 		return nil, err
 	}
@@ -102,6 +103,9 @@ func (c *Client) Admin(ctx context.Context, accepting bool, generation uint64) (
 	f, err := s.Next()
 	if err != nil {
 		return nil, err
+	}
+	if f.Error != nil {
+		return nil, fmt.Errorf("worker: admin refused: %s", f.Error.Message)
 	}
 	if f.Health == nil {
 		return nil, fmt.Errorf("worker: admin answer without health")

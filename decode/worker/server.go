@@ -173,6 +173,11 @@ func (s *server) serveStream(st *quic.Stream) {
 		send(&wire.Frame{Health: s.health()})
 	case *wire.Request_Admin:
 		a := op.Admin
+		if a.InstanceId != s.opts.InstanceID || a.CurrentGeneration > s.generation.Load() {
+			send(&wire.Frame{FinishReason: "error", Error: &wire.Error{Code: wire.Code_INVALID_REQUEST,
+				Message: fmt.Sprintf("admin for %s at generation %d reached %s at %d", a.InstanceId, a.CurrentGeneration, s.opts.InstanceID, s.generation.Load())}})
+			return
+		}
 		// A generation only ever goes up.
 		for {
 			cur := s.generation.Load()
