@@ -36,6 +36,9 @@ type agentNode struct {
 	stderr  *syncBuffer
 	arena   string
 	certDir string
+	// wrap, when set, rewrites the agent's command (e.g. to start it in a
+	// cgroup).
+	wrap func(*exec.Cmd) *exec.Cmd
 }
 
 func startEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
@@ -53,7 +56,7 @@ func startEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
 	return e, cli
 }
 
-func newAgentNode(t *testing.T, extra map[string]any) *agentNode {
+func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *exec.Cmd) *agentNode {
 	t.Helper()
 	e, cli := startEtcd(t)
 	n := &agentNode{etcd: e, cli: cli, dir: t.TempDir(), certDir: certDir(t)}
@@ -79,6 +82,9 @@ func newAgentNode(t *testing.T, extra map[string]any) *agentNode {
 	b, _ := json.Marshal(cfg)
 	n.config = filepath.Join(n.dir, "agent.json")
 	os.WriteFile(n.config, b, 0o600)
+	if len(wrap) > 0 {
+		n.wrap = wrap[0]
+	}
 	n.start(t)
 	return n
 }
@@ -86,6 +92,9 @@ func newAgentNode(t *testing.T, extra map[string]any) *agentNode {
 func (n *agentNode) start(t *testing.T) {
 	t.Helper()
 	n.cmd = exec.Command(binary, "agent", "--config", n.config)
+	if n.wrap != nil {
+		n.cmd = n.wrap(n.cmd)
+	}
 	n.stderr = &syncBuffer{}
 	n.cmd.Stderr = n.stderr
 	// Workers inherit the agent's stderr and may outlive it (that is the
@@ -619,4 +628,60 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	if w := n.workers(t)[0]; w.PID == pid || w.PID == 0 {
 		t.Fatalf("instance not restarted after etcd returned: %+v (generation %d)", w, next.Generation)
 	}
+}
+
+// TestAgentClassifiesOOMKill: the agent and its worker run in a memory
+// cgroup limited to 256 MiB; the worker makes a controlled 512 MiB
+// allocation (failpoint) once it serves. The OOM killer takes it, and the
+// agent records the death as an OOM kill, not as a signal 9.
+func TestAgentClassifiesOOMKill(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("not root: cannot create a memory cgroup")
+	}
+	cg := "/sys/fs/cgroup/memory"
+	if st, err := os.Stat(cg); err != nil || !st.IsDir() {
+		t.Skip("no cgroup v1 memory controller on this machine")
+	}
+	dir := filepath.Join(cg, fmt.Sprintf("lifeline-agent-oom-%d", os.Getpid()))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Remove(dir) })
+	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(256<<20)), 0); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "memory.memsw.limit_in_bytes"), []byte(fmt.Sprint(256<<20)), 0)
+	inCgroup := func(c *exec.Cmd) *exec.Cmd {
+		// Join the cgroup before the agent exists, so every worker is in it.
+		w := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %s/cgroup.procs && exec \"$0\" \"$@\"", dir), c.Path)
+		w.Args = append(w.Args, c.Args[1:]...)
+		w.Env = append(os.Environ(), "LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512")
+		return w
+	}
+	n := newAgentNode(t, map[string]any{"crash_loop_limit": 1, "restart_backoff": "5s", "restart_backoff_max": "5s"}, inCgroup)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		for _, line := range strings.Split(strings.TrimSpace(n.nodectlTry("events")), "\n") {
+			var e agent.Event
+			if json.Unmarshal([]byte(line), &e) == nil && e.Kind == agent.EventExit {
+				if e.Reason != agent.ReasonOOM || e.Signal != 9 || e.Detector != "ebpf" {
+					t.Fatalf("OOM kill recorded as %+v", e)
+				}
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no exit event within 30s; agent log:\n%s", n.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// nodectlTry runs nodectl and returns its output, or "" if it failed.
+func (n *agentNode) nodectlTry(args ...string) string {
+	out, err := exec.Command(nodectlBinary, append([]string{"--socket", n.socket}, args...)...).Output()
+	if err != nil {
+		return ""
+	}
+	return string(out)
 }

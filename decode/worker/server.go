@@ -23,9 +23,13 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
+
+// FailAfterReady is hit once the worker has announced it serves.
+const FailAfterReady = "worker.after-ready"
 
 // ALPN is the protocol name of the worker endpoint.
 const ALPN = "lifeline-worker/1"
@@ -100,6 +104,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	s.accepting.Store(true)
 	json.NewEncoder(out).Encode(Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()})
+	if err := failpoint.Hit(FailAfterReady); err != nil {
+		return err
+	}
 	go func() {
 		<-ctx.Done()
 		ln.Close()

@@ -9,13 +9,16 @@
 //
 // Actions: "pause" writes "failpoint NAME hit" to stderr and blocks forever
 // (the test then kills the process); "kill" writes the same line and sends
-// SIGKILL to the process itself; "error" makes Hit return ErrInjected.
+// SIGKILL to the process itself; "error" makes Hit return ErrInjected;
+// "allocMB:N" allocates and touches N MiB (N ≤ 4096) and holds it, the
+// controlled allocation an OOM drill runs inside a memory-limited cgroup.
 package failpoint
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,12 +47,27 @@ func load() {
 		switch {
 		case !ok || name == "":
 			parseE = fmt.Errorf("failpoint: %s: %q is not NAME=ACTION", EnvVar, item)
-		case action != "pause" && action != "kill" && action != "error":
+		case action != "pause" && action != "kill" && action != "error" && allocMB(action) <= 0:
 			parseE = fmt.Errorf("failpoint: %s: unknown action %q for %s", EnvVar, action, name)
 		default:
 			armed[name] = action
 		}
 	}
+}
+
+// held keeps an "allocMB" allocation alive.
+var held [][]byte
+
+func allocMB(action string) int {
+	v, ok := strings.CutPrefix(action, "allocMB:")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 || n > 4096 {
+		return 0
+	}
+	return n
 }
 
 // Check reports a malformed LIFELINE_FAILPOINTS, so that a drill with a typo
@@ -73,6 +91,17 @@ func Hit(name string) error {
 	case "kill":
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
+	}
+	if mb := allocMB(action); mb > 0 {
+		held = make([][]byte, 0, mb)
+		for i := 0; i < mb; i++ {
+			b := make([]byte, 1<<20)
+			for j := 0; j < len(b); j += 4096 {
+				b[j] = 1
+			}
+			held = append(held, b)
+		}
+		return nil
 	}
 	return fmt.Errorf("%w at %s", ErrInjected, name)
 }
