@@ -21,11 +21,15 @@ const canaryTokens = 4
 // not ready; CanaryFailures in a row kill it for a restart.
 func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc *os.Process) {
 	var client *worker.Client
-	defer func() {
+	closeClient := func() {
 		if client != nil {
+			a.metrics.staleGen.Add(float64(client.StaleFrames()))
 			client.Close()
+			client = nil
 		}
-	}()
+	}
+	defer closeClient()
+	var lastGenerated uint64
 	wait := time.Duration(0)
 	for {
 		select {
@@ -65,8 +69,14 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
 			ready := inst.ready
 			a.mu.Unlock()
-			if ready && h.Running > 0 {
-				continue // busy serving traffic: the traffic is the liveness proof
+			// Busy and making progress: the traffic is the liveness proof.
+			// Busy without a single new token since the last look: the
+			// engine may be wedged, so run the canary (its lane does not
+			// queue behind that traffic).
+			progressed := h.TokensGenerated != lastGenerated
+			lastGenerated = h.TokensGenerated
+			if ready && h.Running > 0 && progressed {
+				continue
 			}
 		}
 		reason, err := a.canary(ctx, client, inst.id, gen)
@@ -74,8 +84,7 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			return
 		}
 		if err != nil {
-			client.Close()
-			client = nil
+			closeClient()
 		}
 		if !a.canaryResult(inst, gen, reason, err, proc) {
 			return

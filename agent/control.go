@@ -12,6 +12,8 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // Worker is one entry of `nodectl workers --json`; the keys are stable.
@@ -131,6 +133,13 @@ func (a *Agent) serveControl(ctx context.Context, wg *sync.WaitGroup) (*http.Ser
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.status()) })
 	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.workers()) })
 	mux.HandleFunc("GET /v1/kv/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.kvOwner.Stats()) })
+	mux.HandleFunc("GET /v1/kv/ls", func(w http.ResponseWriter, r *http.Request) {
+		ls := a.kvOwner.List()
+		if ls == nil {
+			ls = []kv.SlotInfo{}
+		}
+		writeJSON(w, http.StatusOK, ls)
+	})
 	mux.HandleFunc("GET /v1/events", a.handleEvents)
 	mux.HandleFunc("GET /livez", a.handleLivez)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)

@@ -68,6 +68,9 @@ func (a *Agent) keepLease(ctx context.Context) {
 					break alive
 				}
 				a.registerAll(ctx) // refresh load figures
+				for state, n := range a.kvOwner.Stats().ByState {
+					a.metrics.slots.WithLabelValues(state).Set(float64(n))
+				}
 			}
 		}
 		tick.Stop()

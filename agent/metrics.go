@@ -21,6 +21,7 @@ type metrics struct {
 	reregisters prometheus.Counter
 	orphans     prometheus.Counter
 	slots       *prometheus.GaugeVec
+	staleGen    prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -35,7 +36,8 @@ func newMetrics() *metrics {
 	m.reregisters = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_reregistrations_total", Help: "Re-registrations after a lost lease."})
 	m.orphans = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_orphan_blocks_reclaimed_total", Help: "KV blocks of dead writers reclaimed."})
 	m.slots = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lifeline_agent_arena_slots", Help: "Arena slots by state."}, []string{"state"})
-	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots)
+	m.staleGen = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_stale_generation_rejects_total", Help: "Frames from an older generation than expected, dropped."})
+	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen)
 	return m
 }
 

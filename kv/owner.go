@@ -885,3 +885,35 @@ func (o *Owner) Stats() Stats {
 	st.SlotsInUse = len(o.slots) - len(o.free)
 	return st
 }
+
+// SlotInfo describes one slot that is not free, for operators.
+type SlotInfo struct {
+	Slot       uint32    `json:"slot"`
+	Generation uint64    `json:"generation"`
+	State      string    `json:"state"`
+	Key        string    `json:"key,omitempty"`
+	Writer     string    `json:"writer"`
+	PayloadLen uint32    `json:"payload_len"`
+	Leases     int       `json:"leases"`
+	LastUsed   time.Time `json:"last_used,omitzero"`
+}
+
+// List returns every slot that is not free, in slot order.
+func (o *Owner) List() []SlotInfo {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var out []SlotInfo
+	for i := range o.slots {
+		sl := &o.slots[i]
+		if sl.state == Free {
+			continue
+		}
+		info := SlotInfo{Slot: uint32(i), Generation: sl.gen, State: sl.state.String(), Writer: sl.writer.String(),
+			PayloadLen: sl.payloadLen, Leases: len(sl.leases), LastUsed: sl.lastUsed}
+		if !sl.key.IsZero() {
+			info.Key = sl.key.String()
+		}
+		out = append(out, info)
+	}
+	return out
+}

@@ -585,3 +585,21 @@ func TestLongInstanceIDs(t *testing.T) {
 		t.Fatalf("300-byte id: %v", err)
 	}
 }
+
+func TestListShowsNonFreeSlots(t *testing.T) {
+	env := newOwnerEnv(t, 4)
+	o := env.open(t)
+	defer o.Close()
+	sid := hello(t, o, "w", 3)
+	writeBlock(t, o, sid, BlockKey{7}, BlockKey{}, 1, true)
+	o.Allocate(sid, 1)
+	ls := o.List()
+	if len(ls) != 2 || ls[0].State != "PUBLISHED" && ls[1].State != "PUBLISHED" {
+		t.Fatalf("list %+v", ls)
+	}
+	for _, s := range ls {
+		if s.Writer != "w@3" || s.Generation == 0 {
+			t.Fatalf("slot %+v", s)
+		}
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // DefaultSocket is where the systemd unit puts the control socket.
@@ -134,6 +135,28 @@ func Command() *cobra.Command {
 			}
 			return json.NewEncoder(cmd.OutOrStdout()).Encode(v)
 		}})
+	var lsJSON bool
+	ls := &cobra.Command{Use: "ls", Short: "Slots that are not free: state, generation, key, writer, leases", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var slots []kv.SlotInfo
+			if err := getJSON(cmd.Context(), socket, "/v1/kv/ls", &slots); err != nil {
+				return err
+			}
+			if lsJSON {
+				if slots == nil {
+					slots = []kv.SlotInfo{}
+				}
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(slots)
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SLOT\tGEN\tSTATE\tKEY\tWRITER\tBYTES\tLEASES")
+			for _, s := range slots {
+				fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%d\t%d\n", s.Slot, s.Generation, s.State, s.Key, s.Writer, s.PayloadLen, s.Leases)
+			}
+			return tw.Flush()
+		}}
+	ls.Flags().BoolVar(&lsJSON, "json", false, "print a JSON array")
+	kvCmd.AddCommand(ls)
 	root.AddCommand(status, workers, events, kvCmd)
 	return root
 }

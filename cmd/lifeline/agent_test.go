@@ -442,8 +442,18 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 		t.Fatalf("control socket mode: %v %v", st, err)
 	}
 	// Still serving.
-	if out := n.nodectl(t, "status"); !strings.Contains(out, "failure detector") {
+	if out := n.nodectl(t, "status"); !strings.Contains(out, "failure detector") || !strings.Contains(out, "GPU:") {
 		t.Fatalf("status after abuse: %s", out)
+	}
+	// The canary's sequence wrote and published arena blocks? It is short
+	// (under one block), so the arena may be empty; kv ls must answer
+	// either way, as a JSON array.
+	var slots []map[string]any
+	if err := json.Unmarshal([]byte(n.nodectl(t, "kv", "ls", "--json")), &slots); err != nil {
+		t.Fatalf("kv ls --json: %v", err)
+	}
+	if out := n.nodectl(t, "kv", "stats"); !strings.Contains(out, "Slots") {
+		t.Fatalf("kv stats: %s", out)
 	}
 }
 

@@ -158,6 +158,7 @@ type Scheduler struct {
 	// recomputed counts sequences restarted because their blocks were lost.
 	seenLosses uint64
 	recomputed int
+	generated  uint64
 }
 
 // New returns a scheduler that computes with m and keeps K/V in store.
@@ -185,13 +186,15 @@ type Stats struct {
 	// Recomputed counts sequences recomputed after their KV blocks were
 	// taken back.
 	Recomputed int
+	// Generated counts every token sampled since the scheduler started.
+	Generated uint64
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed}
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed, Generated: s.generated}
 }
 
 func (s *Scheduler) queuedLocked() int {
@@ -560,6 +563,7 @@ func (s *Scheduler) Step() (bool, error) {
 		id := ids[i]
 		seq.tokens = append(seq.tokens, id)
 		seq.nOutput++
+		s.generated++
 		tok := Token{SequenceNo: pos, ID: id}
 		if r.KeepLogits {
 			tok.Logits = slices.Clone(seq.logits)

@@ -571,8 +571,11 @@ type HealthReply struct {
 	Model         string                 `protobuf:"bytes,6,opt,name=model,proto3" json:"model,omitempty"`
 	ModelRevision string                 `protobuf:"bytes,7,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
 	Accepting     bool                   `protobuf:"varint,8,opt,name=accepting,proto3" json:"accepting,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// tokens_generated counts every token the engine sampled: a health
+	// checker sees progress between two looks.
+	TokensGenerated uint64 `protobuf:"varint,9,opt,name=tokens_generated,json=tokensGenerated,proto3" json:"tokens_generated,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
@@ -659,6 +662,13 @@ func (x *HealthReply) GetAccepting() bool {
 		return x.Accepting
 	}
 	return false
+}
+
+func (x *HealthReply) GetTokensGenerated() uint64 {
+	if x != nil {
+		return x.TokensGenerated
+	}
+	return 0
 }
 
 type Frame struct {
@@ -828,7 +838,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xf2\x01\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x9d\x02\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -839,7 +849,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"numericsId\x12\x14\n" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\x12\x1c\n" +
-	"\taccepting\x18\b \x01(\bR\taccepting\"\x92\x03\n" +
+	"\taccepting\x18\b \x01(\bR\taccepting\x12)\n" +
+	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\x92\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +

@@ -205,7 +205,7 @@ func (s *server) health() *wire.HealthReply {
 	st := s.engine.Stats()
 	return &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
 		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
-		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load()}
+		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated}
 }
 
 func intsOf(v []int32) []int {
