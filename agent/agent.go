@@ -25,6 +25,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/shm"
 )
@@ -162,7 +163,13 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		}()
 	}
 
-	a.etcd, err = clientv3.New(clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: nil})
+	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
+	if opts.EtcdTLS {
+		if ecfg.TLS, err = pki.Load(opts.CertDir, "h2"); err != nil {
+			return fmt.Errorf("agent: etcd_tls: %w", err)
+		}
+	}
+	a.etcd, err = clientv3.New(ecfg)
 	if err != nil {
 		return fmt.Errorf("agent: etcd: %w", err)
 	}

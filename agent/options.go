@@ -51,7 +51,10 @@ type Options struct {
 	Socket  string   `json:"socket"`
 	Metrics string   `json:"metrics_listen"`
 	Etcd    []string `json:"etcd"`
-	CertDir string   `json:"certs"`
+	// EtcdTLS connects to etcd with mutual TLS, presenting the node
+	// certificate from CertDir and trusting only the cluster CA.
+	EtcdTLS bool   `json:"etcd_tls"`
+	CertDir string `json:"certs"`
 	// ArenaPath is the node's KV arena file; ArenaSlots × ArenaSlotBytes.
 	ArenaPath      string `json:"arena"`
 	ArenaSlots     int    `json:"arena_slots"`

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -23,6 +24,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 type agentNode struct {
@@ -41,14 +43,20 @@ type agentNode struct {
 	wrap func(*exec.Cmd) *exec.Cmd
 }
 
-func startEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
+// startEtcd runs an embedded etcd that requires mutual TLS with the
+// cluster's certificates, and a client of it.
+func startEtcd(t *testing.T, certs string) (*embedetcd.Server, *clientv3.Client) {
 	t.Helper()
-	e, err := embedetcd.Start(t.TempDir(), 0)
+	e, err := embedetcd.Start(t.TempDir(), 0, certs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	tlsConf, err := pki.Load(certs, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, TLS: tlsConf})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,8 +66,9 @@ func startEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
 
 func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *exec.Cmd) *agentNode {
 	t.Helper()
-	e, cli := startEtcd(t)
-	n := &agentNode{etcd: e, cli: cli, dir: t.TempDir(), certDir: certDir(t)}
+	certs := certDir(t)
+	e, cli := startEtcd(t, certs)
+	n := &agentNode{etcd: e, cli: cli, dir: t.TempDir(), certDir: certs}
 	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +79,7 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 	t.Cleanup(func() { os.Remove(n.arena) })
 	n.socket = filepath.Join(n.dir, "agent.sock")
 	cfg := map[string]any{
-		"node_id": "n1", "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{e.Endpoint},
+		"node_id": "n1", "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{e.Endpoint}, "etcd_tls": true,
 		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
 		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}},
 		"lease_ttl": "3s", "canary_idle": "1s", "canary_timeout": "1s",
@@ -522,7 +531,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 		t.Fatalf("in-flight stream ended %+v", last)
 	}
 	// etcd returns: re-registered at a higher generation, same process.
-	e2, err := embedetcd.Start(etcdDir, port)
+	e2, err := embedetcd.Start(etcdDir, port, n.certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,7 +638,7 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	if w := n.workers(t)[0]; w.State == "crash_loop" {
 		t.Fatalf("etcd outage counted as a crash loop: %+v", w)
 	}
-	e2, err := embedetcd.Start(etcdDir, port)
+	e2, err := embedetcd.Start(etcdDir, port, n.certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -694,4 +703,27 @@ func (n *agentNode) nodectlTry(args ...string) string {
 		return ""
 	}
 	return string(out)
+}
+
+// TestEtcdRequiresClientCertificates: the embedded etcd refuses clients
+// without a certificate of the cluster CA.
+func TestEtcdRequiresClientCertificates(t *testing.T) {
+	certs := certDir(t)
+	e, _ := startEtcd(t, certs)
+	other, err := pki.Load(certDir(t), "h2") // another cluster's CA
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tlsConf := range map[string]*tls.Config{"no client certificate": {InsecureSkipVerify: true}, "foreign CA": other} {
+		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 2 * time.Second, TLS: tlsConf})
+		if err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			_, err = cli.Get(ctx, "/x")
+			cancel()
+			cli.Close()
+		}
+		if err == nil {
+			t.Errorf("%s: etcd answered", name)
+		}
+	}
 }

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"path/filepath"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // Server is a running embedded etcd.
@@ -20,7 +24,12 @@ type Server struct {
 	dir      string
 	port     int
 	once     sync.Once
+	certDir  string
 }
+
+// CertDir is the certificate directory it requires client certificates
+// from, or "" for plain connections.
+func (s *Server) CertDir() string { return s.certDir }
 
 // Dir and Port let a caller start the same member again after Close.
 func (s *Server) Dir() string { return s.dir }
@@ -36,8 +45,10 @@ func freePort() (int, error) {
 }
 
 // Start runs etcd with its data in dir and waits until it serves. If
-// clientPort is 0 a free one is picked.
-func Start(dir string, clientPort int) (*Server, error) {
+// clientPort is 0 a free one is picked. With certDir (a `lifeline certs
+// init` directory) clients must present a certificate of the cluster CA:
+// mutual TLS, like every other connection between components.
+func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Logger = "zap"
@@ -52,7 +63,15 @@ func Start(dir string, clientPort int) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", clientPort))
+	scheme := "http"
+	if len(certDir) > 0 && certDir[0] != "" {
+		scheme = "https"
+		cfg.ClientTLSInfo = transport.TLSInfo{
+			CertFile: filepath.Join(certDir[0], pki.CertFile), KeyFile: filepath.Join(certDir[0], pki.KeyFile),
+			TrustedCAFile: filepath.Join(certDir[0], pki.CAFile), ClientCertAuth: true,
+		}
+	}
+	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, clientPort))
 	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
@@ -67,7 +86,11 @@ func Start(dir string, clientPort int) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedetcd: not ready after 30s")
 	}
-	return &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort}, nil
+	s := &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort}
+	if scheme == "https" {
+		s.certDir = certDir[0]
+	}
+	return s, nil
 }
 
 // Close stops etcd; a second Close does nothing.

@@ -44,12 +44,16 @@ func runDetectionBench(kills int) error {
 	if err := pki.Init(certs, nil); err != nil {
 		return err
 	}
-	etcd, err := embedetcd.Start(filepath.Join(dir, "etcd"), 0)
+	etcd, err := embedetcd.Start(filepath.Join(dir, "etcd"), 0, certs)
 	if err != nil {
 		return err
 	}
 	defer etcd.Close()
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second})
+	etcdTLS, err := pki.Load(certs, "h2")
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: etcdTLS})
 	if err != nil {
 		return err
 	}
@@ -88,7 +92,7 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 	sock := filepath.Join(data, "agent.sock")
 	arena := filepath.Join("/dev/shm", "lifeline-bench-"+node+fmt.Sprint(os.Getpid()))
 	defer os.Remove(arena)
-	cfg, _ := json.Marshal(map[string]any{"node_id": node, "data_dir": data, "socket": sock, "etcd": []string{endpoint}, "certs": certs,
+	cfg, _ := json.Marshal(map[string]any{"node_id": node, "data_dir": data, "socket": sock, "etcd": []string{endpoint}, "etcd_tls": true, "certs": certs,
 		"arena": arena, "arena_slots": 64, "arena_slot_bytes": 8192, "detector": det, "worker_binary": bin,
 		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}}, "canary_idle": "1h",
 		"restart_backoff": "10ms", "restart_backoff_max": "10ms", "crash_loop_limit": 1000, "crash_loop_window": "1s"})
