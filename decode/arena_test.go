@@ -2,7 +2,6 @@ package decode
 
 import (
 	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -37,15 +36,10 @@ func TestOwnerLossMidStreamRecomputes(t *testing.T) {
 	defer stopOwner()
 	served := make(chan error, 1)
 	go func() { served <- kv.Serve(ctx, o, sock) }()
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if i > 2000 {
-			t.Fatal("owner socket never came up")
-		}
-		time.Sleep(5 * time.Millisecond)
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := kv.WaitServing(wctx, sock); err != nil {
+		t.Fatal(err)
 	}
 
 	req := Request{Prompt: "Once upon a time there was a dog", MaxTokens: 480, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 77}}

@@ -99,6 +99,22 @@ func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
 	return out, nil
 }
 
+// WaitServing waits until an owner accepts connections on socket, or ctx
+// ends.
+func WaitServing(ctx context.Context, socket string) error {
+	for {
+		if c, err := net.Dial("unix", socket); err == nil {
+			c.Close()
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kv: owner at %s not serving: %w", socket, ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
 // Serve answers KV service requests on a unix socket (created mode 0600)
 // and sweeps every LeaseTTL/3 until ctx is done.
 func Serve(ctx context.Context, o *Owner, socketPath string) error {

@@ -202,16 +202,7 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- Serve(ctx, o, sock) }()
-		for i := 0; ; i++ {
-			if c, err := net.Dial("unix", sock); err == nil {
-				c.Close()
-				break
-			}
-			if i > 2000 {
-				t.Fatal("socket never came up")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitServing(t, sock)
 		return o, func() { cancel(); <-done; o.Close() }
 	}
 	o, stop := start()
@@ -267,16 +258,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- Serve(ctx, o, sock) }()
 		defer func() { cancel(); <-done }()
-		for i := 0; ; i++ {
-			if c, err := net.Dial("unix", sock); err == nil {
-				c.Close()
-				break
-			}
-			if i > 2000 {
-				t.Fatal("socket never came up")
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
+		waitServing(t, sock)
 		for i := 0; i < 5; i++ {
 			c, err := Dial(context.Background(), sock, Writer{"w", uint64(i)})
 			if err != nil {
@@ -353,16 +335,7 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, o, sock) }()
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if i > 2000 {
-			t.Fatal("socket never came up")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitServing(t, sock)
 	c, err := Dial(context.Background(), sock, Writer{"w", 1})
 	if err != nil {
 		t.Fatal(err)
@@ -400,6 +373,15 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 		t.Fatalf("fallback allocation: %v %v %+v", pid, err, cache.Stats())
 	}
 	if err := cache.Free(pid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func waitServing(t *testing.T, sock string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := WaitServing(ctx, sock); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"time"
@@ -38,16 +37,11 @@ func startKVNode(slots, payload int) (*kvNode, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- kv.Serve(ctx, o, sock) }()
-	for i := 0; ; i++ {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
-		}
-		if i > 1000 {
-			cancel()
-			return nil, fmt.Errorf("owner socket never came up")
-		}
-		time.Sleep(5 * time.Millisecond)
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := kv.WaitServing(wctx, sock); err != nil {
+		cancel()
+		return nil, err
 	}
 	return &kvNode{owner: o, socket: sock, stop: func() {
 		cancel()
