@@ -1,0 +1,195 @@
+package frontend
+
+import (
+	"fmt"
+	"time"
+)
+
+// Action is what the state machine asks the I/O layer to do.
+type Action interface{ isAction() }
+
+// Dispatch asks for the request to be sent to To at Epoch, continuing
+// after Prefix (prompt ‖ prefix is re-prefilled; tokens continue at
+// len(Prefix)+1).
+type Dispatch struct {
+	To     Endpoint
+	Epoch  uint64
+	Prefix []int
+}
+
+// Deliver asks for committed tokens to be written to the client.
+type Deliver struct{ Tokens []Token }
+
+// Finish ends the request (FinishReason or Err set on the request).
+type Finish struct{}
+
+// CancelWorker asks for the worker stream of Epoch to be cancelled.
+type CancelWorker struct {
+	At    Endpoint
+	Epoch uint64
+}
+
+// Route asks the router for an instance, excluding Exclude; the I/O layer
+// answers with Routed or NoRoute.
+type Route struct {
+	Epoch   uint64
+	Exclude map[string]bool
+}
+
+func (Dispatch) isAction()     {}
+func (Deliver) isAction()      {}
+func (Finish) isAction()       {}
+func (CancelWorker) isAction() {}
+func (Route) isAction()        {}
+
+// Start begins the first attempt: ask for a route.
+func (r *Request) Start(now time.Time) []Action {
+	if r.State != Admitted {
+		return nil
+	}
+	r.lastFrame = now
+	return []Action{Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+}
+
+// Routed is the router's answer for epoch.
+func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
+	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
+		return nil
+	}
+	r.Endpoint = to
+	r.State = Prefilling
+	r.lastFrame = now
+	prefix := make([]int, len(r.Output))
+	for i, t := range r.Output {
+		prefix[i] = t.ID
+	}
+	return []Action{Dispatch{To: to, Epoch: r.Epoch, Prefix: prefix}}
+}
+
+// NoRoute: nothing can serve the request now.
+func (r *Request) NoRoute(epoch uint64, overloaded bool) []Action {
+	if epoch != r.Epoch || r.State.Terminal() {
+		return nil
+	}
+	typ := ErrNoCapacity
+	if overloaded {
+		typ = ErrOverloaded
+	}
+	return r.fail(typ, "no instance can serve the request")
+}
+
+func (r *Request) fail(typ ErrorType, msg string) []Action {
+	r.State = Failed
+	r.Err = &RequestError{Type: typ, Message: msg}
+	r.Epoch++ // nothing of the old epoch may produce tokens any more
+	return []Action{CancelWorker{At: r.Endpoint, Epoch: r.Epoch - 1}, Finish{}}
+}
+
+// Frame is one token frame from a worker.
+type Frame struct {
+	From       Endpoint
+	Epoch      uint64
+	SequenceNo int
+	TokenID    int
+	Text       string
+	// FinishReason is set on the frame that ends the worker's stream.
+	FinishReason string
+}
+
+// OnFrame commits a worker's token if it is the next one of the current
+// epoch. Older epochs are dropped, repeats are dropped, a gap is a failure
+// of that worker (it lost tokens) and migrates.
+func (r *Request) OnFrame(f Frame, now time.Time) []Action {
+	if f.Epoch != r.Epoch || f.From != r.Endpoint || r.State.Terminal() || r.State == Cancelling {
+		r.StaleEpochFrames++
+		return nil
+	}
+	r.lastFrame = now
+	if r.State == Prefilling || r.State == Transferring {
+		r.State = Decoding
+	}
+	var acts []Action
+	if f.SequenceNo != 0 {
+		switch next := r.Received() + 1; {
+		case f.SequenceNo < next:
+			r.DuplicateFrames++
+			return nil
+		case f.SequenceNo > next:
+			r.Gaps++
+			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
+		}
+		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text}
+		r.Output = append(r.Output, t)
+		acts = append(acts, Deliver{Tokens: []Token{t}})
+	}
+	if f.FinishReason != "" {
+		r.State = Completed
+		r.FinishReason = f.FinishReason
+		acts = append(acts, Finish{})
+	}
+	return acts
+}
+
+// OnWorkerFailed: the worker of epoch broke (stream reset, connection
+// lost, typed retryable error, stall, drain notice). Migrate if the
+// request is migratable, or fail fast with a typed error. Never loops: the
+// failed instance is excluded, and the budget bounds attempts.
+func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, now time.Time) []Action {
+	if epoch != r.Epoch || !r.State.running() {
+		r.StaleEpochFrames++
+		return nil
+	}
+	if r.Endpoint.InstanceID != "" {
+		r.FailedInstances[r.Endpoint.InstanceID] = true
+	}
+	failed := r.Endpoint
+	switch {
+	case !retryable:
+		return r.fail(ErrInvalidRequest, reason)
+	case r.Migrations >= r.Policy.MigrationBudget:
+		return r.fail(ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
+	case !r.Deadline.IsZero() && now.Add(time.Duration(len(r.Prompt)+r.Received())*r.Policy.PrefillPerToken).After(r.Deadline):
+		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
+	}
+	r.Migrations++
+	r.State = Migrating
+	r.Epoch++ // compare-and-swap point: the old worker's frames are stale from here
+	r.Endpoint = Endpoint{}
+	return []Action{CancelWorker{At: failed, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+}
+
+// Tick checks the inactivity timeout.
+func (r *Request) Tick(now time.Time) []Action {
+	if !r.State.running() || r.State == Migrating || r.State == Admitted {
+		return nil
+	}
+	if now.Sub(r.lastFrame) > r.Policy.StallTimeout {
+		return r.OnWorkerFailed(r.Epoch, fmt.Sprintf("no frame for %v", now.Sub(r.lastFrame)), true, now)
+	}
+	if !r.Deadline.IsZero() && now.After(r.Deadline) {
+		return r.fail(ErrDeadlineExceeded, "deadline passed")
+	}
+	return nil
+}
+
+// Cancel is a client cancel. It bumps the epoch, so that a migration
+// completing later produces nothing; terminal states stay as they are.
+func (r *Request) Cancel() []Action {
+	if r.State.Terminal() || r.State == Cancelling {
+		return nil
+	}
+	at := r.Endpoint
+	r.State = Cancelling
+	r.Epoch++
+	return []Action{CancelWorker{At: at, Epoch: r.Epoch - 1}}
+}
+
+// CancelDone: the worker confirmed (or could not be reached).
+func (r *Request) CancelDone() []Action {
+	if r.State != Cancelling {
+		return nil
+	}
+	r.State = Cancelled
+	r.Err = &RequestError{Type: ErrCancelledType, Message: "cancelled by the client"}
+	return []Action{Finish{}}
+}

@@ -1,0 +1,203 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+)
+
+var t0 = time.Unix(1_800_000_000, 0)
+
+func has[T Action](acts []Action) (T, bool) {
+	for _, a := range acts {
+		if v, ok := a.(T); ok {
+			return v, true
+		}
+	}
+	var zero T
+	return zero, false
+}
+
+func frame(r *Request, seq int) Frame {
+	return Frame{From: r.Endpoint, Epoch: r.Epoch, SequenceNo: seq, TokenID: 100 + seq, Text: fmt.Sprint(" w", seq)}
+}
+
+func start(t *testing.T, r *Request, to string) {
+	t.Helper()
+	route, ok := has[Route](r.Start(t0))
+	if !ok {
+		t.Fatal("Start did not ask for a route")
+	}
+	if _, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{to, 1}, t0)); !ok {
+		t.Fatal("Routed did not dispatch")
+	}
+}
+
+// TestMigrationContinuesAfterReceived: a worker dies after 127 tokens; the
+// request migrates once, at a new epoch, re-prefilling prompt ‖ y1..y127,
+// and tokens continue at 128 with no gap and no duplicate, while the old
+// worker's late frames are dropped.
+func TestMigrationContinuesAfterReceived(t *testing.T) {
+	r := NewRequest("r", []int{1, 2, 3}, 200, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	old := r.Endpoint
+	for seq := 1; seq <= 127; seq++ {
+		if _, ok := has[Deliver](r.OnFrame(frame(r, seq), t0)); !ok {
+			t.Fatalf("token %d not delivered", seq)
+		}
+	}
+	oldEpoch := r.Epoch
+	acts := r.OnWorkerFailed(r.Epoch, "stream reset", true, t0)
+	route, ok := has[Route](acts)
+	if !ok || r.State != Migrating || r.Epoch != oldEpoch+1 || !route.Exclude["a"] {
+		t.Fatalf("after the failure: %v, state %s, epoch %d", acts, r.State, r.Epoch)
+	}
+	// A late frame of the dead worker's epoch changes nothing.
+	if acts := r.OnFrame(Frame{From: old, Epoch: oldEpoch, SequenceNo: 128, TokenID: 999}, t0); len(acts) != 0 || r.StaleEpochFrames != 1 {
+		t.Fatalf("stale frame: %v", acts)
+	}
+	d, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 4}, t0))
+	if !ok || len(d.Prefix) != 127 || d.Prefix[126] != 100+127 || d.Epoch != r.Epoch {
+		t.Fatalf("dispatch %+v", d)
+	}
+	// The new worker repeats nothing it was given; a repeat is dropped.
+	r.OnFrame(frame(r, 128), t0)
+	if acts := r.OnFrame(frame(r, 128), t0); len(acts) != 0 || r.DuplicateFrames != 1 {
+		t.Fatal("duplicate delivered")
+	}
+	f := frame(r, 129)
+	f.FinishReason = "length"
+	if _, ok := has[Finish](r.OnFrame(f, t0)); !ok || r.State != Completed {
+		t.Fatal("not completed")
+	}
+	for i, tok := range r.Output {
+		if tok.SequenceNo != i+1 {
+			t.Fatalf("output %d has sequence %d", i, tok.SequenceNo)
+		}
+	}
+	// Terminal states are idempotent.
+	if acts := r.OnWorkerFailed(r.Epoch, "late", true, t0); len(acts) != 0 || r.State != Completed {
+		t.Fatal("a completed request moved")
+	}
+}
+
+func TestGapIsAFailureNotADelivery(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	acts := r.OnFrame(frame(r, 3), t0)
+	if _, ok := has[Deliver](acts); ok || r.Received() != 1 || r.Gaps != 1 || r.State != Migrating {
+		t.Fatalf("gap: %v, state %s", acts, r.State)
+	}
+}
+
+func TestBudgetExhaustedFailsTyped(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	for i := 0; i < 3; i++ {
+		route, ok := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+		if !ok {
+			t.Fatalf("migration %d refused", i+1)
+		}
+		r.Routed(route.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
+	}
+	acts := r.OnWorkerFailed(r.Epoch, "killed", true, t0)
+	if _, ok := has[Finish](acts); !ok || r.State != Failed || !errors.Is(r.Err, &RequestError{Type: ErrMigrationExhausted}) {
+		t.Fatalf("after the budget: %v, %v", r.State, r.Err)
+	}
+}
+
+func TestDeadlineShortFailsFast(t *testing.T) {
+	p := DefaultPolicy
+	p.PrefillPerToken = 10 * time.Millisecond
+	r := NewRequest("r", make([]int, 100), 10, t0.Add(500*time.Millisecond), p, t0)
+	start(t, r, "a")
+	r.OnWorkerFailed(r.Epoch, "killed", true, t0) // 100 tokens × 10ms = 1s > 500ms
+	if r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+		t.Fatalf("state %s, err %v", r.State, r.Err)
+	}
+}
+
+func TestStallMigrates(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	if acts := r.Tick(t0.Add(9 * time.Second)); len(acts) != 0 {
+		t.Fatal("migrated before the stall timeout")
+	}
+	if _, ok := has[Route](r.Tick(t0.Add(11 * time.Second))); !ok || r.State != Migrating {
+		t.Fatal("a silent worker was not abandoned")
+	}
+}
+
+// TestCancelBeatsLateMigration: the client cancels while a migration is
+// being routed; the route answer for the old epoch dispatches nothing.
+func TestCancelBeatsLateMigration(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	route, _ := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+	r.Cancel()
+	if acts := r.Routed(route.Epoch, Endpoint{"b", 1}, t0); len(acts) != 0 {
+		t.Fatalf("migration completed after cancel: %v", acts)
+	}
+	r.CancelDone()
+	if r.State != Cancelled || r.Err.Type != ErrCancelledType {
+		t.Fatalf("state %s", r.State)
+	}
+	if acts := r.Cancel(); len(acts) != 0 {
+		t.Fatal("second cancel acted")
+	}
+}
+
+func TestNonRetryableFailsWithoutMigrating(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnWorkerFailed(r.Epoch, "prompt too long", false, t0)
+	if r.State != Failed || r.Migrations != 0 {
+		t.Fatalf("state %s after %d migrations", r.State, r.Migrations)
+	}
+}
+
+func TestRouterPrefersNumericsThenLoad(t *testing.T) {
+	rt := NewRouter()
+	for _, in := range []Instance{
+		{ID: "a", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 5},
+		{ID: "b", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1},
+		{ID: "c", Model: "m", ModelRevision: "r1", NumericsID: "generic", Ready: true, Outstanding: 0},
+		{ID: "d", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: false},
+		{ID: "e", Model: "m", ModelRevision: "r2", NumericsID: "avx", Ready: true},
+		{ID: "f", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Draining: true},
+	} {
+		rt.Update(in)
+	}
+	pick := func(exclude map[string]bool, now time.Time) string {
+		in, err := rt.Pick("m", "r1", "avx", exclude, now)
+		if err != nil {
+			return err.Error()
+		}
+		return in.ID
+	}
+	if got := pick(nil, t0); got != "b" {
+		t.Fatalf("picked %s, want b (same numerics, least load)", got)
+	}
+	rt.Suppress("b", t0)
+	if got := pick(nil, t0.Add(time.Second)); got != "a" {
+		t.Fatalf("with b suppressed picked %s, want a", got)
+	}
+	if got := pick(nil, t0.Add(6*time.Second)); got != "b" {
+		t.Fatalf("after the suppression picked %s, want b", got)
+	}
+	if got := pick(map[string]bool{"a": true, "b": true}, t0); got != "c" {
+		t.Fatalf("only another numerics left: picked %s, want c", got)
+	}
+	if _, err := rt.Pick("m", "r1", "avx", map[string]bool{"a": true, "b": true, "c": true}, t0); !errors.Is(err, ErrNoInstance) {
+		t.Fatalf("nothing left: %v", err)
+	}
+	// An older generation's late registration does not replace a newer one.
+	rt.Update(Instance{ID: "b", Generation: 7, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true})
+	rt.Update(Instance{ID: "b", Generation: 6, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: false})
+	if got := pick(nil, t0.Add(10*time.Second)); got != "b" {
+		t.Fatalf("stale registration won: picked %s", got)
+	}
+}

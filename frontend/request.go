@@ -1,0 +1,142 @@
+// Package frontend is the client-facing side of Lifeline: the request
+// state machine and token log, the migrator, the router, and (to come) the
+// OpenAI-compatible HTTP/SSE and HTTP/3 API with resume.
+//
+// The state machine, migrator and router are pure logic, driven by events
+// and an injected clock, in the manner of etcd's raft: the network code
+// feeds them and carries out the actions they return.
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is a request's state (DESIGN.md, "Request state machine").
+type State int
+
+const (
+	Admitted State = iota
+	Prefilling
+	Transferring
+	Decoding
+	Completed
+	Migrating
+	Cancelling
+	Cancelled
+	Failed
+)
+
+var stateNames = [...]string{"ADMITTED", "PREFILLING", "TRANSFERRING", "DECODING", "COMPLETED", "MIGRATING", "CANCELLING", "CANCELLED", "FAILED"}
+
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", int(s))
+}
+
+// Terminal reports whether nothing can happen to the request any more.
+func (s State) Terminal() bool { return s == Completed || s == Cancelled || s == Failed }
+
+func (s State) running() bool {
+	return s == Admitted || s == Prefilling || s == Transferring || s == Decoding || s == Migrating
+}
+
+// ErrorType is the stable `type` of an OpenAI-shaped error body.
+type ErrorType string
+
+const (
+	ErrInvalidRequest     ErrorType = "invalid_request_error"
+	ErrOverloaded         ErrorType = "overloaded"
+	ErrNoCapacity         ErrorType = "no_capacity"
+	ErrMigrationExhausted ErrorType = "migration_exhausted"
+	ErrDeadlineExceeded   ErrorType = "deadline_exceeded"
+	ErrCancelledType      ErrorType = "cancelled"
+)
+
+// RequestError is a request's terminal, typed error.
+type RequestError struct {
+	Type    ErrorType
+	Message string
+}
+
+func (e *RequestError) Error() string { return string(e.Type) + ": " + e.Message }
+
+// Is makes errors.Is match on the type.
+func (e *RequestError) Is(target error) bool {
+	var t *RequestError
+	return errors.As(target, &t) && t.Type == e.Type
+}
+
+// Endpoint is one worker instance at one generation.
+type Endpoint struct {
+	InstanceID string
+	Generation uint64
+}
+
+// Token is one committed output token.
+type Token struct {
+	SequenceNo int // 1-based
+	ID         int
+	Text       string
+}
+
+// Policy bounds recovery.
+type Policy struct {
+	// MigrationBudget is the most migrations of one request (default 3).
+	MigrationBudget int
+	// StallTimeout: a worker that sends nothing for this long is treated as
+	// failed (a zombie can hold a connection open and send nothing).
+	StallTimeout time.Duration
+	// PrefillPerToken estimates re-prefill time, to tell whether the
+	// deadline still covers a migration.
+	PrefillPerToken time.Duration
+}
+
+// DefaultPolicy is DESIGN.md's defaults.
+var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, PrefillPerToken: 2 * time.Millisecond}
+
+// Request is one request's state and token log. The prompt and committed
+// output tokens are the facts a migration continues from.
+type Request struct {
+	ID        string
+	Prompt    []int
+	MaxTokens int
+	Deadline  time.Time
+	Policy    Policy
+
+	State State
+	// Epoch is bumped on every change of who may produce tokens (migrate,
+	// cancel); frames of an older epoch are dropped.
+	Epoch    uint64
+	Endpoint Endpoint
+	// Output holds the committed tokens: Output[i].SequenceNo == i+1.
+	Output []Token
+	// Written and Acknowledged are delivery positions (sequence numbers
+	// written to, and confirmed by, the client).
+	Written, Acknowledged int
+	Migrations            int
+	// Failed lists every endpoint that failed this request; a migration
+	// never goes back to one.
+	FailedInstances map[string]bool
+	Err             *RequestError
+	FinishReason    string
+	lastFrame       time.Time
+
+	// Counters for metrics.
+	StaleEpochFrames int
+	DuplicateFrames  int
+	Gaps             int
+}
+
+// NewRequest admits a request at epoch 1.
+func NewRequest(id string, prompt []int, maxTokens int, deadline time.Time, p Policy, now time.Time) *Request {
+	return &Request{ID: id, Prompt: prompt, MaxTokens: maxTokens, Deadline: deadline, Policy: p, State: Admitted, Epoch: 1,
+		FailedInstances: map[string]bool{}, lastFrame: now}
+}
+
+// Received is the highest committed sequence number: migration resumes
+// after it.
+func (r *Request) Received() int { return len(r.Output) }

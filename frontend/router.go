@@ -1,0 +1,99 @@
+package frontend
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ErrNoInstance is returned when no ready instance can take a request.
+var ErrNoInstance = errors.New("frontend: no ready instance")
+
+// Instance is the router's view of one registered instance.
+type Instance struct {
+	ID            string
+	Generation    uint64
+	Model         string
+	ModelRevision string
+	NumericsID    string
+	Ready         bool
+	Draining      bool
+	// Outstanding is the instance's running plus queued sequences.
+	Outstanding int
+}
+
+// Router picks instances. It keeps its last view when the registry is
+// unreachable; Replace reconciles from a full read.
+type Router struct {
+	// SuppressFor is how long an instance that failed a request is avoided
+	// by every request of this frontend (default 5 s).
+	SuppressFor time.Duration
+
+	instances  map[string]Instance
+	suppressed map[string]time.Time
+}
+
+// NewRouter returns an empty router.
+func NewRouter() *Router {
+	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]time.Time{}}
+}
+
+// Update records a registration (a watch put). An older generation than
+// the one known is ignored: registrations only move forward.
+func (rt *Router) Update(in Instance) {
+	if cur, ok := rt.instances[in.ID]; ok && cur.Generation > in.Generation {
+		return
+	}
+	rt.instances[in.ID] = in
+}
+
+// Remove drops an instance (a watch delete or a failure announcement).
+func (rt *Router) Remove(id string) { delete(rt.instances, id) }
+
+// Replace reconciles with a full read of the registry.
+func (rt *Router) Replace(all []Instance) {
+	rt.instances = map[string]Instance{}
+	for _, in := range all {
+		rt.Update(in)
+	}
+}
+
+// Suppress avoids an instance locally for SuppressFor.
+func (rt *Router) Suppress(id string, now time.Time) { rt.suppressed[id] = now.Add(rt.SuppressFor) }
+
+// Pick chooses a ready, not draining, not suppressed, not excluded
+// instance of the model and revision. Instances with preferNumerics come
+// first, so that a migrated request continues bit-exact where possible;
+// then the least outstanding work; then the lowest id, for determinism.
+func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
+	var cands []Instance
+	for id, in := range rt.instances {
+		if until, ok := rt.suppressed[id]; ok {
+			if now.Before(until) {
+				continue
+			}
+			delete(rt.suppressed, id)
+		}
+		if !in.Ready || in.Draining || exclude[id] || in.Model != model || (revision != "" && in.ModelRevision != revision) {
+			continue
+		}
+		cands = append(cands, in)
+	}
+	if len(cands) == 0 {
+		return Instance{}, ErrNoInstance
+	}
+	slices.SortFunc(cands, func(a, b Instance) int {
+		am, bm := a.NumericsID == preferNumerics, b.NumericsID == preferNumerics
+		switch {
+		case am && !bm:
+			return -1
+		case bm && !am:
+			return 1
+		case a.Outstanding != b.Outstanding:
+			return a.Outstanding - b.Outstanding
+		}
+		return strings.Compare(a.ID, b.ID)
+	})
+	return cands[0], nil
+}
