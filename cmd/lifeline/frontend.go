@@ -1,0 +1,29 @@
+package main
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifeline-llm/lifeline/frontend"
+)
+
+func frontendCmd() *cobra.Command {
+	var opts frontend.Options
+	cmd := &cobra.Command{
+		Use:   "frontend",
+		Short: "Serve the client API (OpenAI-compatible completions with mid-stream migration)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			return frontend.Run(cmd.Context(), opts, log, cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "HTTP address")
+	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
+	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
+	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	return cmd
+}

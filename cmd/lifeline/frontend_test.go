@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/agent"
+)
+
+type sseToken struct {
+	Seq      int
+	TokenID  int
+	Text     string
+	Instance string
+}
+
+// startFrontend runs `lifeline frontend` against the node's etcd.
+func startFrontend(t *testing.T, n *agentNode) string {
+	t.Helper()
+	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	line := waitLine(t, stderr, "frontend: listening on")
+	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "frontend: listening on "))
+}
+
+// streamCompletion posts a streaming request and calls each(token) as SSE
+// events arrive; it returns the tokens and the final chunk.
+func streamCompletion(t *testing.T, url string, body map[string]any, each func(sseToken)) ([]sseToken, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d: %s", resp.StatusCode, msg)
+	}
+	var toks []sseToken
+	var last map[string]any
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		data, ok := strings.CutPrefix(line, "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices  []struct{ Text string }
+			Lifeline struct {
+				SequenceNo int    `json:"sequence_no"`
+				TokenID    int    `json:"token_id"`
+				InstanceID string `json:"instance_id"`
+			}
+		}
+		json.Unmarshal([]byte(data), &chunk)
+		if chunk.Lifeline.SequenceNo == 0 {
+			json.Unmarshal([]byte(data), &last)
+			continue
+		}
+		tok := sseToken{chunk.Lifeline.SequenceNo, chunk.Lifeline.TokenID, chunk.Choices[0].Text, chunk.Lifeline.InstanceID}
+		toks = append(toks, tok)
+		if each != nil {
+			each(tok)
+		}
+	}
+	return toks, last
+}
+
+// TestFrontendMigratesOnWorkerKill is the article's opening scene: a
+// seeded stream is under way, the decode worker serving it is SIGKILLed,
+// and the client receives the rest from the other worker — same tokens as
+// a run that never failed, contiguous sequence numbers, no duplicate.
+func TestFrontendMigratesOnWorkerKill(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	n.waitRegistration(t, "n1-decode-small-1", 0)
+	url := startFrontend(t, n)
+	body := map[string]any{"model": "small", "prompt": "Once upon a time there was a little dog", "max_tokens": 240,
+		"temperature": 0.9, "seed": 9, "stream": true, "ignore_eos": true}
+	want, _ := streamCompletion(t, url, body, nil)
+	if len(want) != 240 {
+		t.Fatalf("fault-free run: %d tokens", len(want))
+	}
+	var killed string
+	killedAt := 0
+	got, last := streamCompletion(t, url, body, func(tok sseToken) {
+		if tok.Seq == 30 && killed == "" {
+			killed = tok.Instance
+			killedAt = tok.Seq
+			var ws []agent.Worker
+			json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws)
+			for _, w := range ws {
+				if w.InstanceID == killed {
+					syscall.Kill(w.PID, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	if killed == "" {
+		t.Fatal("never killed anything")
+	}
+	if len(got) != len(want) {
+		t.Fatalf("after killing %s at %d: %d tokens, want %d", killed, killedAt, len(got), len(want))
+	}
+	moved := false
+	for i := range got {
+		if got[i].Seq != i+1 || got[i].TokenID != want[i].TokenID || got[i].Text != want[i].Text {
+			t.Fatalf("token %d: %+v, want %+v", i+1, got[i], want[i])
+		}
+		moved = moved || (got[i].Instance != "" && got[i].Instance != killed)
+	}
+	if !moved {
+		t.Fatalf("the stream never moved off %s", killed)
+	}
+	ll, _ := last["lifeline"].(map[string]any)
+	if m, _ := ll["migrations"].(float64); m < 1 {
+		t.Fatalf("final chunk reports %v migrations", ll["migrations"])
+	}
+
+	t.Logf("killed %s at sequence %d; stream continued on the other worker, bit-identical (%d tokens)", killed, killedAt, len(got))
+}
+
+func TestFrontendBadInput(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	url := startFrontend(t, n)
+	for _, c := range []struct {
+		body string
+		code int
+		typ  string
+	}{
+		{`{"model": "tiny", "prompt": `, 400, "invalid_request_error"},
+		{`{"model": "tiny", "prompt": "hi", "max_tokens": -1}`, 400, "invalid_request_error"},
+		{`{"model": "tiny", "prompt": "hi", "max_tokens": 99999999999}`, 400, "invalid_request_error"},
+		{`{"model": "tiny", "prompt": ""}`, 400, "invalid_request_error"},
+		{`{"model": "nonexistent", "prompt": "hi"}`, 503, "no_capacity"},
+		{`{"model": "tiny", "prompt": "hi", "max_tokens": 5, "unknown_field": 1, "ignore_eos": true}`, 200, ""},
+	} {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || (c.typ != "" && !regexp.MustCompile(`"type":"`+c.typ+`"`).Match(b)) {
+			t.Errorf("%s: %d %s, want %d %s", c.body, resp.StatusCode, b, c.code, c.typ)
+		}
+	}
+	resp, err := http.Get(url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `"id":"tiny"`) {
+		t.Fatalf("models: %s", b)
+	}
+}

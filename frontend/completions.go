@@ -1,0 +1,288 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
+)
+
+// CompletionRequest is the body of POST /v1/completions. Unknown fields are
+// ignored, as OpenAI clients expect.
+type CompletionRequest struct {
+	Model       string   `json:"model"`
+	Prompt      string   `json:"prompt"`
+	MaxTokens   *int     `json:"max_tokens"`
+	Temperature *float64 `json:"temperature"`
+	TopP        *float64 `json:"top_p"`
+	TopK        int      `json:"top_k"`
+	Seed        uint64   `json:"seed"`
+	Stop        []string `json:"stop"`
+	Stream      bool     `json:"stream"`
+	// IgnoreEOS is an extension for benchmarks and tests.
+	IgnoreEOS        bool    `json:"ignore_eos"`
+	FrequencyPenalty float64 `json:"frequency_penalty"`
+	PresencePenalty  float64 `json:"presence_penalty"`
+}
+
+// event is what a request's run loop waits on.
+type event struct {
+	epoch    uint64
+	frame    *wire.Frame
+	err      error // the worker stream broke
+	failed   bool  // the instance was announced dead
+	instance string
+	reason   string
+}
+
+// run drives one request's state machine.
+type run struct {
+	s      *Server
+	r      *Request
+	body   CompletionRequest
+	events chan event
+	// streams cancels the worker stream of each epoch.
+	streams map[uint64]context.CancelFunc
+	on      string // instance currently serving
+}
+
+func (x *run) notify(e event) {
+	select {
+	case x.events <- e:
+	default:
+	}
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
+	var body CompletionRequest
+	dec := json.NewDecoder(io.LimitReader(req.Body, 1<<20))
+	if err := dec.Decode(&body); err != nil {
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "malformed JSON: "+err.Error())
+		return
+	}
+	maxTokens := 16
+	if body.MaxTokens != nil {
+		maxTokens = *body.MaxTokens
+	}
+	switch {
+	case body.Model == "":
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "model: required")
+		return
+	case maxTokens <= 0 || maxTokens > 1<<20:
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, fmt.Sprintf("max_tokens: %d", maxTokens))
+		return
+	case body.Prompt == "":
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "prompt: empty")
+		return
+	}
+	s.mu.Lock()
+	s.nextID++
+	id := fmt.Sprintf("cmpl-%d-%d", time.Now().UnixNano(), s.nextID)
+	s.mu.Unlock()
+	now := time.Now()
+	// The prompt's length in tokens is not known here; estimate it for the
+	// deadline check from its bytes.
+	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), maxTokens, time.Time{}, s.opts.Policy, now)
+	x := &run{s: s, r: r, body: body, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}}
+	w.Header().Set("Lifeline-Request-Id", id)
+	var flusher http.Flusher
+	if body.Stream {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Cache-Control", "no-cache")
+		flusher, _ = w.(http.Flusher)
+	}
+	ctx := req.Context()
+	var text strings.Builder
+	started := false
+	emit := func(toks []Token) {
+		for _, t := range toks {
+			text.WriteString(t.Text)
+			if !body.Stream {
+				continue
+			}
+			if !started {
+				w.WriteHeader(http.StatusOK)
+				started = true
+			}
+			chunk, _ := json.Marshal(map[string]any{"id": id, "object": "text_completion", "model": body.Model,
+				"choices":  []map[string]any{{"index": 0, "text": t.Text, "finish_reason": nil}},
+				"lifeline": map[string]any{"request_id": id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": x.on}})
+			fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk)
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+	}
+	defer x.cancelAll()
+	acts := r.Start(now)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		for len(acts) > 0 {
+			a := acts[0]
+			acts = acts[1:]
+			switch a := a.(type) {
+			case Route:
+				acts = append(acts, x.route(a)...)
+			case Dispatch:
+				acts = append(acts, x.dispatch(ctx, a)...)
+			case Deliver:
+				emit(a.Tokens)
+			case CancelWorker:
+				if c, ok := x.streams[a.Epoch]; ok {
+					c()
+					delete(x.streams, a.Epoch)
+				}
+			case Finish:
+				x.finish(w, flusher, started, text.String())
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			acts = append(r.Cancel(), r.CancelDone()...)
+		case e := <-x.events:
+			now := time.Now()
+			switch {
+			case e.failed:
+				if e.instance == r.Endpoint.InstanceID {
+					acts = r.OnWorkerFailed(r.Epoch, e.reason, true, now)
+				}
+			case e.err != nil:
+				acts = r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
+			case e.frame.Error != nil:
+				acts = r.OnWorkerFailed(e.epoch, e.frame.Error.Message, e.frame.Error.Retryable, now)
+			default:
+				f := e.frame
+				acts = r.OnFrame(Frame{From: Endpoint{f.InstanceId, r.Endpoint.Generation}, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
+					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason}, now)
+			}
+		case <-tick.C:
+			acts = r.Tick(time.Now())
+		}
+	}
+}
+
+func (x *run) route(a Route) []Action {
+	s := x.s
+	s.mu.Lock()
+	prefer := ""
+	if prev, ok := s.router.instances[x.on]; ok {
+		prefer = prev.NumericsID
+	}
+	in, err := s.router.Pick(x.body.Model, "", prefer, a.Exclude, time.Now())
+	s.mu.Unlock()
+	if err != nil {
+		return x.r.NoRoute(a.Epoch, false)
+	}
+	return x.r.Routed(a.Epoch, Endpoint{in.ID, in.Generation}, time.Now())
+}
+
+func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
+	s := x.s
+	c, err := s.client(ctx, d.To)
+	if err != nil {
+		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
+	prefix := make([]int32, len(d.Prefix))
+	for i, t := range d.Prefix {
+		prefix[i] = int32(t)
+	}
+	b := x.body
+	g := &wire.Generate{RequestId: x.r.ID, RequestEpoch: d.Epoch, Prompt: b.Prompt, PrefixTokens: prefix, MaxTokens: int32(x.r.MaxTokens),
+		TopK: int32(b.TopK), Seed: b.Seed, Stop: b.Stop, IgnoreEos: b.IgnoreEOS, FrequencyPenalty: b.FrequencyPenalty, PresencePenalty: b.PresencePenalty,
+		Temperature: 1, TopP: 1}
+	if b.Temperature != nil {
+		g.Temperature = *b.Temperature
+	}
+	if b.TopP != nil {
+		g.TopP = *b.TopP
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	st, err := c.Generate(sctx, g)
+	if err != nil {
+		cancel()
+		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
+	x.streams[d.Epoch] = cancel
+	x.on = d.To.InstanceID
+	s.mu.Lock()
+	if s.active[x.on] == nil {
+		s.active[x.on] = map[*run]struct{}{}
+	}
+	s.active[x.on][x] = struct{}{}
+	s.mu.Unlock()
+	go func(epoch uint64) {
+		for {
+			f, err := st.Next()
+			if err != nil {
+				if sctx.Err() == nil {
+					if errors.Is(err, io.EOF) {
+						err = fmt.Errorf("worker stream ended without a finish")
+					}
+					x.notify(event{epoch: epoch, err: err})
+				}
+				return
+			}
+			x.notify(event{epoch: epoch, frame: f})
+			if f.FinishReason != "" {
+				return
+			}
+		}
+	}(d.Epoch)
+	return nil
+}
+
+func (x *run) cancelAll() {
+	for _, c := range x.streams {
+		c()
+	}
+	x.s.mu.Lock()
+	for _, runs := range x.s.active {
+		delete(runs, x)
+	}
+	x.s.mu.Unlock()
+}
+
+func (x *run) finish(w http.ResponseWriter, flusher http.Flusher, started bool, text string) {
+	r := x.r
+	if r.Err != nil && !started {
+		code := http.StatusInternalServerError
+		switch r.Err.Type {
+		case ErrNoCapacity:
+			code = http.StatusServiceUnavailable
+		case ErrOverloaded:
+			code = http.StatusTooManyRequests
+		case ErrInvalidRequest:
+			code = http.StatusBadRequest
+		case ErrDeadlineExceeded:
+			code = http.StatusGatewayTimeout
+		}
+		writeError(w, code, r.Err.Type, r.Err.Message)
+		return
+	}
+	if !x.body.Stream {
+		writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": x.body.Model,
+			"choices":  []map[string]any{{"index": 0, "text": text, "finish_reason": r.FinishReason}},
+			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}})
+		return
+	}
+	if r.Err != nil {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	} else {
+		b, _ := json.Marshal(map[string]any{"id": r.ID, "object": "text_completion", "choices": []map[string]any{{"index": 0, "text": "", "finish_reason": r.FinishReason}},
+			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
+}

@@ -1,0 +1,256 @@
+package frontend
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+)
+
+// Options configure a frontend.
+type Options struct {
+	Listen  string
+	Etcd    []string
+	EtcdTLS bool
+	CertDir string
+	Policy  Policy
+}
+
+// Server is one frontend replica.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	etcd    *clientv3.Client
+	workTLS *tls.Config
+
+	mu      sync.Mutex
+	router  *Router
+	addrs   map[string]string // instance id → QUIC address
+	clients map[Endpoint]*worker.Client
+	active  map[string]map[*run]struct{} // instance id → runs on it
+	nextID  uint64
+}
+
+// Run serves until ctx is done. It writes "frontend: listening on ADDR"
+// to log once it accepts connections.
+func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) error {
+	if opts.Policy == (Policy{}) {
+		opts.Policy = DefaultPolicy
+	}
+	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{}, active: map[string]map[*run]struct{}{}}
+	var err error
+	if s.workTLS, err = worker.ClientTLS(opts.CertDir); err != nil {
+		return fmt.Errorf("frontend: certs: %w", err)
+	}
+	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
+	if opts.EtcdTLS {
+		if ecfg.TLS, err = pki.Load(opts.CertDir, "h2"); err != nil {
+			return err
+		}
+	}
+	if s.etcd, err = clientv3.New(ecfg); err != nil {
+		return fmt.Errorf("frontend: etcd: %w", err)
+	}
+	defer s.etcd.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// Serve only with a view of the registry: one full read first.
+	rev, err := s.sync(ctx)
+	for deadline := time.Now().Add(30 * time.Second); err != nil && time.Now().Before(deadline); rev, err = s.sync(ctx) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("frontend: read the registry: %w", err)
+	}
+	go s.watch(ctx, rev)
+	ln, err := net.Listen("tcp", opts.Listen)
+	if err != nil {
+		return fmt.Errorf("frontend: listen %s: %w", opts.Listen, err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
+	mux.HandleFunc("GET /v1/models", s.handleModels)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() { <-ctx.Done(); srv.Close() }()
+	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
+	}
+	return nil
+}
+
+// watch keeps the router in line with the registry: a full read, then the
+// watch; failure announcements fail the streams on that instance at once.
+// sync replaces the router's view with a full read and returns its revision.
+func (s *Server) sync(ctx context.Context) (int64, error) {
+	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := s.etcd.Get(gctx, agent.InstancesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	var all []Instance
+	s.mu.Lock()
+	for _, kv := range resp.Kvs {
+		if in, addr, ok := decodeRegistration(kv.Value); ok {
+			all = append(all, in)
+			s.addrs[in.ID] = addr
+		}
+	}
+	s.router.Replace(all)
+	s.mu.Unlock()
+	return resp.Header.Revision, nil
+}
+
+func (s *Server) watch(ctx context.Context, rev int64) {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			var err error
+			if rev, err = s.sync(ctx); err != nil {
+				time.Sleep(200 * time.Millisecond)
+				continue // keep the last snapshot while etcd is unreachable
+			}
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		insts := s.etcd.Watch(wctx, agent.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		fails := s.etcd.Watch(wctx, agent.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				wcancel()
+				return
+			case wr, ok := <-insts:
+				if !ok || wr.Err() != nil {
+					break loop
+				}
+				for _, ev := range wr.Events {
+					id := strings.TrimPrefix(string(ev.Kv.Key), agent.InstancesPrefix)
+					if ev.Type == clientv3.EventTypeDelete {
+						s.instanceGone(id, "deregistered")
+						continue
+					}
+					if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
+						s.mu.Lock()
+						s.router.Update(in)
+						s.addrs[in.ID] = addr
+						s.mu.Unlock()
+					}
+				}
+			case fr, ok := <-fails:
+				if !ok || fr.Err() != nil {
+					break loop
+				}
+				for _, ev := range fr.Events {
+					if ev.Type == clientv3.EventTypePut {
+						var f agent.Failure
+						if json.Unmarshal(ev.Kv.Value, &f) == nil {
+							s.instanceGone(f.InstanceID, "worker died: "+f.Reason)
+						}
+					}
+				}
+			}
+		}
+		wcancel()
+	}
+}
+
+func decodeRegistration(b []byte) (Instance, string, bool) {
+	var r agent.Registration
+	if json.Unmarshal(b, &r) != nil || r.InstanceID == "" {
+		return Instance{}, "", false
+	}
+	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
+		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued}, r.Addr, true
+}
+
+// instanceGone removes an instance and fails every stream on it now,
+// without waiting for the stream itself to notice.
+func (s *Server) instanceGone(id, reason string) {
+	s.mu.Lock()
+	s.router.Remove(id)
+	s.router.Suppress(id, time.Now())
+	var runs []*run
+	for r := range s.active[id] {
+		runs = append(runs, r)
+	}
+	for ep, c := range s.clients {
+		if ep.InstanceID == id {
+			c.Close()
+			delete(s.clients, ep)
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range runs {
+		r.notify(event{failed: true, instance: id, reason: reason})
+	}
+}
+
+func (s *Server) client(ctx context.Context, ep Endpoint) (*worker.Client, error) {
+	s.mu.Lock()
+	c, ok := s.clients[ep]
+	addr := s.addrs[ep.InstanceID]
+	s.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := worker.Dial(dctx, addr, s.workTLS, ep.InstanceID, ep.Generation)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old, ok := s.clients[ep]; ok {
+		c.Close()
+		return old, nil
+	}
+	s.clients[ep] = c
+	return c, nil
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	seen := map[string]bool{}
+	var data []map[string]any
+	for _, in := range s.router.instances {
+		if in.Ready && !seen[in.Model] {
+			seen[in.Model] = true
+			data = append(data, map[string]any{"id": in.Model, "object": "model", "owned_by": "lifeline"})
+		}
+	}
+	s.mu.Unlock()
+	if data == nil {
+		data = []map[string]any{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes the OpenAI error shape with a stable type.
+func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {
+	if typ == ErrOverloaded {
+		w.Header().Set("Retry-After", "1")
+	}
+	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": typ}})
+}
