@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
@@ -26,7 +27,12 @@ type CompletionRequest struct {
 	Stop        []string `json:"stop"`
 	Stream      bool     `json:"stream"`
 	// IgnoreEOS is an extension for benchmarks and tests.
-	IgnoreEOS        bool    `json:"ignore_eos"`
+	IgnoreEOS     bool `json:"ignore_eos"`
+	StreamOptions struct {
+		// Resumable keeps the request running through a client disconnect
+		// for the resume window.
+		Resumable bool `json:"resumable"`
+	} `json:"stream_options"`
 	FrequencyPenalty float64 `json:"frequency_penalty"`
 	PresencePenalty  float64 `json:"presence_penalty"`
 }
@@ -46,6 +52,7 @@ type run struct {
 	s      *Server
 	r      *Request
 	body   CompletionRequest
+	st     *stream
 	events chan event
 	// streams cancels the worker stream of each epoch.
 	streams map[uint64]context.CancelFunc
@@ -57,6 +64,39 @@ func (x *run) notify(e event) {
 	case x.events <- e:
 	default:
 	}
+}
+
+// stream is a request's token log as clients see it: every committed
+// token, kept for resume, and a signal for the writers that follow it.
+type stream struct {
+	id        string
+	body      CompletionRequest
+	resumable bool
+
+	mu       sync.Mutex
+	tokens   []Token
+	done     bool
+	r        *Request // read under mu once done
+	changed  chan struct{}
+	watchers int
+	idleAt   time.Time // when the last watcher left
+	cancel   context.CancelFunc
+}
+
+func (st *stream) append(toks []Token) {
+	st.mu.Lock()
+	st.tokens = append(st.tokens, toks...)
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
+}
+
+func (st *stream) finish(r *Request) {
+	st.mu.Lock()
+	st.done, st.r = true, r
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
@@ -89,40 +129,158 @@ func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
 	// The prompt's length in tokens is not known here; estimate it for the
 	// deadline check from its bytes.
 	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), maxTokens, time.Time{}, s.opts.Policy, now)
-	x := &run{s: s, r: r, body: body, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}}
+	resumable := body.StreamOptions.Resumable || req.Header.Get("Lifeline-Resumable") == "1"
+	// The request lives on the server, not on this connection: a resumable
+	// one survives the client's disconnect.
+	rctx, cancel := context.WithCancel(s.ctx)
+	st := &stream{id: id, body: body, resumable: resumable, changed: make(chan struct{}), cancel: cancel}
+	s.mu.Lock()
+	s.streams[id] = st
+	s.mu.Unlock()
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}}
+	go x.loop(rctx)
+
 	w.Header().Set("Lifeline-Request-Id", id)
-	var flusher http.Flusher
-	if body.Stream {
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Cache-Control", "no-cache")
-		flusher, _ = w.(http.Flusher)
+	w.Header().Set("Lifeline-Resume-Token", s.keys.Issue(id, now.Add(s.resumeWindow()+time.Hour)))
+	if !body.Stream {
+		s.writeWhole(w, req, st)
+		return
 	}
-	ctx := req.Context()
-	var text strings.Builder
+	s.follow(w, req, st, 0)
+}
+
+// follow writes the stream's tokens after sequence number from, then its
+// end. When the client goes away from a request that did not ask to be
+// resumable, the request is cancelled.
+func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, from int) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	flusher, _ := w.(http.Flusher)
+	st.mu.Lock()
+	st.watchers++
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		st.watchers--
+		st.idleAt = time.Now()
+		done := st.done
+		st.mu.Unlock()
+		if !done && !st.resumable && req.Context().Err() != nil {
+			st.cancel()
+		}
+	}()
 	started := false
-	emit := func(toks []Token) {
+	next := from + 1
+	for {
+		st.mu.Lock()
+		toks := append([]Token(nil), st.tokens[min(next-1, len(st.tokens)):]...)
+		done, r, changed := st.done, st.r, st.changed
+		st.mu.Unlock()
 		for _, t := range toks {
-			text.WriteString(t.Text)
-			if !body.Stream {
-				continue
-			}
 			if !started {
 				w.WriteHeader(http.StatusOK)
 				started = true
 			}
-			chunk, _ := json.Marshal(map[string]any{"id": id, "object": "text_completion", "model": body.Model,
+			chunk, _ := json.Marshal(map[string]any{"id": st.id, "object": "text_completion", "model": st.body.Model,
 				"choices":  []map[string]any{{"index": 0, "text": t.Text, "finish_reason": nil}},
-				"lifeline": map[string]any{"request_id": id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": x.on}})
-			fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk)
-			if flusher != nil {
-				flusher.Flush()
+				"lifeline": map[string]any{"request_id": st.id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": t.instance}})
+			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk); err != nil {
+				return
 			}
+			next = t.SequenceNo + 1
+		}
+		if flusher != nil && len(toks) > 0 {
+			flusher.Flush()
+		}
+		if done {
+			writeEnd(w, flusher, started, r)
+			return
+		}
+		select {
+		case <-changed:
+		case <-req.Context().Done():
+			return
 		}
 	}
+}
+
+func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream) {
+	for {
+		st.mu.Lock()
+		done, r, changed := st.done, st.r, st.changed
+		st.mu.Unlock()
+		if done {
+			if r.Err != nil {
+				writeRequestError(w, r.Err)
+				return
+			}
+			var text strings.Builder
+			for _, t := range r.Output {
+				text.WriteString(t.Text)
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": st.body.Model,
+				"choices":  []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}},
+				"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}})
+			return
+		}
+		select {
+		case <-changed:
+		case <-req.Context().Done():
+			if !st.resumable {
+				st.cancel()
+			}
+			return
+		}
+	}
+}
+
+func writeRequestError(w http.ResponseWriter, e *RequestError) {
+	code := http.StatusInternalServerError
+	switch e.Type {
+	case ErrNoCapacity:
+		code = http.StatusServiceUnavailable
+	case ErrOverloaded:
+		code = http.StatusTooManyRequests
+	case ErrInvalidRequest:
+		code = http.StatusBadRequest
+	case ErrDeadlineExceeded:
+		code = http.StatusGatewayTimeout
+	case ErrCancelledType:
+		code = 499
+	}
+	writeError(w, code, e.Type, e.Message)
+}
+
+func writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Request) {
+	if r.Err != nil && !started {
+		writeRequestError(w, r.Err)
+		return
+	}
+	if !started {
+		w.WriteHeader(http.StatusOK)
+	}
+	if r.Err != nil {
+		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	} else {
+		b, _ := json.Marshal(map[string]any{"id": r.ID, "object": "text_completion", "choices": []map[string]any{{"index": 0, "text": "", "finish_reason": r.FinishReason}},
+			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations}})
+		fmt.Fprintf(w, "data: %s\n\n", b)
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+// loop drives the request's state machine until it ends.
+func (x *run) loop(ctx context.Context) {
+	r := x.r
 	defer x.cancelAll()
-	acts := r.Start(now)
+	acts := r.Start(time.Now())
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	cancelled := false
 	for {
 		for len(acts) > 0 {
 			a := acts[0]
@@ -133,19 +291,30 @@ func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
 			case Dispatch:
 				acts = append(acts, x.dispatch(ctx, a)...)
 			case Deliver:
-				emit(a.Tokens)
+				toks := make([]Token, len(a.Tokens))
+				for i, t := range a.Tokens {
+					t.instance = x.on
+					toks[i] = t
+				}
+				x.st.append(toks)
 			case CancelWorker:
 				if c, ok := x.streams[a.Epoch]; ok {
 					c()
 					delete(x.streams, a.Epoch)
 				}
 			case Finish:
-				x.finish(w, flusher, started, text.String())
+				x.st.finish(r)
+				x.s.forgetLater(x.st)
 				return
 			}
 		}
 		select {
 		case <-ctx.Done():
+			if cancelled {
+				acts = r.CancelDone()
+				continue
+			}
+			cancelled = true
 			acts = append(r.Cancel(), r.CancelDone()...)
 		case e := <-x.events:
 			now := time.Now()
@@ -165,6 +334,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
 			}
 		case <-tick.C:
 			acts = r.Tick(time.Now())
+			x.s.reapIdle(x.st)
 		}
 	}
 }
@@ -248,41 +418,4 @@ func (x *run) cancelAll() {
 		delete(runs, x)
 	}
 	x.s.mu.Unlock()
-}
-
-func (x *run) finish(w http.ResponseWriter, flusher http.Flusher, started bool, text string) {
-	r := x.r
-	if r.Err != nil && !started {
-		code := http.StatusInternalServerError
-		switch r.Err.Type {
-		case ErrNoCapacity:
-			code = http.StatusServiceUnavailable
-		case ErrOverloaded:
-			code = http.StatusTooManyRequests
-		case ErrInvalidRequest:
-			code = http.StatusBadRequest
-		case ErrDeadlineExceeded:
-			code = http.StatusGatewayTimeout
-		}
-		writeError(w, code, r.Err.Type, r.Err.Message)
-		return
-	}
-	if !x.body.Stream {
-		writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": x.body.Model,
-			"choices":  []map[string]any{{"index": 0, "text": text, "finish_reason": r.FinishReason}},
-			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}})
-		return
-	}
-	if r.Err != nil {
-		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
-		fmt.Fprintf(w, "data: %s\n\n", b)
-	} else {
-		b, _ := json.Marshal(map[string]any{"id": r.ID, "object": "text_completion", "choices": []map[string]any{{"index": 0, "text": "", "finish_reason": r.FinishReason}},
-			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations}})
-		fmt.Fprintf(w, "data: %s\n\n", b)
-	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
-	if flusher != nil {
-		flusher.Flush()
-	}
 }

@@ -81,6 +81,7 @@ type Token struct {
 	SequenceNo int // 1-based
 	ID         int
 	Text       string
+	instance   string // who produced it, for the client's information
 }
 
 // Policy bounds recovery.

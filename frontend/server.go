@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +29,12 @@ type Options struct {
 	EtcdTLS bool
 	CertDir string
 	Policy  Policy
+	// ResumeWindow is how long a resumable request runs on without a
+	// client, and how long a finished one stays resumable (default 60 s).
+	ResumeWindow time.Duration
+	// ResumeSecret signs resume tokens; replicas that share it accept each
+	// other's tokens (default: random per process).
+	ResumeSecret []byte
 }
 
 // Server is one frontend replica.
@@ -43,6 +50,91 @@ type Server struct {
 	clients map[Endpoint]*worker.Client
 	active  map[string]map[*run]struct{} // instance id → runs on it
 	nextID  uint64
+	streams map[string]*stream
+	keys    resumeKeys
+	ctx     context.Context
+}
+
+func (s *Server) resumeWindow() time.Duration {
+	if s.opts.ResumeWindow > 0 {
+		return s.opts.ResumeWindow
+	}
+	return time.Minute
+}
+
+// forgetLater drops a finished stream's log after the resume window.
+func (s *Server) forgetLater(st *stream) {
+	time.AfterFunc(s.resumeWindow(), func() {
+		s.mu.Lock()
+		delete(s.streams, st.id)
+		s.mu.Unlock()
+	})
+}
+
+// reapIdle cancels a resumable request nobody has followed for the resume
+// window.
+func (s *Server) reapIdle(st *stream) {
+	st.mu.Lock()
+	idle := st.watchers == 0 && !st.idleAt.IsZero() && time.Since(st.idleAt) > s.resumeWindow()
+	st.mu.Unlock()
+	if idle {
+		st.cancel()
+	}
+}
+
+// authorise checks a request's resume token (Authorization: Bearer, or the
+// Lifeline-Resume-Token header) and returns its stream.
+func (s *Server) authorise(w http.ResponseWriter, req *http.Request) *stream {
+	id := req.PathValue("id")
+	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	if tok == "" {
+		tok = req.Header.Get("Lifeline-Resume-Token")
+	}
+	if err := s.keys.Check(tok, id, time.Now()); err != nil {
+		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
+		return nil
+	}
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
+	if st == nil {
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		return nil
+	}
+	return st
+}
+
+// handleResume replays a stream after the client's last sequence number
+// (Last-Event-ID, or ?starting_after=N) and follows it to its end.
+func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
+	st := s.authorise(w, req)
+	if st == nil {
+		return
+	}
+	after := req.Header.Get("Last-Event-ID")
+	if q := req.URL.Query().Get("starting_after"); q != "" {
+		after = q
+	}
+	from := 0
+	if after != "" {
+		n, err := strconv.Atoi(after)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, ErrInvalidRequest, fmt.Sprintf("last event id %q", after))
+			return
+		}
+		from = n
+	}
+	w.Header().Set("Lifeline-Request-Id", st.id)
+	s.follow(w, req, st, from)
+}
+
+func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
+	st := s.authorise(w, req)
+	if st == nil {
+		return
+	}
+	st.cancel()
+	writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": true})
 }
 
 // Run serves until ctx is done. It writes "frontend: listening on ADDR"
@@ -51,7 +143,8 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	if opts.Policy == (Policy{}) {
 		opts.Policy = DefaultPolicy
 	}
-	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{}, active: map[string]map[*run]struct{}{}}
+	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{},
+		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret)}
 	var err error
 	if s.workTLS, err = worker.ClientTLS(opts.CertDir); err != nil {
 		return fmt.Errorf("frontend: certs: %w", err)
@@ -68,6 +161,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	defer s.etcd.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	s.ctx = ctx
 	// Serve only with a view of the registry: one full read first.
 	rev, err := s.sync(ctx)
 	for deadline := time.Now().Add(30 * time.Second); err != nil && time.Now().Before(deadline); rev, err = s.sync(ctx) {
@@ -84,6 +178,8 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
+	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
+	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { <-ctx.Done(); srv.Close() }()
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())

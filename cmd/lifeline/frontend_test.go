@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -169,5 +170,148 @@ func TestFrontendBadInput(t *testing.T) {
 	resp.Body.Close()
 	if !strings.Contains(string(b), `"id":"tiny"`) {
 		t.Fatalf("models: %s", b)
+	}
+}
+
+// readSSE reads tokens from an SSE body until stop returns true or the
+// stream ends.
+func readSSE(t *testing.T, r io.Reader, stop func(sseToken) bool) []sseToken {
+	t.Helper()
+	var toks []sseToken
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var chunk struct {
+			Choices  []struct{ Text string }
+			Lifeline struct {
+				SequenceNo int `json:"sequence_no"`
+				TokenID    int `json:"token_id"`
+			}
+		}
+		json.Unmarshal([]byte(data), &chunk)
+		if chunk.Lifeline.SequenceNo == 0 {
+			continue
+		}
+		tok := sseToken{Seq: chunk.Lifeline.SequenceNo, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text}
+		toks = append(toks, tok)
+		if stop != nil && stop(tok) {
+			break
+		}
+	}
+	return toks
+}
+
+// TestFrontendResume: a client that asked for a resumable stream drops its
+// connection after 20 tokens and comes back with Last-Event-ID (and
+// another with starting_after): it gets exactly the rest, identical to an
+// uninterrupted run. Resume tokens are checked.
+func TestFrontendResume(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	url := startFrontend(t, n)
+	body := map[string]any{"model": "small", "prompt": "The old river", "max_tokens": 150, "temperature": 0.9, "seed": 4,
+		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": true}}
+	want, _ := streamCompletion(t, url, body, nil)
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
+	first := readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 20 })
+	resp.Body.Close() // the client's connection drops
+	resume := func(after string, query string, tok string) (*http.Response, []sseToken) {
+		req, _ := http.NewRequest("GET", url+"/v1/streams/"+id+query, nil)
+		if after != "" {
+			req.Header.Set("Last-Event-ID", after)
+		}
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return resp, nil
+		}
+		return resp, readSSE(t, resp.Body, nil)
+	}
+	_, rest := resume("20", "", token)
+	got := append(first, rest...)
+	if len(got) != len(want) {
+		t.Fatalf("resumed: %d + %d tokens, want %d", len(first), len(rest), len(want))
+	}
+	for i := range got {
+		if got[i].Seq != i+1 || got[i].TokenID != want[i].TokenID || got[i].Text != want[i].Text {
+			t.Fatalf("token %d after resume: %+v, want %+v", i+1, got[i], want[i])
+		}
+	}
+	if _, tail := resume("", "?starting_after=100", token); len(tail) != 50 || tail[0].Seq != 101 {
+		t.Fatalf("starting_after=100: %d tokens from %v", len(tail), tail)
+	}
+	// Forged, foreign and missing tokens are refused.
+	other, _ := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"small","prompt":"x","max_tokens":2,"ignore_eos":true}`))
+	io.Copy(io.Discard, other.Body)
+	other.Body.Close()
+	for name, tok := range map[string]string{"forged": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "another request's": other.Header.Get("Lifeline-Resume-Token"), "none": ""} {
+		if r, _ := resume("0", "", tok); r.StatusCode != http.StatusUnauthorized {
+			t.Errorf("%s token: status %d", name, r.StatusCode)
+		}
+	}
+	if r, _ := resume("abc", "", token); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("bad Last-Event-ID: status %d", r.StatusCode)
+	}
+}
+
+// TestFrontendDisconnectCancels: a plain (not resumable) stream whose
+// client goes away is cancelled — its worker stops — and DELETE cancels a
+// resumable one.
+func TestFrontendDisconnectCancels(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	url := startFrontend(t, n)
+	check := func(id, token string) string {
+		req, _ := http.NewRequest("GET", url+"/v1/streams/"+id+"?starting_after=0", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return string(b)
+	}
+	body := `{"model":"small","prompt":"A long tale","max_tokens":900,"seed":1,"stream":true,"ignore_eos":true%s}`
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(body, "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
+	readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 5 })
+	resp.Body.Close()
+	if out := check(id, token); !strings.Contains(out, `"type":"cancelled"`) || strings.Count(out, "\nid: ") >= 899 {
+		t.Fatalf("a plain stream whose client left was not cancelled: %d events, %q", strings.Count(out, "\nid: "), out[max(0, len(out)-200):])
+	}
+	resp, err = http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(body, `,"stream_options":{"resumable":true}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, token = resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
+	readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 5 })
+	resp.Body.Close()
+	req, _ := http.NewRequest("DELETE", url+"/v1/streams/"+id, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	dresp, err := http.DefaultClient.Do(req)
+	if err != nil || dresp.StatusCode != 200 {
+		t.Fatalf("DELETE: %v %v", dresp, err)
+	}
+	dresp.Body.Close()
+	if out := check(id, token); !strings.Contains(out, `"type":"cancelled"`) {
+		t.Fatalf("DELETE did not cancel: %q", out[max(0, len(out)-200):])
 	}
 }
