@@ -7,16 +7,20 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run test race bench fuzz generate lint clean
+.PHONY: all build run engine-demo test race bench fuzz generate lint clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/lifeline ./cmd/lifeline
 
-# Until `lifeline up` exists, the main job is a streaming generation on the
-# reference engine (small preset, about 15M parameters).
+# The whole system on this machine: embedded etcd, two node agents with a
+# decode worker each, a frontend on 127.0.0.1:8080. Ctrl-C stops it.
 run:
+	$(GO) run ./cmd/lifeline up --data-dir .lifeline --nodes 2 --preset small
+
+# Just the reference engine: one streaming generation.
+engine-demo:
 	$(GO) run ./cmd/lifeline engine generate --preset small --prompt "$(PROMPT)" --seed 1 --max-tokens 64
 
 # Unit, integration (real binaries as processes) and determinism tests.

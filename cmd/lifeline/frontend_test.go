@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
 )
@@ -314,4 +317,72 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 	if out := check(id, token); !strings.Contains(out, `"type":"cancelled"`) {
 		t.Fatalf("DELETE did not cancel: %q", out[max(0, len(out)-200):])
 	}
+}
+
+// TestUpServesAndStopsCleanly: `lifeline up` from nothing in a temporary
+// directory serves a streaming request through its frontend and, on
+// Ctrl-C, stops without leaving a process behind.
+func TestUpServesAndStopsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	up := exec.Command(binary, "up", "--data-dir", dir, "--nodes", "2", "--preset", "tiny", "--listen", freeTCPAddr(t))
+	out, _ := up.StdoutPipe()
+	up.Stderr = os.Stderr
+	if err := up.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { up.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			up.Process.Kill()
+			<-exited
+		}
+	})
+	url := strings.TrimPrefix(waitLine(t, out, "URL http://"), "URL ")
+	// Both nodes' workers come up; the frontend routes to a ready one.
+	var toks []sseToken
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		b := `{"model":"tiny","prompt":"hello there","max_tokens":12,"seed":3,"stream":true,"ignore_eos":true}`
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(b))
+		if err == nil && resp.StatusCode == 200 {
+			toks = readSSE(t, resp.Body, nil)
+			resp.Body.Close()
+			break
+		}
+		if resp != nil {
+			resp.Body.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lifeline up never served: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if len(toks) != 12 {
+		t.Fatalf("%d tokens through lifeline up", len(toks))
+	}
+	up.Process.Signal(syscall.SIGINT)
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("lifeline up did not stop within 60s of Ctrl-C")
+	}
+	if left := processesMentioning(dir); len(left) > 0 {
+		t.Fatalf("processes left behind: %v", left)
+	}
+}
+
+// processesMentioning lists live processes whose command line contains s.
+func processesMentioning(s string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err == nil && strings.Contains(string(cmdline), s) && !strings.Contains(string(stat), ") Z ") {
+			out = append(out, e.Name()+": "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+		}
+	}
+	return out
 }
