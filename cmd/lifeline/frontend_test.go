@@ -386,3 +386,12 @@ func processesMentioning(s string) []string {
 	}
 	return out
 }
+
+// TestDemoFailover runs `lifeline demo failover` as a user would.
+func TestDemoFailover(t *testing.T) {
+	out, errOut, err := run(t, "demo", "failover", "--preset", "small", "--kill-after", "60", "--max-tokens", "200", "--seed", "5")
+	if err != nil || !strings.Contains(out, "bit-identical: yes") || !strings.Contains(out, "migrations: 1") {
+		t.Fatalf("demo failover: %v\n%s\n%s", err, out, errOut)
+	}
+	t.Log("\n" + out)
+}

@@ -23,3 +23,23 @@ func upCmd() *cobra.Command {
 	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "frontend HTTP address")
 	return cmd
 }
+
+func demoCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "demo", Short: "Demonstrations"}
+	var opts cluster.DemoOptions
+	failover := &cobra.Command{
+		Use:   "failover",
+		Short: "Kill the decode worker of a seeded stream after sequence 127 and check the continuation is bit-identical",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cluster.Failover(cmd.Context(), opts, cmd.OutOrStdout())
+		},
+	}
+	f := failover.Flags()
+	f.StringVar(&opts.Preset, "preset", "small", "model preset")
+	f.IntVar(&opts.KillAfter, "kill-after", 127, "kill the worker right after this sequence number reaches the client")
+	f.IntVar(&opts.MaxTokens, "max-tokens", 300, "tokens in the stream")
+	f.Uint64Var(&opts.Seed, "seed", 42, "sampling seed")
+	cmd.AddCommand(failover)
+	return cmd
+}

@@ -1,0 +1,218 @@
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// DemoOptions are the flags of `lifeline demo failover`.
+type DemoOptions struct {
+	Preset    string
+	KillAfter int // the sequence number after which the worker dies
+	MaxTokens int
+	Seed      uint64
+}
+
+type demoToken struct {
+	seq      int
+	token    int
+	text     string
+	instance string
+	at       time.Time
+}
+
+// Failover is the article's opening scene: a seeded stream, its decode
+// worker SIGKILLed right after sequence KillAfter reaches the client, the
+// stream continuing on another worker, and a check against a run that
+// never failed.
+func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
+	if opts.KillAfter < 1 || opts.MaxTokens <= opts.KillAfter {
+		return fmt.Errorf("demo: kill-after %d must be within max-tokens %d", opts.KillAfter, opts.MaxTokens)
+	}
+	dir, err := os.MkdirTemp("", "lifeline-demo")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	listen := l.Addr().String()
+	l.Close()
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	upOut := &lineWriter{lines: make(chan string, 64)}
+	done := make(chan error, 1)
+	go func() { done <- Run(cctx, Options{DataDir: dir, Nodes: 2, Preset: opts.Preset, Listen: listen}, upOut) }()
+	defer func() { stop(); <-done }()
+	var url string
+	for url == "" {
+		select {
+		case l := <-upOut.lines:
+			if u, ok := strings.CutPrefix(l, "URL "); ok {
+				url = u
+			}
+		case err := <-done:
+			return fmt.Errorf("demo: lifeline up: %v", err)
+		case <-time.After(120 * time.Second):
+			return fmt.Errorf("demo: lifeline up did not start")
+		}
+	}
+	fmt.Fprintf(out, "cluster up: 2 nodes × 1 %s decode worker, frontend %s\n", opts.Preset, url)
+	body := map[string]any{"model": opts.Preset, "prompt": "Once upon a time, in a small town by the river,", "max_tokens": opts.MaxTokens,
+		"temperature": 0.9, "seed": opts.Seed, "stream": true, "ignore_eos": true}
+	var reference []demoToken
+	for deadline := time.Now().Add(60 * time.Second); ; {
+		reference, _, err = demoStream(url, body, nil)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err != nil {
+		return fmt.Errorf("demo: fault-free run: %w", err)
+	}
+	fmt.Fprintf(out, "fault-free run: %d tokens\n\n", len(reference))
+
+	var killedAt time.Time
+	var victim string
+	start := time.Now()
+	got, migrations, err := demoStream(url, body, func(t demoToken) {
+		if t.seq == opts.KillAfter && victim == "" {
+			victim = t.instance
+			pid, err := workerPID(dir, victim)
+			if err != nil {
+				fmt.Fprintf(out, "cannot find the worker of %s: %v\n", victim, err)
+				return
+			}
+			killedAt = time.Now()
+			syscall.Kill(pid, syscall.SIGKILL)
+			fmt.Fprintf(out, "%8.1f ms  sequence %d reached the client from %s\n", ms(t.at.Sub(start)), t.seq, victim)
+			fmt.Fprintf(out, "%8.1f ms  SIGKILL %s (pid %d)\n", ms(killedAt.Sub(start)), victim, pid)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("demo: run with failure: %w", err)
+	}
+	for _, t := range got {
+		if t.seq == opts.KillAfter+1 {
+			fmt.Fprintf(out, "%8.1f ms  sequence %d from %s: detection, epoch bump, re-prefill of prompt + %d tokens, first token — %.1f ms after the kill\n",
+				ms(t.at.Sub(start)), t.seq, t.instance, opts.KillAfter, ms(t.at.Sub(killedAt)))
+		}
+	}
+	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, migrations)
+	identical := len(got) == len(reference)
+	for i := 0; identical && i < len(got); i++ {
+		identical = got[i].seq == i+1 && got[i].token == reference[i].token && got[i].text == reference[i].text
+	}
+	if identical {
+		fmt.Fprintln(out, "bit-identical: yes")
+		return nil
+	}
+	fmt.Fprintln(out, "bit-identical: no")
+	return fmt.Errorf("demo: the stream differs from the fault-free run")
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoToken, int, error) {
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(resp.Body)
+		return nil, 0, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
+	}
+	var toks []demoToken
+	migrations := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Choices  []struct{ Text string }
+			Lifeline struct {
+				SequenceNo int    `json:"sequence_no"`
+				TokenID    int    `json:"token_id"`
+				InstanceID string `json:"instance_id"`
+				Migrations int    `json:"migrations"`
+			}
+		}
+		json.Unmarshal([]byte(data), &c)
+		if c.Lifeline.SequenceNo == 0 {
+			migrations = c.Lifeline.Migrations
+			continue
+		}
+		t := demoToken{c.Lifeline.SequenceNo, c.Lifeline.TokenID, c.Choices[0].Text, c.Lifeline.InstanceID, time.Now()}
+		toks = append(toks, t)
+		if each != nil {
+			each(t)
+		}
+	}
+	return toks, migrations, nil
+}
+
+// workerPID asks each node's agent which pid serves instance.
+func workerPID(dir, instance string) (int, error) {
+	socks, _ := filepath.Glob(filepath.Join(dir, "node-*", "agent.sock"))
+	for _, s := range socks {
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", s)
+		}}}
+		resp, err := c.Get("http://agent/v1/workers")
+		if err != nil {
+			continue
+		}
+		var ws []struct {
+			InstanceID string `json:"instance_id"`
+			PID        int    `json:"pid"`
+		}
+		json.NewDecoder(resp.Body).Decode(&ws)
+		resp.Body.Close()
+		for _, w := range ws {
+			if w.InstanceID == instance && w.PID > 0 {
+				return w.PID, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no agent knows %s", instance)
+}
+
+// lineWriter turns writes into lines on a channel.
+type lineWriter struct {
+	buf   []byte
+	lines chan string
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		select {
+		case w.lines <- string(w.buf[:i]):
+		default:
+		}
+		w.buf = w.buf[i+1:]
+	}
+}
