@@ -54,6 +54,8 @@ type run struct {
 	body   CompletionRequest
 	st     *stream
 	events chan event
+	// failedAt is when the current migration began (zero when none).
+	failedAt time.Time
 	// streams cancels the worker stream of each epoch.
 	streams map[uint64]context.CancelFunc
 	on      string // instance currently serving
@@ -287,14 +289,26 @@ func (x *run) loop(ctx context.Context) {
 			acts = acts[1:]
 			switch a := a.(type) {
 			case Route:
+				if r.State == Migrating {
+					x.s.metrics.migrations.WithLabelValues("attempt").Inc()
+					if x.failedAt.IsZero() {
+						x.failedAt = time.Now()
+					}
+				}
 				acts = append(acts, x.route(a)...)
 			case Dispatch:
+				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
 				acts = append(acts, x.dispatch(ctx, a)...)
 			case Deliver:
 				toks := make([]Token, len(a.Tokens))
 				for i, t := range a.Tokens {
 					t.instance = x.on
 					toks[i] = t
+				}
+				if !x.failedAt.IsZero() {
+					x.s.metrics.migrations.WithLabelValues("success").Inc()
+					x.s.metrics.migrationTime.Observe(time.Since(x.failedAt).Seconds())
+					x.failedAt = time.Time{}
 				}
 				x.st.append(toks)
 			case CancelWorker:
@@ -303,6 +317,7 @@ func (x *run) loop(ctx context.Context) {
 					delete(x.streams, a.Epoch)
 				}
 			case Finish:
+				x.s.metrics.settle(r)
 				x.st.finish(r)
 				x.s.forgetLater(x.st)
 				return

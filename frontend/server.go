@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent"
@@ -53,6 +54,7 @@ type Server struct {
 	streams map[string]*stream
 	keys    resumeKeys
 	ctx     context.Context
+	metrics *metrics
 }
 
 func (s *Server) resumeWindow() time.Duration {
@@ -91,6 +93,7 @@ func (s *Server) authorise(w http.ResponseWriter, req *http.Request) *stream {
 		tok = req.Header.Get("Lifeline-Resume-Token")
 	}
 	if err := s.keys.Check(tok, id, time.Now()); err != nil {
+		s.metrics.resumes.WithLabelValues("refused").Inc()
 		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
 		return nil
 	}
@@ -125,6 +128,7 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 		from = n
 	}
 	w.Header().Set("Lifeline-Request-Id", st.id)
+	s.metrics.resumes.WithLabelValues("ok").Inc()
 	s.follow(w, req, st, from)
 }
 
@@ -144,7 +148,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		opts.Policy = DefaultPolicy
 	}
 	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{},
-		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret)}
+		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
 	var err error
 	if s.workTLS, err = worker.ClientTLS(opts.CertDir); err != nil {
 		return fmt.Errorf("frontend: certs: %w", err)
@@ -180,6 +184,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() { <-ctx.Done(); srv.Close() }()
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())

@@ -135,6 +135,18 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 	if m, _ := ll["migrations"].(float64); m < 1 {
 		t.Fatalf("final chunk reports %v migrations", ll["migrations"])
 	}
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`lifeline_frontend_migrations_total{result="success"} 1`, "lifeline_frontend_sequence_gaps_total 0",
+		"lifeline_frontend_routed_to_not_ready_total 0", "lifeline_frontend_migration_seconds_count 1"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
 
 	t.Logf("killed %s at sequence %d; stream continued on the other worker, bit-identical (%d tokens)", killed, killedAt, len(got))
 }

@@ -1,0 +1,54 @@
+package frontend
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	reg             *prometheus.Registry
+	migrations      *prometheus.CounterVec // result: attempt, success, failure
+	migrationFail   *prometheus.CounterVec // by error type
+	migrationTime   prometheus.Histogram
+	replayedPrefill prometheus.Counter
+	duplicates      prometheus.Counter
+	gaps            prometheus.Counter
+	staleEpoch      prometheus.Counter
+	resumes         *prometheus.CounterVec
+	shed            *prometheus.CounterVec
+	notReadyRouted  prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migrations_total", Help: "Migrations by result."}, []string{"result"})
+	m.migrationFail = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migration_failures_total", Help: "Requests that could not be migrated, by error type."}, []string{"reason"})
+	m.migrationTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_frontend_migration_seconds", Help: "From a worker failure to the next committed token.",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 14)})
+	m.replayedPrefill = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_replayed_prefill_tokens_total", Help: "Output tokens re-prefilled by migrations."})
+	m.duplicates = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_duplicate_frames_total", Help: "Repeated frames suppressed."})
+	m.gaps = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_sequence_gaps_total", Help: "Frames that skipped a sequence number (must stay 0 in delivery: they migrate)."})
+	m.staleEpoch = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_stale_epoch_frames_total", Help: "Frames of an older request epoch dropped."})
+	m.resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_resumes_total", Help: "Resume attempts by result."}, []string{"result"})
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_requests_shed_total", Help: "Requests refused, by reason."}, []string{"reason"})
+	m.notReadyRouted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_routed_to_not_ready_total", Help: "Requests routed to a not-ready instance (must stay 0)."})
+	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
+	return m
+}
+
+// settle adds a finished request's counters.
+func (m *metrics) settle(r *Request) {
+	m.duplicates.Add(float64(r.DuplicateFrames))
+	m.gaps.Add(float64(r.Gaps))
+	m.staleEpoch.Add(float64(r.StaleEpochFrames))
+	if r.Err != nil {
+		switch r.Err.Type {
+		case ErrMigrationExhausted, ErrDeadlineExceeded, ErrNoCapacity:
+			if r.Migrations > 0 {
+				m.migrationFail.WithLabelValues(string(r.Err.Type)).Inc()
+			}
+		}
+		if r.Migrations == 0 && (r.Err.Type == ErrNoCapacity || r.Err.Type == ErrOverloaded) {
+			m.shed.WithLabelValues(string(r.Err.Type)).Inc()
+		}
+	}
+}
