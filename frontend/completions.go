@@ -35,6 +35,33 @@ type CompletionRequest struct {
 	} `json:"stream_options"`
 	FrequencyPenalty float64 `json:"frequency_penalty"`
 	PresencePenalty  float64 `json:"presence_penalty"`
+	// Messages is the chat form (POST /v1/chat/completions).
+	Messages []ChatMessage `json:"messages"`
+}
+
+// ChatMessage is one message of a chat completion request.
+type ChatMessage struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// chatTemplate renders messages for the reference model, which has no chat
+// tokens of its own: "role: content" lines, then the assistant's turn.
+func chatTemplate(msgs []ChatMessage) (string, error) {
+	var b strings.Builder
+	for i, m := range msgs {
+		switch m.Role {
+		case "system", "user", "assistant":
+		default:
+			return "", fmt.Errorf("messages[%d].role: %q (system, user or assistant)", i, m.Role)
+		}
+		b.WriteString(m.Role)
+		b.WriteString(": ")
+		b.WriteString(m.Content)
+		b.WriteString("\n")
+	}
+	b.WriteString("assistant:")
+	return b.String(), nil
 }
 
 // event is what a request's run loop waits on.
@@ -73,6 +100,7 @@ func (x *run) notify(e event) {
 type stream struct {
 	id        string
 	body      CompletionRequest
+	chat      bool
 	resumable bool
 
 	mu       sync.Mutex
@@ -101,12 +129,28 @@ func (st *stream) finish(r *Request) {
 	st.mu.Unlock()
 }
 
-func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
+func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) { s.serve(w, req, false) }
+
+func (s *Server) handleChat(w http.ResponseWriter, req *http.Request) { s.serve(w, req, true) }
+
+func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	var body CompletionRequest
 	dec := json.NewDecoder(io.LimitReader(req.Body, 1<<20))
 	if err := dec.Decode(&body); err != nil {
 		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "malformed JSON: "+err.Error())
 		return
+	}
+	if chat {
+		if len(body.Messages) == 0 {
+			writeError(w, http.StatusBadRequest, ErrInvalidRequest, "messages: empty")
+			return
+		}
+		p, err := chatTemplate(body.Messages)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, ErrInvalidRequest, err.Error())
+			return
+		}
+		body.Prompt = p
 	}
 	maxTokens := 16
 	if body.MaxTokens != nil {
@@ -135,7 +179,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) {
 	// The request lives on the server, not on this connection: a resumable
 	// one survives the client's disconnect.
 	rctx, cancel := context.WithCancel(s.ctx)
-	st := &stream{id: id, body: body, resumable: resumable, changed: make(chan struct{}), cancel: cancel}
+	st := &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel}
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
@@ -183,9 +227,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 				w.WriteHeader(http.StatusOK)
 				started = true
 			}
-			chunk, _ := json.Marshal(map[string]any{"id": st.id, "object": "text_completion", "model": st.body.Model,
-				"choices":  []map[string]any{{"index": 0, "text": t.Text, "finish_reason": nil}},
-				"lifeline": map[string]any{"request_id": st.id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": t.instance}})
+			chunk, _ := json.Marshal(st.chunk(t.Text, nil, map[string]any{"request_id": st.id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": t.instance}))
 			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk); err != nil {
 				return
 			}
@@ -195,7 +237,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 			flusher.Flush()
 		}
 		if done {
-			writeEnd(w, flusher, started, r)
+			st.writeEnd(w, flusher, started, r)
 			return
 		}
 		select {
@@ -220,9 +262,17 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 			for _, t := range r.Output {
 				text.WriteString(t.Text)
 			}
-			writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": st.body.Model,
+			ll := map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}
+			usage := map[string]any{"completion_tokens": len(r.Output)}
+			if st.chat {
+				writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "chat.completion", "model": st.body.Model, "usage": usage,
+					"choices":  []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()}, "finish_reason": r.FinishReason}},
+					"lifeline": ll})
+				return
+			}
+			writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": st.body.Model, "usage": usage,
 				"choices":  []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}},
-				"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}})
+				"lifeline": ll})
 			return
 		}
 		select {
@@ -253,7 +303,21 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	writeError(w, code, e.Type, e.Message)
 }
 
-func writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Request) {
+// chunk renders one streamed piece in the completion or chat shape.
+func (st *stream) chunk(text string, finish any, lifeline map[string]any) map[string]any {
+	if st.chat {
+		delta := map[string]any{}
+		if text != "" {
+			delta["content"] = text
+		}
+		return map[string]any{"id": st.id, "object": "chat.completion.chunk", "model": st.body.Model,
+			"choices": []map[string]any{{"index": 0, "delta": delta, "finish_reason": finish}}, "lifeline": lifeline}
+	}
+	return map[string]any{"id": st.id, "object": "text_completion", "model": st.body.Model,
+		"choices": []map[string]any{{"index": 0, "text": text, "finish_reason": finish}}, "lifeline": lifeline}
+}
+
+func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Request) {
 	if r.Err != nil && !started {
 		writeRequestError(w, r.Err)
 		return
@@ -265,8 +329,7 @@ func writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Requ
 		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
 		fmt.Fprintf(w, "data: %s\n\n", b)
 	} else {
-		b, _ := json.Marshal(map[string]any{"id": r.ID, "object": "text_completion", "choices": []map[string]any{{"index": 0, "text": "", "finish_reason": r.FinishReason}},
-			"lifeline": map[string]any{"request_id": r.ID, "migrations": r.Migrations}})
+		b, _ := json.Marshal(st.chunk("", r.FinishReason, map[string]any{"request_id": r.ID, "migrations": r.Migrations}))
 		fmt.Fprintf(w, "data: %s\n\n", b)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")

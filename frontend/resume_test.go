@@ -38,3 +38,13 @@ func FuzzResumeToken(f *testing.F) {
 		}
 	})
 }
+
+func TestChatTemplate(t *testing.T) {
+	p, err := chatTemplate([]ChatMessage{{"system", "be brief"}, {"user", "hi"}})
+	if err != nil || p != "system: be brief\nuser: hi\nassistant:" {
+		t.Fatalf("%q %v", p, err)
+	}
+	if _, err := chatTemplate([]ChatMessage{{"wizard", "x"}}); err == nil {
+		t.Fatal("unknown role accepted")
+	}
+}

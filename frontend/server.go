@@ -181,6 +181,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
+	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)

@@ -186,6 +186,30 @@ func TestFrontendBadInput(t *testing.T) {
 	if !strings.Contains(string(b), `"id":"tiny"`) {
 		t.Fatalf("models: %s", b)
 	}
+	// Chat: a non-streaming answer in the OpenAI shape, and bad messages.
+	resp, err = http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chat struct {
+		Object  string
+		Choices []struct {
+			Message struct{ Role, Content string }
+		}
+	}
+	json.NewDecoder(resp.Body).Decode(&chat)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || chat.Object != "chat.completion" || len(chat.Choices) != 1 || chat.Choices[0].Message.Role != "assistant" || chat.Choices[0].Message.Content == "" {
+		t.Fatalf("chat: %d %+v", resp.StatusCode, chat)
+	}
+	for _, bad := range []string{`{"model":"tiny","messages":[]}`, `{"model":"tiny","messages":[{"role":"wizard","content":"x"}]}`} {
+		resp, _ := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(bad))
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%s: %d", bad, resp.StatusCode)
+		}
+	}
 }
 
 // readSSE reads tokens from an SSE body until stop returns true or the
