@@ -163,7 +163,7 @@ func TestRouterPrefersNumericsThenLoad(t *testing.T) {
 	rt := NewRouter()
 	for _, in := range []Instance{
 		{ID: "a", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 5},
-		{ID: "b", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1},
+		{ID: "b", Generation: 3, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1},
 		{ID: "c", Model: "m", ModelRevision: "r1", NumericsID: "generic", Ready: true, Outstanding: 0},
 		{ID: "d", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: false},
 		{ID: "e", Model: "m", ModelRevision: "r2", NumericsID: "avx", Ready: true},
@@ -181,12 +181,18 @@ func TestRouterPrefersNumericsThenLoad(t *testing.T) {
 	if got := pick(nil, t0); got != "b" {
 		t.Fatalf("picked %s, want b (same numerics, least load)", got)
 	}
-	rt.Suppress("b", t0)
+	rt.Suppress("b", 3, t0)
 	if got := pick(nil, t0.Add(time.Second)); got != "a" {
 		t.Fatalf("with b suppressed picked %s, want a", got)
 	}
 	if got := pick(nil, t0.Add(6*time.Second)); got != "b" {
 		t.Fatalf("after the suppression picked %s, want b", got)
+	}
+	// A restart is a new endpoint: not suppressed.
+	rt.Suppress("b", 3, t0.Add(7*time.Second))
+	rt.Update(Instance{ID: "b", Generation: 4, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1})
+	if got := pick(nil, t0.Add(8*time.Second)); got != "b" {
+		t.Fatalf("b restarted at generation 4 but picked %s", got)
 	}
 	if got := pick(map[string]bool{"a": true, "b": true}, t0); got != "c" {
 		t.Fatalf("only another numerics left: picked %s, want c", got)

@@ -31,12 +31,20 @@ type Router struct {
 	SuppressFor time.Duration
 
 	instances  map[string]Instance
-	suppressed map[string]time.Time
+	suppressed map[string]suppression
+}
+
+// suppression avoids one endpoint: the instance at generations up to gen.
+// A restart comes back at a higher generation, a new endpoint that is not
+// suppressed.
+type suppression struct {
+	gen   uint64
+	until time.Time
 }
 
 // NewRouter returns an empty router.
 func NewRouter() *Router {
-	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]time.Time{}}
+	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]suppression{}}
 }
 
 // Update records a registration (a watch put). An older generation than
@@ -59,8 +67,11 @@ func (rt *Router) Replace(all []Instance) {
 	}
 }
 
-// Suppress avoids an instance locally for SuppressFor.
-func (rt *Router) Suppress(id string, now time.Time) { rt.suppressed[id] = now.Add(rt.SuppressFor) }
+// Suppress avoids an endpoint (instance id at generations up to gen)
+// locally for SuppressFor.
+func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
+	rt.suppressed[id] = suppression{gen: gen, until: now.Add(rt.SuppressFor)}
+}
 
 // Pick chooses a ready, not draining, not suppressed, not excluded
 // instance of the model and revision. Instances with preferNumerics come
@@ -69,11 +80,12 @@ func (rt *Router) Suppress(id string, now time.Time) { rt.suppressed[id] = now.A
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
 	var cands []Instance
 	for id, in := range rt.instances {
-		if until, ok := rt.suppressed[id]; ok {
-			if now.Before(until) {
+		if sup, ok := rt.suppressed[id]; ok {
+			if !now.Before(sup.until) {
+				delete(rt.suppressed, id)
+			} else if in.Generation <= sup.gen {
 				continue
 			}
-			delete(rt.suppressed, id)
 		}
 		if !in.Ready || in.Draining || exclude[id] || in.Model != model || (revision != "" && in.ModelRevision != revision) {
 			continue

@@ -243,7 +243,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 				for _, ev := range wr.Events {
 					id := strings.TrimPrefix(string(ev.Kv.Key), agent.InstancesPrefix)
 					if ev.Type == clientv3.EventTypeDelete {
-						s.instanceGone(id, "deregistered")
+						s.instanceGone(id, 0, "deregistered")
 						continue
 					}
 					if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
@@ -261,7 +261,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 					if ev.Type == clientv3.EventTypePut {
 						var f agent.Failure
 						if json.Unmarshal(ev.Kv.Value, &f) == nil {
-							s.instanceGone(f.InstanceID, "worker died: "+f.Reason)
+							s.instanceGone(f.InstanceID, f.Generation, "worker died: "+f.Reason)
 						}
 					}
 				}
@@ -282,10 +282,13 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 
 // instanceGone removes an instance and fails every stream on it now,
 // without waiting for the stream itself to notice.
-func (s *Server) instanceGone(id, reason string) {
+func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	s.mu.Lock()
+	if gen == 0 {
+		gen = s.router.instances[id].Generation
+	}
 	s.router.Remove(id)
-	s.router.Suppress(id, time.Now())
+	s.router.Suppress(id, gen, time.Now())
 	var runs []*run
 	for r := range s.active[id] {
 		runs = append(runs, r)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"os/exec"
@@ -430,4 +431,50 @@ func TestDemoFailover(t *testing.T) {
 		t.Fatalf("demo failover: %v\n%s\n%s", err, out, errOut)
 	}
 	t.Log("\n" + out)
+}
+
+// TestFrontendThirtyKillPoints kills the serving worker at 30 seeded random
+// points of 30 streams, at temperature 0 and 0.9: every stream's tokens
+// equal its fault-free run, with contiguous sequence numbers and nothing
+// delivered twice.
+func TestFrontendThirtyKillPoints(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "restart_backoff": "50ms", "restart_backoff_max": "100ms", "crash_loop_limit": 100,
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
+	gens := map[string]uint64{}
+	for _, id := range []string{"n1-decode-small-0", "n1-decode-small-1"} {
+		gens[id] = n.waitRegistration(t, id, 0).Generation
+	}
+	url := startFrontend(t, n)
+	rng := rand.New(rand.NewPCG(30, 2026))
+	for i := 0; i < 30; i++ {
+		temp := 0.0
+		if i%2 == 1 {
+			temp = 0.9
+		}
+		body := map[string]any{"model": "small", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": 120,
+			"temperature": temp, "top_p": 0.95, "seed": i, "stream": true, "ignore_eos": true}
+		want, _ := streamCompletion(t, url, body, nil)
+		k := 3 + rng.IntN(110)
+		var victim string
+		got, _ := streamCompletion(t, url, body, func(tok sseToken) {
+			if tok.Seq == k && victim == "" {
+				victim = tok.Instance
+				for _, w := range n.workers(t) {
+					if w.InstanceID == victim {
+						syscall.Kill(w.PID, syscall.SIGKILL)
+					}
+				}
+			}
+		})
+		if len(got) != len(want) {
+			t.Fatalf("stream %d (temperature %v, killed %s at %d): %d tokens, want %d", i, temp, victim, k, len(got), len(want))
+		}
+		for j := range got {
+			if got[j].Seq != j+1 || got[j].TokenID != want[j].TokenID || got[j].Text != want[j].Text {
+				t.Fatalf("stream %d (temperature %v, killed %s at %d): token %d = %+v, want %+v", i, temp, victim, k, j+1, got[j], want[j])
+			}
+		}
+		// Wait for the killed instance to be back before the next kill.
+		gens[victim] = n.waitRegistration(t, victim, gens[victim]).Generation
+	}
 }
