@@ -3,10 +3,12 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/frontend/client"
 )
 
 type sseToken struct {
@@ -477,4 +480,74 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 		// Wait for the killed instance to be back before the next kill.
 		gens[victim] = n.waitRegistration(t, victim, gens[victim]).Generation
 	}
+}
+
+// cuttingConn closes itself after reading budget bytes: a connection that
+// breaks mid-stream.
+type cuttingConn struct {
+	net.Conn
+	budget int
+}
+
+func (c *cuttingConn) Read(p []byte) (int, error) {
+	if c.budget <= 0 {
+		c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	if len(p) > c.budget {
+		p = p[:c.budget]
+	}
+	n, err := c.Conn.Read(p)
+	c.budget -= n
+	return n, err
+}
+
+// TestClientResumesAfterBrokenConnections: the Go client's connection breaks
+// every few kilobytes; it reconnects, resumes after its last sequence
+// number, drops duplicates, and ends with exactly the uninterrupted run.
+// lifeline generate (the CLI over the same client) prints the same text.
+func TestClientResumesAfterBrokenConnections(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	url := startFrontend(t, n)
+	temp := 0.9
+	req := client.Request{Model: "small", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
+	var want []client.Token
+	if _, err := client.New(url).Stream(t.Context(), req, func(tok client.Token) { want = append(want, tok) }); err != nil {
+		t.Fatal(err)
+	}
+	cuts := 0
+	c := client.New(url)
+	c.MaxReconnects = 100
+	c.HTTP = &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		cuts++
+		return &cuttingConn{Conn: conn, budget: 6000}, nil
+	}}}
+	var got []client.Token
+	if _, err := c.Stream(t.Context(), req, func(tok client.Token) { got = append(got, tok) }); err != nil {
+		t.Fatal(err)
+	}
+	if cuts < 3 || len(got) != len(want) {
+		t.Fatalf("%d connections, %d tokens, want %d", cuts, len(got), len(want))
+	}
+	for i := range got {
+		if got[i].SequenceNo != i+1 || got[i].TokenID != want[i].TokenID || got[i].Text != want[i].Text {
+			t.Fatalf("token %d: %+v, want %+v", i+1, got[i], want[i])
+		}
+	}
+	out, errOut, err := run(t, "generate", "--url", url, "--model", "small", "--max-tokens", "160", "--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
+	var text strings.Builder
+	for _, tok := range want {
+		text.WriteString(tok.Text)
+	}
+	if err != nil || strings.TrimSuffix(out, "\n") != text.String() {
+		t.Fatalf("lifeline generate: %v %s\n%q\nwant %q", err, errOut, out, text.String())
+	}
+	t.Logf("%d connections for one stream of %d tokens", cuts, len(got))
 }

@@ -1,0 +1,183 @@
+// Package client is the Go client of a Lifeline frontend: it streams
+// completions, and when the connection breaks it reconnects with backoff and
+// jitter, resumes after the last sequence number it saw (Last-Event-ID),
+// drops duplicates, and surfaces the frontend's typed errors.
+package client
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Error is a typed error the frontend returned (OpenAI shape).
+type Error struct {
+	Status     int
+	Type       string
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("lifeline: %s (%d): %s", e.Type, e.Status, e.Message) }
+
+// Request is a completion request.
+type Request struct {
+	Model       string   `json:"model"`
+	Prompt      string   `json:"prompt"`
+	MaxTokens   int      `json:"max_tokens"`
+	Temperature *float64 `json:"temperature,omitempty"`
+	TopP        *float64 `json:"top_p,omitempty"`
+	Seed        uint64   `json:"seed"`
+	Stop        []string `json:"stop,omitempty"`
+	IgnoreEOS   bool     `json:"ignore_eos,omitempty"`
+}
+
+// Token is one streamed token.
+type Token struct {
+	SequenceNo int
+	TokenID    int
+	Text       string
+	Instance   string
+}
+
+// Client talks to one frontend.
+type Client struct {
+	URL  string
+	HTTP *http.Client
+	// MaxReconnects bounds reconnections of one stream (default 10).
+	MaxReconnects int
+}
+
+// New returns a client of the frontend at url.
+func New(url string) *Client {
+	return &Client{URL: strings.TrimRight(url, "/"), HTTP: &http.Client{}, MaxReconnects: 10}
+}
+
+// Stream runs a resumable streaming completion and calls each for every
+// token exactly once, in order, across reconnections. It returns the
+// finish reason.
+func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (string, error) {
+	body, _ := json.Marshal(struct {
+		Request
+		Stream        bool           `json:"stream"`
+		StreamOptions map[string]any `json:"stream_options"`
+	}{r, true, map[string]any{"resumable": true}})
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.HTTP.Do(req)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return "", readError(resp)
+	}
+	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
+	last := 0
+	for attempt := 0; ; attempt++ {
+		finish, err := readStream(resp.Body, &last, each)
+		resp.Body.Close()
+		if err == nil {
+			return finish, nil
+		}
+		var typed *Error
+		if errors.As(err, &typed) || ctx.Err() != nil {
+			return "", err
+		}
+		if attempt >= c.MaxReconnects {
+			return "", fmt.Errorf("lifeline: stream %s: gave up after %d reconnections: %w", id, attempt, err)
+		}
+		// Exponential backoff with jitter, then resume after `last`.
+		wait := time.Duration(1<<min(attempt, 6)) * 20 * time.Millisecond
+		wait += time.Duration(rand.Int64N(int64(wait)))
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(wait):
+		}
+		rreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+"/v1/streams/"+id, nil)
+		rreq.Header.Set("Authorization", "Bearer "+token)
+		rreq.Header.Set("Last-Event-ID", strconv.Itoa(last))
+		if resp, err = c.HTTP.Do(rreq); err != nil {
+			resp = &http.Response{Body: io.NopCloser(strings.NewReader(""))}
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			defer resp.Body.Close()
+			return "", readError(resp)
+		}
+	}
+}
+
+// readStream reads SSE events, delivering tokens after *last; it returns
+// the finish reason at the end of the stream, or an error if the stream
+// broke before its end (io.ErrUnexpectedEOF) or ended with a typed error.
+func readStream(body io.Reader, last *int, each func(Token)) (string, error) {
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	finish := ""
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			return finish, nil
+		}
+		var chunk struct {
+			Choices []struct {
+				Text         string
+				FinishReason *string `json:"finish_reason"`
+			}
+			Lifeline struct {
+				SequenceNo int    `json:"sequence_no"`
+				TokenID    int    `json:"token_id"`
+				InstanceID string `json:"instance_id"`
+			}
+			Error *struct{ Type, Message string }
+		}
+		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
+			return "", fmt.Errorf("lifeline: bad event %q: %w", data, err)
+		}
+		if chunk.Error != nil {
+			return "", &Error{Status: http.StatusOK, Type: chunk.Error.Type, Message: chunk.Error.Message}
+		}
+		if len(chunk.Choices) > 0 && chunk.Choices[0].FinishReason != nil {
+			finish = *chunk.Choices[0].FinishReason
+		}
+		seq := chunk.Lifeline.SequenceNo
+		if seq == 0 || seq <= *last {
+			continue // the end chunk, or a duplicate after a resume
+		}
+		if seq != *last+1 {
+			return "", fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
+		}
+		*last = seq
+		each(Token{SequenceNo: seq, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text, Instance: chunk.Lifeline.InstanceID})
+	}
+	if err := sc.Err(); err != nil {
+		return "", err
+	}
+	return "", io.ErrUnexpectedEOF
+}
+
+func readError(resp *http.Response) error {
+	var body struct {
+		Error struct{ Type, Message string }
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	e := &Error{Status: resp.StatusCode, Type: body.Error.Type, Message: body.Error.Message}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		e.RetryAfter = time.Duration(s) * time.Second
+	}
+	return e
+}
