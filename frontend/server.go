@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/quic-go/quic-go/http3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent"
@@ -36,6 +37,11 @@ type Options struct {
 	// ResumeSecret signs resume tokens; replicas that share it accept each
 	// other's tokens (default: random per process).
 	ResumeSecret []byte
+	// TLS serves HTTPS (HTTP/1.1 and HTTP/2) on the TCP address and HTTP/3
+	// on the same UDP port, advertised with Alt-Svc, with the node
+	// certificate from CertDir. Without it the API is plain HTTP/1.1 and
+	// cleartext HTTP/2 (prior knowledge).
+	TLS bool
 }
 
 // Server is one frontend replica.
@@ -186,10 +192,46 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() { <-ctx.Done(); srv.Close() }()
+	var handler http.Handler = mux
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	if !opts.TLS {
+		srv.Protocols = new(http.Protocols)
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		go func() { <-ctx.Done(); srv.Close() }()
+		fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}
+	// HTTPS on TCP (HTTP/2 negotiated by ALPN) and HTTP/3 on the same UDP
+	// port. Clients of the API are not components: no client certificate.
+	base, err := pki.Load(opts.CertDir, "h2")
+	if err != nil {
+		return err
+	}
+	tcpTLS := base.Clone()
+	tcpTLS.ClientAuth, tcpTLS.NextProtos = tls.NoClientCert, []string{"h2", "http/1.1"}
+	quicTLS := base.Clone()
+	quicTLS.ClientAuth, quicTLS.NextProtos = tls.NoClientCert, []string{"h3"}
+	port := ln.Addr().(*net.TCPAddr).Port
+	udp, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ln.Addr().(*net.TCPAddr).IP, port))
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
+	}
+	h3 := &http3.Server{Handler: mux, TLSConfig: quicTLS}
+	altSvc := fmt.Sprintf(`h3=":%d"; ma=86400`, port)
+	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Alt-Svc", altSvc)
+		mux.ServeHTTP(w, r)
+	})
+	srv.TLSConfig = tcpTLS
+	go func() { <-ctx.Done(); srv.Close(); h3.Close(); udp.Close() }()
+	go h3.Serve(udp)
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := srv.Serve(tls.NewListener(ln, tcpTLS)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
 	return nil

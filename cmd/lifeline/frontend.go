@@ -25,5 +25,6 @@ func frontendCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
 	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
 	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	return cmd
 }

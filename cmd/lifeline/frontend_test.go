@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/frontend/client"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/quic-go/quic-go/http3"
 )
 
 type sseToken struct {
@@ -550,4 +553,58 @@ func TestClientResumesAfterBrokenConnections(t *testing.T) {
 		t.Fatalf("lifeline generate: %v %s\n%q\nwant %q", err, errOut, out, text.String())
 	}
 	t.Logf("%d connections for one stream of %d tokens", cuts, len(got))
+}
+
+// TestFrontendProtocols: with --tls the same stream is served over HTTP/2
+// (ALPN) with an Alt-Svc advertisement, and over HTTP/3 on the same port;
+// without it, cleartext HTTP/2 with prior knowledge works too.
+func TestFrontendProtocols(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir, "--tls")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	addr := strings.TrimSpace(strings.TrimPrefix(waitLine(t, stderr, "frontend: listening on"), "frontend: listening on "))
+	caTLS, err := pki.Load(n.certDir, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := &tls.Config{RootCAs: caTLS.RootCAs, ServerName: "localhost"}
+	body := `{"model":"tiny","prompt":"hello","max_tokens":10,"seed":2,"stream":true,"ignore_eos":true}`
+	post := func(c *http.Client, url string) (*http.Response, []sseToken) {
+		resp, err := c.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		return resp, readSSE(t, resp.Body, nil)
+	}
+	h2 := &http.Client{Transport: &http.Transport{TLSClientConfig: roots, ForceAttemptHTTP2: true}}
+	r2, t2 := post(h2, "https://"+addr)
+	if r2.ProtoMajor != 2 || !strings.Contains(r2.Header.Get("Alt-Svc"), "h3=") || len(t2) != 10 {
+		t.Fatalf("HTTP/2: proto %s, Alt-Svc %q, %d tokens", r2.Proto, r2.Header.Get("Alt-Svc"), len(t2))
+	}
+	h3tr := &http3.Transport{TLSClientConfig: roots}
+	defer h3tr.Close()
+	r3, t3 := post(&http.Client{Transport: h3tr}, "https://"+addr)
+	if r3.ProtoMajor != 3 || len(t3) != 10 {
+		t.Fatalf("HTTP/3: proto %s, %d tokens", r3.Proto, len(t3))
+	}
+	for i := range t2 {
+		if t2[i].TokenID != t3[i].TokenID {
+			t.Fatalf("HTTP/2 and HTTP/3 streams differ at %d", i+1)
+		}
+	}
+	// Cleartext HTTP/2 with prior knowledge on a plain frontend.
+	plain := startFrontend(t, n)
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	h2c := &http.Client{Transport: &http.Transport{Protocols: &protos}}
+	rc, tc := post(h2c, plain)
+	if rc.ProtoMajor != 2 || len(tc) != 10 {
+		t.Fatalf("h2c: proto %s, %d tokens", rc.Proto, len(tc))
+	}
 }

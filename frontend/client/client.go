@@ -27,7 +27,9 @@ type Error struct {
 	RetryAfter time.Duration
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("lifeline: %s (%d): %s", e.Type, e.Status, e.Message) }
+func (e *Error) Error() string {
+	return fmt.Sprintf("lifeline: %s (%d): %s", e.Type, e.Status, e.Message)
+}
 
 // Request is a completion request.
 type Request struct {
