@@ -42,6 +42,10 @@ type InstanceSpec struct {
 	Preset     string `json:"preset"`
 	WeightSeed uint64 `json:"weight_seed"`
 	Count      int    `json:"count"`
+	// MaxRunning and MaxQueued are the worker scheduler's hard limits
+	// (0: the engine's defaults).
+	MaxRunning int `json:"max_running"`
+	MaxQueued  int `json:"max_queued"`
 }
 
 // Options are the agent's whole configuration, from a JSON file and flags.
@@ -170,6 +174,8 @@ func (o *Options) Validate() error {
 			return bad(fmt.Sprintf("instances[%d].preset", i), "%q (tiny or small)", in.Preset)
 		case in.Count < 0 || in.Count > 64:
 			return bad(fmt.Sprintf("instances[%d].count", i), "%d (0..64)", in.Count)
+		case in.MaxRunning < 0 || in.MaxQueued < 0:
+			return bad(fmt.Sprintf("instances[%d].max_running", i), "%d / max_queued %d (0 = default)", in.MaxRunning, in.MaxQueued)
 		}
 	}
 	return nil

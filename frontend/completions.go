@@ -83,6 +83,8 @@ type run struct {
 	events chan event
 	// failedAt is when the current migration began (zero when none).
 	failedAt time.Time
+	// overloaded is set once a worker refused the request as overloaded.
+	overloaded bool
 	// streams cancels the worker stream of each epoch.
 	streams map[uint64]context.CancelFunc
 	on      string // instance currently serving
@@ -404,6 +406,11 @@ func (x *run) loop(ctx context.Context) {
 			case e.err != nil:
 				acts = r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
 			case e.frame.Error != nil:
+				if e.frame.Error.Code == wire.Code_OVERLOADED && r.Received() == 0 {
+					// Busy, not broken: try elsewhere, and answer 429 if
+					// every instance is.
+					x.overloaded = true
+				}
 				acts = r.OnWorkerFailed(e.epoch, e.frame.Error.Message, e.frame.Error.Retryable, now)
 			default:
 				f := e.frame
@@ -427,7 +434,7 @@ func (x *run) route(a Route) []Action {
 	in, err := s.router.Pick(x.body.Model, "", prefer, a.Exclude, time.Now())
 	s.mu.Unlock()
 	if err != nil {
-		return x.r.NoRoute(a.Epoch, false)
+		return x.r.NoRoute(a.Epoch, x.overloaded)
 	}
 	return x.r.Routed(a.Epoch, Endpoint{in.ID, in.Generation}, time.Now())
 }

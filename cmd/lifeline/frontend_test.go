@@ -608,3 +608,33 @@ func TestFrontendProtocols(t *testing.T) {
 		t.Fatalf("h2c: proto %s, %d tokens", rc.Proto, len(tc))
 	}
 }
+
+// TestFrontendOverloadIs429: the only worker is at its hard limit (one
+// running sequence, no queue); a second request is refused at once with
+// 429, Retry-After and the overloaded type, not queued and not hung.
+func TestFrontendOverloadIs429(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1, "max_running": 1, "max_queued": 0}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	url := startFrontend(t, n)
+	long, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"small","prompt":"a long one","max_tokens":600,"stream":true,"ignore_eos":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer long.Body.Close()
+	readSSE(t, long.Body, func(tok sseToken) bool { return tok.Seq == 2 })
+	start := time.Now()
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"small","prompt":"x","max_tokens":5}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), `"type":"overloaded"`) {
+		t.Fatalf("second request: %d, Retry-After %q, %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the refusal took %v", d)
+	}
+}

@@ -3,17 +3,24 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 func workerCmd() *cobra.Command {
-	var opts worker.Options
+	var (
+		opts                  worker.Options
+		maxRunning, maxQueued int
+	)
 	cmd := &cobra.Command{
 		Use:   "worker",
 		Short: "Serve one engine instance over QUIC (started by the node agent)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if maxRunning > 0 {
+				opts.Engine.Limits = sched.Limits{MaxRunning: maxRunning, MaxQueued: maxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}
+			}
 			return worker.Run(cmd.Context(), opts, cmd.OutOrStdout())
 		},
 	}
@@ -28,6 +35,8 @@ func workerCmd() *cobra.Command {
 	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin")
 	f.StringVar(&opts.Engine.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
 	f.StringVar(&opts.Engine.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
+	f.IntVar(&maxRunning, "max-running", 0, "hard limit on running sequences (0: default)")
+	f.IntVar(&maxQueued, "max-queued", 0, "hard limit on queued requests (0: default, or none when max-running is set)")
 	return cmd
 }
 
