@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv or detect")
+	only := flag.String("only", "", "run only this part: engine, kv, detect or frontend")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -31,13 +31,18 @@ func main() {
 		err = runDetectionBench(*kills)
 	case "kv":
 		err = runKVBench()
+	case "frontend":
+		err = runFrontendBench(*kills / 5)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
 			err = runDetectionBench(*kills)
 		}
+		if err == nil && *only == "" {
+			err = runFrontendBench(*kills / 5)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv or detect", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect or frontend", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

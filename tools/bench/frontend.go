@@ -1,0 +1,261 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+)
+
+// runFrontendBench measures, in one run: tokens/s and inter-token latency
+// through the frontend vs straight from the worker, and the request RTO
+// after a decode worker is killed mid-stream.
+func runFrontendBench(kills int) error {
+	fmt.Printf("## Frontend (small preset, 2 nodes × 1 worker; real processes)\n\n")
+	dir, err := os.MkdirTemp("", "lifeline-fe-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bin := filepath.Join(dir, "lifeline")
+	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/lifeline").CombinedOutput(); err != nil {
+		return fmt.Errorf("build: %v\n%s", err, out)
+	}
+	certs := filepath.Join(dir, "certs")
+	pki.Init(certs, nil)
+	etcd, err := embedetcd.Start(filepath.Join(dir, "etcd"), 0, certs)
+	if err != nil {
+		return err
+	}
+	defer etcd.Close()
+	etcdTLS, _ := pki.Load(certs, "h2")
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: etcdTLS})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(syscall.SIGTERM)
+			p.Wait()
+		}
+	}()
+	socks := []string{}
+	for i := 0; i < 2; i++ {
+		node := filepath.Join(dir, fmt.Sprintf("node-%d", i))
+		os.MkdirAll(node, 0o700)
+		sock := filepath.Join(node, "agent.sock")
+		socks = append(socks, sock)
+		arena := filepath.Join("/dev/shm", fmt.Sprintf("lifeline-febench-%d-%d", os.Getpid(), i))
+		defer os.Remove(arena)
+		cfg, _ := json.Marshal(map[string]any{"node_id": fmt.Sprintf("b%d", i), "data_dir": node, "socket": sock, "etcd": []string{etcd.Endpoint},
+			"etcd_tls": true, "certs": certs, "arena": arena, "arena_slots": 256, "arena_slot_bytes": 131072, "canary_idle": "1h",
+			"restart_backoff": "20ms", "restart_backoff_max": "50ms", "crash_loop_limit": 1000, "worker_binary": bin,
+			"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}})
+		os.WriteFile(filepath.Join(node, "agent.json"), cfg, 0o600)
+		cmd := exec.Command(bin, "agent", "--config", filepath.Join(node, "agent.json"))
+		cmd.WaitDelay = time.Second
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		procs = append(procs, cmd)
+	}
+	regs := map[string]agent.Registration{}
+	for _, id := range []string{"b0-decode-small-0", "b1-decode-small-0"} {
+		r, err := waitReady(cli, agent.InstancesPrefix+id, 0)
+		if err != nil {
+			return err
+		}
+		regs[id] = r
+	}
+	fe := exec.Command(bin, "frontend", "--listen", "127.0.0.1:0", "--etcd", etcd.Endpoint, "--etcd-tls", "--certs", certs)
+	stderr, _ := fe.StderrPipe()
+	fe.WaitDelay = time.Second
+	if err := fe.Start(); err != nil {
+		return err
+	}
+	procs = append(procs, fe)
+	var url string
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok {
+			url = "http://" + a
+			break
+		}
+	}
+	go func() {
+		for sc.Scan() {
+		}
+	}()
+
+	// Direct vs through the frontend: the same seeded 256-token stream.
+	const tokens = 256
+	workTLS, _ := worker.ClientTLS(certs)
+	r0 := regs["b0-decode-small-0"]
+	direct := func() ([]time.Duration, time.Duration, error) {
+		ctx := context.Background()
+		c, err := worker.Dial(ctx, r0.Addr, workTLS, r0.InstanceID, r0.Generation)
+		if err != nil {
+			return nil, 0, err
+		}
+		defer c.Close()
+		start := time.Now()
+		s, err := c.Generate(ctx, &wire.Generate{RequestId: "direct", Prompt: "The river ran", MaxTokens: tokens, Seed: 1, Temperature: 0.8, IgnoreEos: true})
+		if err != nil {
+			return nil, 0, err
+		}
+		var gaps []time.Duration
+		last := start
+		for {
+			f, err := s.Next()
+			if err != nil || f.FinishReason != "" {
+				break
+			}
+			gaps = append(gaps, time.Since(last))
+			last = time.Now()
+		}
+		return gaps, time.Since(start), nil
+	}
+	through := func() ([]time.Duration, time.Duration, error) {
+		start := time.Now()
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(
+			fmt.Sprintf(`{"model":"small","prompt":"The river ran","max_tokens":%d,"seed":1,"temperature":0.8,"stream":true,"ignore_eos":true}`, tokens)))
+		if err != nil {
+			return nil, 0, err
+		}
+		defer resp.Body.Close()
+		var gaps []time.Duration
+		last := start
+		rd := bufio.NewScanner(resp.Body)
+		for rd.Scan() {
+			if strings.HasPrefix(rd.Text(), "id: ") {
+				gaps = append(gaps, time.Since(last))
+				last = time.Now()
+			}
+		}
+		return gaps, time.Since(start), nil
+	}
+	var dT, fT []float64
+	var dGaps, fGaps []time.Duration
+	for i := 0; i < 3; i++ {
+		g, el, err := direct()
+		if err != nil {
+			return err
+		}
+		dGaps = append(dGaps, g...)
+		dT = append(dT, float64(len(g))/el.Seconds())
+		g, el, err = through()
+		if err != nil {
+			return err
+		}
+		fGaps = append(fGaps, g...)
+		fT = append(fT, float64(len(g))/el.Seconds())
+	}
+	med := func(v []float64) float64 { s := append([]float64(nil), v...); sortFloats(s); return s[len(s)/2] }
+	fmt.Printf("| measure | direct from the worker | through the frontend | ratio |\n|---|---|---|---|\n")
+	fmt.Printf("| tokens/s (256-token stream, median of 3) | %.0f | %.0f | %.2f |\n", med(dT), med(fT), med(fT)/med(dT))
+	fmt.Printf("| inter-token latency p50 | %v | %v | |\n", pct(dGaps, 50), pct(fGaps, 50))
+	fmt.Printf("| inter-token latency p99 | %v | %v | |\n\n", pct(dGaps, 99), pct(fGaps, 99))
+
+	// RTO: kill the serving worker right after sequence 64 arrives.
+	var rto, detect []time.Duration
+	gens := map[string]uint64{"b0-decode-small-0": regs["b0-decode-small-0"].Generation, "b1-decode-small-0": regs["b1-decode-small-0"].Generation}
+	for k := 0; k < kills; k++ {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(
+			fmt.Sprintf(`{"model":"small","prompt":"Kill %d","max_tokens":160,"seed":%d,"stream":true,"ignore_eos":true}`, k, k)))
+		if err != nil {
+			return err
+		}
+		var killed time.Time
+		victim := ""
+		rd := bufio.NewScanner(resp.Body)
+		for rd.Scan() {
+			data, ok := strings.CutPrefix(rd.Text(), "data: ")
+			if !ok || data == "[DONE]" {
+				continue
+			}
+			var c struct {
+				Lifeline struct {
+					SequenceNo int    `json:"sequence_no"`
+					InstanceID string `json:"instance_id"`
+				}
+			}
+			json.Unmarshal([]byte(data), &c)
+			switch c.Lifeline.SequenceNo {
+			case 64:
+				victim = c.Lifeline.InstanceID
+				node := 0
+				if strings.HasPrefix(victim, "b1") {
+					node = 1
+				}
+				var ws []agent.Worker
+				getJSON(unixClient(socks[node]), "/v1/workers", &ws)
+				killed = time.Now()
+				for _, w := range ws {
+					syscall.Kill(w.PID, syscall.SIGKILL)
+				}
+			case 65:
+				rto = append(rto, time.Since(killed))
+			}
+		}
+		resp.Body.Close()
+		node := 0
+		if strings.HasPrefix(victim, "b1") {
+			node = 1
+		}
+		var evs []agent.Event
+		r, err := unixClient(socks[node]).Get("http://agent/v1/events")
+		if err == nil {
+			d := json.NewDecoder(r.Body)
+			for {
+				var e agent.Event
+				if d.Decode(&e) != nil {
+					break
+				}
+				evs = append(evs, e)
+			}
+			r.Body.Close()
+		}
+		for i := len(evs) - 1; i >= 0; i-- {
+			if evs[i].Kind == agent.EventExit && evs[i].InstanceID == victim {
+				detect = append(detect, evs[i].DetectedAt.Sub(killed))
+				break
+			}
+		}
+		if victim != "" {
+			r, err := waitReady(cli, agent.InstancesPrefix+victim, gens[victim])
+			if err != nil {
+				return err
+			}
+			gens[victim] = r.Generation
+		}
+	}
+	fmt.Printf("| request RTO after a decode kill (small, kill after sequence 64, %d kills) | p50 | p99 |\n|---|---|---|\n", kills)
+	fmt.Printf("| kill → next token at the client | %v | %v |\n", pct(rto, 50), pct(rto, 99))
+	fmt.Printf("| of which kill → detection (eBPF) | %v | %v |\n\n", pct(detect, 50), pct(detect, 99))
+	return nil
+}
+
+func sortFloats(v []float64) {
+	for i := 1; i < len(v); i++ {
+		for j := i; j > 0 && v[j] < v[j-1]; j-- {
+			v[j], v[j-1] = v[j-1], v[j]
+		}
+	}
+}
