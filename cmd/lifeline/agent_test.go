@@ -41,6 +41,8 @@ type agentNode struct {
 	// wrap, when set, rewrites the agent's command (e.g. to start it in a
 	// cgroup).
 	wrap func(*exec.Cmd) *exec.Cmd
+	// env is added to the agent's (and so its workers') environment.
+	env []string
 }
 
 // startEtcd runs an embedded etcd that requires mutual TLS with the
@@ -85,7 +87,12 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 		"lease_ttl": "3s", "canary_idle": "1s", "canary_timeout": "1s",
 		"worker_binary": binary,
 	}
+	var env []string
 	for k, v := range extra {
+		if k == "_env" {
+			env = v.([]string)
+			continue
+		}
 		cfg[k] = v
 	}
 	b, _ := json.Marshal(cfg)
@@ -94,6 +101,7 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 	if len(wrap) > 0 {
 		n.wrap = wrap[0]
 	}
+	n.env = env
 	n.start(t)
 	return n
 }
@@ -101,6 +109,9 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 func (n *agentNode) start(t *testing.T) {
 	t.Helper()
 	n.cmd = exec.Command(binary, "agent", "--config", n.config)
+	if len(n.env) > 0 {
+		n.cmd.Env = append(os.Environ(), n.env...)
+	}
 	if n.wrap != nil {
 		n.cmd = n.wrap(n.cmd)
 	}

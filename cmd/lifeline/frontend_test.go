@@ -172,6 +172,7 @@ func TestFrontendBadInput(t *testing.T) {
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 99999999999}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": ""}`, 400, "invalid_request_error"},
 		{`{"model": "nonexistent", "prompt": "hi"}`, 503, "no_capacity"},
+		{`{"model": "tiny", "prompt": "` + strings.Repeat("the ", 600) + `", "max_tokens": 5}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 5, "unknown_field": 1, "ignore_eos": true}`, 200, ""},
 	} {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(c.body))
@@ -636,5 +637,83 @@ func TestFrontendOverloadIs429(t *testing.T) {
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("the refusal took %v", d)
+	}
+}
+
+// TestFrontendDropsOldEpochFrames: the worker (failpoint) sends a frame of
+// the request's previous epoch before the real ones, as a zombie of an
+// older attempt would. It never reaches the client, and is counted.
+func TestFrontendDropsOldEpochFrames(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=worker.stale-frame=error"}})
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	url := startFrontend(t, n)
+	toks, _ := streamCompletion(t, url, map[string]any{"model": "tiny", "prompt": "hello", "max_tokens": 20, "seed": 1, "stream": true, "ignore_eos": true}, nil)
+	if len(toks) != 20 {
+		t.Fatalf("%d tokens", len(toks))
+	}
+	for i, tok := range toks {
+		if tok.Seq != i+1 || strings.Contains(tok.Text, "STALE") {
+			t.Fatalf("token %d: %+v", i+1, tok)
+		}
+	}
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "lifeline_frontend_stale_epoch_frames_total 1") {
+		t.Fatalf("stale frame not counted:\n%s", b)
+	}
+}
+
+// TestFrontendMigrationExhausted: every worker that takes the request is
+// killed; after the budget of 3 migrations the client gets a typed
+// migration_exhausted error, promptly, not a hang.
+func TestFrontendMigrationExhausted(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "restart_backoff": "5s", "restart_backoff_max": "5s",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 4}}, "arena_slot_bytes": 131072, "arena_slots": 512})
+	for i := 0; i < 4; i++ {
+		n.waitRegistration(t, fmt.Sprintf("n1-decode-small-%d", i), 0)
+	}
+	url := startFrontend(t, n)
+	b, _ := json.Marshal(map[string]any{"model": "small", "prompt": "doomed", "max_tokens": 900, "seed": 1, "stream": true, "ignore_eos": true})
+	start := time.Now()
+	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	killed := map[string]bool{}
+	var final string
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Lifeline struct {
+				InstanceID string `json:"instance_id"`
+			}
+		}
+		json.Unmarshal([]byte(data), &c)
+		if id := c.Lifeline.InstanceID; id != "" && !killed[id] {
+			killed[id] = true
+			for _, w := range n.workers(t) {
+				if w.InstanceID == id {
+					syscall.Kill(w.PID, syscall.SIGKILL)
+				}
+			}
+		}
+		if strings.Contains(data, `"error"`) {
+			final = data
+		}
+	}
+	if !strings.Contains(final, `"type":"migration_exhausted"`) || len(killed) != 4 {
+		t.Fatalf("after killing %v: final %q", killed, final)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("took %v", d)
 	}
 }

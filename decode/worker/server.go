@@ -28,8 +28,14 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
-// FailAfterReady is hit once the worker has announced it serves.
-const FailAfterReady = "worker.after-ready"
+// Failpoints of the worker.
+const (
+	// FailAfterReady is hit once the worker has announced it serves.
+	FailAfterReady = "worker.after-ready"
+	// FailStaleFrame, armed with "error", makes the worker send a frame of
+	// the request's previous epoch before the real ones.
+	FailStaleFrame = "worker.stale-frame"
+)
 
 // ALPN is the protocol name of the worker endpoint.
 const ALPN = "lifeline-worker/1"
@@ -269,6 +275,13 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		f.FinishReason, f.Error = "error", ErrorFrame(err)
 		send(f)
 		return
+	}
+	if failpoint.Hit(FailStaleFrame) != nil && g.RequestEpoch > 0 {
+		// A delayed frame of the request's previous epoch, as a zombie
+		// worker of an older attempt would send.
+		stale := base()
+		stale.RequestEpoch, stale.SequenceNo, stale.TokenId, stale.Text = g.RequestEpoch-1, 1, 0, "STALE-EPOCH-FRAME"
+		send(stale)
 	}
 	for ev := range events {
 		f := base()
