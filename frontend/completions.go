@@ -85,6 +85,9 @@ type run struct {
 	failedAt time.Time
 	// overloaded is set once a worker refused the request as overloaded.
 	overloaded bool
+	// timeline of the last migration: when the failure was seen, the new
+	// worker chosen, the stream opened, and the first token committed.
+	seen, routed, dispatched, recovered time.Time
 	// streams cancels the worker stream of each epoch.
 	streams map[uint64]context.CancelFunc
 	on      string // instance currently serving
@@ -109,6 +112,7 @@ type stream struct {
 	tokens   []Token
 	done     bool
 	r        *Request // read under mu once done
+	timeline map[string]any
 	changed  chan struct{}
 	watchers int
 	idleAt   time.Time // when the last watcher left
@@ -331,7 +335,11 @@ func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started 
 		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
 		fmt.Fprintf(w, "data: %s\n\n", b)
 	} else {
-		b, _ := json.Marshal(st.chunk("", r.FinishReason, map[string]any{"request_id": r.ID, "migrations": r.Migrations}))
+		ll := map[string]any{"request_id": r.ID, "migrations": r.Migrations}
+		if st.timeline != nil {
+			ll["last_migration"] = st.timeline
+		}
+		b, _ := json.Marshal(st.chunk("", r.FinishReason, ll))
 		fmt.Fprintf(w, "data: %s\n\n", b)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
@@ -358,12 +366,19 @@ func (x *run) loop(ctx context.Context) {
 					x.s.metrics.migrations.WithLabelValues("attempt").Inc()
 					if x.failedAt.IsZero() {
 						x.failedAt = time.Now()
+						x.seen, x.recovered = x.failedAt, time.Time{}
 					}
 				}
 				acts = append(acts, x.route(a)...)
+				if r.State == Prefilling && !x.failedAt.IsZero() {
+					x.routed = time.Now()
+				}
 			case Dispatch:
 				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
 				acts = append(acts, x.dispatch(ctx, a)...)
+				if !x.failedAt.IsZero() {
+					x.dispatched = time.Now()
+				}
 			case Deliver:
 				toks := make([]Token, len(a.Tokens))
 				for i, t := range a.Tokens {
@@ -374,6 +389,7 @@ func (x *run) loop(ctx context.Context) {
 					x.s.metrics.migrations.WithLabelValues("success").Inc()
 					x.s.metrics.migrationTime.Observe(time.Since(x.failedAt).Seconds())
 					x.failedAt = time.Time{}
+					x.recovered = time.Now()
 				}
 				x.st.append(toks)
 			case CancelWorker:
@@ -383,6 +399,10 @@ func (x *run) loop(ctx context.Context) {
 				}
 			case Finish:
 				x.s.metrics.settle(r)
+				if !x.recovered.IsZero() {
+					x.st.timeline = map[string]any{"failure_seen_unix_ns": x.seen.UnixNano(), "routed_unix_ns": x.routed.UnixNano(),
+						"dispatched_unix_ns": x.dispatched.UnixNano(), "first_token_unix_ns": x.recovered.UnixNano()}
+				}
 				x.st.finish(r)
 				x.s.forgetLater(x.st)
 				return

@@ -174,7 +174,7 @@ func runFrontendBench(kills int) error {
 	fmt.Printf("| inter-token latency p99 | %v | %v | |\n\n", pct(dGaps, 99), pct(fGaps, 99))
 
 	// RTO: kill the serving worker right after sequence 64 arrives.
-	var rto, detect []time.Duration
+	var rto, detect, announce, routing, prefill []time.Duration
 	gens := map[string]uint64{"b0-decode-small-0": regs["b0-decode-small-0"].Generation, "b1-decode-small-0": regs["b1-decode-small-0"].Generation}
 	for k := 0; k < kills; k++ {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(
@@ -184,6 +184,7 @@ func runFrontendBench(kills int) error {
 		}
 		var killed time.Time
 		victim := ""
+		var timeline map[string]int64
 		rd := bufio.NewScanner(resp.Body)
 		for rd.Scan() {
 			data, ok := strings.CutPrefix(rd.Text(), "data: ")
@@ -192,11 +193,15 @@ func runFrontendBench(kills int) error {
 			}
 			var c struct {
 				Lifeline struct {
-					SequenceNo int    `json:"sequence_no"`
-					InstanceID string `json:"instance_id"`
+					SequenceNo    int              `json:"sequence_no"`
+					InstanceID    string           `json:"instance_id"`
+					LastMigration map[string]int64 `json:"last_migration"`
 				}
 			}
 			json.Unmarshal([]byte(data), &c)
+			if c.Lifeline.LastMigration != nil {
+				timeline = c.Lifeline.LastMigration
+			}
 			switch c.Lifeline.SequenceNo {
 			case 64:
 				victim = c.Lifeline.InstanceID
@@ -235,6 +240,12 @@ func runFrontendBench(kills int) error {
 		for i := len(evs) - 1; i >= 0; i-- {
 			if evs[i].Kind == agent.EventExit && evs[i].InstanceID == victim {
 				detect = append(detect, evs[i].DetectedAt.Sub(killed))
+				if timeline != nil {
+					at := func(k string) time.Time { return time.Unix(0, timeline[k]) }
+					announce = append(announce, at("failure_seen_unix_ns").Sub(evs[i].DetectedAt))
+					routing = append(routing, at("dispatched_unix_ns").Sub(at("failure_seen_unix_ns")))
+					prefill = append(prefill, at("first_token_unix_ns").Sub(at("dispatched_unix_ns")))
+				}
 				break
 			}
 		}
@@ -248,7 +259,10 @@ func runFrontendBench(kills int) error {
 	}
 	fmt.Printf("| request RTO after a decode kill (small, kill after sequence 64, %d kills) | p50 | p99 |\n|---|---|---|\n", kills)
 	fmt.Printf("| kill → next token at the client | %v | %v |\n", pct(rto, 50), pct(rto, 99))
-	fmt.Printf("| of which kill → detection (eBPF) | %v | %v |\n\n", pct(detect, 50), pct(detect, 99))
+	fmt.Printf("| 1. kill → detection (eBPF) | %v | %v |\n", pct(detect, 50), pct(detect, 99))
+	fmt.Printf("| 2. detection → failure seen at the frontend (deregistration + etcd watch) | %v | %v |\n", pct(announce, 50), pct(announce, 99))
+	fmt.Printf("| 3. routing and opening the stream to the new worker | %v | %v |\n", pct(routing, 50), pct(routing, 99))
+	fmt.Printf("| 4. re-prefill of prompt + 64 tokens and the first new token | %v | %v |\n\n", pct(prefill, 50), pct(prefill, 99))
 	return nil
 }
 
