@@ -84,7 +84,8 @@ type run struct {
 	// failedAt is when the current migration began (zero when none).
 	failedAt time.Time
 	// overloaded is set once a worker refused the request as overloaded.
-	overloaded bool
+	overloaded  bool
+	lastFailure string
 	// timeline of the last migration: when the failure was seen, the new
 	// worker chosen, the stream opened, and the first token committed.
 	seen, routed, dispatched, recovered time.Time
@@ -363,6 +364,8 @@ func (x *run) loop(ctx context.Context) {
 			switch a := a.(type) {
 			case Route:
 				if r.State == Migrating {
+					x.s.log.Warn("migrating", "request_id", r.ID, "request_epoch", r.Epoch, "attempt", r.Migrations,
+						"sequence_no", r.Received(), "failure_reason", x.lastFailure, "recovery_action", "re-prefill elsewhere")
 					x.s.metrics.migrations.WithLabelValues("attempt").Inc()
 					if x.failedAt.IsZero() {
 						x.failedAt = time.Now()
@@ -374,6 +377,8 @@ func (x *run) loop(ctx context.Context) {
 					x.routed = time.Now()
 				}
 			case Dispatch:
+				x.s.log.Info("dispatch", "request_id", r.ID, "request_epoch", a.Epoch, "instance_id", a.To.InstanceID,
+					"generation", a.To.Generation, "sequence_no", len(a.Prefix))
 				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
 				acts = append(acts, x.dispatch(ctx, a)...)
 				if !x.failedAt.IsZero() {
@@ -398,6 +403,9 @@ func (x *run) loop(ctx context.Context) {
 					delete(x.streams, a.Epoch)
 				}
 			case Finish:
+				if r.Err != nil {
+					x.s.log.Warn("request failed", "request_id", r.ID, "request_epoch", r.Epoch, "failure_reason", r.Err.Type, "attempt", r.Migrations)
+				}
 				x.s.metrics.settle(r)
 				if !x.recovered.IsZero() {
 					x.st.timeline = map[string]any{"failure_seen_unix_ns": x.seen.UnixNano(), "routed_unix_ns": x.routed.UnixNano(),
@@ -420,10 +428,12 @@ func (x *run) loop(ctx context.Context) {
 			now := time.Now()
 			switch {
 			case e.failed:
+				x.lastFailure = e.reason
 				if e.instance == r.Endpoint.InstanceID {
 					acts = r.OnWorkerFailed(r.Epoch, e.reason, true, now)
 				}
 			case e.err != nil:
+				x.lastFailure = e.err.Error()
 				acts = r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
 			case e.frame.Error != nil:
 				if e.frame.Error.Code == wire.Code_OVERLOADED && r.Received() == 0 {

@@ -717,3 +717,80 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 		t.Fatalf("took %v", d)
 	}
 }
+
+// TestFrontendNonStreamingSurvivesMigration: a non-streaming request whose
+// worker is killed as soon as it is dispatched still gets the whole
+// answer, equal to a fault-free run's.
+func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
+		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
+	n.waitRegistration(t, "n1-decode-small-0", 0)
+	n.waitRegistration(t, "n1-decode-small-1", 0)
+	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+	}()
+	var url string
+	for url == "" {
+		if a, ok := strings.CutPrefix(<-lines, "frontend: listening on "); ok {
+			url = "http://" + a
+		}
+	}
+	body := `{"model":"small","prompt":"Tell it all at once","max_tokens":300,"seed":8,"temperature":0.9,"ignore_eos":true}`
+	post := func() map[string]any {
+		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var v map[string]any
+		json.NewDecoder(resp.Body).Decode(&v)
+		return v
+	}
+	want := post()
+	for len(lines) > 0 {
+		<-lines
+	}
+	got := make(chan map[string]any, 1)
+	go func() { got <- post() }()
+	// Kill the worker the request was dispatched to, as soon as it is.
+	for {
+		var l struct {
+			Msg        string
+			InstanceID string `json:"instance_id"`
+		}
+		if json.Unmarshal([]byte(<-lines), &l) == nil && l.Msg == "dispatch" {
+			for _, w := range n.workers(t) {
+				if w.InstanceID == l.InstanceID {
+					syscall.Kill(w.PID, syscall.SIGKILL)
+				}
+			}
+			break
+		}
+	}
+	res := <-got
+	text := func(v map[string]any) string {
+		ch, _ := v["choices"].([]any)
+		if len(ch) == 0 {
+			return ""
+		}
+		s, _ := ch[0].(map[string]any)["text"].(string)
+		return s
+	}
+	ll, _ := res["lifeline"].(map[string]any)
+	if text(res) == "" || text(res) != text(want) || ll["migrations"] != float64(1) {
+		t.Fatalf("non-streaming answer after a kill: migrations %v, equal %v\n%v", ll["migrations"], text(res) == text(want), res)
+	}
+}

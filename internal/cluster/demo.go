@@ -75,7 +75,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 		"temperature": 0.9, "seed": opts.Seed, "stream": true, "ignore_eos": true}
 	var reference []demoToken
 	for deadline := time.Now().Add(60 * time.Second); ; {
-		reference, _, err = demoStream(url, body, nil)
+		reference, _, _, err = demoStream(url, body, nil)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -89,7 +89,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	var killedAt time.Time
 	var victim string
 	start := time.Now()
-	got, migrations, err := demoStream(url, body, func(t demoToken) {
+	got, migrations, tl, err := demoStream(url, body, func(t demoToken) {
 		if t.seq == opts.KillAfter && victim == "" {
 			victim = t.instance
 			pid, err := workerPID(dir, victim)
@@ -106,10 +106,15 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("demo: run with failure: %w", err)
 	}
+	if tl != nil {
+		at := func(k string) time.Time { return time.Unix(0, tl[k]) }
+		fmt.Fprintf(out, "%8.1f ms  frontend sees the failure (agent's eBPF detection → deregistration → etcd watch); epoch bumped\n", ms(at("failure_seen_unix_ns").Sub(start)))
+		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to re-prefill\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
+	}
 	for _, t := range got {
 		if t.seq == opts.KillAfter+1 {
-			fmt.Fprintf(out, "%8.1f ms  sequence %d from %s: detection, epoch bump, re-prefill of prompt + %d tokens, first token — %.1f ms after the kill\n",
-				ms(t.at.Sub(start)), t.seq, t.instance, opts.KillAfter, ms(t.at.Sub(killedAt)))
+			fmt.Fprintf(out, "%8.1f ms  sequence %d from %s — %.1f ms after the kill\n",
+				ms(t.at.Sub(start)), t.seq, t.instance, ms(t.at.Sub(killedAt)))
 		}
 	}
 	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, migrations)
@@ -127,18 +132,19 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoToken, int, error) {
+func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoToken, int, map[string]int64, error) {
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		msg, _ := io.ReadAll(resp.Body)
-		return nil, 0, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
+		return nil, 0, nil, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 	}
 	var toks []demoToken
+	var timeline map[string]int64
 	migrations := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
@@ -149,15 +155,16 @@ func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoTo
 		var c struct {
 			Choices  []struct{ Text string }
 			Lifeline struct {
-				SequenceNo int    `json:"sequence_no"`
-				TokenID    int    `json:"token_id"`
-				InstanceID string `json:"instance_id"`
-				Migrations int    `json:"migrations"`
+				SequenceNo    int              `json:"sequence_no"`
+				TokenID       int              `json:"token_id"`
+				InstanceID    string           `json:"instance_id"`
+				Migrations    int              `json:"migrations"`
+				LastMigration map[string]int64 `json:"last_migration"`
 			}
 		}
 		json.Unmarshal([]byte(data), &c)
 		if c.Lifeline.SequenceNo == 0 {
-			migrations = c.Lifeline.Migrations
+			migrations, timeline = c.Lifeline.Migrations, c.Lifeline.LastMigration
 			continue
 		}
 		t := demoToken{c.Lifeline.SequenceNo, c.Lifeline.TokenID, c.Choices[0].Text, c.Lifeline.InstanceID, time.Now()}
@@ -166,7 +173,7 @@ func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoTo
 			each(t)
 		}
 	}
-	return toks, migrations, nil
+	return toks, migrations, timeline, nil
 }
 
 // workerPID asks each node's agent which pid serves instance.
