@@ -94,10 +94,21 @@ type run struct {
 	on      string // instance currently serving
 }
 
+// notify hands an announcement to the run loop without blocking the
+// registry watcher; a lost announcement is caught by the stall timeout.
 func (x *run) notify(e event) {
 	select {
 	case x.events <- e:
 	default:
+	}
+}
+
+// deliver hands a worker frame to the run loop, waiting while it is busy:
+// a frame is never dropped. ctx is the worker stream's.
+func (x *run) deliver(ctx context.Context, e event) {
+	select {
+	case x.events <- e:
+	case <-ctx.Done():
 	}
 }
 
@@ -511,11 +522,11 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 					if errors.Is(err, io.EOF) {
 						err = fmt.Errorf("worker stream ended without a finish")
 					}
-					x.notify(event{epoch: epoch, err: err})
+					x.deliver(sctx, event{epoch: epoch, err: err})
 				}
 				return
 			}
-			x.notify(event{epoch: epoch, frame: f})
+			x.deliver(sctx, event{epoch: epoch, frame: f})
 			if f.FinishReason != "" {
 				return
 			}
