@@ -71,6 +71,7 @@ type event struct {
 	err      error // the worker stream broke
 	failed   bool  // the instance was announced dead
 	instance string
+	gen      uint64 // the generation that died
 	reason   string
 }
 
@@ -125,10 +126,13 @@ type stream struct {
 	done     bool
 	r        *Request // read under mu once done
 	timeline map[string]any
-	changed  chan struct{}
-	watchers int
-	idleAt   time.Time // when the last watcher left
-	cancel   context.CancelFunc
+	// dispatched is closed once a worker has taken the request.
+	dispatched     chan struct{}
+	dispatchedOnce sync.Once
+	changed        chan struct{}
+	watchers       int
+	idleAt         time.Time // when the last watcher left
+	cancel         context.CancelFunc
 }
 
 func (st *stream) append(toks []Token) {
@@ -184,6 +188,9 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	case body.Prompt == "":
 		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "prompt: empty")
 		return
+	case !s.knownModel(body.Model):
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, fmt.Sprintf("model: %q is not served here", body.Model))
+		return
 	}
 	s.mu.Lock()
 	s.nextID++
@@ -197,7 +204,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	// The request lives on the server, not on this connection: a resumable
 	// one survives the client's disconnect.
 	rctx, cancel := context.WithCancel(s.ctx)
-	st := &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel}
+	st := &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel, dispatched: make(chan struct{})}
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
@@ -209,6 +216,31 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	if !body.Stream {
 		s.writeWhole(w, req, st)
 		return
+	}
+	// Answer with an HTTP status while nothing is streamed yet: a request
+	// no worker took ends as a plain 4xx/5xx.
+	for {
+		st.mu.Lock()
+		done, r, changed := st.done, st.r, st.changed
+		st.mu.Unlock()
+		if done && r.Err != nil && len(r.Output) == 0 {
+			writeRequestError(w, r.Err)
+			return
+		}
+		if done {
+			break
+		}
+		select {
+		case <-st.dispatched:
+		case <-changed:
+			continue
+		case <-req.Context().Done():
+			if !resumable {
+				st.cancel()
+			}
+			return
+		}
+		break
 	}
 	s.follow(w, req, st, 0)
 }
@@ -223,17 +255,24 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	st.mu.Lock()
 	st.watchers++
 	st.mu.Unlock()
+	// Send the headers (request id, resume token) before the first token:
+	// a client cut off during the prefill can still resume.
+	w.WriteHeader(http.StatusOK)
+	fmt.Fprint(w, ": lifeline\n\n")
+	if flusher != nil {
+		flusher.Flush()
+	}
 	defer func() {
 		st.mu.Lock()
 		st.watchers--
 		st.idleAt = time.Now()
-		done := st.done
+		done, alone := st.done, st.watchers == 0
 		st.mu.Unlock()
-		if !done && !st.resumable && req.Context().Err() != nil {
+		if !done && !st.resumable && alone && req.Context().Err() != nil {
 			st.cancel()
 		}
 	}()
-	started := false
+	started := true
 	next := from + 1
 	for {
 		st.mu.Lock()
@@ -267,6 +306,15 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 }
 
 func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream) {
+	st.mu.Lock()
+	st.watchers++
+	st.mu.Unlock()
+	defer func() {
+		st.mu.Lock()
+		st.watchers--
+		st.idleAt = time.Now()
+		st.mu.Unlock()
+	}()
 	for {
 		st.mu.Lock()
 		done, r, changed := st.done, st.r, st.changed
@@ -307,7 +355,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case ErrNoCapacity:
+	case ErrNoCapacity, ErrMigrationExhausted:
 		code = http.StatusServiceUnavailable
 	case ErrOverloaded:
 		code = http.StatusTooManyRequests
@@ -392,6 +440,9 @@ func (x *run) loop(ctx context.Context) {
 					"generation", a.To.Generation, "sequence_no", len(a.Prefix))
 				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
 				acts = append(acts, x.dispatch(ctx, a)...)
+				if _, ok := x.streams[a.Epoch]; ok {
+					x.st.dispatchedOnce.Do(func() { close(x.st.dispatched) })
+				}
 				if !x.failedAt.IsZero() {
 					x.dispatched = time.Now()
 				}
@@ -401,6 +452,7 @@ func (x *run) loop(ctx context.Context) {
 					t.instance = x.on
 					toks[i] = t
 				}
+				x.overloaded = false
 				if !x.failedAt.IsZero() {
 					x.s.metrics.migrations.WithLabelValues("success").Inc()
 					x.s.metrics.migrationTime.Observe(time.Since(x.failedAt).Seconds())
@@ -440,7 +492,7 @@ func (x *run) loop(ctx context.Context) {
 			switch {
 			case e.failed:
 				x.lastFailure = e.reason
-				if e.instance == r.Endpoint.InstanceID {
+				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
 					acts = r.OnWorkerFailed(r.Epoch, e.reason, true, now)
 				}
 			case e.err != nil:
@@ -448,9 +500,11 @@ func (x *run) loop(ctx context.Context) {
 				acts = r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
 			case e.frame.Error != nil:
 				if e.frame.Error.Code == wire.Code_OVERLOADED && r.Received() == 0 {
-					// Busy, not broken: try elsewhere, and answer 429 if
-					// every instance is.
+					// Busy, not broken: try elsewhere without spending the
+					// migration budget, and answer 429 if every instance is.
 					x.overloaded = true
+					acts = r.OnOverloaded(e.epoch)
+					break
 				}
 				acts = r.OnWorkerFailed(e.epoch, e.frame.Error.Message, e.frame.Error.Retryable, now)
 			default:
@@ -486,6 +540,10 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
+	fail := func(err error) []Action {
+		s.dropClient(d.To)
+		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
 	prefix := make([]int32, len(d.Prefix))
 	for i, t := range d.Prefix {
 		prefix[i] = int32(t)
@@ -504,7 +562,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	st, err := c.Generate(sctx, g)
 	if err != nil {
 		cancel()
-		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+		return fail(err)
 	}
 	x.streams[d.Epoch] = cancel
 	x.on = d.To.InstanceID

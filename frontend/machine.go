@@ -158,6 +158,22 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 	return []Action{CancelWorker{At: failed, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
+// OnOverloaded: the worker of epoch refused the request as overloaded
+// before producing anything. Route elsewhere without spending the
+// migration budget; the busy instance is excluded for this request.
+func (r *Request) OnOverloaded(epoch uint64) []Action {
+	if epoch != r.Epoch || !r.State.running() || r.Received() > 0 {
+		return nil
+	}
+	if r.Endpoint.InstanceID != "" {
+		r.FailedInstances[r.Endpoint.InstanceID] = true
+	}
+	r.State = Migrating
+	r.Epoch++
+	r.Endpoint = Endpoint{}
+	return []Action{Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+}
+
 // Tick checks the inactivity timeout.
 func (r *Request) Tick(now time.Time) []Action {
 	if !r.State.running() || r.State == Migrating || r.State == Admitted {

@@ -207,3 +207,23 @@ func TestRouterPrefersNumericsThenLoad(t *testing.T) {
 		t.Fatalf("stale registration won: picked %s", got)
 	}
 }
+
+func TestOverloadedReroutesWithoutSpendingBudget(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	for i := 0; i < 5; i++ {
+		prev := r.Endpoint.InstanceID
+		route, ok := has[Route](r.OnOverloaded(r.Epoch))
+		if !ok || !route.Exclude[prev] {
+			t.Fatal("an overloaded refusal did not re-route away from the busy instance")
+		}
+		r.Routed(route.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
+	}
+	if r.Migrations != 0 || r.State != Prefilling {
+		t.Fatalf("after five refusals: %d migrations, state %s", r.Migrations, r.State)
+	}
+	r.OnFrame(frame(r, 1), t0)
+	if acts := r.OnOverloaded(r.Epoch); len(acts) != 0 {
+		t.Fatal("an overloaded refusal after tokens re-routed without a migration")
+	}
+}

@@ -324,27 +324,55 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 
 // instanceGone removes an instance and fails every stream on it now,
 // without waiting for the stream itself to notice.
+// A failure names a generation: a late notice about an older generation
+// never touches the newer one that replaced it.
 func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	s.mu.Lock()
+	cur, known := s.router.instances[id]
 	if gen == 0 {
-		gen = s.router.instances[id].Generation
+		gen = cur.Generation
 	}
-	s.router.Remove(id)
+	if known && cur.Generation <= gen {
+		s.router.Remove(id)
+	}
 	s.router.Suppress(id, gen, time.Now())
 	var runs []*run
 	for r := range s.active[id] {
 		runs = append(runs, r)
 	}
 	for ep, c := range s.clients {
-		if ep.InstanceID == id {
+		if ep.InstanceID == id && ep.Generation <= gen {
 			c.Close()
 			delete(s.clients, ep)
 		}
 	}
 	s.mu.Unlock()
 	for _, r := range runs {
-		r.notify(event{failed: true, instance: id, reason: reason})
+		r.notify(event{failed: true, instance: id, gen: gen, reason: reason})
 	}
+}
+
+// dropClient forgets a client that failed, so that the next request dials
+// afresh.
+func (s *Server) dropClient(ep Endpoint) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c, ok := s.clients[ep]; ok {
+		c.Close()
+		delete(s.clients, ep)
+	}
+}
+
+// knownModel reports whether any registered instance serves model.
+func (s *Server) knownModel(model string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, in := range s.router.instances {
+		if in.Model == model {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) client(ctx context.Context, ep Endpoint) (*worker.Client, error) {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 
@@ -10,12 +11,25 @@ import (
 )
 
 func frontendCmd() *cobra.Command {
-	var opts frontend.Options
+	var (
+		opts       frontend.Options
+		secretFile string
+	)
 	cmd := &cobra.Command{
 		Use:   "frontend",
 		Short: "Serve the client API (OpenAI-compatible completions with mid-stream migration)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if secretFile != "" {
+				b, err := os.ReadFile(secretFile)
+				if err != nil {
+					return fmt.Errorf("--resume-secret-file: %w", err)
+				}
+				if len(b) < 16 {
+					return fmt.Errorf("--resume-secret-file: %d bytes (want at least 16)", len(b))
+				}
+				opts.ResumeSecret = b
+			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			return frontend.Run(cmd.Context(), opts, log, cmd.ErrOrStderr())
 		},
@@ -25,6 +39,7 @@ func frontendCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
 	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
 	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	f.StringVar(&secretFile, "resume-secret-file", "", "key for resume tokens, shared by replicas so that any of them can resume a stream (default: random per process)")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	return cmd
 }

@@ -171,7 +171,7 @@ func TestFrontendBadInput(t *testing.T) {
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": -1}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 99999999999}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": ""}`, 400, "invalid_request_error"},
-		{`{"model": "nonexistent", "prompt": "hi"}`, 503, "no_capacity"},
+		{`{"model": "nonexistent", "prompt": "hi"}`, 404, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": "` + strings.Repeat("the ", 600) + `", "max_tokens": 5}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 5, "unknown_field": 1, "ignore_eos": true}`, 200, ""},
 	} {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/quic-go/quic-go"
 
@@ -51,15 +52,23 @@ type Stream struct {
 	r  *bufio.Reader
 }
 
+// openTimeout bounds opening a stream and sending the request: a worker
+// that cannot take a stream for that long is treated as failed.
+const openTimeout = 5 * time.Second
+
 func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
-	st, err := c.conn.OpenStreamSync(ctx)
+	octx, cancel := context.WithTimeout(ctx, openTimeout)
+	st, err := c.conn.OpenStreamSync(octx)
+	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("worker: open stream: %w", err)
 	}
+	st.SetWriteDeadline(time.Now().Add(openTimeout))
 	if err := frame.Write(st, req); err != nil {
 		st.CancelWrite(1)
 		return nil, fmt.Errorf("worker: send request: %w", err)
 	}
+	st.SetWriteDeadline(time.Time{})
 	st.Close() // done sending; frames come back
 	go func() {
 		<-ctx.Done()
