@@ -242,36 +242,44 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		}
 		break
 	}
-	s.follow(w, req, st, 0)
+	s.follow(w, req, st, 0, true)
 }
 
 // follow writes the stream's tokens after sequence number from, then its
-// end. When the client goes away from a request that did not ask to be
-// resumable, the request is cancelled.
-func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, from int) {
+// end. When the client that made a request that did not ask to be
+// resumable (owner) goes away, the request is cancelled.
+func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, from int, owner bool) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	flusher, _ := w.(http.Flusher)
 	st.mu.Lock()
 	st.watchers++
 	st.mu.Unlock()
-	// Send the headers (request id, resume token) before the first token:
-	// a client cut off during the prefill can still resume.
-	w.WriteHeader(http.StatusOK)
-	fmt.Fprint(w, ": lifeline\n\n")
-	if flusher != nil {
-		flusher.Flush()
-	}
+	// gone is set when the client went away (a failed write or its
+	// context): the request context may not be cancelled yet at that point.
+	gone := false
 	defer func() {
 		st.mu.Lock()
 		st.watchers--
 		st.idleAt = time.Now()
-		done, alone := st.done, st.watchers == 0
+		done := st.done
 		st.mu.Unlock()
-		if !done && !st.resumable && alone && req.Context().Err() != nil {
+		// A plain request lives as long as the connection that made it;
+		// followers that resumed it do not keep it alive.
+		if !done && !st.resumable && owner && (gone || req.Context().Err() != nil) {
 			st.cancel()
 		}
 	}()
+	// Send the headers (request id, resume token) before the first token:
+	// a client cut off during the prefill can still resume.
+	w.WriteHeader(http.StatusOK)
+	if _, err := fmt.Fprint(w, ": lifeline\n\n"); err != nil {
+		gone = true
+		return
+	}
+	if flusher != nil {
+		flusher.Flush()
+	}
 	started := true
 	next := from + 1
 	for {
@@ -286,6 +294,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 			}
 			chunk, _ := json.Marshal(st.chunk(t.Text, nil, map[string]any{"request_id": st.id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": t.instance}))
 			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk); err != nil {
+				gone = true
 				return
 			}
 			next = t.SequenceNo + 1
@@ -300,6 +309,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 		select {
 		case <-changed:
 		case <-req.Context().Done():
+			gone = true
 			return
 		}
 	}

@@ -135,7 +135,7 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 	}
 	w.Header().Set("Lifeline-Request-Id", st.id)
 	s.metrics.resumes.WithLabelValues("ok").Inc()
-	s.follow(w, req, st, from)
+	s.follow(w, req, st, from, false)
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
