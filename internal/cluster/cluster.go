@@ -70,20 +70,41 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer etcd.Close()
 
-	var procs []*exec.Cmd
+	type child struct {
+		cmd    *exec.Cmd
+		name   string
+		exited chan struct{}
+	}
+	var procs []*child
+	// died reports a child that exited while everything should be running.
+	died := make(chan string, 16)
+	start := func(cmd *exec.Cmd, name string) error {
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		c := &child{cmd: cmd, name: name, exited: make(chan struct{})}
+		procs = append(procs, c)
+		go func() {
+			cmd.Wait()
+			close(c.exited)
+			select {
+			case died <- name:
+			default:
+			}
+		}()
+		return nil
+	}
 	defer func() {
 		// Agents stop their workers on SIGTERM; then wait for everyone.
 		for i := len(procs) - 1; i >= 0; i-- {
-			procs[i].Process.Signal(syscall.SIGTERM)
+			procs[i].cmd.Process.Signal(syscall.SIGTERM)
 		}
 		for _, p := range procs {
-			done := make(chan struct{})
-			go func() { p.Wait(); close(done) }()
 			select {
-			case <-done:
+			case <-p.exited:
 			case <-time.After(20 * time.Second):
-				p.Process.Kill()
-				<-done
+				p.cmd.Process.Kill()
+				<-p.exited
 			}
 		}
 	}()
@@ -111,10 +132,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		cmd := exec.Command(opts.Binary, "agent", "--config", cfgPath)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.WaitDelay = time.Second
-		if err := cmd.Start(); err != nil {
+		if err := start(cmd, fmt.Sprintf("agent %d", i)); err != nil {
 			return fmt.Errorf("up: start agent %d: %w", i, err)
 		}
-		procs = append(procs, cmd)
 		defer os.Remove(filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-node-%d", os.Getpid(), i)))
 	}
 	fe := exec.Command(opts.Binary, "frontend", "--listen", opts.Listen, "--etcd", etcd.Endpoint, "--etcd-tls", "--certs", certs)
@@ -124,10 +144,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	fe.Stdout = logf
 	fe.WaitDelay = time.Second
-	if err := fe.Start(); err != nil {
+	if err := start(fe, "frontend"); err != nil {
 		return fmt.Errorf("up: start frontend: %w", err)
 	}
-	procs = append(procs, fe)
 	addr := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -143,6 +162,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	select {
 	case a := <-addr:
 		url = "http://" + a
+	case name := <-died:
+		return fmt.Errorf("up: %s exited while starting; see %s", name, logf.Name())
 	case <-time.After(60 * time.Second):
 		return fmt.Errorf("up: the frontend did not start; see %s", logf.Name())
 	case <-ctx.Done():
@@ -155,7 +176,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		fmt.Fprintf(out, "  nodectl --socket %s status\n", s)
 	}
 	fmt.Fprintf(out, "\nURL %s\nCtrl-C stops everything.\n", url)
-	<-ctx.Done()
-	fmt.Fprintln(out, "stopping…")
-	return nil
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(out, "stopping…")
+		return nil
+	case name := <-died:
+		return fmt.Errorf("up: %s exited; stopping everything (see %s)", name, logf.Name())
+	}
 }
