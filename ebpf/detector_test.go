@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/cgtest"
 )
 
 func TestMain(m *testing.M) {
@@ -127,50 +129,6 @@ func TestKillAndExitCode(t *testing.T) {
 	}
 }
 
-// memoryCgroup creates a cgroup limited to limit bytes and returns a
-// function that moves a pid into it.
-func memoryCgroup(t *testing.T, limit int64) func(pid int) {
-	t.Helper()
-	name := fmt.Sprintf("lifeline-oomtest-%d", os.Getpid())
-	v1 := "/sys/fs/cgroup/memory"
-	if st, err := os.Stat(v1); err == nil && st.IsDir() {
-		dir := filepath.Join(v1, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Remove(dir) })
-		if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0); err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(dir, "memory.memsw.limit_in_bytes"), []byte(fmt.Sprint(limit)), 0)
-		return func(pid int) {
-			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	v2 := "/sys/fs/cgroup"
-	if b, err := os.ReadFile(filepath.Join(v2, "cgroup.controllers")); err == nil && strings.Contains(string(b), "memory") {
-		os.WriteFile(filepath.Join(v2, "cgroup.subtree_control"), []byte("+memory"), 0)
-		dir := filepath.Join(v2, name)
-		if err := os.Mkdir(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.Remove(dir) })
-		if err := os.WriteFile(filepath.Join(dir, "memory.max"), []byte(fmt.Sprint(limit)), 0); err != nil {
-			t.Fatal(err)
-		}
-		os.WriteFile(filepath.Join(dir, "memory.swap.max"), []byte("0"), 0)
-		return func(pid int) {
-			if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	t.Skip("no memory cgroup controller (v1 or v2) on this machine")
-	return nil
-}
-
 // TestOOMKillClassified: a process killed by the OOM killer inside a
 // memory-limited cgroup is reported as OOM, not as a plain signal 9.
 func TestOOMKillClassified(t *testing.T) {
@@ -182,7 +140,7 @@ func TestOOMKillClassified(t *testing.T) {
 		t.Fatalf("eBPF detector unavailable as root: %v", err)
 	}
 	defer d.Close()
-	move := memoryCgroup(t, 64<<20)
+	cg := cgtest.Memory(t, 64<<20)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "LIFELINE_EBPF_HELPER=alloc")
 	stdin, _ := cmd.StdinPipe()
@@ -190,7 +148,9 @@ func TestOOMKillClassified(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cmd.Process.Kill()
-	move(cmd.Process.Pid)
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(fmt.Sprint(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
 	d.Watch(cmd.Process.Pid)
 	stdin.Write([]byte{1})
 	ex := waitExit(t, d, cmd.Process.Pid)

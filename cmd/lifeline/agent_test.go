@@ -25,6 +25,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+
+	"github.com/lifeline-llm/lifeline/internal/cgtest"
 )
 
 type agentNode struct {
@@ -668,19 +670,7 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: cannot create a memory cgroup")
 	}
-	cg := "/sys/fs/cgroup/memory"
-	if st, err := os.Stat(cg); err != nil || !st.IsDir() {
-		t.Skip("no cgroup v1 memory controller on this machine")
-	}
-	dir := filepath.Join(cg, fmt.Sprintf("lifeline-agent-oom-%d", os.Getpid()))
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
-	if err := os.WriteFile(filepath.Join(dir, "memory.limit_in_bytes"), []byte(fmt.Sprint(256<<20)), 0); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(dir, "memory.memsw.limit_in_bytes"), []byte(fmt.Sprint(256<<20)), 0)
+	dir := cgtest.Memory(t, 256<<20)
 	inCgroup := func(c *exec.Cmd) *exec.Cmd {
 		// Join the cgroup before the agent exists, so every worker is in it.
 		w := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %s/cgroup.procs && exec \"$0\" \"$@\"", dir), c.Path)
