@@ -26,7 +26,7 @@ func clientGenerateCmd() *cobra.Command {
 			req.Temperature = &temp
 			out := cmd.OutOrStdout()
 			enc := json.NewEncoder(out)
-			finish, err := client.New(url).Stream(cmd.Context(), req, func(t client.Token) {
+			_, err := client.New(url).Stream(cmd.Context(), req, func(t client.Token) {
 				if asJSON {
 					enc.Encode(map[string]any{"sequence_no": t.SequenceNo, "token_id": t.TokenID, "text": t.Text})
 					return
@@ -39,7 +39,6 @@ func clientGenerateCmd() *cobra.Command {
 			if !asJSON {
 				fmt.Fprintln(out)
 			}
-			_ = finish
 			return nil
 		},
 	}

@@ -51,6 +51,16 @@ type Token struct {
 	Instance   string
 }
 
+// Result is what a finished stream reports besides its tokens.
+type Result struct {
+	FinishReason string
+	// Migrations is how many times the frontend moved the request to
+	// another worker; LastMigration is the timeline of the last move
+	// (unix nanoseconds by step), nil when it never moved.
+	Migrations    int
+	LastMigration map[string]int64
+}
+
 // Client talks to one frontend.
 type Client struct {
 	URL  string
@@ -65,9 +75,8 @@ func New(url string) *Client {
 }
 
 // Stream runs a resumable streaming completion and calls each for every
-// token exactly once, in order, across reconnections. It returns the
-// finish reason.
-func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (string, error) {
+// token exactly once, in order, across reconnections.
+func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (Result, error) {
 	body, _ := json.Marshal(struct {
 		Request
 		Stream        bool           `json:"stream"`
@@ -77,33 +86,33 @@ func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (strin
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.HTTP.Do(req)
 	if err != nil {
-		return "", err
+		return Result{}, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		defer resp.Body.Close()
-		return "", readError(resp)
+		return Result{}, readError(resp)
 	}
 	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
 	last := 0
 	for attempt := 0; ; attempt++ {
-		finish, err := readStream(resp.Body, &last, each)
+		res, err := readStream(resp.Body, &last, each)
 		resp.Body.Close()
 		if err == nil {
-			return finish, nil
+			return res, nil
 		}
 		var typed *Error
 		if errors.As(err, &typed) || ctx.Err() != nil {
-			return "", err
+			return Result{}, err
 		}
 		if attempt >= c.MaxReconnects {
-			return "", fmt.Errorf("lifeline: stream %s: gave up after %d reconnections: %w", id, attempt, err)
+			return Result{}, fmt.Errorf("lifeline: stream %s: gave up after %d reconnections: %w", id, attempt, err)
 		}
 		// Exponential backoff with jitter, then resume after `last`.
 		wait := time.Duration(1<<min(attempt, 6)) * 20 * time.Millisecond
 		wait += time.Duration(rand.Int64N(int64(wait)))
 		select {
 		case <-ctx.Done():
-			return "", ctx.Err()
+			return Result{}, ctx.Err()
 		case <-time.After(wait):
 		}
 		rreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+"/v1/streams/"+id, nil)
@@ -115,25 +124,25 @@ func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (strin
 		}
 		if resp.StatusCode != http.StatusOK {
 			defer resp.Body.Close()
-			return "", readError(resp)
+			return Result{}, readError(resp)
 		}
 	}
 }
 
 // readStream reads SSE events, delivering tokens after *last; it returns
-// the finish reason at the end of the stream, or an error if the stream
+// the end chunk's result at the end of the stream, or an error if the stream
 // broke before its end (io.ErrUnexpectedEOF) or ended with a typed error.
-func readStream(body io.Reader, last *int, each func(Token)) (string, error) {
+func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
 	sc := bufio.NewScanner(body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	finish := ""
+	var res Result
 	for sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
 		}
 		if data == "[DONE]" {
-			return finish, nil
+			return res, nil
 		}
 		var chunk struct {
 			Choices []struct {
@@ -141,35 +150,41 @@ func readStream(body io.Reader, last *int, each func(Token)) (string, error) {
 				FinishReason *string `json:"finish_reason"`
 			}
 			Lifeline struct {
-				SequenceNo int    `json:"sequence_no"`
-				TokenID    int    `json:"token_id"`
-				InstanceID string `json:"instance_id"`
+				SequenceNo    int              `json:"sequence_no"`
+				TokenID       int              `json:"token_id"`
+				InstanceID    string           `json:"instance_id"`
+				Migrations    int              `json:"migrations"`
+				LastMigration map[string]int64 `json:"last_migration"`
 			}
 			Error *struct{ Type, Message string }
 		}
 		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			return "", fmt.Errorf("lifeline: bad event %q: %w", data, err)
+			return Result{}, fmt.Errorf("lifeline: bad event %q: %w", data, err)
 		}
 		if chunk.Error != nil {
-			return "", &Error{Status: http.StatusOK, Type: chunk.Error.Type, Message: chunk.Error.Message}
+			return Result{}, &Error{Status: http.StatusOK, Type: chunk.Error.Type, Message: chunk.Error.Message}
 		}
 		if len(chunk.Choices) > 0 && chunk.Choices[0].FinishReason != nil {
-			finish = *chunk.Choices[0].FinishReason
+			res.FinishReason = *chunk.Choices[0].FinishReason
 		}
 		seq := chunk.Lifeline.SequenceNo
-		if seq == 0 || seq <= *last {
-			continue // the end chunk, or a duplicate after a resume
+		if seq == 0 {
+			res.Migrations, res.LastMigration = chunk.Lifeline.Migrations, chunk.Lifeline.LastMigration
+			continue // the end chunk
+		}
+		if seq <= *last {
+			continue // a duplicate after a resume
 		}
 		if seq != *last+1 {
-			return "", fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
+			return Result{}, fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
 		}
 		*last = seq
 		each(Token{SequenceNo: seq, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text, Instance: chunk.Lifeline.InstanceID})
 	}
 	if err := sc.Err(); err != nil {
-		return "", err
+		return Result{}, err
 	}
-	return "", io.ErrUnexpectedEOF
+	return Result{}, io.ErrUnexpectedEOF
 }
 
 func readError(resp *http.Response) error {

@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -14,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/client"
 )
 
 // DemoOptions are the flags of `lifeline demo failover`.
@@ -71,11 +72,12 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 		}
 	}
 	fmt.Fprintf(out, "cluster up: 2 nodes × 1 %s decode worker, frontend %s\n", opts.Preset, url)
-	body := map[string]any{"model": opts.Preset, "prompt": "Once upon a time, in a small town by the river,", "max_tokens": opts.MaxTokens,
-		"temperature": 0.9, "seed": opts.Seed, "stream": true, "ignore_eos": true}
+	temp := 0.9
+	req := client.Request{Model: opts.Preset, Prompt: "Once upon a time, in a small town by the river,", MaxTokens: opts.MaxTokens,
+		Temperature: &temp, Seed: opts.Seed, IgnoreEOS: true}
 	var reference []demoToken
 	for deadline := time.Now().Add(60 * time.Second); ; {
-		reference, _, _, err = demoStream(url, body, nil)
+		reference, _, err = demoStream(ctx, url, req, nil)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -89,7 +91,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	var killedAt time.Time
 	var victim string
 	start := time.Now()
-	got, migrations, tl, err := demoStream(url, body, func(t demoToken) {
+	got, res, err := demoStream(ctx, url, req, func(t demoToken) {
 		if t.seq == opts.KillAfter && victim == "" {
 			victim = t.instance
 			pid, err := workerPID(dir, victim)
@@ -106,7 +108,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("demo: run with failure: %w", err)
 	}
-	if tl != nil {
+	if tl := res.LastMigration; tl != nil {
 		at := func(k string) time.Time { return time.Unix(0, tl[k]) }
 		fmt.Fprintf(out, "%8.1f ms  frontend sees the failure (agent's eBPF detection → deregistration → etcd watch); epoch bumped\n", ms(at("failure_seen_unix_ns").Sub(start)))
 		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to re-prefill\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
@@ -117,7 +119,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 				ms(t.at.Sub(start)), t.seq, t.instance, ms(t.at.Sub(killedAt)))
 		}
 	}
-	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, migrations)
+	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, res.Migrations)
 	identical := len(got) == len(reference)
 	for i := 0; identical && i < len(got); i++ {
 		identical = got[i].seq == i+1 && got[i].token == reference[i].token && got[i].text == reference[i].text
@@ -132,48 +134,18 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func demoStream(url string, body map[string]any, each func(demoToken)) ([]demoToken, int, map[string]int64, error) {
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		return nil, 0, nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		msg, _ := io.ReadAll(resp.Body)
-		return nil, 0, nil, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
-	}
+// demoStream runs one stream through the frontend client and stamps each
+// token with the time it arrived.
+func demoStream(ctx context.Context, url string, req client.Request, each func(demoToken)) ([]demoToken, client.Result, error) {
 	var toks []demoToken
-	var timeline map[string]int64
-	migrations := 0
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var c struct {
-			Choices  []struct{ Text string }
-			Lifeline struct {
-				SequenceNo    int              `json:"sequence_no"`
-				TokenID       int              `json:"token_id"`
-				InstanceID    string           `json:"instance_id"`
-				Migrations    int              `json:"migrations"`
-				LastMigration map[string]int64 `json:"last_migration"`
-			}
-		}
-		json.Unmarshal([]byte(data), &c)
-		if c.Lifeline.SequenceNo == 0 {
-			migrations, timeline = c.Lifeline.Migrations, c.Lifeline.LastMigration
-			continue
-		}
-		t := demoToken{c.Lifeline.SequenceNo, c.Lifeline.TokenID, c.Choices[0].Text, c.Lifeline.InstanceID, time.Now()}
-		toks = append(toks, t)
+	res, err := client.New(url).Stream(ctx, req, func(t client.Token) {
+		dt := demoToken{t.SequenceNo, t.TokenID, t.Text, t.Instance, time.Now()}
+		toks = append(toks, dt)
 		if each != nil {
-			each(t)
+			each(dt)
 		}
-	}
-	return toks, migrations, timeline, nil
+	})
+	return toks, res, err
 }
 
 // workerPID asks each node's agent which pid serves instance.
