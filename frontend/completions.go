@@ -457,11 +457,6 @@ func (x *run) loop(ctx context.Context) {
 					x.dispatched = time.Now()
 				}
 			case Deliver:
-				toks := make([]Token, len(a.Tokens))
-				for i, t := range a.Tokens {
-					t.instance = x.on
-					toks[i] = t
-				}
 				x.overloaded = false
 				if !x.failedAt.IsZero() {
 					x.s.metrics.migrations.WithLabelValues("success").Inc()
@@ -469,7 +464,7 @@ func (x *run) loop(ctx context.Context) {
 					x.failedAt = time.Time{}
 					x.recovered = time.Now()
 				}
-				x.st.append(toks)
+				x.st.append(a.Tokens)
 			case CancelWorker:
 				if c, ok := x.streams[a.Epoch]; ok {
 					c()
@@ -546,6 +541,13 @@ func (x *run) route(a Route) []Action {
 
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	s := x.s
+	// Pick only returns ready instances; this counts any that the view
+	// marked not ready between the pick and the send.
+	s.mu.Lock()
+	if in, ok := s.router.instances[d.To.InstanceID]; ok && !in.Ready {
+		s.metrics.notReadyRouted.Inc()
+	}
+	s.mu.Unlock()
 	c, err := s.client(ctx, d.To)
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())

@@ -118,7 +118,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 			r.Gaps++
 			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
 		}
-		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text}
+		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, instance: f.From.InstanceID}
 		r.Output = append(r.Output, t)
 		acts = append(acts, Deliver{Tokens: []Token{t}})
 	}

@@ -114,11 +114,8 @@ type Request struct {
 	Epoch    uint64
 	Endpoint Endpoint
 	// Output holds the committed tokens: Output[i].SequenceNo == i+1.
-	Output []Token
-	// Written and Acknowledged are delivery positions (sequence numbers
-	// written to, and confirmed by, the client).
-	Written, Acknowledged int
-	Migrations            int
+	Output     []Token
+	Migrations int
 	// Failed lists every endpoint that failed this request; a migration
 	// never goes back to one.
 	FailedInstances map[string]bool
