@@ -293,7 +293,7 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 // that fails is reported to the owner, and the prefix ends before it.
 func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 	c.mu.Lock()
-	room := c.capacity - len(c.blocks)
+	room := c.capacity - c.inUseLocked() // private fallback blocks count too
 	c.mu.Unlock()
 	maxBlocks = min(maxBlocks, room)
 	if maxBlocks <= 0 {

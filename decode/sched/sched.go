@@ -589,16 +589,23 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []int {
 	for len(s.samplers) < workers {
 		s.samplers = append(s.samplers, new(sample.Sampler))
 	}
+	sampleFrom := func(w int) {
+		for i := w; i < len(seqs); i += workers {
+			seq := seqs[i]
+			r := &seq.req
+			ids[i] = s.samplers[w].Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(seq.nOutput+1))
+		}
+	}
+	if workers == 1 {
+		sampleFrom(0) // small batches: no goroutine per step
+		return ids
+	}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for i := w; i < len(seqs); i += workers {
-				seq := seqs[i]
-				r := &seq.req
-				ids[i] = s.samplers[w].Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(seq.nOutput+1))
-			}
+			sampleFrom(w)
 		}()
 	}
 	wg.Wait()
