@@ -208,35 +208,34 @@ func (a *Agent) running() []*instance {
 
 // admin sends an Admin request to an instance's worker.
 func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen uint64) (*wire.HealthReply, error) {
+	return a.callWorker(ctx, inst, func(ctx context.Context, c *worker.Client, cur uint64) (*wire.HealthReply, error) {
+		return c.Admin(ctx, inst.id, cur, accepting, gen)
+	})
+}
+
+// health asks an instance's worker for its state.
+func (a *Agent) health(ctx context.Context, inst *instance) (*wire.HealthReply, error) {
+	return a.callWorker(ctx, inst, func(ctx context.Context, c *worker.Client, _ uint64) (*wire.HealthReply, error) {
+		return c.Health(ctx)
+	})
+}
+
+// callWorker dials an instance's worker at the endpoint and generation the
+// agent believes it has, so that a reused address never reaches another
+// worker, and makes one call within 3 s.
+func (a *Agent) callWorker(ctx context.Context, inst *instance, call func(context.Context, *worker.Client, uint64) (*wire.HealthReply, error)) (*wire.HealthReply, error) {
 	a.mu.Lock()
 	addr, cur := inst.addr, inst.gen
 	a.mu.Unlock()
 	if addr == "" {
 		return nil, fmt.Errorf("agent: %s has no endpoint yet", inst.id)
 	}
-	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := worker.Dial(actx, addr, a.tlsConf, inst.id, cur)
+	c, err := worker.Dial(cctx, addr, a.tlsConf, inst.id, cur)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	// The worker checks the instance id and the generation we believe it
-	// has, so that a reused address never reaches another worker.
-	return c.Admin(actx, inst.id, cur, accepting, gen)
-}
-
-// health asks an instance's worker for its state.
-func (a *Agent) health(ctx context.Context, inst *instance) (*wire.HealthReply, error) {
-	a.mu.Lock()
-	addr, cur := inst.addr, inst.gen
-	a.mu.Unlock()
-	hctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	c, err := worker.Dial(hctx, addr, a.tlsConf, inst.id, cur)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.Health(hctx)
+	return call(cctx, c, cur)
 }
