@@ -57,6 +57,13 @@ func getJSON(ctx context.Context, socket, path string, v any) error {
 	return json.NewDecoder(resp.Body).Decode(v)
 }
 
+// Workers asks the agent at socket for its supervised workers.
+func Workers(ctx context.Context, socket string) ([]agent.Worker, error) {
+	var ws []agent.Worker
+	err := getJSON(ctx, socket, "/v1/workers", &ws)
+	return ws, err
+}
+
 // Command is the nodectl root command.
 func Command() *cobra.Command {
 	var socket string
@@ -89,8 +96,8 @@ func Command() *cobra.Command {
 	var workersJSON bool
 	workers := &cobra.Command{Use: "workers", Short: "Supervised worker processes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var ws []agent.Worker
-			if err := getJSON(cmd.Context(), socket, "/v1/workers", &ws); err != nil {
+			ws, err := Workers(cmd.Context(), socket)
+			if err != nil {
 				return err
 			}
 			if workersJSON {

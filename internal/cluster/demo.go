@@ -3,17 +3,16 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/frontend/client"
 )
 
@@ -94,7 +93,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	got, res, err := demoStream(ctx, url, req, func(t demoToken) {
 		if t.seq == opts.KillAfter && victim == "" {
 			victim = t.instance
-			pid, err := workerPID(dir, victim)
+			pid, err := workerPID(ctx, dir, victim)
 			if err != nil {
 				fmt.Fprintf(out, "cannot find the worker of %s: %v\n", victim, err)
 				return
@@ -149,23 +148,13 @@ func demoStream(ctx context.Context, url string, req client.Request, each func(d
 }
 
 // workerPID asks each node's agent which pid serves instance.
-func workerPID(dir, instance string) (int, error) {
+func workerPID(ctx context.Context, dir, instance string) (int, error) {
 	socks, _ := filepath.Glob(filepath.Join(dir, "node-*", "agent.sock"))
 	for _, s := range socks {
-		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", s)
-		}}}
-		resp, err := c.Get("http://agent/v1/workers")
+		ws, err := nodectl.Workers(ctx, s)
 		if err != nil {
 			continue
 		}
-		var ws []struct {
-			InstanceID string `json:"instance_id"`
-			PID        int    `json:"pid"`
-		}
-		json.NewDecoder(resp.Body).Decode(&ws)
-		resp.Body.Close()
 		for _, w := range ws {
 			if w.InstanceID == instance && w.PID > 0 {
 				return w.PID, nil
