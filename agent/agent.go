@@ -384,6 +384,20 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		return nil, fmt.Errorf("agent: start worker %s: %w", inst.id, err)
 	}
 	pid := cmd.Process.Pid
+	// A worker inherits the agent's OOM score (the unit lowers it); under
+	// memory pressure the kernel should pick a worker, not the agent.
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/oom_score_adj", pid), []byte("0"), 0); err != nil {
+		a.log.Warn("cannot reset worker OOM score", "instance_id", inst.id, "pid", pid, "err", err)
+	}
+	if a.opts.WorkerCgroup != "" {
+		// Before the worker allocates anything worth limiting; a worker
+		// that cannot be placed does not run unlimited.
+		if err := os.WriteFile(filepath.Join(a.opts.WorkerCgroup, "cgroup.procs"), []byte(fmt.Sprint(pid)), 0); err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return nil, fmt.Errorf("agent: worker %s into cgroup %s: %w", inst.id, a.opts.WorkerCgroup, err)
+		}
+	}
 	detected := make(chan ebpf.Exit, 1)
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.state, inst.ready, inst.notReady = gen, gen, pid, "", "starting", false, "starting"

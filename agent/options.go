@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -79,6 +80,10 @@ type Options struct {
 	WorkerBinary string `json:"worker_binary"`
 	// Detector is "auto" (eBPF, else pidfd), "ebpf" or "pidfd".
 	Detector string `json:"detector"`
+	// WorkerCgroup, if set, is a cgroup directory (v1 or v2) every worker
+	// is moved into right after it starts, before it loads a model: its
+	// memory limit then takes the worker, never the agent, when it is hit.
+	WorkerCgroup string `json:"worker_cgroup"`
 }
 
 // Defaults fills unset fields.
@@ -159,6 +164,11 @@ func (o *Options) Validate() error {
 		return bad("detector", "%q (auto, ebpf or pidfd)", o.Detector)
 	case o.RestartMax < o.RestartBackoff:
 		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
+	}
+	if o.WorkerCgroup != "" {
+		if _, err := os.Stat(filepath.Join(o.WorkerCgroup, "cgroup.procs")); err != nil {
+			return bad("worker_cgroup", "%q is not a cgroup directory: %v", o.WorkerCgroup, err)
+		}
 	}
 	seen := map[string]int{}
 	for i, in := range o.Instances {

@@ -309,6 +309,7 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "canary_idle": "-5s"}`, "canary_idle"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "lease_ttl": "2500ms"}`, "lease_ttl"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1}, {"role": "decode", "preset": "tiny", "count": 2}]}`, "instances[1]"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "worker_cgroup": "/nonexistent/cg"}`, "worker_cgroup"},
 	} {
 		p := filepath.Join(dir, "agent.json")
 		os.WriteFile(p, []byte(c.cfg), 0o600)
@@ -662,23 +663,24 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	}
 }
 
-// TestAgentClassifiesOOMKill: the agent and its worker run in a memory
-// cgroup limited to 256 MiB; the worker makes a controlled 512 MiB
-// allocation (failpoint) once it serves. The OOM killer takes it, and the
-// agent records the death as an OOM kill, not as a signal 9.
+// TestAgentClassifiesOOMKill: the agent places its workers in a memory
+// cgroup limited to 256 MiB (worker_cgroup); the worker makes a controlled
+// 512 MiB allocation (failpoint) once it serves. The OOM killer takes it,
+// never the agent (which stays outside the cgroup), and the agent records
+// the death as an OOM kill, not as a signal 9.
 func TestAgentClassifiesOOMKill(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("not root: cannot create a memory cgroup")
 	}
 	dir := cgtest.Memory(t, 256<<20)
-	inCgroup := func(c *exec.Cmd) *exec.Cmd {
-		// Join the cgroup before the agent exists, so every worker is in it.
-		w := exec.Command("sh", "-c", fmt.Sprintf("echo $$ > %s/cgroup.procs && exec \"$0\" \"$@\"", dir), c.Path)
-		w.Args = append(w.Args, c.Args[1:]...)
-		w.Env = append(os.Environ(), "LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512")
-		return w
+	withFailpoint := func(c *exec.Cmd) *exec.Cmd {
+		if c.Env == nil {
+			c.Env = os.Environ()
+		}
+		c.Env = append(c.Env, "LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512")
+		return c
 	}
-	n := newAgentNode(t, map[string]any{"crash_loop_limit": 1, "restart_backoff": "5s", "restart_backoff_max": "5s"}, inCgroup)
+	n := newAgentNode(t, map[string]any{"crash_loop_limit": 1, "restart_backoff": "5s", "restart_backoff_max": "5s", "worker_cgroup": dir}, withFailpoint)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		for _, line := range strings.Split(strings.TrimSpace(n.nodectlTry("events")), "\n") {
