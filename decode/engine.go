@@ -230,6 +230,9 @@ type Request struct {
 	IgnoreEOS  bool
 	Priority   sched.Priority
 	KeepLogits bool
+	// PrefillOnly computes and publishes the prompt's K/V and ends with
+	// FinishPrefilled and the keys of its full blocks (Event.KVKeys).
+	PrefillOnly bool
 }
 
 // Event is one streamed output token, or the end of the stream.
@@ -247,7 +250,13 @@ type Event struct {
 	// ReusedPositions counts prompt positions whose K/V were taken from the
 	// shared arena instead of computed (Done event only).
 	ReusedPositions int
-	Err             error
+	// KVKeys are the identity keys of the prompt's full blocks, in order
+	// (Done event of a PrefillOnly request on a shared arena).
+	KVKeys []kv.BlockKey
+	// PromptTokens is the prompt as computed, BOS included (Done event of
+	// a PrefillOnly request).
+	PromptTokens []int
+	Err          error
 }
 
 const maxStopStrings = 4
@@ -342,7 +351,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 	finished := make(chan struct{})
 	sr := sched.Request{
 		ID: r.ID, Prompt: prompt, Prefix: r.PrefixTokens, MaxTokens: r.MaxTokens,
-		Sampling: r.Sampling, StopTokens: stops, Priority: r.Priority, KeepLogits: r.KeepLogits,
+		Sampling: r.Sampling, StopTokens: stops, Priority: r.Priority, KeepLogits: r.KeepLogits, PrefillOnly: r.PrefillOnly,
 		OnToken: func(t sched.Token) bool {
 			chunk, stopped := text.push(t.ID, t.Last)
 			ev := Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits}
@@ -356,7 +365,16 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 			return !stopped
 		},
 		OnFinish: func(f sched.Finish) {
-			events <- Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, Err: f.Err}
+			done := Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, Err: f.Err}
+			if f.Reason == sched.FinishPrefilled {
+				done.PromptTokens = prompt
+				if e.Cache != nil {
+					bs := e.Store.Layout().BlockSize
+					id := BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
+					done.KVKeys = id.Chain(prompt, len(prompt)/bs)
+				}
+			}
+			events <- done
 			close(events)
 			close(finished)
 		},

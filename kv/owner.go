@@ -779,6 +779,17 @@ func (o *Owner) WriterDead(w Writer) int {
 	return n
 }
 
+// EndSession ends a session at once: its leases are released and any
+// block it still writes is freed. It returns how many blocks were freed.
+func (o *Owner) EndSession(sid SessionID) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sessions[sid] == nil {
+		return 0
+	}
+	return o.endSessionLocked(sid)
+}
+
 func (o *Owner) endSessionLocked(sid SessionID) int {
 	s := o.sessions[sid]
 	n := 0

@@ -53,6 +53,9 @@ const (
 	FinishLength    FinishReason = "length"
 	FinishCancelled FinishReason = "cancelled"
 	FinishError     FinishReason = "error"
+	// FinishPrefilled ends a prefill-only request: its prompt's K/V are
+	// computed and its full blocks offered to the shared store.
+	FinishPrefilled FinishReason = "prefilled"
 )
 
 // Limits are the scheduler's hard limits. Every one rejects at once with an
@@ -108,6 +111,10 @@ type Request struct {
 	StopTokens []int
 	Priority   Priority
 	KeepLogits bool
+	// PrefillOnly computes the prompt's K/V (publishing its full blocks
+	// where the store shares them) and finishes with FinishPrefilled
+	// without sampling: the prefill half of a P/D split.
+	PrefillOnly bool
 	// OnToken is called from the stepping goroutine for every new token;
 	// returning false ends the sequence with FinishStop. OnFinish is called
 	// exactly once. Neither may block or call back into the scheduler.
@@ -209,6 +216,9 @@ func (s *Scheduler) queuedLocked() int {
 // the last one whose K/V is computed (the final token is never fed back).
 func (s *Scheduler) blocksFor(r *Request) int {
 	positions := len(r.Prompt) + r.MaxTokens - 1
+	if r.PrefillOnly {
+		positions = len(r.Prompt)
+	}
 	bs := s.store.Layout().BlockSize
 	return (positions + bs - 1) / bs
 }
@@ -510,7 +520,7 @@ func (s *Scheduler) Step() (bool, error) {
 		budget -= chunk
 		for p := seq.computed; p < seq.computed+chunk; p++ {
 			inp := model.Input{Token: seq.tokens[p], Pos: p, Blocks: seq.blocks}
-			if p == len(seq.tokens)-1 {
+			if p == len(seq.tokens)-1 && !seq.req.PrefillOnly {
 				if seq.logits == nil {
 					seq.logits = make([]float32, vocab)
 				}
@@ -552,6 +562,11 @@ func (s *Scheduler) Step() (bool, error) {
 	for _, seq := range batch {
 		if seq.cancelled {
 			s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+		}
+	}
+	for _, seq := range batch {
+		if seq.req.PrefillOnly && !seq.finished && seq.computed == len(seq.tokens) {
+			s.finishLocked(seq, Finish{Reason: FinishPrefilled})
 		}
 	}
 	for i, seq := range sampled {

@@ -155,8 +155,12 @@ type Generate struct {
 	Stop             []string               `protobuf:"bytes,13,rep,name=stop,proto3" json:"stop,omitempty"`
 	IgnoreEos        bool                   `protobuf:"varint,14,opt,name=ignore_eos,json=ignoreEos,proto3" json:"ignore_eos,omitempty"`
 	Lane             Lane                   `protobuf:"varint,15,opt,name=lane,proto3,enum=lifeline.wire.v1.Lane" json:"lane,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// prefill_only computes and publishes the prompt's KV in the node's
+	// arena and ends with finish_reason "prefilled" and the block keys
+	// (the prefill half of a P/D split); no token is sampled.
+	PrefillOnly   bool `protobuf:"varint,16,opt,name=prefill_only,json=prefillOnly,proto3" json:"prefill_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Generate) Reset() {
@@ -292,6 +296,13 @@ func (x *Generate) GetLane() Lane {
 		return x.Lane
 	}
 	return Lane_INTERACTIVE
+}
+
+func (x *Generate) GetPrefillOnly() bool {
+	if x != nil {
+		return x.PrefillOnly
+	}
+	return false
 }
 
 type Health struct {
@@ -685,6 +696,11 @@ type Frame struct {
 	Error           *Error       `protobuf:"bytes,9,opt,name=error,proto3" json:"error,omitempty"`
 	Health          *HealthReply `protobuf:"bytes,10,opt,name=health,proto3" json:"health,omitempty"`
 	ReusedPositions uint32       `protobuf:"varint,11,opt,name=reused_positions,json=reusedPositions,proto3" json:"reused_positions,omitempty"`
+	// kv_keys are the 32-byte identity keys of the prompt's full blocks,
+	// in chain order, on the finish frame of a prefill_only request.
+	KvKeys [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
+	// prompt_positions is the prompt's length in tokens, BOS included.
+	PromptPositions uint32 `protobuf:"varint,13,opt,name=prompt_positions,json=promptPositions,proto3" json:"prompt_positions,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -796,11 +812,25 @@ func (x *Frame) GetReusedPositions() uint32 {
 	return 0
 }
 
+func (x *Frame) GetKvKeys() [][]byte {
+	if x != nil {
+		return x.KvKeys
+	}
+	return nil
+}
+
+func (x *Frame) GetPromptPositions() uint32 {
+	if x != nil {
+		return x.PromptPositions
+	}
+	return 0
+}
+
 var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xe6\x03\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\x89\x04\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -820,7 +850,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x04stop\x18\r \x03(\tR\x04stop\x12\x1d\n" +
 	"\n" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x12*\n" +
-	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\"\b\n" +
+	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\x12!\n" +
+	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\"\b\n" +
 	"\x06Health\"\x95\x01\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
@@ -850,7 +881,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\x12\x1c\n" +
 	"\taccepting\x18\b \x01(\bR\taccepting\x12)\n" +
-	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\x92\x03\n" +
+	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\xd6\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -868,7 +899,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05error\x18\t \x01(\v2\x17.lifeline.wire.v1.ErrorR\x05error\x125\n" +
 	"\x06health\x18\n" +
 	" \x01(\v2\x1d.lifeline.wire.v1.HealthReplyR\x06health\x12)\n" +
-	"\x10reused_positions\x18\v \x01(\rR\x0freusedPositions*.\n" +
+	"\x10reused_positions\x18\v \x01(\rR\x0freusedPositions\x12\x17\n" +
+	"\akv_keys\x18\f \x03(\fR\x06kvKeys\x12)\n" +
+	"\x10prompt_positions\x18\r \x01(\rR\x0fpromptPositions*.\n" +
 	"\x04Lane\x12\x0f\n" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +

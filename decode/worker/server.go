@@ -262,6 +262,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
 		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
 			PresencePenalty: g.PresencePenalty, Seed: g.Seed},
+		PrefillOnly: g.PrefillOnly,
 	}
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
@@ -288,6 +289,10 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		if ev.Done {
 			f.FinishReason = string(ev.FinishReason)
 			f.ReusedPositions = uint32(ev.ReusedPositions)
+			f.PromptPositions = uint32(len(ev.PromptTokens))
+			for _, k := range ev.KVKeys {
+				f.KvKeys = append(f.KvKeys, k[:])
+			}
 			if ev.Err != nil {
 				f.Error = ErrorFrame(ev.Err)
 			}

@@ -1,0 +1,408 @@
+// Package rdma is the KV transfer engine: it moves published KV blocks
+// from one node's arena to another's under a transfer binding (DESIGN.md,
+// "Transfer binding"). One Transport interface has two implementations:
+// QUIC between node agents (the default, tested here) and RDMA verbs
+// (build tag rdma; it compiles against libibverbs but these machines have
+// no RDMA hardware, so it has never run).
+//
+// A destination stages every block it receives in WRITING slots of its own
+// arena, checks every byte against the source's checksum, and seals and
+// publishes the blocks only once all of them arrived and the binding is
+// still the current one: a partial or superseded transfer never becomes
+// readable.
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
+	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// Failpoints of the transfer engine.
+const (
+	// FailBeforeCommit is hit on the destination once every block of a
+	// pull arrived and verified, before the binding is checked and the
+	// blocks are sealed and published.
+	FailBeforeCommit = "rdma.before-commit"
+	// FailSourceMidway is hit on the source after it sent half of a
+	// fetch's blocks (a cut transfer, when armed with "pause" or "kill").
+	FailSourceMidway = "rdma.source-midway"
+)
+
+var (
+	// ErrStale: the transfer's binding is not the current one.
+	ErrStale = errors.New("rdma: stale transfer binding")
+	// ErrBadTransfer wraps malformed requests and blocks that do not verify.
+	ErrBadTransfer = errors.New("rdma: bad transfer")
+	// ErrNoSource: no source could provide the blocks.
+	ErrNoSource = errors.New("rdma: no source holds the blocks")
+)
+
+// MaxBlocks bounds one transfer.
+const MaxBlocks = 4096
+
+// Transport fetches published blocks from a source node.
+type Transport interface {
+	// Name is "quic" or "rdma".
+	Name() string
+	// Fetch asks the source at addr for blocks f.First..f.First+f.Count of
+	// the chain f.Keys. For each block it calls into with the block's
+	// index (0-based from f.First) and header; into returns the buffer
+	// the payload is read into (exactly PayloadLen bytes). It returns how
+	// many leading blocks the source held and delivered.
+	Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(i int, h *transferpb.BlockHeader) ([]byte, error)) (int, error)
+	Close() error
+}
+
+// Stats count what the engine did.
+type Stats struct {
+	FetchesServed   uint64 `json:"fetches_served"`
+	BlocksServed    uint64 `json:"blocks_served"`
+	BytesServed     uint64 `json:"bytes_served"`
+	PullsOK         uint64 `json:"pulls_ok"`
+	PullsFailed     uint64 `json:"pulls_failed"`
+	StaleDropped    uint64 `json:"stale_dropped"`
+	BlocksPulled    uint64 `json:"blocks_pulled"`
+	BytesPulled     uint64 `json:"bytes_pulled"`
+	BlocksLocal     uint64 `json:"blocks_local"`
+	SourceFailures  uint64 `json:"source_failures"`
+	ChecksumErrors  uint64 `json:"checksum_errors"`
+	StagedAborted   uint64 `json:"staged_aborted"`
+	PullsInProgress int64  `json:"pulls_in_progress"`
+}
+
+// Engine serves this node's published blocks to peers and pulls blocks
+// from peers into this node's arena.
+type Engine struct {
+	owner     *kv.Owner
+	transport Transport
+	// Current checks a binding against the destination instance as this
+	// node knows it (it exists, at that generation, serving that model
+	// revision); nil accepts every binding.
+	Current func(*transferpb.Binding) error
+
+	mu     sync.Mutex
+	latest map[string]epochSeen // request id → highest transfer epoch seen
+
+	fetchesServed, blocksServed, bytesServed                    atomic.Uint64
+	pullsOK, pullsFailed, staleDropped                          atomic.Uint64
+	blocksPulled, bytesPulled, blocksLocal                      atomic.Uint64
+	sourceFailures, checksumErrors, stagedAborted               atomic.Uint64
+	inProgress                                                  atomic.Int64
+}
+
+type epochSeen struct {
+	epoch uint64
+	at    time.Time
+}
+
+// NewEngine returns an engine over the node's arena owner.
+func NewEngine(owner *kv.Owner, t Transport) *Engine {
+	return &Engine{owner: owner, transport: t, latest: map[string]epochSeen{}}
+}
+
+// Transport is the engine's transport.
+func (e *Engine) Transport() Transport { return e.transport }
+
+// Stats returns the engine's counters.
+func (e *Engine) Stats() Stats {
+	return Stats{FetchesServed: e.fetchesServed.Load(), BlocksServed: e.blocksServed.Load(), BytesServed: e.bytesServed.Load(),
+		PullsOK: e.pullsOK.Load(), PullsFailed: e.pullsFailed.Load(), StaleDropped: e.staleDropped.Load(),
+		BlocksPulled: e.blocksPulled.Load(), BytesPulled: e.bytesPulled.Load(), BlocksLocal: e.blocksLocal.Load(),
+		SourceFailures: e.sourceFailures.Load(), ChecksumErrors: e.checksumErrors.Load(), StagedAborted: e.stagedAborted.Load(),
+		PullsInProgress: e.inProgress.Load()}
+}
+
+// Keys decodes a chain of 32-byte keys.
+func Keys(raw [][]byte) ([]kv.BlockKey, error) {
+	if len(raw) > MaxBlocks {
+		return nil, fmt.Errorf("%w: %d keys (at most %d)", ErrBadTransfer, len(raw), MaxBlocks)
+	}
+	keys := make([]kv.BlockKey, len(raw))
+	for i, k := range raw {
+		if len(k) != len(kv.BlockKey{}) {
+			return nil, fmt.Errorf("%w: key %d has %d bytes", ErrBadTransfer, i, len(k))
+		}
+		copy(keys[i][:], k)
+		if keys[i].IsZero() {
+			return nil, fmt.Errorf("%w: key %d is zero", ErrBadTransfer, i)
+		}
+	}
+	return keys, nil
+}
+
+// RawKeys encodes a chain of keys for the wire.
+func RawKeys(keys []kv.BlockKey) [][]byte {
+	out := make([][]byte, len(keys))
+	for i := range keys {
+		out[i] = keys[i][:]
+	}
+	return out
+}
+
+// keepAlive renews a session until stop is closed.
+func (e *Engine) keepAlive(sid kv.SessionID, stop <-chan struct{}) {
+	t := time.NewTicker(e.owner.LeaseTTL() / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+			e.owner.KeepAlive(sid)
+		}
+	}
+}
+
+// session opens an owner session for one transfer, kept alive until the
+// returned function ends it (releasing its leases and freeing any slot it
+// still writes).
+func (e *Engine) session(instance string, gen uint64) (kv.SessionID, func(), error) {
+	sid, _, _, err := e.owner.Hello(kv.Writer{Instance: instance, Gen: gen}, nil, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	stop := make(chan struct{})
+	go e.keepAlive(sid, stop)
+	return sid, func() {
+		close(stop)
+		e.owner.EndSession(sid)
+	}, nil
+}
+
+// Serve answers one fetch: the source side. send writes the FetchStart,
+// the blocks and the FetchEnd.
+func (e *Engine) serveFetch(f *transferpb.Fetch, w *blockWriter) error {
+	keys, err := Keys(f.Keys)
+	if err == nil && (uint64(f.First)+uint64(f.Count) > uint64(len(keys)) || f.Count == 0) {
+		err = fmt.Errorf("%w: blocks [%d, %d+%d) of a chain of %d", ErrBadTransfer, f.First, f.First, f.Count, len(keys))
+	}
+	if err != nil {
+		return w.start(0, err.Error())
+	}
+	e.fetchesServed.Add(1)
+	sid, end, err := e.session("transfer-source", 1)
+	if err != nil {
+		return w.start(0, err.Error())
+	}
+	defer end()
+	refs, err := e.owner.Acquire(sid, keys[f.First:f.First+f.Count])
+	if err != nil {
+		return w.start(0, err.Error())
+	}
+	if err := w.start(len(refs), ""); err != nil {
+		return err
+	}
+	arena := e.owner.Arena()
+	for i, r := range refs {
+		if i == len(refs)/2 && i > 0 {
+			failpoint.Hit(FailSourceMidway)
+		}
+		payload := arena.Payload(int(r.Slot))[:r.PayloadLen]
+		h := &transferpb.BlockHeader{Index: uint32(i), Key: keys[int(f.First)+i][:], Checksum: r.Checksum, PayloadLen: r.PayloadLen}
+		if err := w.block(h, payload); err != nil {
+			return err
+		}
+		e.blocksServed.Add(1)
+		e.bytesServed.Add(uint64(r.PayloadLen))
+	}
+	return w.end(len(refs))
+}
+
+// admit records the binding's transfer epoch for its request and says
+// whether it is current: not older than one already seen, and accepted by
+// Current.
+func (e *Engine) admit(b *transferpb.Binding) error {
+	if err := e.current(b); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := time.Now()
+	if len(e.latest) > 4096 {
+		for id, s := range e.latest {
+			if now.Sub(s.at) > 10*time.Minute {
+				delete(e.latest, id)
+			}
+		}
+	}
+	if s, ok := e.latest[b.RequestId]; ok && s.epoch > b.TransferEpoch {
+		return fmt.Errorf("%w: transfer epoch %d of %s, %d is current", ErrStale, b.TransferEpoch, b.RequestId, s.epoch)
+	}
+	e.latest[b.RequestId] = epochSeen{epoch: b.TransferEpoch, at: now}
+	return nil
+}
+
+// current says whether b is still the request's newest transfer and its
+// destination is as bound.
+func (e *Engine) current(b *transferpb.Binding) error {
+	e.mu.Lock()
+	s, ok := e.latest[b.RequestId]
+	e.mu.Unlock()
+	if ok && s.epoch > b.TransferEpoch {
+		return fmt.Errorf("%w: transfer epoch %d of %s, %d is current", ErrStale, b.TransferEpoch, b.RequestId, s.epoch)
+	}
+	if e.Current != nil {
+		if err := e.Current(b); err != nil {
+			return fmt.Errorf("%w: %v", ErrStale, err)
+		}
+	}
+	return nil
+}
+
+func validBinding(b *transferpb.Binding) error {
+	switch {
+	case b == nil:
+		return fmt.Errorf("%w: no binding", ErrBadTransfer)
+	case b.RequestId == "" || len(b.RequestId) > 256:
+		return fmt.Errorf("%w: request id %q", ErrBadTransfer, b.RequestId)
+	case b.DestinationInstance == "" || len(b.DestinationInstance) > 200:
+		return fmt.Errorf("%w: destination instance %q", ErrBadTransfer, b.DestinationInstance)
+	case b.TransferEpoch == 0:
+		return fmt.Errorf("%w: transfer epoch 0", ErrBadTransfer)
+	}
+	return nil
+}
+
+// Pull makes the chain's blocks published in this node's arena: the
+// destination side. Blocks already published here are kept; the rest is
+// fetched from the first source that holds them, staged in WRITING slots,
+// verified, and published only if the binding is still current once all
+// arrived. The reply's binding is the request's, for the caller to match.
+func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullReply {
+	reply := &transferpb.PullReply{Binding: p.Binding}
+	fail := func(err error) *transferpb.PullReply {
+		if errors.Is(err, ErrStale) {
+			e.staleDropped.Add(1)
+			reply.Stale = true
+		} else {
+			e.pullsFailed.Add(1)
+		}
+		reply.Error = err.Error()
+		return reply
+	}
+	if err := validBinding(p.Binding); err != nil {
+		return fail(err)
+	}
+	keys, err := Keys(p.Keys)
+	if err != nil {
+		return fail(err)
+	}
+	b := p.Binding
+	if uint64(b.FirstBlock)+uint64(b.BlockCount) > uint64(len(keys)) {
+		return fail(fmt.Errorf("%w: block range [%d, %d+%d) of a chain of %d", ErrBadTransfer, b.FirstBlock, b.FirstBlock, b.BlockCount, len(keys)))
+	}
+	keys = keys[:b.FirstBlock+b.BlockCount]
+	if err := e.admit(b); err != nil {
+		return fail(err)
+	}
+	e.inProgress.Add(1)
+	defer e.inProgress.Add(-1)
+	local := e.owner.Lookup(keys)
+	reply.Local = uint32(local)
+	e.blocksLocal.Add(uint64(local))
+	if local >= len(keys) {
+		e.pullsOK.Add(1)
+		return reply
+	}
+	sid, end, err := e.session("transfer/"+b.DestinationInstance, b.DestinationGeneration)
+	if err != nil {
+		return fail(err)
+	}
+	defer end()
+	need := len(keys) - local
+	refs, err := e.owner.Allocate(sid, need)
+	if err != nil {
+		return fail(err)
+	}
+	staged := refs
+	abortAll := func() {
+		for _, r := range staged {
+			if e.owner.Abort(sid, r) == nil {
+				e.stagedAborted.Add(1)
+			}
+		}
+		staged = nil
+	}
+	defer abortAll()
+	arena := e.owner.Arena()
+	got := 0
+	var lastErr error = ErrNoSource
+	for _, src := range p.Sources {
+		if ctx.Err() != nil {
+			break
+		}
+		f := &transferpb.Fetch{Binding: b, Keys: p.Keys[:len(keys)], First: uint32(local), Count: uint32(need)}
+		n, err := e.transport.Fetch(ctx, src, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
+			if i >= need || string(h.Key) != string(keys[local+i][:]) || int(h.PayloadLen) > arena.Geometry().PayloadSize {
+				return nil, fmt.Errorf("%w: block %d (key match %v, %d bytes)", ErrBadTransfer, i, string(h.Key) == string(keys[local+i][:]), h.PayloadLen)
+			}
+			refs[i].Checksum, refs[i].PayloadLen = h.Checksum, h.PayloadLen
+			return arena.Payload(int(refs[i].Slot))[:h.PayloadLen], nil
+		})
+		if err == nil {
+			for i := 0; i < n; i++ {
+				if shm.Checksum(arena.Payload(int(refs[i].Slot))[:refs[i].PayloadLen]) != refs[i].Checksum {
+					e.checksumErrors.Add(1)
+					err = fmt.Errorf("%w: block %d from %s does not match its checksum", ErrBadTransfer, local+i, src)
+					break
+				}
+			}
+		}
+		if err != nil || n == 0 {
+			if err == nil {
+				err = fmt.Errorf("%w: %s holds none of them", ErrNoSource, src)
+			}
+			e.sourceFailures.Add(1)
+			lastErr = err
+			continue
+		}
+		got, reply.Source = n, src
+		break
+	}
+	if got == 0 {
+		return fail(lastErr)
+	}
+	failpoint.Hit(FailBeforeCommit)
+	if err := e.current(b); err != nil {
+		return fail(err)
+	}
+	// Every byte arrived and verified, and the binding holds: seal and
+	// publish in chain order. A block someone else published meanwhile is
+	// dropped (the published one is identical by key).
+	for i := 0; i < got; i++ {
+		parent := kv.BlockKey{}
+		if local+i > 0 {
+			parent = keys[local+i-1]
+		}
+		if err := e.owner.Seal(sid, refs[i], keys[local+i], parent); err != nil {
+			return fail(fmt.Errorf("rdma: seal block %d: %w", local+i, err))
+		}
+	}
+	var bytes uint64
+	var dups []kv.Ref
+	for i := 0; i < got; i++ {
+		if err := e.owner.Publish(sid, refs[i]); err != nil {
+			if errors.Is(err, kv.ErrDuplicate) {
+				dups = append(dups, refs[i])
+				continue
+			}
+			return fail(fmt.Errorf("rdma: publish block %d: %w", local+i, err))
+		}
+		bytes += uint64(refs[i].PayloadLen)
+	}
+	staged = append(dups, refs[got:]...) // published ones are no longer ours to abort
+	reply.Pulled, reply.Bytes = uint32(got), bytes
+	e.pullsOK.Add(1)
+	e.blocksPulled.Add(uint64(got))
+	e.bytesPulled.Add(bytes)
+	return reply
+}

@@ -1,0 +1,275 @@
+package rdma
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+	"github.com/lifeline-llm/lifeline/shm"
+)
+
+// node is one real arena owner (shared memory + Badger) with its transfer
+// engine serving real QUIC with mutual TLS on loopback.
+type node struct {
+	owner  *kv.Owner
+	engine *Engine
+	addr   string
+}
+
+func certs(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if err := pki.Init(dir, nil); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func newNode(t *testing.T, certDir string, payload int) *node {
+	t.Helper()
+	f, err := os.CreateTemp("/dev/shm", "lifeline-rdmatest-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	arena := f.Name()
+	f.Close()
+	os.Remove(arena)
+	t.Cleanup(func() { os.Remove(arena) })
+	o, err := kv.Open(kv.Options{ArenaPath: arena, Geometry: shm.Geometry{Slots: 64, PayloadSize: payload}, DBDir: filepath.Join(t.TempDir(), "db"), LeaseTTL: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	tlsConf, err := TLS(certDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := NewQUIC(tlsConf)
+	t.Cleanup(func() { tr.Close() })
+	e := NewEngine(o, tr)
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Serve(ctx, ln); close(done) }()
+	t.Cleanup(func() { cancel(); ln.Close(); <-done })
+	return &node{owner: o, engine: e, addr: ln.Addr().String()}
+}
+
+// chain makes n distinct keys, each derived from its parent.
+func chain(n int, seed string) []kv.BlockKey {
+	keys := make([]kv.BlockKey, n)
+	var parent kv.BlockKey
+	for i := range keys {
+		keys[i] = sha256.Sum256(append(parent[:], fmt.Sprint(seed, i)...))
+		parent = keys[i]
+	}
+	return keys
+}
+
+// publish writes random payloads under keys and publishes them; it returns
+// the payloads.
+func (n *node) publish(t *testing.T, keys []kv.BlockKey, size int) [][]byte {
+	t.Helper()
+	sid, _, _, err := n.owner.Hello(kv.Writer{Instance: "prefill-0", Gen: 7}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.owner.EndSession(sid)
+	var out [][]byte
+	for i, k := range keys {
+		refs, err := n.owner.Allocate(sid, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := refs[0]
+		p := n.owner.Arena().Payload(int(r.Slot))[:size]
+		rand.Read(p)
+		r.PayloadLen, r.Checksum = uint32(size), shm.Checksum(p)
+		parent := kv.BlockKey{}
+		if i > 0 {
+			parent = keys[i-1]
+		}
+		if err := n.owner.Seal(sid, r, k, parent); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.owner.Publish(sid, r); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, bytes.Clone(p))
+	}
+	return out
+}
+
+// read returns the published payloads of keys on n (nil where missing).
+func (n *node) read(t *testing.T, keys []kv.BlockKey) [][]byte {
+	t.Helper()
+	sid, _, _, err := n.owner.Hello(kv.Writer{Instance: "reader", Gen: 1}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.owner.EndSession(sid)
+	refs, err := n.owner.Acquire(sid, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]byte, len(keys))
+	for i, r := range refs {
+		out[i] = bytes.Clone(n.owner.Arena().Payload(int(r.Slot))[:r.PayloadLen])
+	}
+	return out
+}
+
+func binding(epoch uint64, count int) *transferpb.Binding {
+	return &transferpb.Binding{RequestId: "req-1", ModelRevision: "rev", SourceInstance: "prefill-0", SourceGeneration: 7,
+		DestinationInstance: "decode-0", DestinationGeneration: 3, BlockCount: uint32(count), TransferEpoch: epoch}
+}
+
+// noneInFlight asserts that no slot of n is being written and no session
+// or lease is left: nothing of a transfer leaked.
+func noneInFlight(t *testing.T, n *node) {
+	t.Helper()
+	st := n.owner.Stats()
+	if st.ByState["WRITING"] != 0 || st.ByState["SEALED"] != 0 || st.ByState["ALLOCATED"] != 0 || st.Sessions != 0 || st.Leases != 0 {
+		t.Fatalf("transfer left state behind: %+v", st)
+	}
+}
+
+func TestPullOverQUIC(t *testing.T) {
+	c := certs(t)
+	const size = 48 << 10
+	src, dst := newNode(t, c, size), newNode(t, c, size)
+	keys := chain(10, "a")
+	want := src.publish(t, keys, size)
+	// The destination already holds the first two blocks: only the rest
+	// travels.
+	dst.publish(t, keys[:2], size)
+	copy(want[:2], dst.read(t, keys[:2]))
+	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{src.addr}})
+	if reply.Error != "" || reply.Local != 2 || reply.Pulled != 8 || reply.Bytes != 8*size || reply.Source != src.addr {
+		t.Fatalf("pull: %+v", reply)
+	}
+	got := dst.read(t, keys)
+	for i := range keys {
+		if !bytes.Equal(got[i], want[i]) {
+			t.Fatalf("block %d differs after the transfer", i)
+		}
+	}
+	// The destination's blocks are its own: they survive the source.
+	src.owner.Close()
+	if got := dst.read(t, keys); !bytes.Equal(got[9], want[9]) {
+		t.Fatal("pulled block gone with the source")
+	}
+	noneInFlight(t, dst)
+	if st := dst.engine.Stats(); st.BlocksPulled != 8 || st.PullsOK != 1 || st.BlocksLocal != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A source that lacks the blocks is skipped for the next one; a source
+// whose bytes do not match their checksum makes nothing readable.
+func TestPullRetriesAnotherSourceAndRejectsCorruptBytes(t *testing.T) {
+	c := certs(t)
+	const size = 4096
+	empty, corrupt, good, dst := newNode(t, c, size), newNode(t, c, size), newNode(t, c, size), newNode(t, c, size)
+	keys := chain(6, "b")
+	want := good.publish(t, keys, size)
+	corrupt.publish(t, keys, size)
+	// Flip a byte of a published block behind the owner's back.
+	sid, _, _, _ := corrupt.owner.Hello(kv.Writer{Instance: "x", Gen: 1}, nil, nil)
+	refs, _ := corrupt.owner.Acquire(sid, keys[3:4])
+	corrupt.owner.Arena().Payload(int(refs[0].Slot))[10] ^= 0xff
+	corrupt.owner.EndSession(sid)
+
+	only := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{corrupt.addr}})
+	if only.Error == "" || only.Pulled != 0 || !strings.Contains(only.Error, "checksum") {
+		t.Fatalf("corrupt source accepted: %+v", only)
+	}
+	if got := dst.read(t, keys); got[0] != nil {
+		t.Fatal("a block of a failed transfer is readable")
+	}
+	noneInFlight(t, dst)
+
+	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(2, len(keys)), Keys: RawKeys(keys), Sources: []string{empty.addr, corrupt.addr, good.addr}})
+	if reply.Error != "" || reply.Pulled != 6 || reply.Source != good.addr {
+		t.Fatalf("pull: %+v", reply)
+	}
+	if got := dst.read(t, keys); !bytes.Equal(got[5], want[5]) {
+		t.Fatal("wrong bytes")
+	}
+	if st := dst.engine.Stats(); st.SourceFailures != 3 || st.ChecksumErrors != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	noneInFlight(t, dst)
+}
+
+// A transfer whose epoch is older than one already seen for the request,
+// or whose destination generation is not current, is dropped and counted.
+func TestPullDropsStaleBindings(t *testing.T) {
+	c := certs(t)
+	const size = 1024
+	src, dst := newNode(t, c, size), newNode(t, c, size)
+	keys := chain(4, "c")
+	src.publish(t, keys, size)
+	dst.engine.Current = func(b *transferpb.Binding) error {
+		if b.DestinationGeneration != 3 {
+			return fmt.Errorf("decode-0 is at generation 3, not %d", b.DestinationGeneration)
+		}
+		return nil
+	}
+	newer := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(5, 2), Keys: RawKeys(keys), Sources: []string{src.addr}})
+	if newer.Error != "" || newer.Pulled != 2 {
+		t.Fatalf("pull: %+v", newer)
+	}
+	old := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(4, 4), Keys: RawKeys(keys), Sources: []string{src.addr}})
+	oldGen := binding(6, 4)
+	oldGen.DestinationGeneration = 2
+	gen := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: oldGen, Keys: RawKeys(keys), Sources: []string{src.addr}})
+	for _, r := range []*transferpb.PullReply{old, gen} {
+		if !r.Stale || r.Pulled != 0 || !strings.Contains(r.Error, "stale") {
+			t.Fatalf("stale binding not dropped: %+v", r)
+		}
+	}
+	if got := dst.read(t, keys); got[2] != nil {
+		t.Fatal("a stale transfer published a block")
+	}
+	if st := dst.engine.Stats(); st.StaleDropped != 2 {
+		t.Fatalf("stats %+v", st)
+	}
+	noneInFlight(t, dst)
+}
+
+func TestPullBadInput(t *testing.T) {
+	c := certs(t)
+	dst := newNode(t, c, 1024)
+	keys := chain(2, "d")
+	for name, p := range map[string]*transferpb.Pull{
+		"no binding":  {Keys: RawKeys(keys)},
+		"epoch 0":     {Binding: binding(0, 2), Keys: RawKeys(keys)},
+		"short key":   {Binding: binding(1, 1), Keys: [][]byte{{1, 2}}},
+		"zero key":    {Binding: binding(1, 1), Keys: [][]byte{make([]byte, 32)}},
+		"range":       {Binding: binding(1, 9), Keys: RawKeys(keys)},
+		"no source":   {Binding: binding(1, 2), Keys: RawKeys(keys)},
+		"dead source": {Binding: binding(2, 2), Keys: RawKeys(keys), Sources: []string{"127.0.0.1:1"}},
+	} {
+		r := dst.engine.Pull(context.Background(), p)
+		if r.Error == "" || r.Pulled != 0 {
+			t.Errorf("%s: %+v", name, r)
+		}
+	}
+	noneInFlight(t, dst)
+}
