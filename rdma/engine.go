@@ -92,11 +92,11 @@ type Engine struct {
 	mu     sync.Mutex
 	latest map[string]epochSeen // request id → highest transfer epoch seen
 
-	fetchesServed, blocksServed, bytesServed                    atomic.Uint64
-	pullsOK, pullsFailed, staleDropped                          atomic.Uint64
-	blocksPulled, bytesPulled, blocksLocal                      atomic.Uint64
-	sourceFailures, checksumErrors, stagedAborted               atomic.Uint64
-	inProgress                                                  atomic.Int64
+	fetchesServed, blocksServed, bytesServed      atomic.Uint64
+	pullsOK, pullsFailed, staleDropped            atomic.Uint64
+	blocksPulled, bytesPulled, blocksLocal        atomic.Uint64
+	sourceFailures, checksumErrors, stagedAborted atomic.Uint64
+	inProgress                                    atomic.Int64
 }
 
 type epochSeen struct {
