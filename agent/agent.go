@@ -27,6 +27,7 @@ import (
 	"github.com/lifeline-llm/lifeline/ebpf"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -35,11 +36,16 @@ type Agent struct {
 	opts Options
 	log  *slog.Logger
 
-	db       *badger.DB
-	etcd     *clientv3.Client
-	kvOwner  *kv.Owner
-	kvSocket string
-	tlsConf  *tls.Config
+	db      *badger.DB
+	etcd    *clientv3.Client
+	kvOwner *kv.Owner
+	// transfer moves KV blocks to and from peers; kvAddr is its advertised
+	// endpoint and transport why it uses the transport it does.
+	transfer  *rdma.Engine
+	kvAddr    string
+	transport rdma.Status
+	kvSocket  string
+	tlsConf   *tls.Config
 
 	detector         ebpf.Detector
 	detectorFallback error
@@ -133,6 +139,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 			log.Error("kv service stopped", "err", err)
 		}
 	}()
+
+	if err := a.startTransfer(ctx, &wg); err != nil {
+		return err
+	}
 
 	switch opts.Detector {
 	case "ebpf":

@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"github.com/lifeline-llm/lifeline/rdma"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +44,15 @@ type Status struct {
 	Arena            map[string]any `json:"arena"`
 	Instances        []Worker       `json:"instances"`
 	UptimeSeconds    float64        `json:"uptime_seconds"`
+	KVTransfer       TransferStatus `json:"kv_transfer"`
+}
+
+// TransferStatus is the KV transfer engine as `nodectl status` shows it:
+// the transport in use and why, the endpoint, and the counters.
+type TransferStatus struct {
+	rdma.Status
+	Addr  string     `json:"addr"`
+	Stats rdma.Stats `json:"stats"`
 }
 
 // EtcdStatus says whether the agent can prove it is routable.
@@ -78,6 +89,7 @@ func (a *Agent) status() Status {
 	a.mu.Lock()
 	st.Etcd = EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
 	a.mu.Unlock()
+	st.KVTransfer = TransferStatus{Status: a.transport, Addr: a.kvAddr, Stats: a.transfer.Stats()}
 	ks := a.kvOwner.Stats()
 	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
 		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects}

@@ -84,6 +84,11 @@ type Options struct {
 	// is moved into right after it starts, before it loads a model: its
 	// memory limit then takes the worker, never the agent, when it is hit.
 	WorkerCgroup string `json:"worker_cgroup"`
+	// TransferListen is the UDP address of the agent's KV transfer endpoint
+	// (QUIC, mutual TLS; default 127.0.0.1:0); TransferAdvertise is the
+	// address peers and frontends are told (default: the bound address).
+	TransferListen    string `json:"transfer_listen"`
+	TransferAdvertise string `json:"transfer_advertise"`
 }
 
 // Defaults fills unset fields.
@@ -113,6 +118,9 @@ func (o *Options) Defaults() {
 	}
 	if o.Detector == "" {
 		o.Detector = "auto"
+	}
+	if o.TransferListen == "" {
+		o.TransferListen = "127.0.0.1:0"
 	}
 	if o.WorkerBinary == "" {
 		o.WorkerBinary, _ = os.Executable()

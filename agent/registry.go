@@ -28,6 +28,10 @@ type Registration struct {
 	Running       int    `json:"running"`
 	Queued        int    `json:"queued"`
 	FreeBlocks    int    `json:"free_blocks"`
+	// KVAddr is the node agent's KV transfer endpoint (QUIC, ALPN
+	// lifeline-kv/1): peers fetch published blocks from it and frontends
+	// ask it to pull blocks for this instance.
+	KVAddr string `json:"kv_addr,omitempty"`
 }
 
 // Failure is the value of a failure key.

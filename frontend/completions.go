@@ -1,6 +1,8 @@
 package frontend
 
 import (
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -73,6 +75,21 @@ type event struct {
 	instance string
 	gen      uint64 // the generation that died
 	reason   string
+	// P/D: a prefill's hand-off or failure, a transfer's answer.
+	prefill  *prefillResult
+	transfer *transferResult
+}
+
+type prefillResult struct {
+	at  Endpoint
+	kv  KVRef
+	err error
+}
+
+type transferResult struct {
+	transferEpoch uint64
+	reply         *transferpb.PullReply
+	err           error
 }
 
 // run drives one request's state machine.
@@ -90,8 +107,10 @@ type run struct {
 	// timeline of the last migration: when the failure was seen, the new
 	// worker chosen, the stream opened, and the first token committed.
 	seen, routed, dispatched, recovered time.Time
-	// streams cancels the worker stream of each epoch.
+	// streams cancels every worker call of each epoch (prefill, transfer,
+	// decode); taken records the epochs whose decode stream opened.
 	streams map[uint64]context.CancelFunc
+	taken   map[uint64]bool
 	on      string // instance currently serving
 }
 
@@ -208,7 +227,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}}
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}}
 	go x.loop(rctx)
 
 	w.Header().Set("Lifeline-Request-Id", id)
@@ -338,7 +357,8 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 			for _, t := range r.Output {
 				text.WriteString(t.Text)
 			}
-			ll := map[string]any{"request_id": r.ID, "migrations": r.Migrations, "tokens": len(r.Output)}
+			ll := lifelineInfo(r)
+			ll["tokens"] = len(r.Output)
 			usage := map[string]any{"completion_tokens": len(r.Output)}
 			if st.chat {
 				writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "chat.completion", "model": st.body.Model, "usage": usage,
@@ -405,7 +425,7 @@ func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started 
 		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
 		fmt.Fprintf(w, "data: %s\n\n", b)
 	} else {
-		ll := map[string]any{"request_id": r.ID, "migrations": r.Migrations}
+		ll := lifelineInfo(r)
 		if st.timeline != nil {
 			ll["last_migration"] = st.timeline
 		}
@@ -416,6 +436,16 @@ func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started 
 	if flusher != nil {
 		flusher.Flush()
 	}
+}
+
+// lifelineInfo is the "lifeline" object of a finished response.
+func lifelineInfo(r *Request) map[string]any {
+	ll := map[string]any{"request_id": r.ID, "migrations": r.Migrations, "kv_reused_positions": r.ReusedPositions}
+	if r.PD != "" {
+		ll["pd"] = r.PD
+		ll["kv_transfer_bytes"] = r.TransferBytes
+	}
+	return ll
 }
 
 // loop drives the request's state machine until it ends.
@@ -450,7 +480,7 @@ func (x *run) loop(ctx context.Context) {
 					"generation", a.To.Generation, "sequence_no", len(a.Prefix))
 				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
 				acts = append(acts, x.dispatch(ctx, a)...)
-				if _, ok := x.streams[a.Epoch]; ok {
+				if x.taken[a.Epoch] {
 					x.st.dispatchedOnce.Do(func() { close(x.st.dispatched) })
 				}
 				if !x.failedAt.IsZero() {
@@ -465,6 +495,15 @@ func (x *run) loop(ctx context.Context) {
 					x.recovered = time.Now()
 				}
 				x.st.append(a.Tokens)
+			case Prefill:
+				x.s.log.Info("prefill", "request_id", r.ID, "request_epoch", a.Epoch, "instance_id", a.At.InstanceID, "generation", a.At.Generation)
+				acts = append(acts, x.prefill(ctx, a)...)
+			case RoutePrefill:
+				acts = append(acts, x.routePrefill(a)...)
+			case Transfer:
+				x.s.log.Info("kv transfer", "request_id", r.ID, "request_epoch", a.Epoch, "transfer_epoch", a.TransferEpoch,
+					"instance_id", a.To.InstanceID, "from_node", a.KV.Node, "blocks", len(a.KV.Keys))
+				x.transfer(ctx, a)
 			case CancelWorker:
 				if c, ok := x.streams[a.Epoch]; ok {
 					c()
@@ -497,9 +536,47 @@ func (x *run) loop(ctx context.Context) {
 			switch {
 			case e.failed:
 				x.lastFailure = e.reason
-				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
-					acts = r.OnWorkerFailed(r.Epoch, e.reason, true, now)
+				if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
+					x.s.metrics.prefillFailures.Inc()
+					acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
 				}
+				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
+					acts = append(acts, r.OnWorkerFailed(r.Epoch, e.reason, true, now)...)
+				}
+			case e.prefill != nil:
+				if e.prefill.err != nil {
+					x.lastFailure = e.prefill.err.Error()
+					if e.epoch == r.Epoch && e.prefill.at == r.PrefillAt {
+						x.s.metrics.prefillFailures.Inc()
+					}
+					acts = r.OnPrefillFailed(e.epoch, e.prefill.at, e.prefill.err.Error())
+					break
+				}
+				acts = r.OnPrefilled(e.epoch, e.prefill.kv, e.prefill.kv.Node == x.nodeOf(r.Endpoint.InstanceID), now)
+				if len(acts) > 0 {
+					if _, ok := acts[0].(Dispatch); ok {
+						x.s.metrics.pd.WithLabelValues(r.PD).Inc()
+					}
+				}
+			case e.transfer != nil:
+				if e.epoch == r.Epoch && e.transfer.transferEpoch == r.TransferEpoch && r.State == Transferring {
+					tr := e.transfer
+					switch {
+					case tr.err != nil || tr.reply.Error != "":
+						why := fmt.Sprint(tr.err)
+						if tr.err == nil {
+							why = tr.reply.Error
+						}
+						x.s.log.Warn("kv transfer failed; decode recomputes", "request_id", r.ID, "request_epoch", r.Epoch, "err", why)
+						x.s.metrics.pd.WithLabelValues("transfer_failed").Inc()
+						r.PD = "transfer_failed"
+					default:
+						x.s.metrics.pd.WithLabelValues("transfer").Inc()
+						x.s.metrics.transferBytes.Add(float64(tr.reply.Bytes))
+						r.PD, r.TransferBytes = "transfer", tr.reply.Bytes
+					}
+				}
+				acts = r.OnTransferred(e.epoch, e.transfer.transferEpoch, now)
 			case e.err != nil:
 				x.lastFailure = e.err.Error()
 				acts = r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
@@ -515,7 +592,7 @@ func (x *run) loop(ctx context.Context) {
 			default:
 				f := e.frame
 				acts = r.OnFrame(Frame{From: Endpoint{f.InstanceId, r.Endpoint.Generation}, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
-					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason}, now)
+					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
 			}
 		case <-tick.C:
 			acts = r.Tick(time.Now())
@@ -532,11 +609,155 @@ func (x *run) route(a Route) []Action {
 		prefer = prev.NumericsID
 	}
 	in, err := s.router.Pick(x.body.Model, "", prefer, a.Exclude, time.Now())
+	var p Instance
+	var perr error = ErrNoInstance
+	// Split prefill from decode while nothing is generated yet and a
+	// prefill instance with the decode instance's numerics is there.
+	if err == nil && x.r.Received() == 0 && x.r.PrefillFailures < MaxPrefillAttempts {
+		p, perr = s.router.PickPrefill(x.body.Model, in.ModelRevision, in.NumericsID, a.Exclude, time.Now())
+	}
+	hasPrefill := s.router.HasPrefill(x.body.Model)
 	s.mu.Unlock()
 	if err != nil {
 		return x.r.NoRoute(a.Epoch, x.overloaded)
 	}
+	if perr == nil {
+		return x.r.RoutedPD(a.Epoch, Endpoint{in.ID, in.Generation}, Endpoint{p.ID, p.Generation}, time.Now())
+	}
+	if hasPrefill && x.r.Received() == 0 {
+		s.metrics.pd.WithLabelValues("no_prefill").Inc()
+	}
 	return x.r.Routed(a.Epoch, Endpoint{in.ID, in.Generation}, time.Now())
+}
+
+func (x *run) routePrefill(a RoutePrefill) []Action {
+	s := x.s
+	s.mu.Lock()
+	d := s.router.instances[x.r.Endpoint.InstanceID]
+	p, err := s.router.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclude, time.Now())
+	s.mu.Unlock()
+	if err != nil {
+		s.metrics.pd.WithLabelValues("no_prefill").Inc()
+	}
+	return x.r.PrefillRouted(a.Epoch, Endpoint{p.ID, p.Generation}, err == nil, time.Now())
+}
+
+// nodeOf is the node of a known instance ("" if unknown).
+func (x *run) nodeOf(id string) string {
+	x.s.mu.Lock()
+	defer x.s.mu.Unlock()
+	return x.s.router.instances[id].Node
+}
+
+// epochCtx is the context of every worker call of epoch; CancelWorker
+// for the epoch ends them all.
+func (x *run) epochCtx(ctx context.Context, epoch uint64) context.Context {
+	c, cancel := context.WithCancel(ctx)
+	if prev, ok := x.streams[epoch]; ok {
+		x.streams[epoch] = func() { prev(); cancel() }
+	} else {
+		x.streams[epoch] = cancel
+	}
+	return c
+}
+
+// generateRequest is the worker request of this run at epoch.
+func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
+	p := make([]int32, len(prefix))
+	for i, t := range prefix {
+		p[i] = int32(t)
+	}
+	b := x.body
+	g := &wire.Generate{RequestId: x.r.ID, RequestEpoch: epoch, Prompt: b.Prompt, PrefixTokens: p, MaxTokens: int32(x.r.MaxTokens),
+		TopK: int32(b.TopK), Seed: b.Seed, Stop: b.Stop, IgnoreEos: b.IgnoreEOS, FrequencyPenalty: b.FrequencyPenalty, PresencePenalty: b.PresencePenalty,
+		Temperature: 1, TopP: 1}
+	if b.Temperature != nil {
+		g.Temperature = *b.Temperature
+	}
+	if b.TopP != nil {
+		g.TopP = *b.TopP
+	}
+	return g
+}
+
+// prefill sends the prompt to the prefill instance; its hand-off (or
+// failure) comes back as an event.
+func (x *run) prefill(ctx context.Context, a Prefill) []Action {
+	s := x.s
+	failed := func(err error) []Action {
+		s.dropClient(a.At)
+		s.metrics.prefillFailures.Inc()
+		return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error())
+	}
+	c, err := s.client(ctx, a.At)
+	if err != nil {
+		return failed(err)
+	}
+	g := x.generateRequest(a.Epoch, nil)
+	g.PrefillOnly = true
+	pctx := x.epochCtx(ctx, a.Epoch)
+	st, err := c.Generate(pctx, g)
+	if err != nil {
+		return failed(err)
+	}
+	s.mu.Lock()
+	node, kvAddr := s.router.instances[a.At.InstanceID].Node, s.router.instances[a.At.InstanceID].KVAddr
+	if s.active[a.At.InstanceID] == nil {
+		s.active[a.At.InstanceID] = map[*run]struct{}{}
+	}
+	s.active[a.At.InstanceID][x] = struct{}{}
+	s.mu.Unlock()
+	x.st.dispatchedOnce.Do(func() { close(x.st.dispatched) })
+	go func() {
+		res := &prefillResult{at: a.At}
+		for {
+			f, err := st.Next()
+			switch {
+			case err != nil && errors.Is(err, io.EOF):
+				res.err = fmt.Errorf("prefill stream ended without a hand-off")
+			case err != nil:
+				res.err = err
+			case f.Error != nil:
+				res.err = fmt.Errorf("prefill: %s", f.Error.Message)
+			case f.FinishReason == "prefilled":
+				res.kv = KVRef{From: a.At, Node: node, KVAddr: kvAddr, Keys: f.KvKeys}
+			case f.FinishReason != "":
+				res.err = fmt.Errorf("prefill ended with %q", f.FinishReason)
+			default:
+				continue
+			}
+			if pctx.Err() == nil {
+				x.deliver(pctx, event{epoch: a.Epoch, prefill: res})
+			}
+			return
+		}
+	}()
+	return nil
+}
+
+// transfer asks the decode instance's node to pull the prompt's blocks
+// from the prefill node; the answer comes back as an event.
+func (x *run) transfer(ctx context.Context, a Transfer) {
+	s := x.s
+	s.mu.Lock()
+	d := s.router.instances[a.To.InstanceID]
+	sources := s.router.KVSources(x.body.Model, []string{a.KV.Node}, d.Node)
+	s.mu.Unlock()
+	b := &transferpb.Binding{RequestId: x.r.ID, ModelRevision: d.ModelRevision, SourceInstance: a.KV.From.InstanceID,
+		SourceGeneration: a.KV.From.Generation, DestinationInstance: a.To.InstanceID, DestinationGeneration: a.To.Generation,
+		FirstBlock: 0, BlockCount: uint32(len(a.KV.Keys)), TransferEpoch: a.TransferEpoch}
+	tctx := x.epochCtx(ctx, a.Epoch)
+	go func() {
+		res := &transferResult{transferEpoch: a.TransferEpoch}
+		if d.KVAddr == "" {
+			res.err = fmt.Errorf("decode node %s has no KV transfer endpoint", d.Node)
+		} else {
+			res.reply, res.err = s.kv.Pull(tctx, d.KVAddr, &transferpb.Pull{Binding: b, Keys: a.KV.Keys, Sources: sources})
+		}
+		if tctx.Err() == nil {
+			x.deliver(tctx, event{epoch: a.Epoch, transfer: res})
+		}
+	}()
 }
 
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
@@ -556,27 +777,13 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		s.dropClient(d.To)
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
-	prefix := make([]int32, len(d.Prefix))
-	for i, t := range d.Prefix {
-		prefix[i] = int32(t)
-	}
-	b := x.body
-	g := &wire.Generate{RequestId: x.r.ID, RequestEpoch: d.Epoch, Prompt: b.Prompt, PrefixTokens: prefix, MaxTokens: int32(x.r.MaxTokens),
-		TopK: int32(b.TopK), Seed: b.Seed, Stop: b.Stop, IgnoreEos: b.IgnoreEOS, FrequencyPenalty: b.FrequencyPenalty, PresencePenalty: b.PresencePenalty,
-		Temperature: 1, TopP: 1}
-	if b.Temperature != nil {
-		g.Temperature = *b.Temperature
-	}
-	if b.TopP != nil {
-		g.TopP = *b.TopP
-	}
-	sctx, cancel := context.WithCancel(ctx)
+	g := x.generateRequest(d.Epoch, d.Prefix)
+	sctx := x.epochCtx(ctx, d.Epoch)
 	st, err := c.Generate(sctx, g)
 	if err != nil {
-		cancel()
 		return fail(err)
 	}
-	x.streams[d.Epoch] = cancel
+	x.taken[d.Epoch] = true
 	x.on = d.To.InstanceID
 	s.mu.Lock()
 	if s.active[x.on] == nil {

@@ -36,6 +36,41 @@ type Route struct {
 	Exclude map[string]bool
 }
 
+// Prefill asks the prefill instance At to compute and publish the
+// prompt's KV (the first half of a P/D split) at Epoch.
+type Prefill struct {
+	At    Endpoint
+	Epoch uint64
+}
+
+// RoutePrefill asks the router for another prefill instance; the I/O layer
+// answers with PrefillRouted.
+type RoutePrefill struct {
+	Epoch   uint64
+	Exclude map[string]bool
+}
+
+// Transfer asks the decode instance's node to pull the prompt's published
+// blocks from the prefill node, under (Epoch, TransferEpoch).
+type Transfer struct {
+	To            Endpoint
+	Epoch         uint64
+	TransferEpoch uint64
+	KV            KVRef
+}
+
+// KVRef is a prefill's hand-off: the keys of the prompt's published full
+// blocks, the instance that wrote them and the node that holds them.
+type KVRef struct {
+	From   Endpoint
+	Node   string
+	KVAddr string
+	Keys   [][]byte
+}
+
+func (Prefill) isAction()      {}
+func (RoutePrefill) isAction() {}
+func (Transfer) isAction()     {}
 func (Dispatch) isAction()     {}
 func (Deliver) isAction()      {}
 func (Finish) isAction()       {}
@@ -59,11 +94,101 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	r.Endpoint = to
 	r.State = Prefilling
 	r.lastFrame = now
+	return r.dispatchDecode()
+}
+
+// RoutedPD is the router's answer for epoch when the request is split:
+// decode on d after prefill on p. The prefill runs first.
+func (r *Request) RoutedPD(epoch uint64, d, p Endpoint, now time.Time) []Action {
+	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
+		return nil
+	}
+	r.Endpoint, r.PrefillAt = d, p
+	r.State = Prefilling
+	r.lastFrame = now
+	return []Action{Prefill{At: p, Epoch: r.Epoch}}
+}
+
+// OnPrefilled: the prefill instance published the prompt's blocks. On the
+// decode instance's node they are read in place; elsewhere they are
+// pulled first (TRANSFERRING).
+func (r *Request) OnPrefilled(epoch uint64, kv KVRef, sameNode bool, now time.Time) []Action {
+	if epoch != r.Epoch || r.State != Prefilling || kv.From != r.PrefillAt {
+		r.StaleEpochFrames++
+		return nil
+	}
+	r.PrefillAt = Endpoint{}
+	r.lastFrame = now
+	if sameNode || len(kv.Keys) == 0 {
+		r.PD = "same_node"
+		if len(kv.Keys) == 0 {
+			r.PD = "no_full_block"
+		}
+		return r.dispatchDecode()
+	}
+	r.State = Transferring
+	r.TransferEpoch++
+	return []Action{Transfer{To: r.Endpoint, Epoch: r.Epoch, TransferEpoch: r.TransferEpoch, KV: kv}}
+}
+
+// OnPrefillFailed: the prefill instance died or refused before handing
+// off. Nothing it wrote is readable unless published; prefill again
+// elsewhere, and after MaxPrefillAttempts let the decode instance compute
+// the prompt itself. The client sees no error either way.
+func (r *Request) OnPrefillFailed(epoch uint64, at Endpoint, reason string) []Action {
+	if epoch != r.Epoch || r.State != Prefilling || at != r.PrefillAt {
+		r.StaleEpochFrames++
+		return nil
+	}
+	r.FailedInstances[at.InstanceID] = true
+	r.PrefillFailures++
+	r.PrefillAt = Endpoint{}
+	if r.PrefillFailures >= MaxPrefillAttempts {
+		r.PD = "recompute"
+		return r.dispatchDecode()
+	}
+	return []Action{RoutePrefill{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+}
+
+// MaxPrefillAttempts bounds the prefill instances one request tries
+// before its decode instance prefills by itself.
+const MaxPrefillAttempts = 2
+
+// PrefillRouted answers RoutePrefill; ok is false when no prefill instance
+// is left, and the decode instance prefills by itself.
+func (r *Request) PrefillRouted(epoch uint64, p Endpoint, ok bool, now time.Time) []Action {
+	if epoch != r.Epoch || r.State != Prefilling {
+		return nil
+	}
+	if !ok {
+		r.PD = "recompute"
+		return r.dispatchDecode()
+	}
+	r.PrefillAt = p
+	r.lastFrame = now
+	return []Action{Prefill{At: p, Epoch: r.Epoch}}
+}
+
+// OnTransferred: the decode node answered the pull of (epoch,
+// transferEpoch). Only the current transfer counts; a late answer of an
+// older one is dropped and counted. Whether the pull succeeded or not the
+// decode instance starts: it reuses what was published and computes the
+// rest.
+func (r *Request) OnTransferred(epoch, transferEpoch uint64, now time.Time) []Action {
+	if epoch != r.Epoch || transferEpoch != r.TransferEpoch || r.State != Transferring {
+		r.StaleTransfers++
+		return nil
+	}
+	r.lastFrame = now
+	return r.dispatchDecode()
+}
+
+func (r *Request) dispatchDecode() []Action {
 	prefix := make([]int, len(r.Output))
 	for i, t := range r.Output {
 		prefix[i] = t.ID
 	}
-	return []Action{Dispatch{To: to, Epoch: r.Epoch, Prefix: prefix}}
+	return []Action{Dispatch{To: r.Endpoint, Epoch: r.Epoch, Prefix: prefix}}
 }
 
 // NoRoute: nothing can serve the request now.
@@ -94,6 +219,9 @@ type Frame struct {
 	Text       string
 	// FinishReason is set on the frame that ends the worker's stream.
 	FinishReason string
+	// ReusedPositions (finish frame) counts prompt positions whose K/V the
+	// worker read from the arena instead of computing.
+	ReusedPositions int
 }
 
 // OnFrame commits a worker's token if it is the next one of the current
@@ -125,6 +253,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 	if f.FinishReason != "" {
 		r.State = Completed
 		r.FinishReason = f.FinishReason
+		r.ReusedPositions = f.ReusedPositions
 		acts = append(acts, Finish{})
 	}
 	return acts
@@ -154,7 +283,7 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 	r.Migrations++
 	r.State = Migrating
 	r.Epoch++ // compare-and-swap point: the old worker's frames are stale from here
-	r.Endpoint = Endpoint{}
+	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
 	return []Action{CancelWorker{At: failed, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
@@ -170,7 +299,7 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	}
 	r.State = Migrating
 	r.Epoch++
-	r.Endpoint = Endpoint{}
+	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
 	return []Action{Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 

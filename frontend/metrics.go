@@ -16,6 +16,10 @@ type metrics struct {
 	resumes         *prometheus.CounterVec
 	shed            *prometheus.CounterVec
 	notReadyRouted  prometheus.Counter
+	pd              *prometheus.CounterVec // P/D hand-offs by path
+	staleTransfers  prometheus.Counter
+	prefillFailures prometheus.Counter
+	transferBytes   prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -31,6 +35,12 @@ func newMetrics() *metrics {
 	m.resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_resumes_total", Help: "Resume attempts by result."}, []string{"result"})
 	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_requests_shed_total", Help: "Requests refused, by reason."}, []string{"reason"})
 	m.notReadyRouted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_routed_to_not_ready_total", Help: "Requests routed to a not-ready instance (must stay 0)."})
+	m.pd = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_pd_handoffs_total",
+		Help: "Prefill-to-decode hand-offs by path: same_node (read in place), transfer (pulled), transfer_failed (decode recomputed), no_prefill (decode prefilled by itself)."}, []string{"path"})
+	m.staleTransfers = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_stale_transfer_completions_total", Help: "KV transfer completions of a binding that was no longer current, dropped."})
+	m.prefillFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_prefill_failures_total", Help: "Prefill instances that failed a request before handing off."})
+	m.transferBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_kv_transfer_bytes_total", Help: "KV payload bytes pulled between nodes for P/D hand-offs."})
+	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m
 }
@@ -40,6 +50,7 @@ func (m *metrics) settle(r *Request) {
 	m.duplicates.Add(float64(r.DuplicateFrames))
 	m.gaps.Add(float64(r.Gaps))
 	m.staleEpoch.Add(float64(r.StaleEpochFrames))
+	m.staleTransfers.Add(float64(r.StaleTransfers))
 	if r.Err != nil {
 		switch r.Err.Type {
 		case ErrMigrationExhausted, ErrDeadlineExceeded, ErrNoCapacity:

@@ -123,10 +123,26 @@ type Request struct {
 	FinishReason    string
 	lastFrame       time.Time
 
+	// P/D split: the prefill instance working for the current epoch, how
+	// many prefill instances failed this request, and the epoch of the
+	// current KV transfer.
+	PrefillAt       Endpoint
+	PrefillFailures int
+	TransferEpoch   uint64
+
 	// Counters for metrics.
 	StaleEpochFrames int
 	DuplicateFrames  int
 	Gaps             int
+	StaleTransfers   int
+
+	// How the KV of the serving attempt came about: ReusedPositions were
+	// read from the arena instead of computed (from the worker's finish
+	// frame); PD is the P/D hand-off path ("" when not split);
+	// TransferBytes were pulled between nodes for it.
+	ReusedPositions int
+	PD              string
+	TransferBytes   uint64
 }
 
 // NewRequest admits a request at epoch 1.

@@ -21,6 +21,11 @@ type Instance struct {
 	Draining      bool
 	// Outstanding is the instance's running plus queued sequences.
 	Outstanding int
+	// Role is decode, prefill or both; Node the host; KVAddr its agent's
+	// KV transfer endpoint.
+	Role   string
+	Node   string
+	KVAddr string
 }
 
 // Router picks instances. It keeps its last view when the registry is
@@ -78,6 +83,56 @@ func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
 // first, so that a migrated request continues bit-exact where possible;
 // then the least outstanding work; then the lowest id, for determinism.
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
+	return rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" })
+}
+
+// PickPrefill chooses a prefill instance the same way.
+func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time) (Instance, error) {
+	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics })
+}
+
+// HasPrefill reports whether any prefill instance of the model is known.
+func (rt *Router) HasPrefill(model string) bool {
+	for _, in := range rt.instances {
+		if in.Role == "prefill" && in.Model == model {
+			return true
+		}
+	}
+	return false
+}
+
+// KVSources lists the KV transfer endpoints of the nodes serving model,
+// first those of the given nodes (in order), without the node skip.
+func (rt *Router) KVSources(model string, first []string, skip string) []string {
+	seen := map[string]bool{skip: true}
+	var out []string
+	add := func(node, addr string) {
+		if !seen[node] && addr != "" {
+			seen[node] = true
+			out = append(out, addr)
+		}
+	}
+	byNode := map[string]string{}
+	for _, in := range rt.instances {
+		if in.Model == model && in.KVAddr != "" {
+			byNode[in.Node] = in.KVAddr
+		}
+	}
+	for _, n := range first {
+		add(n, byNode[n])
+	}
+	nodes := make([]string, 0, len(byNode))
+	for n := range byNode {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes)
+	for _, n := range nodes {
+		add(n, byNode[n])
+	}
+	return out
+}
+
+func (rt *Router) pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time, role func(Instance) bool) (Instance, error) {
 	var cands []Instance
 	for id, in := range rt.instances {
 		if sup, ok := rt.suppressed[id]; ok {
@@ -87,7 +142,7 @@ func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[strin
 				continue
 			}
 		}
-		if !in.Ready || in.Draining || exclude[id] || in.Model != model || (revision != "" && in.ModelRevision != revision) {
+		if !in.Ready || in.Draining || exclude[id] || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
 		cands = append(cands, in)

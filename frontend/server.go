@@ -1,6 +1,8 @@
 package frontend
 
 import (
+	"github.com/lifeline-llm/lifeline/rdma"
+
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -50,6 +52,8 @@ type Server struct {
 	log     *slog.Logger
 	etcd    *clientv3.Client
 	workTLS *tls.Config
+	// kv asks agents to pull KV blocks (P/D hand-offs).
+	kv *rdma.QUIC
 
 	mu      sync.Mutex
 	router  *Router
@@ -155,7 +159,12 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	}
 	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{},
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
-	var err error
+	kvTLS, err := rdma.TLS(opts.CertDir)
+	if err != nil {
+		return fmt.Errorf("frontend: certs: %w", err)
+	}
+	s.kv = rdma.NewQUIC(kvTLS)
+	defer s.kv.Close()
 	if s.workTLS, err = worker.ClientTLS(opts.CertDir); err != nil {
 		return fmt.Errorf("frontend: certs: %w", err)
 	}
@@ -319,7 +328,7 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 		return Instance{}, "", false
 	}
 	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
-		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued}, r.Addr, true
+		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr}, r.Addr, true
 }
 
 // instanceGone removes an instance and fails every stream on it now,

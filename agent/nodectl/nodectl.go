@@ -89,6 +89,9 @@ func Command() *cobra.Command {
 			fmt.Fprintf(out, "\nGPU: %s", st.GPU)
 			fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
 			fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
+			kt := st.KVTransfer
+			fmt.Fprintf(out, "KV transfer: %s at %s (%s); pulled %d blocks / %d bytes, served %d, stale dropped %d\n",
+				kt.Transport, kt.Addr, kt.Reason, kt.Stats.BlocksPulled, kt.Stats.BytesPulled, kt.Stats.BlocksServed, kt.Stats.StaleDropped)
 			return printWorkers(out, st.Instances)
 		}}
 	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")

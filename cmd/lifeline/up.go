@@ -20,6 +20,7 @@ func upCmd() *cobra.Command {
 	f.StringVar(&opts.DataDir, "data-dir", ".lifeline", "where certificates, etcd, arenas' manifests and logs go")
 	f.IntVar(&opts.Nodes, "nodes", 2, "node agents to run, each with one decode worker")
 	f.StringVar(&opts.Preset, "preset", "small", "model preset: tiny or small")
+	f.IntVar(&opts.Prefill, "prefill", 0, "prefill instances to add (prefill/decode disaggregation); placed from the last node backwards")
 	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "frontend HTTP address")
 	return cmd
 }

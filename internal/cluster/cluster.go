@@ -27,6 +27,10 @@ type Options struct {
 	Nodes   int
 	Preset  string
 	Listen  string
+	// Prefill adds prefill instances, placed on the nodes from the last
+	// one backwards (with 2+ nodes a hand-off then crosses nodes for the
+	// decode instances elsewhere).
+	Prefill int
 	// Binary is the lifeline executable for the child processes (default:
 	// this executable).
 	Binary string
@@ -43,6 +47,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)
 	case o.Listen == "":
 		return fmt.Errorf("up: listen: empty")
+	case o.Prefill < 0 || o.Prefill > 16:
+		return fmt.Errorf("up: prefill: %d (0..16)", o.Prefill)
 	}
 	return nil
 }
@@ -119,11 +125,16 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		os.MkdirAll(node, 0o700)
 		sock := filepath.Join(node, "agent.sock")
 		sockets = append(sockets, sock)
+		instances := []map[string]any{{"role": "decode", "preset": opts.Preset, "count": 1}}
+		// Prefill instance k goes to node Nodes-1-(k mod Nodes).
+		if np := opts.Prefill/opts.Nodes + b2i((opts.Nodes-1-i) < opts.Prefill%opts.Nodes); np > 0 {
+			instances = append(instances, map[string]any{"role": "prefill", "preset": opts.Preset, "count": np})
+		}
 		cfg, _ := json.Marshal(map[string]any{
 			"node_id": fmt.Sprintf("node-%d", i), "data_dir": node, "socket": sock, "etcd": []string{etcd.Endpoint}, "etcd_tls": true,
 			"certs": certs, "arena": filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-node-%d", os.Getpid(), i)),
 			"arena_slots": 256, "arena_slot_bytes": 131072,
-			"instances": []map[string]any{{"role": "decode", "preset": opts.Preset, "count": 1}},
+			"instances": instances,
 		})
 		cfgPath := filepath.Join(node, "agent.json")
 		if err := os.WriteFile(cfgPath, cfg, 0o600); err != nil {
@@ -169,7 +180,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	case <-ctx.Done():
 		return nil
 	}
-	fmt.Fprintf(out, "Lifeline is up: %d node(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n", opts.Nodes, opts.Preset, etcd.Endpoint, logf.Name())
+	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n", opts.Nodes, opts.Prefill, opts.Preset, etcd.Endpoint, logf.Name())
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
 	for _, s := range sockets {
@@ -183,4 +194,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	case name := <-died:
 		return fmt.Errorf("up: %s exited; stopping everything (see %s)", name, logf.Name())
 	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -1,0 +1,79 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/quic-go/quic-go"
+
+	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+)
+
+// startTransfer opens the node's KV transfer endpoint: peers fetch this
+// node's published blocks from it, and frontends ask it to pull blocks
+// for one of this node's instances.
+func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
+	a.transport = rdma.Discover()
+	a.log.Info("KV transfer transport", "transport", a.transport.Transport, "reason", a.transport.Reason)
+	tlsConf, err := rdma.TLS(a.opts.CertDir)
+	if err != nil {
+		return fmt.Errorf("agent: transfer certs: %w", err)
+	}
+	tr := rdma.NewQUIC(tlsConf)
+	a.transfer = rdma.NewEngine(a.kvOwner, tr)
+	a.transfer.Current = a.currentBinding
+	a.registerTransferMetrics()
+	ln, err := quic.ListenAddr(a.opts.TransferListen, tlsConf, rdma.QUICConfig())
+	if err != nil {
+		return fmt.Errorf("agent: transfer_listen %s: %w", a.opts.TransferListen, err)
+	}
+	a.kvAddr = ln.Addr().String()
+	if a.opts.TransferAdvertise != "" {
+		a.kvAddr = a.opts.TransferAdvertise
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer tr.Close()
+		go func() { <-ctx.Done(); ln.Close() }()
+		if err := a.transfer.Serve(ctx, ln); err != nil {
+			a.log.Error("KV transfer endpoint stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// currentBinding accepts a transfer only for an instance of this node at
+// the bound generation, serving the bound model revision.
+func (a *Agent) currentBinding(b *transferpb.Binding) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	inst, ok := a.instances[b.DestinationInstance]
+	switch {
+	case !ok:
+		return fmt.Errorf("no instance %s on node %s", b.DestinationInstance, a.opts.NodeID)
+	case inst.gen != b.DestinationGeneration:
+		return fmt.Errorf("%s is at generation %d, not %d", b.DestinationInstance, inst.gen, b.DestinationGeneration)
+	case b.ModelRevision != "" && inst.revision != "" && inst.revision != b.ModelRevision:
+		return fmt.Errorf("%s serves revision %s, not %s", b.DestinationInstance, inst.revision, b.ModelRevision)
+	}
+	return nil
+}
+
+func (a *Agent) registerTransferMetrics() {
+	counter := func(name, help string, f func(rdma.Stats) uint64) {
+		a.metrics.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help},
+			func() float64 { return float64(f(a.transfer.Stats())) }))
+	}
+	counter("lifeline_agent_kv_transfer_pulls_ok_total", "Pulls that left the chain published here.", func(s rdma.Stats) uint64 { return s.PullsOK })
+	counter("lifeline_agent_kv_transfer_pulls_failed_total", "Pulls no source could serve (the request recomputes).", func(s rdma.Stats) uint64 { return s.PullsFailed })
+	counter("lifeline_agent_kv_transfer_stale_dropped_total", "Transfers whose binding was not current: dropped, nothing published.", func(s rdma.Stats) uint64 { return s.StaleDropped })
+	counter("lifeline_agent_kv_transfer_blocks_pulled_total", "KV blocks fetched from peers, verified and published.", func(s rdma.Stats) uint64 { return s.BlocksPulled })
+	counter("lifeline_agent_kv_transfer_bytes_pulled_total", "Payload bytes fetched from peers and published.", func(s rdma.Stats) uint64 { return s.BytesPulled })
+	counter("lifeline_agent_kv_transfer_blocks_served_total", "KV blocks sent to peers.", func(s rdma.Stats) uint64 { return s.BlocksServed })
+	counter("lifeline_agent_kv_transfer_source_failures_total", "Sources that failed, stalled or lacked the blocks during a pull.", func(s rdma.Stats) uint64 { return s.SourceFailures })
+	counter("lifeline_agent_kv_transfer_staged_aborted_total", "Staged (WRITING) blocks of failed or stale transfers freed.", func(s rdma.Stats) uint64 { return s.StagedAborted })
+}
