@@ -380,7 +380,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	}
 	cmd := exec.Command(a.opts.WorkerBinary, "worker", "--instance-id", inst.id, "--generation", fmt.Sprint(gen),
 		"--role", inst.spec.Role, "--preset", inst.spec.Preset, "--weight-seed", fmt.Sprint(inst.spec.WeightSeed),
-		"--listen", "127.0.0.1:0", "--certs", a.opts.CertDir, "--kv-socket", a.kvSocket,
+		"--listen", "127.0.0.1:0", "--certs", a.opts.CertDir, "--kv-socket", a.kvSocket, "--kv-transfer", a.kvAddr,
 		"--max-running", fmt.Sprint(inst.spec.MaxRunning), "--max-queued", fmt.Sprint(inst.spec.MaxQueued))
 	// Workers outlive an agent restart (systemd KillMode=process): their
 	// own process group, no parent-death signal.

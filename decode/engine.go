@@ -312,6 +312,22 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 	return prompt, nil
 }
 
+// ChainKeys returns the identity keys of the full blocks of prompt ‖
+// prefix that a request would reuse (all but the last position), or nil
+// when the engine does not share its KV.
+func (e *Engine) ChainKeys(r Request) ([]kv.BlockKey, error) {
+	if e.Cache == nil {
+		return nil, nil
+	}
+	prompt, err := e.prepare(&r)
+	if err != nil {
+		return nil, err
+	}
+	tokens := slices.Concat(prompt, r.PrefixTokens)
+	id := BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
+	return id.Chain(tokens, (len(tokens)-1)/id.BlockSize), nil
+}
+
 var requestSeq struct {
 	sync.Mutex
 	n uint64

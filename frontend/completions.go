@@ -112,6 +112,8 @@ type run struct {
 	streams map[uint64]context.CancelFunc
 	taken   map[uint64]bool
 	on      string // instance currently serving
+	// lastPrefill is the prefill instance that handed off last.
+	lastPrefill string
 }
 
 // notify hands an announcement to the run loop without blocking the
@@ -552,6 +554,9 @@ func (x *run) loop(ctx context.Context) {
 					acts = r.OnPrefillFailed(e.epoch, e.prefill.at, e.prefill.err.Error())
 					break
 				}
+				if e.epoch == r.Epoch {
+					x.lastPrefill = e.prefill.at.InstanceID
+				}
 				acts = r.OnPrefilled(e.epoch, e.prefill.kv, e.prefill.kv.Node == x.nodeOf(r.Endpoint.InstanceID), now)
 				if len(acts) > 0 {
 					if _, ok := acts[0].(Dispatch); ok {
@@ -778,6 +783,16 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	g := x.generateRequest(d.Epoch, d.Prefix)
+	if len(d.Prefix) > 0 {
+		// A migration: the blocks of prompt ‖ prefix may be published on
+		// the node of the instance that failed (its agent outlives it)
+		// or of the prefill instance; the new worker pulls what its node
+		// lacks.
+		s.mu.Lock()
+		first := []string{s.router.instances[x.on].Node, s.router.instances[x.lastPrefill].Node}
+		g.KvSources = s.router.KVSources(x.body.Model, first, s.router.instances[d.To.InstanceID].Node)
+		s.mu.Unlock()
+	}
 	sctx := x.epochCtx(ctx, d.Epoch)
 	st, err := c.Generate(sctx, g)
 	if err != nil {

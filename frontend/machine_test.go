@@ -227,3 +227,94 @@ func TestOverloadedReroutesWithoutSpendingBudget(t *testing.T) {
 		t.Fatal("an overloaded refusal after tokens re-routed without a migration")
 	}
 }
+
+// TestPrefillDecodeHandOff: PREFILLING → TRANSFERRING → DECODING across
+// nodes; on one node the decode instance starts right after the prefill.
+func TestPrefillDecodeHandOff(t *testing.T) {
+	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
+	keys := [][]byte{make([]byte, 32)}
+	for _, sameNode := range []bool{false, true} {
+		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		route, _ := has[Route](r.Start(t0))
+		pre, ok := has[Prefill](r.RoutedPD(route.Epoch, d, p, t0))
+		if !ok || pre.At != p || r.State != Prefilling {
+			t.Fatalf("routed P/D: %+v, state %s", pre, r.State)
+		}
+		acts := r.OnPrefilled(r.Epoch, KVRef{From: p, Node: "n2", Keys: keys}, sameNode, t0)
+		if sameNode {
+			if dis, ok := has[Dispatch](acts); !ok || dis.To != d || r.PD != "same_node" {
+				t.Fatalf("same node: %v", acts)
+			}
+			continue
+		}
+		tr, ok := has[Transfer](acts)
+		if !ok || r.State != Transferring || tr.To != d || tr.TransferEpoch != 1 {
+			t.Fatalf("transfer: %v, state %s", acts, r.State)
+		}
+		// A completion of another transfer epoch is dropped and counted.
+		if acts := r.OnTransferred(r.Epoch, tr.TransferEpoch+7, t0); len(acts) != 0 || r.StaleTransfers != 1 {
+			t.Fatalf("foreign completion: %v", acts)
+		}
+		if dis, ok := has[Dispatch](r.OnTransferred(r.Epoch, tr.TransferEpoch, t0)); !ok || dis.To != d {
+			t.Fatal("no dispatch after the transfer")
+		}
+		r.OnFrame(frame(r, 1), t0)
+		if r.State != Decoding {
+			t.Fatalf("state %s after the first token", r.State)
+		}
+	}
+}
+
+// TestPrefillFailureRetriesThenRecomputes: a failed prefill instance is
+// replaced once; after MaxPrefillAttempts the decode instance prefills by
+// itself. The migration budget is not spent.
+func TestPrefillFailureRetriesThenRecomputes(t *testing.T) {
+	d, p1, p2 := Endpoint{"d", 3}, Endpoint{"p1", 5}, Endpoint{"p2", 1}
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	r.RoutedPD(route.Epoch, d, p1, t0)
+	// A failure report about an instance that is not the prefill one is stale.
+	if acts := r.OnPrefillFailed(r.Epoch, p2, "x"); len(acts) != 0 {
+		t.Fatalf("foreign failure: %v", acts)
+	}
+	rp, ok := has[RoutePrefill](r.OnPrefillFailed(r.Epoch, p1, "killed"))
+	if !ok || !rp.Exclude["p1"] {
+		t.Fatalf("no second prefill route: %+v", rp)
+	}
+	if _, ok := has[Prefill](r.PrefillRouted(rp.Epoch, p2, true, t0)); !ok {
+		t.Fatal("second prefill not sent")
+	}
+	dis, ok := has[Dispatch](r.OnPrefillFailed(r.Epoch, p2, "killed"))
+	if !ok || dis.To != d || r.PD != "recompute" || r.Migrations != 0 || r.Epoch != 1 {
+		t.Fatalf("after two prefill failures: %+v, pd %q, migrations %d", dis, r.PD, r.Migrations)
+	}
+}
+
+// TestDecodeDiesDuringTransfer: the decode instance fails while its node
+// pulls the blocks; the request migrates, and the late transfer answer of
+// the old epoch has no effect.
+func TestDecodeDiesDuringTransfer(t *testing.T) {
+	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	r.RoutedPD(route.Epoch, d, p, t0)
+	tr, _ := has[Transfer](r.OnPrefilled(r.Epoch, KVRef{From: p, Node: "n2", Keys: [][]byte{make([]byte, 32)}}, false, t0))
+	old := r.Epoch
+	acts := r.OnWorkerFailed(r.Epoch, "decode killed", true, t0)
+	if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != old || r.State != Migrating {
+		t.Fatalf("failure during transfer: %v", acts)
+	}
+	if acts := r.OnTransferred(old, tr.TransferEpoch, t0); len(acts) != 0 || r.StaleTransfers != 1 {
+		t.Fatalf("late transfer answer: %v", acts)
+	}
+	// Cancel during a prefill cancels that epoch's calls.
+	r2 := NewRequest("r2", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ = has[Route](r2.Start(t0))
+	r2.RoutedPD(route.Epoch, d, p, t0)
+	if cw, ok := has[CancelWorker](r2.Cancel()); !ok || cw.Epoch != 1 {
+		t.Fatal("cancel during prefill did not cancel the epoch")
+	}
+	if acts := r2.OnPrefilled(1, KVRef{From: p}, true, t0); len(acts) != 0 {
+		t.Fatalf("prefill after cancel: %v", acts)
+	}
+}

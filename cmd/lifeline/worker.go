@@ -35,6 +35,7 @@ func workerCmd() *cobra.Command {
 	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin")
 	f.StringVar(&opts.Engine.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
 	f.StringVar(&opts.Engine.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
+	f.StringVar(&opts.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")
 	f.IntVar(&maxRunning, "max-running", 0, "hard limit on running sequences (0: default)")
 	f.IntVar(&maxQueued, "max-queued", 0, "hard limit on queued requests (0: default, or none when max-running is set)")
 	return cmd

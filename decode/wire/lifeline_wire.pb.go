@@ -158,7 +158,12 @@ type Generate struct {
 	// prefill_only computes and publishes the prompt's KV in the node's
 	// arena and ends with finish_reason "prefilled" and the block keys
 	// (the prefill half of a P/D split); no token is sampled.
-	PrefillOnly   bool `protobuf:"varint,16,opt,name=prefill_only,json=prefillOnly,proto3" json:"prefill_only,omitempty"`
+	PrefillOnly bool `protobuf:"varint,16,opt,name=prefill_only,json=prefillOnly,proto3" json:"prefill_only,omitempty"`
+	// kv_sources are KV transfer endpoints of other nodes that may hold the
+	// published blocks of prompt ‖ prefix_tokens (a migrated request): the
+	// worker asks its own node's agent to pull what the node lacks before
+	// it prefills, and computes whatever could not be pulled.
+	KvSources     []string `protobuf:"bytes,17,rep,name=kv_sources,json=kvSources,proto3" json:"kv_sources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,6 +308,13 @@ func (x *Generate) GetPrefillOnly() bool {
 		return x.PrefillOnly
 	}
 	return false
+}
+
+func (x *Generate) GetKvSources() []string {
+	if x != nil {
+		return x.KvSources
+	}
+	return nil
 }
 
 type Health struct {
@@ -830,7 +842,7 @@ var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\x89\x04\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xa8\x04\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -851,7 +863,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
 	"ignore_eos\x18\x0e \x01(\bR\tignoreEos\x12*\n" +
 	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\x12!\n" +
-	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\"\b\n" +
+	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\x12\x1d\n" +
+	"\n" +
+	"kv_sources\x18\x11 \x03(\tR\tkvSources\"\b\n" +
 	"\x06Health\"\x95\x01\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +

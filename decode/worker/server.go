@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,8 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
 // Failpoints of the worker.
@@ -47,6 +50,9 @@ type Options struct {
 	Role       string
 	Listen     string
 	CertDir    string
+	// KVTransfer is the node agent's KV transfer endpoint: a migrated
+	// request's blocks are pulled into the node through it.
+	KVTransfer string
 	Engine     decode.Options
 }
 
@@ -106,6 +112,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer ln.Close()
 	s := &server{opts: opts, engine: e}
+	if opts.KVTransfer != "" {
+		kvTLS, err := rdma.TLS(opts.CertDir)
+		if err != nil {
+			return err
+		}
+		s.kv = rdma.NewQUIC(kvTLS)
+		defer s.kv.Close()
+	}
 	s.generation.Store(opts.Generation)
 	s.accepting.Store(true)
 	json.NewEncoder(out).Encode(Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
@@ -143,6 +157,31 @@ type server struct {
 	// cannot prove it is routable.
 	generation atomic.Uint64
 	accepting  atomic.Bool
+	kv         *rdma.QUIC
+}
+
+// PullTimeout bounds how long a migrated request waits for its blocks to
+// be pulled from a peer before it computes them instead.
+const PullTimeout = 3 * time.Second
+
+// pullPrefix asks the node's agent to make the blocks of prompt ‖ prefix
+// published here, from the sources the frontend named. Whatever it cannot
+// get is computed: a failure here only costs time.
+func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Request) {
+	keys, err := s.engine.ChainKeys(req)
+	if err != nil || len(keys) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, PullTimeout)
+	defer cancel()
+	b := &transferpb.Binding{RequestId: g.RequestId, ModelRevision: s.engine.Model.Revision, DestinationInstance: s.opts.InstanceID,
+		DestinationGeneration: s.generation.Load(), BlockCount: uint32(len(keys)), TransferEpoch: max(1, g.RequestEpoch)}
+	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: rdma.RawKeys(keys), Sources: g.KvSources})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s failed: %v\n", s.opts.InstanceID, len(keys), g.RequestId, err)
+	} else if reply.Error != "" {
+		fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s: %s (local %d)\n", s.opts.InstanceID, len(keys), g.RequestId, reply.Error, reply.Local)
+	}
 }
 
 func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
@@ -266,6 +305,9 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	}
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
+	}
+	if len(g.KvSources) > 0 && s.kv != nil && !g.PrefillOnly {
+		s.pullPrefix(st.Context(), g, req)
 	}
 	// The stream's context ends when the client resets or goes away: that
 	// cancels the sequence and frees its blocks.
