@@ -107,6 +107,8 @@ func (a *Agent) registerAll(ctx context.Context) {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	node, _ := json.Marshal(a.nodeRecord())
+	a.etcd.Put(rctx, NodesPrefix+a.opts.NodeID, string(node), clientv3.WithLease(lease))
 	for _, r := range puts {
 		b, _ := json.Marshal(r)
 		a.etcd.Put(rctx, InstancesPrefix+r.InstanceID, string(b), clientv3.WithLease(lease))

@@ -13,6 +13,30 @@ const FailuresPrefix = "/lifeline/v1/failures/"
 // bumped with a transaction so it is monotonic across restarts and hosts.
 const GenerationsPrefix = "/lifeline/v1/generations/"
 
+// NodesPrefix is where each agent describes its node under its lease: the
+// KV transfer endpoint and a summary of the node's published prefixes. The
+// key outlives the node's workers (their published blocks stay readable
+// while the agent lives) and goes with the agent's lease.
+const NodesPrefix = "/lifeline/v1/nodes/"
+
+// NodeRecord is the value of a node key.
+type NodeRecord struct {
+	Node      string `json:"node"`
+	KVAddr    string `json:"kv_addr"`
+	Transport string `json:"transport"`
+	// Prefixes summarises the node's published blocks: the first 8 bytes
+	// (hex) of each published key, most recently used first, at most
+	// MaxSummaryKeys. A key is a hash of a whole prefix (identity, every
+	// token up to the block), so a match is a cached prefix.
+	Prefixes []string `json:"prefixes,omitempty"`
+	// UpdatedUnixNano is when the summary was taken; routers ignore a
+	// summary older than a few seconds.
+	UpdatedUnixNano int64 `json:"updated_unix_nano"`
+}
+
+// MaxSummaryKeys bounds a node's prefix summary.
+const MaxSummaryKeys = 2048
+
 // Registration is the value of an instance key.
 type Registration struct {
 	InstanceID    string `json:"instance_id"`

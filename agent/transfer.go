@@ -2,8 +2,10 @@ package agent
 
 import (
 	"context"
+	"encoding/hex"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
@@ -76,4 +78,14 @@ func (a *Agent) registerTransferMetrics() {
 	counter("lifeline_agent_kv_transfer_blocks_served_total", "KV blocks sent to peers.", func(s rdma.Stats) uint64 { return s.BlocksServed })
 	counter("lifeline_agent_kv_transfer_source_failures_total", "Sources that failed, stalled or lacked the blocks during a pull.", func(s rdma.Stats) uint64 { return s.SourceFailures })
 	counter("lifeline_agent_kv_transfer_staged_aborted_total", "Staged (WRITING) blocks of failed or stale transfers freed.", func(s rdma.Stats) uint64 { return s.StagedAborted })
+}
+
+// nodeRecord describes the node for routers: where to pull its blocks and
+// which prefixes it holds.
+func (a *Agent) nodeRecord() NodeRecord {
+	r := NodeRecord{Node: a.opts.NodeID, KVAddr: a.kvAddr, Transport: a.transport.Transport, UpdatedUnixNano: time.Now().UnixNano()}
+	for _, k := range a.kvOwner.PublishedKeys(MaxSummaryKeys) {
+		r.Prefixes = append(r.Prefixes, hex.EncodeToString(k[:8]))
+	}
+	return r
 }

@@ -112,8 +112,12 @@ type run struct {
 	streams map[uint64]context.CancelFunc
 	taken   map[uint64]bool
 	on      string // instance currently serving
-	// lastPrefill is the prefill instance that handed off last.
-	lastPrefill string
+	// lastPrefill is the prefill instance that handed off last;
+	// prefillNodes the nodes of prefill instances that failed this
+	// request (they may have published blocks before dying).
+	lastPrefill  string
+	prefillNodes []string
+	nodes        map[string]string // instance id → node, of instances used
 }
 
 // notify hands an announcement to the run loop without blocking the
@@ -229,7 +233,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}}
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}}
 	go x.loop(rctx)
 
 	w.Header().Set("Lifeline-Request-Id", id)
@@ -540,6 +544,7 @@ func (x *run) loop(ctx context.Context) {
 				x.lastFailure = e.reason
 				if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
 					x.s.metrics.prefillFailures.Inc()
+					x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.instance))
 					acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
 				}
 				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
@@ -550,6 +555,7 @@ func (x *run) loop(ctx context.Context) {
 					x.lastFailure = e.prefill.err.Error()
 					if e.epoch == r.Epoch && e.prefill.at == r.PrefillAt {
 						x.s.metrics.prefillFailures.Inc()
+						x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.prefill.at.InstanceID))
 					}
 					acts = r.OnPrefillFailed(e.epoch, e.prefill.at, e.prefill.err.Error())
 					break
@@ -647,11 +653,19 @@ func (x *run) routePrefill(a RoutePrefill) []Action {
 	return x.r.PrefillRouted(a.Epoch, Endpoint{p.ID, p.Generation}, err == nil, time.Now())
 }
 
-// nodeOf is the node of a known instance ("" if unknown).
+// nodeOf is the node of an instance this run used or the router knows
+// ("" if neither): a dead instance leaves the router, not this run.
 func (x *run) nodeOf(id string) string {
+	if n, ok := x.nodes[id]; ok {
+		return n
+	}
 	x.s.mu.Lock()
 	defer x.s.mu.Unlock()
-	return x.s.router.instances[id].Node
+	n := x.s.router.instances[id].Node
+	if n != "" {
+		x.nodes[id] = n
+	}
+	return n
 }
 
 // epochCtx is the context of every worker call of epoch; CancelWorker
@@ -692,6 +706,7 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	failed := func(err error) []Action {
 		s.dropClient(a.At)
 		s.metrics.prefillFailures.Inc()
+		x.prefillNodes = append(x.prefillNodes, x.nodeOf(a.At.InstanceID))
 		return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error())
 	}
 	c, err := s.client(ctx, a.At)
@@ -700,13 +715,21 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	}
 	g := x.generateRequest(a.Epoch, nil)
 	g.PrefillOnly = true
+	if len(x.prefillNodes) > 0 {
+		// An earlier prefill instance died: what it published on its
+		// node is pulled, not computed again.
+		s.mu.Lock()
+		g.KvSources = s.router.KVSources(x.prefillNodes, s.router.instances[a.At.InstanceID].Node)
+		s.mu.Unlock()
+	}
 	pctx := x.epochCtx(ctx, a.Epoch)
 	st, err := c.Generate(pctx, g)
 	if err != nil {
 		return failed(err)
 	}
+	node := x.nodeOf(a.At.InstanceID)
 	s.mu.Lock()
-	node, kvAddr := s.router.instances[a.At.InstanceID].Node, s.router.instances[a.At.InstanceID].KVAddr
+	kvAddr := s.router.instances[a.At.InstanceID].KVAddr
 	if s.active[a.At.InstanceID] == nil {
 		s.active[a.At.InstanceID] = map[*run]struct{}{}
 	}
@@ -746,7 +769,7 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 	s := x.s
 	s.mu.Lock()
 	d := s.router.instances[a.To.InstanceID]
-	sources := s.router.KVSources(x.body.Model, []string{a.KV.Node}, d.Node)
+	sources := s.router.KVSources([]string{a.KV.Node}, d.Node)
 	s.mu.Unlock()
 	b := &transferpb.Binding{RequestId: x.r.ID, ModelRevision: d.ModelRevision, SourceInstance: a.KV.From.InstanceID,
 		SourceGeneration: a.KV.From.Generation, DestinationInstance: a.To.InstanceID, DestinationGeneration: a.To.Generation,
@@ -783,14 +806,14 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	g := x.generateRequest(d.Epoch, d.Prefix)
-	if len(d.Prefix) > 0 {
-		// A migration: the blocks of prompt ‖ prefix may be published on
-		// the node of the instance that failed (its agent outlives it)
-		// or of the prefill instance; the new worker pulls what its node
-		// lacks.
+	if len(d.Prefix) > 0 || len(x.prefillNodes) > 0 {
+		// A migration, or a prefill instance died: the blocks of prompt ‖
+		// prefix may be published on the node of the instance that failed
+		// (its agent outlives it) or of a prefill instance; the new worker
+		// pulls what its node lacks.
+		first := append([]string{x.nodeOf(x.on), x.nodeOf(x.lastPrefill)}, x.prefillNodes...)
 		s.mu.Lock()
-		first := []string{s.router.instances[x.on].Node, s.router.instances[x.lastPrefill].Node}
-		g.KvSources = s.router.KVSources(x.body.Model, first, s.router.instances[d.To.InstanceID].Node)
+		g.KvSources = s.router.KVSources(first, s.router.instances[d.To.InstanceID].Node)
 		s.mu.Unlock()
 	}
 	sctx := x.epochCtx(ctx, d.Epoch)
@@ -800,6 +823,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	}
 	x.taken[d.Epoch] = true
 	x.on = d.To.InstanceID
+	x.nodeOf(x.on)
 	s.mu.Lock()
 	if s.active[x.on] == nil {
 		s.active[x.on] = map[*run]struct{}{}

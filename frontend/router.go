@@ -37,6 +37,29 @@ type Router struct {
 
 	instances  map[string]Instance
 	suppressed map[string]suppression
+	nodes      map[string]Node
+}
+
+// Node is the router's view of one node agent: its KV transfer endpoint
+// and the prefixes its arena holds published.
+type Node struct {
+	Name     string
+	KVAddr   string
+	Prefixes map[string]bool // first 8 bytes of published keys, hex
+	Updated  time.Time
+}
+
+// UpdateNode records a node (a watch put); RemoveNode drops it (its
+// agent's lease ended).
+func (rt *Router) UpdateNode(n Node)      { rt.nodes[n.Name] = n }
+func (rt *Router) RemoveNode(name string) { delete(rt.nodes, name) }
+
+// ReplaceNodes reconciles the nodes with a full read.
+func (rt *Router) ReplaceNodes(all []Node) {
+	rt.nodes = map[string]Node{}
+	for _, n := range all {
+		rt.nodes[n.Name] = n
+	}
 }
 
 // suppression avoids one endpoint: the instance at generations up to gen.
@@ -49,7 +72,7 @@ type suppression struct {
 
 // NewRouter returns an empty router.
 func NewRouter() *Router {
-	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]suppression{}}
+	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]suppression{}, nodes: map[string]Node{}}
 }
 
 // Update records a registration (a watch put). An older generation than
@@ -101,33 +124,28 @@ func (rt *Router) HasPrefill(model string) bool {
 	return false
 }
 
-// KVSources lists the KV transfer endpoints of the nodes serving model,
-// first those of the given nodes (in order), without the node skip.
-func (rt *Router) KVSources(model string, first []string, skip string) []string {
+// KVSources lists the KV transfer endpoints of live nodes (their agents
+// hold a lease): first those of the given nodes, in order, then the rest
+// by name; never the node skip (the destination looks there itself).
+func (rt *Router) KVSources(first []string, skip string) []string {
 	seen := map[string]bool{skip: true}
 	var out []string
-	add := func(node, addr string) {
-		if !seen[node] && addr != "" {
-			seen[node] = true
-			out = append(out, addr)
-		}
-	}
-	byNode := map[string]string{}
-	for _, in := range rt.instances {
-		if in.Model == model && in.KVAddr != "" {
-			byNode[in.Node] = in.KVAddr
+	add := func(name string) {
+		if n, ok := rt.nodes[name]; ok && !seen[name] && n.KVAddr != "" {
+			seen[name] = true
+			out = append(out, n.KVAddr)
 		}
 	}
 	for _, n := range first {
-		add(n, byNode[n])
+		add(n)
 	}
-	nodes := make([]string, 0, len(byNode))
-	for n := range byNode {
-		nodes = append(nodes, n)
+	names := make([]string, 0, len(rt.nodes))
+	for n := range rt.nodes {
+		names = append(names, n)
 	}
-	slices.Sort(nodes)
-	for _, n := range nodes {
-		add(n, byNode[n])
+	slices.Sort(names)
+	for _, n := range names {
+		add(n)
 	}
 	return out
 }

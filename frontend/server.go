@@ -256,7 +256,17 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	nodes, err := s.etcd.Get(gctx, agent.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
+	if err != nil {
+		return 0, err
+	}
 	var all []Instance
+	var allNodes []Node
+	for _, kv := range nodes.Kvs {
+		if n, ok := decodeNode(kv.Value); ok {
+			allNodes = append(allNodes, n)
+		}
+	}
 	s.mu.Lock()
 	for _, kv := range resp.Kvs {
 		if in, addr, ok := decodeRegistration(kv.Value); ok {
@@ -265,6 +275,7 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 		}
 	}
 	s.router.Replace(all)
+	s.router.ReplaceNodes(allNodes)
 	s.mu.Unlock()
 	return resp.Header.Revision, nil
 }
@@ -281,6 +292,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 		wctx, wcancel := context.WithCancel(ctx)
 		insts := s.etcd.Watch(wctx, agent.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 		fails := s.etcd.Watch(wctx, agent.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		nodes := s.etcd.Watch(wctx, agent.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	loop:
 		for {
 			select {
@@ -304,6 +316,19 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 						s.mu.Unlock()
 					}
 				}
+			case nr, ok := <-nodes:
+				if !ok || nr.Err() != nil {
+					break loop
+				}
+				s.mu.Lock()
+				for _, ev := range nr.Events {
+					if ev.Type == clientv3.EventTypeDelete {
+						s.router.RemoveNode(strings.TrimPrefix(string(ev.Kv.Key), agent.NodesPrefix))
+					} else if n, ok := decodeNode(ev.Kv.Value); ok {
+						s.router.UpdateNode(n)
+					}
+				}
+				s.mu.Unlock()
 			case fr, ok := <-fails:
 				if !ok || fr.Err() != nil {
 					break loop
@@ -320,6 +345,18 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 		}
 		wcancel()
 	}
+}
+
+func decodeNode(b []byte) (Node, bool) {
+	var r agent.NodeRecord
+	if json.Unmarshal(b, &r) != nil || r.Node == "" {
+		return Node{}, false
+	}
+	n := Node{Name: r.Node, KVAddr: r.KVAddr, Prefixes: make(map[string]bool, len(r.Prefixes)), Updated: time.Unix(0, r.UpdatedUnixNano)}
+	for _, p := range r.Prefixes {
+		n.Prefixes[p] = true
+	}
+	return n, true
 }
 
 func decodeRegistration(b []byte) (Instance, string, bool) {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -777,6 +778,30 @@ func (o *Owner) WriterDead(w Writer) int {
 		}
 	}
 	return n
+}
+
+// PublishedKeys returns the keys of up to max published blocks, most
+// recently used first: a node's prefix summary.
+func (o *Owner) PublishedKeys(max int) []BlockKey {
+	o.mu.Lock()
+	type used struct {
+		key BlockKey
+		at  time.Time
+	}
+	all := make([]used, 0, len(o.byKey))
+	for k, i := range o.byKey {
+		all = append(all, used{k, o.slots[i].lastUsed})
+	}
+	o.mu.Unlock()
+	sort.Slice(all, func(i, j int) bool { return all[i].at.After(all[j].at) })
+	if len(all) > max {
+		all = all[:max]
+	}
+	keys := make([]BlockKey, len(all))
+	for i, u := range all {
+		keys[i] = u.key
+	}
+	return keys
 }
 
 // EndSession ends a session at once: its leases are released and any

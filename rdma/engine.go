@@ -33,7 +33,8 @@ const (
 	// blocks are sealed and published.
 	FailBeforeCommit = "rdma.before-commit"
 	// FailSourceMidway is hit on the source after it sent half of a
-	// fetch's blocks (a cut transfer, when armed with "pause" or "kill").
+	// fetch stream's blocks (rounded down: before the only block of a
+	// one-block stream) — a cut transfer, armed with "pause" or "kill".
 	FailSourceMidway = "rdma.source-midway"
 )
 
@@ -203,7 +204,7 @@ func (e *Engine) serveFetch(f *transferpb.Fetch, w *blockWriter) error {
 	}
 	arena := e.owner.Arena()
 	for i, r := range refs {
-		if i == len(refs)/2 && i > 0 {
+		if i == len(refs)/2 {
 			failpoint.Hit(FailSourceMidway)
 		}
 		payload := arena.Payload(int(r.Slot))[:r.PayloadLen]

@@ -38,6 +38,9 @@ const (
 	// FailStaleFrame, armed with "error", makes the worker send a frame of
 	// the request's previous epoch before the real ones.
 	FailStaleFrame = "worker.stale-frame"
+	// FailBeforeHandOff is hit by a prefill-only request after its blocks
+	// are published, before the hand-off frame is sent.
+	FailBeforeHandOff = "worker.before-handoff"
 )
 
 // ALPN is the protocol name of the worker endpoint.
@@ -306,7 +309,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
 	}
-	if len(g.KvSources) > 0 && s.kv != nil && !g.PrefillOnly {
+	if len(g.KvSources) > 0 && s.kv != nil {
 		s.pullPrefix(st.Context(), g, req)
 	}
 	// The stream's context ends when the client resets or goes away: that
@@ -329,6 +332,9 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	for ev := range events {
 		f := base()
 		if ev.Done {
+			if g.PrefillOnly {
+				failpoint.Hit(FailBeforeHandOff)
+			}
 			f.FinishReason = string(ev.FinishReason)
 			f.ReusedPositions = uint32(ev.ReusedPositions)
 			f.PromptPositions = uint32(len(ev.PromptTokens))

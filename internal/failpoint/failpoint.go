@@ -11,7 +11,9 @@
 // (the test then kills the process); "kill" writes the same line and sends
 // SIGKILL to the process itself; "error" makes Hit return ErrInjected;
 // "allocMB:N" allocates and touches N MiB (N ≤ 4096) and holds it, the
-// controlled allocation an OOM drill runs inside a memory-limited cgroup.
+// controlled allocation an OOM drill runs inside a memory-limited cgroup;
+// "sleep:DURATION" (at most a minute) delays the caller, to let a newer
+// attempt overtake an older one.
 package failpoint
 
 import (
@@ -22,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // EnvVar is the environment variable that arms failpoints.
@@ -47,12 +50,24 @@ func load() {
 		switch {
 		case !ok || name == "":
 			parseE = fmt.Errorf("failpoint: %s: %q is not NAME=ACTION", EnvVar, item)
-		case action != "pause" && action != "kill" && action != "error" && allocMB(action) <= 0:
+		case action != "pause" && action != "kill" && action != "error" && allocMB(action) <= 0 && sleepFor(action) <= 0:
 			parseE = fmt.Errorf("failpoint: %s: unknown action %q for %s", EnvVar, action, name)
 		default:
 			armed[name] = action
 		}
 	}
+}
+
+func sleepFor(action string) time.Duration {
+	v, ok := strings.CutPrefix(action, "sleep:")
+	if !ok {
+		return 0
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 || d > time.Minute {
+		return 0
+	}
+	return d
 }
 
 // held keeps an "allocMB" allocation alive.
@@ -91,6 +106,10 @@ func Hit(name string) error {
 	case "kill":
 		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		select {}
+	}
+	if d := sleepFor(action); d > 0 {
+		time.Sleep(d)
+		return nil
 	}
 	if mb := allocMB(action); mb > 0 {
 		held = make([][]byte, 0, mb)

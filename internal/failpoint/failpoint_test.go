@@ -26,6 +26,7 @@ func TestActions(t *testing.T) {
 		{"a=error", "a", 3, false},
 		{"a=error", "b", 0, false},
 		{"a=kill", "a", -1, true},
+		{"a=sleep:10ms", "a", 0, false},
 	} {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestActions$")
 		cmd.Env = append(os.Environ(), "FAILPOINT_CHILD="+c.hit, EnvVar+"="+c.armed)
@@ -44,7 +45,7 @@ func TestActions(t *testing.T) {
 }
 
 func TestCheckRejectsTypos(t *testing.T) {
-	for _, v := range []string{"kv.before-seal", "kv.before-seal=explode", "=pause"} {
+	for _, v := range []string{"kv.before-seal", "kv.before-seal=explode", "=pause", "a=sleep:2h", "a=sleep:x", "a=sleep:-1s"} {
 		armed, parseE = nil, nil
 		t.Setenv(EnvVar, v)
 		load()

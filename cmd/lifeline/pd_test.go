@@ -1,0 +1,532 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+)
+
+// pdPrompt is long enough for several full KV blocks of the tiny preset.
+const pdPrompt = "Tell me a story about a dog who found a river near the old mountain road, then went home to the family and ate some bread with the old man, and the old man told the dog a story about the sea and the boats that sailed on it long ago"
+
+// peerAgent starts another node agent on first's etcd and certificates:
+// another host, as far as Lifeline can tell (its own arena, Badger, KV
+// transfer endpoint and node id).
+func peerAgent(t *testing.T, first *agentNode, nodeID string, extra map[string]any) *agentNode {
+	t.Helper()
+	n := &agentNode{etcd: first.etcd, cli: first.cli, dir: t.TempDir(), certDir: first.certDir}
+	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	os.Remove(f.Name())
+	n.arena = f.Name()
+	t.Cleanup(func() { os.Remove(n.arena) })
+	n.socket = filepath.Join(n.dir, "agent.sock")
+	cfg := map[string]any{
+		"node_id": nodeID, "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{first.etcd.Endpoint}, "etcd_tls": true,
+		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
+		"lease_ttl": "3s", "canary_idle": "1h", "canary_timeout": "1s", "worker_binary": binary,
+	}
+	for k, v := range extra {
+		if k == "_env" {
+			n.env = v.([]string)
+			continue
+		}
+		cfg[k] = v
+	}
+	b, _ := json.Marshal(cfg)
+	n.config = filepath.Join(n.dir, "agent.json")
+	os.WriteFile(n.config, b, 0o600)
+	n.start(t)
+	return n
+}
+
+func instancesOf(role string, count int) []map[string]any {
+	return []map[string]any{{"role": role, "preset": "tiny", "count": count}}
+}
+
+// pdResult is a non-streaming completion's tokens and lifeline object.
+type pdResult struct {
+	text string
+	ll   map[string]any
+}
+
+func complete(t *testing.T, url string, body map[string]any) pdResult {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, raw)
+	}
+	var out struct {
+		Choices  []struct{ Text string }
+		Lifeline map[string]any
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Choices) != 1 {
+		t.Fatalf("response %s: %v", raw, err)
+	}
+	return pdResult{text: out.Choices[0].Text, ll: out.Lifeline}
+}
+
+func pdBody(maxTokens int) map[string]any {
+	return pdBodyFor("tiny", maxTokens)
+}
+
+func pdBodyFor(preset string, maxTokens int) map[string]any {
+	return map[string]any{"model": preset, "prompt": pdPrompt, "max_tokens": maxTokens, "temperature": 0.9, "top_p": 1.0,
+		"seed": 11, "ignore_eos": true}
+}
+
+// reference is the fault-free, single-process output for pdBody.
+func reference(t *testing.T, maxTokens int) string {
+	t.Helper()
+	return referenceFor(t, "tiny", maxTokens)
+}
+
+func referenceFor(t *testing.T, preset string, maxTokens int) string {
+	t.Helper()
+	out, errOut, err := run(t, "engine", "generate", "--preset", preset, "--prompt", pdPrompt, "--seed", "11", "--temperature", "0.9",
+		"--top-p", "1", "--top-k", "0", "--max-tokens", fmt.Sprint(maxTokens), "--ignore-eos", "--json")
+	if err != nil {
+		t.Fatalf("reference: %v\n%s", err, errOut)
+	}
+	var text strings.Builder
+	for _, l := range parseLines(t, out) {
+		text.WriteString(l.Text)
+	}
+	return text.String()
+}
+
+// pdPromptPositions is pdPrompt's length in tokens with BOS, for the tiny
+// preset (block size 16).
+func pdPromptPositions(t *testing.T) int {
+	t.Helper()
+	ids, err := tokenizer.NewBuiltin().Encode(pdPrompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ids) + 1
+}
+
+func (n *agentNode) status(t *testing.T) agent.Status {
+	t.Helper()
+	var st agent.Status
+	if err := json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// noOrphans asserts that no arena slot of n is being written or sealed
+// without a writer and that no lease is held once requests are done.
+func noOrphans(t *testing.T, nodes ...*agentNode) {
+	t.Helper()
+	for _, n := range nodes {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			st := n.status(t)
+			by, _ := st.Arena["by_state"].(map[string]any)
+			leases, _ := st.Arena["leases"].(float64)
+			bad := leases != 0 || st.KVTransfer.Stats.PullsInProgress != 0
+			for _, s := range []string{"WRITING", "SEALED", "ALLOCATED"} {
+				if v, _ := by[s].(float64); v != 0 {
+					bad = true
+				}
+			}
+			if !bad {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %s leaks: arena %v, transfer %+v", st.NodeID, st.Arena, st.KVTransfer.Stats)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+}
+
+func frontendMetrics(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestPDAcrossNodes: decode on n1, prefill on n2. The prompt is prefilled
+// on n2, its blocks pulled into n1's arena over QUIC, and the decode
+// instance computes only the last partial block; the output is the
+// single-process output. Then on one node (decode and prefill together)
+// the hand-off copies nothing.
+func TestPDAcrossNodes(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := startFrontend(t, n1)
+	want := reference(t, 24)
+	positions := pdPromptPositions(t)
+	blocks := positions / 16
+	got := complete(t, url, pdBody(24))
+	if got.text != want {
+		t.Fatalf("P/D output differs:\n%q\n%q", got.text, want)
+	}
+	if got.ll["pd"] != "transfer" || got.ll["kv_transfer_bytes"].(float64) == 0 {
+		t.Fatalf("not served through a transfer: %v", got.ll)
+	}
+	// The decode instance reused every full block but the one holding the
+	// last prompt position (its logits pick the first token).
+	if r := int(got.ll["kv_reused_positions"].(float64)); r != (positions-1)/16*16 || r == 0 {
+		t.Fatalf("decode reused %d positions of %d", r, positions)
+	}
+	st1 := n1.status(t)
+	if st1.KVTransfer.Stats.BlocksPulled != uint64(blocks) || st1.KVTransfer.Transport != "quic" || st1.KVTransfer.Reason == "" {
+		t.Fatalf("n1 transfer: %+v (want %d blocks pulled)", st1.KVTransfer, blocks)
+	}
+	if st2 := n2.status(t); st2.KVTransfer.Stats.BlocksServed != uint64(blocks) {
+		t.Fatalf("n2 served %d blocks, want %d", st2.KVTransfer.Stats.BlocksServed, blocks)
+	}
+	m := frontendMetrics(t, url)
+	for _, w := range []string{`lifeline_frontend_pd_handoffs_total{path="transfer"} 1`, "lifeline_frontend_stale_transfer_completions_total 0"} {
+		if !strings.Contains(m, w) {
+			t.Errorf("metrics lack %q", w)
+		}
+	}
+	// nodectl status says which transport and why.
+	if out := n1.nodectl(t, "status"); !strings.Contains(out, "KV transfer: quic at ") || !strings.Contains(out, "pulled") {
+		t.Errorf("nodectl status:\n%s", out)
+	}
+	noOrphans(t, n1, n2)
+}
+
+func TestPDSameNodeCopiesNothing(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "instances": []map[string]any{
+		{"role": "decode", "preset": "tiny", "count": 1}, {"role": "prefill", "preset": "tiny", "count": 1}}})
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n.waitRegistration(t, "n1-prefill-tiny-0", 0)
+	url := startFrontend(t, n)
+	positions := pdPromptPositions(t)
+	got := complete(t, url, pdBody(24))
+	if got.text != reference(t, 24) {
+		t.Fatal("same-node P/D output differs from the reference")
+	}
+	if got.ll["pd"] != "same_node" || int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
+		t.Fatalf("hand-off: %v", got.ll)
+	}
+	// The decode worker read the prefill worker's blocks in its own
+	// mapping of the node's arena: no transfer, no byte copied.
+	if st := n.status(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
+		t.Fatalf("same-node hand-off moved bytes: %+v", st.KVTransfer.Stats)
+	}
+	noOrphans(t, n)
+}
+
+// TestUpWithPrefill: `lifeline up --nodes 1 --prefill 1` serves through
+// P/D.
+func TestUpWithPrefill(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "up", "--data-dir", dir, "--nodes", "1", "--prefill", "1", "--preset", "tiny", "--listen", "127.0.0.1:0")
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGINT); cmd.Wait() })
+	line := waitLine(t, stdout, "URL ")
+	url := strings.TrimSpace(strings.TrimPrefix(line, "URL "))
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		b, _ := json.Marshal(pdBody(8))
+		resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
+		if err == nil {
+			raw, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			var out struct{ Lifeline map[string]any }
+			json.Unmarshal(raw, &out)
+			if resp.StatusCode == 200 && out.Lifeline["pd"] == "same_node" {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lifeline up --prefill 1 never served through P/D (last error %v)", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestPDPrefillKilledBeforePublish: the first prefill instance dies as it
+// is about to seal its first block. Nothing of it becomes readable; the
+// request is prefilled on the other prefill instance and the client sees
+// no error and the reference output.
+func TestPDPrefillKilledBeforePublish(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "restart_backoff": "5s", "restart_backoff_max": "5s",
+		"_env": []string{"LIFELINE_FAILPOINTS=kv.before-seal=kill"}})
+	n3 := peerAgent(t, n1, "n3", map[string]any{"instances": instancesOf("prefill", 1)})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	n3.waitRegistration(t, "n3-prefill-tiny-0", 0)
+	url := startFrontend(t, n1)
+	got := complete(t, url, pdBody(24))
+	if got.text != reference(t, 24) {
+		t.Fatal("output differs from the reference after a prefill death")
+	}
+	if got.ll["pd"] != "transfer" || got.ll["migrations"].(float64) != 0 {
+		t.Fatalf("hand-off: %v", got.ll)
+	}
+	if !strings.Contains(frontendMetrics(t, url), "lifeline_frontend_prefill_failures_total 1") {
+		t.Fatal("the prefill failure was not counted")
+	}
+	st2 := n2.status(t)
+	if by, _ := st2.Arena["by_state"].(map[string]any); by["PUBLISHED"] != nil && by["PUBLISHED"].(float64) != 0 {
+		t.Fatalf("the killed prefill worker left readable blocks: %v", st2.Arena)
+	}
+	if st3 := n3.status(t); st3.KVTransfer.Stats.BlocksServed == 0 {
+		t.Fatal("the blocks did not come from the second prefill node")
+	}
+	noOrphans(t, n1, n2, n3)
+}
+
+// TestPDPrefillKilledAfterPublish: the prefill worker publishes every block
+// and dies before handing off. Its node's agent still holds the published
+// blocks: the retry pulls them instead of computing them again.
+func TestPDPrefillKilledAfterPublish(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "restart_backoff": "5s", "restart_backoff_max": "5s",
+		"_env": []string{"LIFELINE_FAILPOINTS=" + worker.FailBeforeHandOff + "=kill"}})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := startFrontend(t, n1)
+	positions := pdPromptPositions(t)
+	got := complete(t, url, pdBody(24))
+	if got.text != reference(t, 24) {
+		t.Fatal("output differs from the reference")
+	}
+	// No prefill instance is left: the decode instance pulled the dead
+	// prefill worker's published blocks and computed only the last one.
+	if got.ll["pd"] != "recompute" || int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
+		t.Fatalf("hand-off: %v", got.ll)
+	}
+	if st := n1.status(t); st.KVTransfer.Stats.BlocksPulled != uint64((positions-1)/16) {
+		t.Fatalf("decode node pulled %d blocks, want %d", st.KVTransfer.Stats.BlocksPulled, (positions-1)/16)
+	}
+	noOrphans(t, n1, n2)
+}
+
+// prefillOnly asks a prefill instance directly for a prompt's blocks.
+func prefillOnly(t *testing.T, n *agentNode, reg agent.Registration, prompt string) [][]byte {
+	t.Helper()
+	tlsConf, err := worker.ClientTLS(n.certDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := worker.Dial(ctx, reg.Addr, tlsConf, reg.InstanceID, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st, err := c.Generate(ctx, &wire.Generate{RequestId: "direct", RequestEpoch: 1, Prompt: prompt, MaxTokens: 4, Temperature: 1, TopP: 1, PrefillOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := st.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.FinishReason != "" {
+			if f.FinishReason != "prefilled" || len(f.KvKeys) == 0 {
+				t.Fatalf("prefill ended with %+v", f)
+			}
+			return f.KvKeys
+		}
+	}
+}
+
+// TestPDLateTransferCompletionDropped: two transfers of one request race;
+// the one of the older transfer epoch finishes last (it is held at the
+// commit point) and is dropped: counted, nothing of it published, no slot
+// left. A transfer bound to an older generation of the destination is
+// dropped the same way.
+func TestPDLateTransferCompletionDropped(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:1500ms"}})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
+	d := n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	p := n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	keys := prefillOnly(t, n2, p, pdPrompt)
+	tlsConf, err := rdma.TLS(n1.certDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := rdma.NewQUIC(tlsConf)
+	defer q.Close()
+	bind := func(epoch, gen uint64) *transferpb.Pull {
+		return &transferpb.Pull{Keys: keys, Sources: []string{p.KVAddr}, Binding: &transferpb.Binding{RequestId: "late", ModelRevision: d.ModelRevision,
+			SourceInstance: p.InstanceID, SourceGeneration: p.Generation, DestinationInstance: d.InstanceID, DestinationGeneration: gen,
+			BlockCount: uint32(len(keys)), TransferEpoch: epoch}}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// A destination generation that is not the instance's current one.
+	if r, err := q.Pull(ctx, d.KVAddr, bind(9, d.Generation-1)); err != nil || !r.Stale || r.Pulled != 0 {
+		t.Fatalf("old destination generation: %+v %v", r, err)
+	}
+	older := make(chan *transferpb.PullReply, 1)
+	go func() {
+		r, err := q.Pull(ctx, d.KVAddr, bind(10, d.Generation))
+		if err != nil {
+			t.Error(err)
+		}
+		older <- r
+	}()
+	// Epoch 11 arrives while 10 is held at its commit point.
+	deadline := time.Now().Add(10 * time.Second)
+	for n1.status(t).KVTransfer.Stats.PullsInProgress == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the first transfer never started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	newer, err := q.Pull(ctx, d.KVAddr, bind(11, d.Generation))
+	if err != nil || newer.Error != "" || newer.Pulled != uint32(len(keys)) {
+		t.Fatalf("newer transfer: %+v %v", newer, err)
+	}
+	late := <-older
+	if late == nil || !late.Stale || late.Pulled != 0 || !strings.Contains(late.Error, "stale") {
+		t.Fatalf("late completion of the older epoch: %+v", late)
+	}
+	st := n1.status(t)
+	by, _ := st.Arena["by_state"].(map[string]any)
+	if st.KVTransfer.Stats.StaleDropped != 2 || by["PUBLISHED"].(float64) != float64(len(keys)) || st.KVTransfer.Stats.StagedAborted != uint64(len(keys)) {
+		t.Fatalf("after the race: transfer %+v, arena %v", st.KVTransfer.Stats, st.Arena)
+	}
+	noOrphans(t, n1, n2)
+}
+
+// TestPDTransferCutMidway: the source agent stops sending halfway through
+// a transfer and is SIGKILLed. No block of the cut transfer becomes
+// readable on the destination; the decode instance computes the prompt
+// itself and the output is the reference.
+func TestPDTransferCutMidway(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailSourceMidway + "=pause"}})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := startFrontend(t, n1)
+	// The prefill worker outlives its killed agent (workers are adopted,
+	// not killed, when an agent dies): stop it with the test.
+	t.Cleanup(func() {
+		for _, pid := range workersOf(t, filepath.Join(n2.dir, "data", "kv.sock")) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for !strings.Contains(n2.stderr.String(), "failpoint "+rdma.FailSourceMidway+" hit") {
+			if time.Now().After(deadline) {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		n2.cmd.Process.Kill()
+	}()
+	got := complete(t, url, pdBody(24))
+	if got.text != reference(t, 24) {
+		t.Fatal("output differs from the reference after a cut transfer")
+	}
+	if got.ll["pd"] != "transfer_failed" {
+		t.Fatalf("hand-off: %v", got.ll)
+	}
+	select {
+	case <-n2.exited:
+	default:
+		t.Fatal("the source agent was never killed")
+	}
+	st := n1.status(t)
+	if st.KVTransfer.Stats.BlocksPulled != 0 || st.KVTransfer.Stats.StagedAborted == 0 || st.KVTransfer.Stats.PullsFailed != 1 {
+		t.Fatalf("cut transfer: %+v", st.KVTransfer.Stats)
+	}
+	noOrphans(t, n1)
+}
+
+// TestPDDecodeKilledReusesKV: the decode worker serving a stream (small
+// preset, slow enough to kill mid-stream) is SIGKILLed after 40 tokens. The request migrates to the decode instance
+// of the other node, which pulls the published blocks of prompt ‖ y1..y40
+// from the dead worker's node and computes only the rest: fewer prefill
+// positions than a full recompute, and the reference output.
+func TestPDDecodeKilledReusesKV(t *testing.T) {
+	small := []map[string]any{{"role": "decode", "preset": "small", "count": 1}}
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "instances": small, "arena_slot_bytes": 131072})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": small, "arena_slot_bytes": 131072})
+	n1.waitRegistration(t, "n1-decode-small-0", 0)
+	n2.waitRegistration(t, "n2-decode-small-0", 0)
+	url := startFrontend(t, n1)
+	positions := pdPromptPositions(t)
+	const killAt, total = 40, 200
+	body := pdBodyFor("small", total)
+	body["stream"] = true
+	var killed string
+	toks, last := streamCompletion(t, url, body, func(tok sseToken) {
+		if tok.Seq == killAt && killed == "" {
+			killed = tok.Instance
+			owner := n1
+			if strings.HasPrefix(killed, "n2-") {
+				owner = n2
+			}
+			for _, w := range owner.workers(t) {
+				if w.InstanceID == killed {
+					syscall.Kill(w.PID, syscall.SIGKILL)
+				}
+			}
+		}
+	})
+	var text strings.Builder
+	for i, tok := range toks {
+		if tok.Seq != i+1 {
+			t.Fatalf("token %d has sequence %d", i+1, tok.Seq)
+		}
+		text.WriteString(tok.Text)
+	}
+	if text.String() != referenceFor(t, "small", total) {
+		t.Fatal("output differs from the reference after the decode kill")
+	}
+	ll, _ := last["lifeline"].(map[string]any)
+	reused := int(ll["kv_reused_positions"].(float64))
+	// Everything before the kill point was published by the dead worker;
+	// the migrated request may reuse every full block of prompt ‖ y1..yk
+	// it received, up to the block holding the last position.
+	full := positions + killAt
+	if ll["migrations"].(float64) != 1 || reused == 0 || reused >= full {
+		t.Fatalf("migration reused %d of %d positions: %v", reused, full, ll)
+	}
+	t.Logf("killed %s at %d; the new worker reused %d of %d positions (recomputed %d)", killed, killAt, reused, full, full-reused)
+	noOrphans(t, n1, n2)
+}
