@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/dgraph-io/badger/v4"
+
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // workerRecord is what the agent remembers of a running worker, so that a
@@ -26,6 +28,8 @@ type workerRecord struct {
 	Model     string `json:"model"`
 	Revision  string `json:"model_revision"`
 	Numerics  string `json:"numerics_id"`
+	// KVIdentity is the worker's block identity (from its Ready line).
+	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
 }
 
 func workerKey(instance string) []byte { return []byte("worker/" + instance) }

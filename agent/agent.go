@@ -91,6 +91,7 @@ type instance struct {
 	model      string
 	revision   string
 	numerics   string
+	kvIdentity *kv.Identity
 	canaryOK   time.Time
 	canaryFail int
 	running    int
@@ -447,11 +448,11 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	select {
 	case r := <-readyc:
 		a.mu.Lock()
-		inst.addr, inst.model, inst.revision, inst.numerics, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, "running"
+		inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
 		a.mu.Unlock()
 		if st, err := processStartTime(pid); err == nil {
 			a.saveWorker(workerRecord{InstanceID: inst.id, Generation: gen, KVGeneration: gen, PID: pid, StartTime: st, Addr: r.Addr,
-				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID})
+				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID, KVIdentity: r.KVIdentity})
 		}
 		go a.canaryLoop(wctx, inst, gen, cmd.Process)
 		death = a.awaitDeath(ctx, detected, waited, cmd.Process)
@@ -504,6 +505,7 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	}
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
+	inst.kvIdentity = rec.KVIdentity
 	if inst.kvGen == 0 {
 		inst.kvGen = rec.Generation
 	}

@@ -121,7 +121,7 @@ func (a *Agent) registerAll(ctx context.Context) {
 func (a *Agent) registrationLocked(inst *instance) Registration {
 	return Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
 		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready,
-		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr}
+		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr, KVIdentity: inst.kvIdentity}
 }
 
 // routable reports whether the agent can prove its lease is live.

@@ -1,5 +1,7 @@
 package agent
 
+import "github.com/lifeline-llm/lifeline/kv"
+
 // InstancesPrefix is where ready instances are registered, each under the
 // agent's lease.
 const InstancesPrefix = "/lifeline/v1/instances/"
@@ -56,6 +58,8 @@ type Registration struct {
 	// lifeline-kv/1): peers fetch published blocks from it and frontends
 	// ask it to pull blocks for this instance.
 	KVAddr string `json:"kv_addr,omitempty"`
+	// KVIdentity describes the instance's KV blocks (cache-aware routing).
+	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
 }
 
 // Failure is the value of a failure key.

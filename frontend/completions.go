@@ -1,6 +1,9 @@
 package frontend
 
 import (
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/kv"
+
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 
 	"context"
@@ -118,6 +121,9 @@ type run struct {
 	lastPrefill  string
 	prefillNodes []string
 	nodes        map[string]string // instance id → node, of instances used
+	// keys memoises prefixKeys per KV identity, for keysAt received tokens.
+	keys   map[kv.Identity][]kv.BlockKey
+	keysAt int
 }
 
 // notify hands an announcement to the run loop without blocking the
@@ -233,7 +239,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}}
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}, keys: map[kv.Identity][]kv.BlockKey{}}
 	go x.loop(rctx)
 
 	w.Header().Set("Lifeline-Request-Id", id)
@@ -619,18 +625,28 @@ func (x *run) route(a Route) []Action {
 	if prev, ok := s.router.instances[x.on]; ok {
 		prefer = prev.NumericsID
 	}
-	in, err := s.router.Pick(x.body.Model, "", prefer, a.Exclude, time.Now())
+	in, cached, used, err := s.router.PickCached(x.body.Model, "", prefer, a.Exclude, time.Now(), x.prefixKeys)
 	var p Instance
 	var perr error = ErrNoInstance
 	// Split prefill from decode while nothing is generated yet and a
-	// prefill instance with the decode instance's numerics is there.
-	if err == nil && x.r.Received() == 0 && x.r.PrefillFailures < MaxPrefillAttempts {
+	// prefill instance with the decode instance's numerics is there —
+	// unless the decode instance's node already holds the whole prompt.
+	whole := len(x.prefixKeys(in)) > 0 && cached >= len(x.prefixKeys(in))
+	if err == nil && x.r.Received() == 0 && x.r.PrefillFailures < MaxPrefillAttempts && !whole {
 		p, perr = s.router.PickPrefill(x.body.Model, in.ModelRevision, in.NumericsID, a.Exclude, time.Now())
 	}
 	hasPrefill := s.router.HasPrefill(x.body.Model)
 	s.mu.Unlock()
 	if err != nil {
 		return x.r.NoRoute(a.Epoch, x.overloaded)
+	}
+	switch {
+	case cached > 0:
+		s.metrics.cacheRoutes.WithLabelValues("hit").Inc()
+	case used:
+		s.metrics.cacheRoutes.WithLabelValues("miss").Inc()
+	default:
+		s.metrics.cacheRoutes.WithLabelValues("load_only").Inc()
 	}
 	if perr == nil {
 		return x.r.RoutedPD(a.Epoch, Endpoint{in.ID, in.Generation}, Endpoint{p.ID, p.Generation}, time.Now())
@@ -639,6 +655,34 @@ func (x *run) route(a Route) []Action {
 		s.metrics.pd.WithLabelValues("no_prefill").Inc()
 	}
 	return x.r.Routed(a.Epoch, Endpoint{in.ID, in.Generation}, time.Now())
+}
+
+// prefixKeys are the block keys of prompt ‖ received tokens under in's KV
+// identity, when this frontend tokenizes the way in does (the built-in
+// tokenizer); nil otherwise, and routing for in is by load only.
+func (x *run) prefixKeys(in Instance) []kv.BlockKey {
+	id := in.KVIdentity
+	if id == nil || id.BlockSize <= 0 || id.TokenizerHash != tokenizer.NewBuiltin().Hash() {
+		return nil
+	}
+	if keys, ok := x.keys[*id]; ok && x.keysAt == x.r.Received() {
+		return keys
+	}
+	if x.keysAt != x.r.Received() {
+		x.keys, x.keysAt = map[kv.Identity][]kv.BlockKey{}, x.r.Received()
+	}
+	tok := tokenizer.NewBuiltin()
+	ids, err := tok.Encode(x.body.Prompt)
+	if err != nil {
+		return nil
+	}
+	tokens := append([]int{tok.BOS()}, ids...)
+	for _, t := range x.r.Output {
+		tokens = append(tokens, t.ID)
+	}
+	keys := id.Chain(tokens, (len(tokens)-1)/id.BlockSize)
+	x.keys[*id] = keys
+	return keys
 }
 
 func (x *run) routePrefill(a RoutePrefill) []Action {

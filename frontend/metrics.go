@@ -20,6 +20,7 @@ type metrics struct {
 	staleTransfers  prometheus.Counter
 	prefillFailures prometheus.Counter
 	transferBytes   prometheus.Counter
+	cacheRoutes     *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -40,7 +41,9 @@ func newMetrics() *metrics {
 	m.staleTransfers = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_stale_transfer_completions_total", Help: "KV transfer completions of a binding that was no longer current, dropped."})
 	m.prefillFailures = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_prefill_failures_total", Help: "Prefill instances that failed a request before handing off."})
 	m.transferBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_kv_transfer_bytes_total", Help: "KV payload bytes pulled between nodes for P/D hand-offs."})
-	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes)
+	m.cacheRoutes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_cache_aware_routes_total",
+		Help: "Routing decisions: hit (the chosen node holds a prefix of the request), miss (fresh summaries, no prefix), load_only (no usable summary or identity)."}, []string{"result"})
+	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m
 }

@@ -1,10 +1,13 @@
 package frontend
 
 import (
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // ErrNoInstance is returned when no ready instance can take a request.
@@ -26,6 +29,9 @@ type Instance struct {
 	Role   string
 	Node   string
 	KVAddr string
+	// KVIdentity describes the instance's KV blocks; nil when it does not
+	// share them.
+	KVIdentity *kv.Identity
 }
 
 // Router picks instances. It keeps its last view when the registry is
@@ -106,12 +112,61 @@ func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
 // first, so that a migrated request continues bit-exact where possible;
 // then the least outstanding work; then the lowest id, for determinism.
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
-	return rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" })
+	return rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, nil)
+}
+
+// SummaryMaxAge is how old a node's prefix summary may be before the
+// router ignores it.
+const SummaryMaxAge = 5 * time.Second
+
+// LoadWeight is how many cached prompt positions one outstanding sequence
+// on an instance is worth: cache affinity never piles a hot prefix onto
+// one busy instance.
+const LoadWeight = 64
+
+// CachedBlocks counts the leading keys that node's summary lists; fresh is
+// false when the node has no summary younger than SummaryMaxAge.
+func (rt *Router) CachedBlocks(node string, keys []kv.BlockKey, now time.Time) (n int, fresh bool) {
+	nd, ok := rt.nodes[node]
+	if !ok || nd.Prefixes == nil || now.Sub(nd.Updated) > SummaryMaxAge {
+		return 0, false
+	}
+	for _, k := range keys {
+		if !nd.Prefixes[hex.EncodeToString(k[:8])] {
+			break
+		}
+		n++
+	}
+	return n, true
+}
+
+// PickCached is Pick weighted by cached prefix: keysFor gives the keys of
+// the request's prefix under an instance's KV identity (nil when they
+// cannot be computed). An instance's score is its node's cached positions
+// minus LoadWeight per outstanding sequence; stale or missing summaries
+// score 0, which is load-only routing. It returns the pick, its cached
+// blocks, and whether any summary was used.
+func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map[string]bool, now time.Time,
+	keysFor func(Instance) []kv.BlockKey) (Instance, int, bool, error) {
+	cached := map[string]int{}
+	used := false
+	score := func(in Instance) int {
+		keys := keysFor(in)
+		if keys == nil || in.KVIdentity == nil {
+			return -in.Outstanding * LoadWeight
+		}
+		n, fresh := rt.CachedBlocks(in.Node, keys, now)
+		used = used || fresh
+		cached[in.ID] = n
+		return n*in.KVIdentity.BlockSize - in.Outstanding*LoadWeight
+	}
+	in, err := rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, score)
+	return in, cached[in.ID], used, err
 }
 
 // PickPrefill chooses a prefill instance the same way.
 func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time) (Instance, error) {
-	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics })
+	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics }, nil)
 }
 
 // HasPrefill reports whether any prefill instance of the model is known.
@@ -150,7 +205,7 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 	return out
 }
 
-func (rt *Router) pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time, role func(Instance) bool) (Instance, error) {
+func (rt *Router) pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
 	var cands []Instance
 	for id, in := range rt.instances {
 		if sup, ok := rt.suppressed[id]; ok {
@@ -168,6 +223,12 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude map[strin
 	if len(cands) == 0 {
 		return Instance{}, ErrNoInstance
 	}
+	scores := map[string]int{}
+	if score != nil {
+		for _, in := range cands {
+			scores[in.ID] = score(in)
+		}
+	}
 	slices.SortFunc(cands, func(a, b Instance) int {
 		am, bm := a.NumericsID == preferNumerics, b.NumericsID == preferNumerics
 		switch {
@@ -175,6 +236,8 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude map[strin
 			return -1
 		case bm && !am:
 			return 1
+		case scores[a.ID] != scores[b.ID]:
+			return scores[b.ID] - scores[a.ID]
 		case a.Outstanding != b.Outstanding:
 			return a.Outstanding - b.Outstanding
 		}

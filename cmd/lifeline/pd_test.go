@@ -530,3 +530,46 @@ func TestPDDecodeKilledReusesKV(t *testing.T) {
 	t.Logf("killed %s at %d; the new worker reused %d of %d positions (recomputed %d)", killed, killAt, reused, full, full-reused)
 	noOrphans(t, n1, n2)
 }
+
+// TestCacheAwareRouting: the prompt's blocks are published on n2 only;
+// with equal load the router sends the request to n2's decode instance
+// (load-only routing would pick n1, the lower id), which reuses them.
+func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("decode", 1)})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	d2 := n2.waitRegistration(t, "n2-decode-tiny-0", 0)
+	if d2.KVIdentity == nil || d2.KVIdentity.BlockSize != 16 {
+		t.Fatalf("registration without KV identity: %+v", d2)
+	}
+	url := startFrontend(t, n1)
+	keys := prefillOnly(t, n2, d2, pdPrompt)
+	// Wait for n2's summary to list them.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		resp, err := n1.cli.Get(context.Background(), agent.NodesPrefix+"n2")
+		var rec agent.NodeRecord
+		if err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && len(rec.Prefixes) >= len(keys) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("n2's prefix summary never listed the prompt")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	got := complete(t, url, pdBody(24))
+	if got.text != reference(t, 24) {
+		t.Fatal("output differs from the reference")
+	}
+	positions := pdPromptPositions(t)
+	if int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
+		t.Fatalf("not routed to the cached node: %v", got.ll)
+	}
+	if m := frontendMetrics(t, url); !strings.Contains(m, `lifeline_frontend_cache_aware_routes_total{result="hit"} 1`) {
+		t.Fatal("cache hit not counted")
+	}
+	if st := n1.status(t); st.KVTransfer.Stats.PullsOK != 0 {
+		t.Fatalf("n1 was involved: %+v", st.KVTransfer.Stats)
+	}
+	noOrphans(t, n1, n2)
+}

@@ -27,6 +27,7 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
@@ -84,6 +85,10 @@ type Ready struct {
 	Model         string `json:"model"`
 	ModelRevision string `json:"model_revision"`
 	NumericsID    string `json:"numerics_id"`
+	// KVIdentity describes the blocks the worker publishes (nil without a
+	// shared arena): a router that can tokenize the same way computes the
+	// keys of a prompt from it and finds nodes that hold its prefix.
+	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
 }
 
 func quicConfig() *quic.Config {
@@ -125,8 +130,13 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	s.generation.Store(opts.Generation)
 	s.accepting.Store(true)
-	json.NewEncoder(out).Encode(Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
-		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()})
+	ready := Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
+		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()}
+	if e.Cache != nil {
+		id := decode.BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
+		ready.KVIdentity = &id
+	}
+	json.NewEncoder(out).Encode(ready)
 	if err := failpoint.Hit(FailAfterReady); err != nil {
 		return err
 	}
