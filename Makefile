@@ -7,7 +7,7 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run engine-demo test race bench fuzz generate lint clean
+.PHONY: all build run engine-demo test race bench fuzz generate lint rdma clean
 
 all: build
 
@@ -55,6 +55,13 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
+
+# The RDMA verbs transport (build tag rdma) compiled against libibverbs
+# (Debian: apt-get install libibverbs-dev). It cannot run without RDMA
+# hardware; see README.
+rdma:
+	CGO_ENABLED=1 $(GO) vet -tags rdma ./rdma/
+	CGO_ENABLED=1 $(GO) build -tags rdma -o /dev/null ./cmd/lifeline
 
 clean:
 	rm -rf $(BIN)

@@ -4,11 +4,13 @@
 package embedetcd
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -49,6 +51,17 @@ func freePort() (int, error) {
 // init` directory) clients must present a certificate of the cluster CA:
 // mutual TLS, like every other connection between components.
 func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
+	// A port found free can be taken by another process before etcd binds
+	// it; when the ports were ours to pick, pick again.
+	for attempt := 0; ; attempt++ {
+		s, err := start(dir, clientPort, certDir...)
+		if err == nil || attempt == 4 || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+	}
+}
+
+func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	cfg := embed.NewConfig()
 	cfg.Dir = dir
 	cfg.Logger = "zap"

@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect or frontend")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend or transfer")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -33,6 +33,8 @@ func main() {
 		err = runKVBench()
 	case "frontend":
 		err = runFrontendBench(*kills / 5)
+	case "transfer":
+		err = runTransferBench()
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -41,8 +43,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runFrontendBench(*kills / 5)
 		}
+		if err == nil && *only == "" {
+			err = runTransferBench()
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect or frontend", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend or transfer", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
