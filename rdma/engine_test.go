@@ -37,7 +37,9 @@ func certs(t *testing.T) string {
 	return dir
 }
 
-func newNode(t *testing.T, certDir string, payload int) *node {
+func newNode(t *testing.T, certDir string, payload int) *node { return newNodeTB(t, certDir, payload) }
+
+func newNodeTB(t testing.TB, certDir string, payload int) *node {
 	t.Helper()
 	f, err := os.CreateTemp("/dev/shm", "lifeline-rdmatest-*")
 	if err != nil {
@@ -83,7 +85,9 @@ func chain(n int, seed string) []kv.BlockKey {
 
 // publish writes random payloads under keys and publishes them; it returns
 // the payloads.
-func (n *node) publish(t *testing.T, keys []kv.BlockKey, size int) [][]byte {
+func (n *node) publish(t *testing.T, keys []kv.BlockKey, size int) [][]byte { return n.publishTB(t, keys, size) }
+
+func (n *node) publishTB(t testing.TB, keys []kv.BlockKey, size int) [][]byte {
 	t.Helper()
 	sid, _, _, err := n.owner.Hello(kv.Writer{Instance: "prefill-0", Gen: 7}, nil, nil)
 	if err != nil {
@@ -272,4 +276,34 @@ func TestPullBadInput(t *testing.T) {
 		}
 	}
 	noneInFlight(t, dst)
+}
+
+// BenchmarkFetchQUIC moves 64 MiB of 1 MiB blocks between two owners over
+// the QUIC transport (profile it with -cpuprofile).
+func BenchmarkFetchQUIC(b *testing.B) {
+	c := b.TempDir()
+	if err := pki.Init(c, nil); err != nil {
+		b.Fatal(err)
+	}
+	benchNode := func() *node { return newNodeTB(b, c, 1<<20) }
+	src, dst := benchNode(), benchNode()
+	keys := chain(64, "bench")
+	src.publishTB(b, keys, 1<<20)
+	sid, _, _, _ := dst.owner.Hello(kv.Writer{Instance: "d", Gen: 1}, nil, nil)
+	refs, err := dst.owner.Allocate(sid, len(keys))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tlsConf, _ := TLS(c)
+	q := NewQUIC(tlsConf)
+	defer q.Close()
+	f := &transferpb.Fetch{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Count: uint32(len(keys))}
+	b.SetBytes(int64(len(keys)) << 20)
+	for b.Loop() {
+		if _, err := q.Fetch(context.Background(), src.addr, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
+			return dst.owner.Arena().Payload(int(refs[i].Slot))[:h.PayloadLen], nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -125,20 +125,23 @@ func (e *Engine) Serve(ctx context.Context, ln *quic.Listener) error {
 // connection, read in parallel straight into the destination slots.
 type QUIC struct {
 	TLS *tls.Config
-	// Streams is how many streams one fetch uses (default 4).
+	// Streams is how many streams one fetch uses (default 4), spread over
+	// Conns connections (default 4): quic-go runs each connection's
+	// packets on one goroutine, so connections, not streams, use cores.
 	Streams int
+	Conns   int
 	// Stall is how long a fetch waits for the next block before it gives
 	// the source up (default 1.5 s).
 	Stall time.Duration
 
 	dialMu sync.Mutex // one dial at a time: parallel streams share a connection
 	mu     sync.Mutex
-	conns  map[string]*quic.Conn
+	conns  map[string]*quic.Conn // by "addr#index"
 }
 
 // NewQUIC returns a QUIC transport that presents tlsConf.
 func NewQUIC(tlsConf *tls.Config) *QUIC {
-	return &QUIC{TLS: tlsConf, Streams: 4, Stall: 1500 * time.Millisecond, conns: map[string]*quic.Conn{}}
+	return &QUIC{TLS: tlsConf, Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond, conns: map[string]*quic.Conn{}}
 }
 
 func (q *QUIC) Name() string { return "quic" }
@@ -154,11 +157,12 @@ func (q *QUIC) Close() error {
 	return nil
 }
 
-func (q *QUIC) conn(ctx context.Context, addr string) (*quic.Conn, error) {
+func (q *QUIC) conn(ctx context.Context, addr string, index int) (*quic.Conn, error) {
 	q.dialMu.Lock()
 	defer q.dialMu.Unlock()
+	key := fmt.Sprintf("%s#%d", addr, index)
 	q.mu.Lock()
-	c := q.conns[addr]
+	c := q.conns[key]
 	q.mu.Unlock()
 	if c != nil && c.Context().Err() == nil {
 		return c, nil
@@ -170,32 +174,35 @@ func (q *QUIC) conn(ctx context.Context, addr string) (*quic.Conn, error) {
 		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
 	}
 	q.mu.Lock()
-	if old := q.conns[addr]; old != nil && old != c {
+	if old := q.conns[key]; old != nil && old != c {
 		old.CloseWithError(0, "")
 	}
-	q.conns[addr] = c
+	q.conns[key] = c
 	q.mu.Unlock()
 	return c, nil
 }
 
-func (q *QUIC) drop(addr string, c *quic.Conn) {
+// drop forgets a connection that failed.
+func (q *QUIC) drop(c *quic.Conn) {
 	q.mu.Lock()
-	if q.conns[addr] == c {
-		delete(q.conns, addr)
+	for k, v := range q.conns {
+		if v == c {
+			delete(q.conns, k)
+		}
 	}
 	q.mu.Unlock()
 	c.CloseWithError(0, "")
 }
 
 // stream opens a stream whose reads and writes end with ctx.
-func (q *QUIC) stream(ctx context.Context, addr string) (*quic.Stream, *quic.Conn, func() bool, error) {
-	c, err := q.conn(ctx, addr)
+func (q *QUIC) stream(ctx context.Context, addr string, index int) (*quic.Stream, *quic.Conn, func() bool, error) {
+	c, err := q.conn(ctx, addr, index)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	st, err := c.OpenStreamSync(ctx)
 	if err != nil {
-		q.drop(addr, c)
+		q.drop(c)
 		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, err)
 	}
 	stop := context.AfterFunc(ctx, func() { st.CancelRead(0); st.CancelWrite(0) })
@@ -204,21 +211,28 @@ func (q *QUIC) stream(ctx context.Context, addr string) (*quic.Stream, *quic.Con
 
 // Fetch implements Transport.
 func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
-	var failed *quic.Conn
+	var used []*quic.Conn
 	var mu sync.Mutex
+	next := 0
 	n, err := FetchParallel(ctx, f, max(1, q.Streams), func(ctx context.Context) (io.ReadWriteCloser, func(), error) {
-		st, c, stop, err := q.stream(ctx, addr)
+		mu.Lock()
+		index := next % max(1, q.Conns)
+		next++
+		mu.Unlock()
+		st, c, stop, err := q.stream(ctx, addr, index)
 		if err != nil {
 			return nil, nil, err
 		}
 		mu.Lock()
-		failed = c
+		used = append(used, c)
 		mu.Unlock()
 		return &stallStream{Stream: st, stall: q.Stall}, func() { stop(); st.CancelRead(0); st.Close() }, nil
 	}, into)
-	if err != nil && failed != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() == nil {
 		// A stalled or broken source: the next fetch dials afresh.
-		q.drop(addr, failed)
+		for _, c := range used {
+			q.drop(c)
+		}
 	}
 	return n, err
 }
@@ -350,20 +364,20 @@ func readErr(err error) error {
 
 // Pull asks the agent at addr to pull blocks (the frontend's side).
 func (q *QUIC) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*transferpb.PullReply, error) {
-	st, c, stop, err := q.stream(ctx, addr)
+	st, c, stop, err := q.stream(ctx, addr, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer stop()
 	defer st.Close()
 	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_Pull{Pull: p}}); err != nil {
-		q.drop(addr, c)
+		q.drop(c)
 		return nil, err
 	}
 	var reply transferpb.PullReply
 	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
 		if ctx.Err() == nil {
-			q.drop(addr, c)
+			q.drop(c)
 		}
 		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)
 	}
