@@ -129,7 +129,9 @@ func NewEngine(opts Options) (*Engine, error) {
 	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
 	blocks := opts.KVBlocks
 	if blocks == 0 {
-		perSeq := (m.Config.ContextLen + bs - 1) / bs
+		// Room for 16 sequences of up to 1,024 positions; one long
+		// sequence may use the room of several.
+		perSeq := (min(m.Config.ContextLen, 1024) + bs - 1) / bs
 		// Plus the blocks the scheduler holds back for a canary.
 		blocks = perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
 	}

@@ -850,7 +850,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	g := x.generateRequest(d.Epoch, d.Prefix)
-	if len(d.Prefix) > 0 || len(x.prefillNodes) > 0 {
+	if (len(d.Prefix) > 0 || len(x.prefillNodes) > 0) && !s.opts.NoKVPull {
 		// A migration, or a prefill instance died: the blocks of prompt ‖
 		// prefix may be published on the node of the instance that failed
 		// (its agent outlives it) or of a prefill instance; the new worker

@@ -44,6 +44,11 @@ type Options struct {
 	// certificate from CertDir. Without it the API is plain HTTP/1.1 and
 	// cleartext HTTP/2 (prior knowledge).
 	TLS bool
+	// NoKVPull stops naming peers a migrated request's new worker may pull
+	// its prefix KV from: it then reuses only what its own node holds and
+	// computes the rest (for networks where recomputing is cheaper than
+	// moving, and for measuring the difference).
+	NoKVPull bool
 }
 
 // Server is one frontend replica.

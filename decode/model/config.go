@@ -92,7 +92,7 @@ var Presets = map[string]Config{
 	},
 	"small": {
 		Name: "small", Dim: 384, HiddenDim: 1024, Layers: 8, Heads: 6, KVHeads: 2,
-		ContextLen: 1024, RopeTheta: 10000, NormEps: 1e-5,
+		ContextLen: 4096, RopeTheta: 10000, NormEps: 1e-5,
 	},
 }
 

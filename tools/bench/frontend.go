@@ -6,20 +6,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/worker"
-	"github.com/lifeline-llm/lifeline/internal/embedetcd"
-	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // runFrontendBench measures, in one run: tokens/s and inter-token latency
@@ -27,82 +21,16 @@ import (
 // after a decode worker is killed mid-stream.
 func runFrontendBench(kills int) error {
 	fmt.Printf("## Frontend (small preset, 2 nodes × 1 worker; real processes)\n\n")
-	dir, err := os.MkdirTemp("", "lifeline-fe-bench")
+	c, err := startBenchCluster(256)
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "lifeline")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/lifeline").CombinedOutput(); err != nil {
-		return fmt.Errorf("build: %v\n%s", err, out)
-	}
-	certs := filepath.Join(dir, "certs")
-	pki.Init(certs, nil)
-	etcd, err := embedetcd.Start(filepath.Join(dir, "etcd"), 0, certs)
+	defer c.close()
+	certs, cli, socks, regs := c.certs, c.cli, c.socks, c.regs
+	url, err := c.frontend()
 	if err != nil {
 		return err
 	}
-	defer etcd.Close()
-	etcdTLS, _ := pki.Load(certs, "h2")
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: etcdTLS})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Signal(syscall.SIGTERM)
-			p.Wait()
-		}
-	}()
-	socks := []string{}
-	for i := 0; i < 2; i++ {
-		node := filepath.Join(dir, fmt.Sprintf("node-%d", i))
-		os.MkdirAll(node, 0o700)
-		sock := filepath.Join(node, "agent.sock")
-		socks = append(socks, sock)
-		arena := filepath.Join("/dev/shm", fmt.Sprintf("lifeline-febench-%d-%d", os.Getpid(), i))
-		defer os.Remove(arena)
-		cfg, _ := json.Marshal(map[string]any{"node_id": fmt.Sprintf("b%d", i), "data_dir": node, "socket": sock, "etcd": []string{etcd.Endpoint},
-			"etcd_tls": true, "certs": certs, "arena": arena, "arena_slots": 256, "arena_slot_bytes": 131072, "canary_idle": "1h",
-			"restart_backoff": "20ms", "restart_backoff_max": "50ms", "crash_loop_limit": 1000, "worker_binary": bin,
-			"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}})
-		os.WriteFile(filepath.Join(node, "agent.json"), cfg, 0o600)
-		cmd := exec.Command(bin, "agent", "--config", filepath.Join(node, "agent.json"))
-		cmd.WaitDelay = time.Second
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		procs = append(procs, cmd)
-	}
-	regs := map[string]agent.Registration{}
-	for _, id := range []string{"b0-decode-small-0", "b1-decode-small-0"} {
-		r, err := waitReady(cli, agent.InstancesPrefix+id, 0)
-		if err != nil {
-			return err
-		}
-		regs[id] = r
-	}
-	fe := exec.Command(bin, "frontend", "--listen", "127.0.0.1:0", "--etcd", etcd.Endpoint, "--etcd-tls", "--certs", certs)
-	stderr, _ := fe.StderrPipe()
-	fe.WaitDelay = time.Second
-	if err := fe.Start(); err != nil {
-		return err
-	}
-	procs = append(procs, fe)
-	var url string
-	sc := bufio.NewScanner(stderr)
-	for sc.Scan() {
-		if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok {
-			url = "http://" + a
-			break
-		}
-	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
 
 	// Direct vs through the frontend: the same seeded 256-token stream.
 	const tokens = 256

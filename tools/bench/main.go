@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend or transfer")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer or rto")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -35,6 +35,8 @@ func main() {
 		err = runFrontendBench(*kills / 5)
 	case "transfer":
 		err = runTransferBench()
+	case "rto":
+		err = runRTOBench(*kills / 5)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -46,8 +48,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runTransferBench()
 		}
+		if err == nil && *only == "" {
+			err = runRTOBench(*kills / 5)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend or transfer", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer or rto", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+)
+
+// longPrompt is a distinct prompt of about n tokens (built-in tokenizer).
+func longPrompt(tag string, n int) string {
+	tok := tokenizer.NewBuiltin()
+	var b strings.Builder
+	b.WriteString(tag + ". ")
+	for {
+		ids, _ := tok.Encode(b.String())
+		if len(ids) >= n {
+			return b.String()
+		}
+		b.WriteString("the river ran past the old mill and the children watched the boats go by, ")
+	}
+}
+
+// runRTOBench kills the decode worker of a stream with about 2,000 tokens
+// of prompt after sequence 8, and measures kill → next token at the
+// client, with the new worker pulling the prefix KV from the dead worker's
+// node (KV reuse) and with a frontend that names no peers (recompute).
+func runRTOBench(kills int) error {
+	const context, killAfter = 2000, 8
+	fmt.Printf("## Request RTO after a decode kill at %d tokens of context (small preset, 2 nodes × 1 worker)\n\n", context)
+	c, err := startBenchCluster(1024)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	reuseURL, err := c.frontend()
+	if err != nil {
+		return err
+	}
+	recomputeURL, err := c.frontend("--no-kv-pull")
+	if err != nil {
+		return err
+	}
+	gens := map[string]uint64{}
+	for id, r := range c.regs {
+		gens[id] = r.Generation
+	}
+	measure := func(url, mode string) (rto []time.Duration, reused []float64, err error) {
+		for k := 0; k < kills; k++ {
+			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("%s run %d", mode, k), context),
+				"max_tokens": 24, "seed": k, "stream": true, "ignore_eos": true})
+			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
+			if err != nil {
+				return nil, nil, err
+			}
+			var killed time.Time
+			victim := ""
+			rd := bufio.NewScanner(resp.Body)
+			rd.Buffer(make([]byte, 1<<20), 1<<20)
+			for rd.Scan() {
+				data, ok := strings.CutPrefix(rd.Text(), "data: ")
+				if !ok || data == "[DONE]" {
+					continue
+				}
+				var ch struct {
+					Lifeline struct {
+						SequenceNo int     `json:"sequence_no"`
+						InstanceID string  `json:"instance_id"`
+						Reused     float64 `json:"kv_reused_positions"`
+						Migrations int     `json:"migrations"`
+					}
+				}
+				json.Unmarshal([]byte(data), &ch)
+				switch ch.Lifeline.SequenceNo {
+				case killAfter:
+					victim = ch.Lifeline.InstanceID
+					node := 0
+					if strings.HasPrefix(victim, "b1") {
+						node = 1
+					}
+					var ws []agent.Worker
+					getJSON(unixClient(c.socks[node]), "/v1/workers", &ws)
+					killed = time.Now()
+					for _, w := range ws {
+						syscall.Kill(w.PID, syscall.SIGKILL)
+					}
+				case killAfter + 1:
+					rto = append(rto, time.Since(killed))
+				case 0:
+					if ch.Lifeline.Migrations > 0 {
+						reused = append(reused, ch.Lifeline.Reused)
+					}
+				}
+			}
+			resp.Body.Close()
+			if victim == "" {
+				return nil, nil, fmt.Errorf("%s run %d: no worker killed", mode, k)
+			}
+			r, err := waitReady(c.cli, agent.InstancesPrefix+victim, gens[victim])
+			if err != nil {
+				return nil, nil, err
+			}
+			gens[victim] = r.Generation
+		}
+		return rto, reused, nil
+	}
+	reuseRTO, reuseKV, err := measure(reuseURL, "reuse")
+	if err != nil {
+		return err
+	}
+	recomputeRTO, recomputeKV, err := measure(recomputeURL, "recompute")
+	if err != nil {
+		return err
+	}
+	medF := func(v []float64) float64 {
+		if len(v) == 0 {
+			return 0
+		}
+		s := append([]float64(nil), v...)
+		sortFloats(s)
+		return s[len(s)/2]
+	}
+	fmt.Printf("| kill after sequence %d, %d kills each | RTO p50 | RTO p99 | positions reused by the new worker (median) |\n|---|---|---|---|\n", killAfter, kills)
+	fmt.Printf("| KV reuse (pulled from the dead worker's node over QUIC) | %v | %v | %.0f |\n", pct(reuseRTO, 50), pct(reuseRTO, 99), medF(reuseKV))
+	fmt.Printf("| recompute (`--no-kv-pull`) | %v | %v | %.0f |\n", pct(recomputeRTO, 50), pct(recomputeRTO, 99), medF(recomputeKV))
+	fmt.Printf("| recompute / reuse | **%.1f×** | %.1f× | |\n\n", float64(pct(recomputeRTO, 50))/float64(pct(reuseRTO, 50)), float64(pct(recomputeRTO, 99))/float64(pct(reuseRTO, 99)))
+	return nil
+}
