@@ -121,6 +121,8 @@ type run struct {
 	lastPrefill  string
 	prefillNodes []string
 	nodes        map[string]string // instance id → node, of instances used
+	// P/D timeline of the current epoch.
+	prefillSent, transferSent, decodeSent time.Time
 	// keys memoises prefixKeys per KV identity, for keysAt received tokens.
 	keys   map[kv.Identity][]kv.BlockKey
 	keysAt int
@@ -456,6 +458,8 @@ func lifelineInfo(r *Request) map[string]any {
 	if r.PD != "" {
 		ll["pd"] = r.PD
 		ll["kv_transfer_bytes"] = r.TransferBytes
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+		ll["pd_timeline_ms"] = map[string]float64{"prefill": ms(r.PrefillTime), "transfer": ms(r.TransferTime), "decode_first_token": ms(r.DecodeFirstToken)}
 	}
 	return ll
 }
@@ -491,6 +495,7 @@ func (x *run) loop(ctx context.Context) {
 				x.s.log.Info("dispatch", "request_id", r.ID, "request_epoch", a.Epoch, "instance_id", a.To.InstanceID,
 					"generation", a.To.Generation, "sequence_no", len(a.Prefix))
 				x.s.metrics.replayedPrefill.Add(float64(len(a.Prefix)))
+				x.decodeSent = time.Now()
 				acts = append(acts, x.dispatch(ctx, a)...)
 				if x.taken[a.Epoch] {
 					x.st.dispatchedOnce.Do(func() { close(x.st.dispatched) })
@@ -500,6 +505,9 @@ func (x *run) loop(ctx context.Context) {
 				}
 			case Deliver:
 				x.overloaded = false
+				if r.PD != "" && r.DecodeFirstToken == 0 && len(r.Output) == len(a.Tokens) {
+					r.DecodeFirstToken = time.Since(x.decodeSent)
+				}
 				if !x.failedAt.IsZero() {
 					x.s.metrics.migrations.WithLabelValues("success").Inc()
 					x.s.metrics.migrationTime.Observe(time.Since(x.failedAt).Seconds())
@@ -508,11 +516,13 @@ func (x *run) loop(ctx context.Context) {
 				}
 				x.st.append(a.Tokens)
 			case Prefill:
+				x.prefillSent = time.Now()
 				x.s.log.Info("prefill", "request_id", r.ID, "request_epoch", a.Epoch, "instance_id", a.At.InstanceID, "generation", a.At.Generation)
 				acts = append(acts, x.prefill(ctx, a)...)
 			case RoutePrefill:
 				acts = append(acts, x.routePrefill(a)...)
 			case Transfer:
+				x.transferSent = time.Now()
 				x.s.log.Info("kv transfer", "request_id", r.ID, "request_epoch", a.Epoch, "transfer_epoch", a.TransferEpoch,
 					"instance_id", a.To.InstanceID, "from_node", a.KV.Node, "blocks", len(a.KV.Keys))
 				x.transfer(ctx, a)
@@ -568,6 +578,7 @@ func (x *run) loop(ctx context.Context) {
 				}
 				if e.epoch == r.Epoch {
 					x.lastPrefill = e.prefill.at.InstanceID
+					r.PrefillTime = time.Since(x.prefillSent)
 				}
 				acts = r.OnPrefilled(e.epoch, e.prefill.kv, e.prefill.kv.Node == x.nodeOf(r.Endpoint.InstanceID), now)
 				if len(acts) > 0 {
@@ -577,6 +588,7 @@ func (x *run) loop(ctx context.Context) {
 				}
 			case e.transfer != nil:
 				if e.epoch == r.Epoch && e.transfer.transferEpoch == r.TransferEpoch && r.State == Transferring {
+					r.TransferTime = time.Since(x.transferSent)
 					tr := e.transfer
 					switch {
 					case tr.err != nil || tr.reply.Error != "":

@@ -143,6 +143,10 @@ type Request struct {
 	ReusedPositions int
 	PD              string
 	TransferBytes   uint64
+	// The hand-off's timeline: the prefill (sent → blocks published and
+	// keys back), the transfer (pull asked → answered; zero on one node),
+	// and decode (dispatched → first token).
+	PrefillTime, TransferTime, DecodeFirstToken time.Duration
 }
 
 // NewRequest admits a request at epoch 1.

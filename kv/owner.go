@@ -633,6 +633,80 @@ func (o *Owner) Publish(sid SessionID, r Ref) error {
 	return nil
 }
 
+// SealPublish seals and publishes a batch of blocks the session wrote, in
+// order, with one manifest batch write: the path for blocks that arrive
+// whole (a KV transfer), where a separate seal and publish per block
+// would cost two writes each. A block whose payload does not match its
+// checksum fails the batch before anything is written; a block whose key
+// is already published is skipped (left WRITING, for the caller to abort)
+// and reported in dup.
+func (o *Owner) SealPublish(sid SessionID, refs []Ref, keys, parents []BlockKey) (dup []bool, err error) {
+	if len(keys) != len(refs) || len(parents) != len(refs) {
+		return nil, fmt.Errorf("%w: %d refs, %d keys, %d parents", ErrBadRequest, len(refs), len(keys), len(parents))
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s, err := o.sessionLocked(sid)
+	if err != nil {
+		return nil, err
+	}
+	dup = make([]bool, len(refs))
+	seen := map[BlockKey]bool{}
+	for i, r := range refs {
+		if int(r.PayloadLen) > o.opts.Geometry.PayloadSize || keys[i].IsZero() {
+			return nil, fmt.Errorf("%w: seal of %d bytes, key %s", ErrBadRequest, r.PayloadLen, keys[i])
+		}
+		sl, err := o.ownedLocked(sid, r)
+		if err != nil {
+			return nil, err
+		}
+		if sl.state != Writing {
+			return nil, fmt.Errorf("%w: slot %d is %s", ErrBadRequest, r.Slot, sl.state)
+		}
+		if !o.payloadVerifies(r.Slot, r.PayloadLen, r.Checksum) {
+			o.stats.ChecksumFailures++
+			return nil, fmt.Errorf("%w: sealing slot %d", ErrChecksum, r.Slot)
+		}
+		if _, published := o.byKey[keys[i]]; published || seen[keys[i]] {
+			o.stats.DuplicatePublish++
+			dup[i] = true
+		}
+		seen[keys[i]] = true
+	}
+	wb := o.db.NewWriteBatch()
+	defer wb.Cancel()
+	now := o.opts.Now()
+	for i, r := range refs {
+		if dup[i] {
+			continue
+		}
+		sl := &o.slots[r.Slot]
+		sl.state, sl.key, sl.parent, sl.payloadLen, sl.checksum = Published, keys[i], parents[i], r.PayloadLen, r.Checksum
+		wb.Set(manifestKey(r.Slot), o.manifestOf(r.Slot, now).Encode())
+	}
+	if err := wb.Flush(); err != nil {
+		for i, r := range refs {
+			if !dup[i] {
+				o.slots[r.Slot].state = Writing
+			}
+		}
+		return nil, fmt.Errorf("kv: persist publish: %w", err)
+	}
+	for i, r := range refs {
+		if dup[i] {
+			continue
+		}
+		if err := o.setHeader(r.Slot); err != nil {
+			return nil, err
+		}
+		o.byKey[keys[i]] = r.Slot
+		delete(s.owned, r.Slot)
+		o.slots[r.Slot].session = 0
+		o.leaseLocked(s, r.Slot)
+	}
+	return dup, nil
+}
+
 // republishedLocked answers a Publish retried after its reply was lost: the
 // block is already PUBLISHED at the same generation by the same writer, so
 // the retry succeeds and the (possibly new) session takes the lease.

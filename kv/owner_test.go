@@ -603,3 +603,50 @@ func TestListShowsNonFreeSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestSealPublishBatch: a batch is checked whole before anything is
+// written (one bad checksum publishes nothing), a key already published
+// is skipped and reported, and the published blocks survive a restart.
+func TestSealPublishBatch(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	o := env.open(t)
+	sid := hello(t, o, "transfer/decode-0", 3)
+	keys := testID.Chain([]int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, -1)
+	parents := []BlockKey{{}, keys[0], keys[1]}
+	fill := func() []Ref {
+		refs, err := o.Allocate(sid, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range refs {
+			p := o.Arena().Payload(int(refs[i].Slot))[:64]
+			for j := range p {
+				p[j] = byte(i + j)
+			}
+			refs[i].PayloadLen, refs[i].Checksum = 64, shm.Checksum(p)
+		}
+		return refs
+	}
+	refs := fill()
+	refs[2].Checksum ^= 1
+	if _, err := o.SealPublish(sid, refs, keys, parents); !errors.Is(err, ErrChecksum) || o.Lookup(keys) != 0 {
+		t.Fatalf("bad checksum in the batch: %v, %d published", err, o.Lookup(keys))
+	}
+	refs[2].Checksum ^= 1
+	// Someone published the first key meanwhile.
+	other := hello(t, o, "decode-0", 3)
+	writeBlock(t, o, other, keys[0], BlockKey{}, 9, true)
+	dup, err := o.SealPublish(sid, refs, keys, parents)
+	if err != nil || !dup[0] || dup[1] || dup[2] || o.Lookup(keys) != 3 {
+		t.Fatalf("batch: dup %v, err %v, %d published", dup, err, o.Lookup(keys))
+	}
+	if err := o.Abort(sid, refs[0]); err != nil {
+		t.Fatalf("the skipped duplicate is not abortable: %v", err)
+	}
+	o.Close()
+	o = env.open(t)
+	defer o.Close()
+	if o.Lookup(keys) != 3 || o.Stats().RecoveredAtStart != 3 {
+		t.Fatalf("after a restart: %d published, %+v", o.Lookup(keys), o.Stats())
+	}
+}

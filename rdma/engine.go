@@ -377,26 +377,25 @@ func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullR
 		return fail(err)
 	}
 	// Every byte arrived and verified, and the binding holds: seal and
-	// publish in chain order. A block someone else published meanwhile is
-	// dropped (the published one is identical by key).
-	for i := 0; i < got; i++ {
-		parent := kv.BlockKey{}
+	// publish in chain order, in one manifest batch. A block someone else
+	// published meanwhile is dropped (the published one is identical by
+	// key).
+	parents := make([]kv.BlockKey, got)
+	for i := range parents {
 		if local+i > 0 {
-			parent = keys[local+i-1]
+			parents[i] = keys[local+i-1]
 		}
-		if err := e.owner.Seal(sid, refs[i], keys[local+i], parent); err != nil {
-			return fail(fmt.Errorf("rdma: seal block %d: %w", local+i, err))
-		}
+	}
+	dup, err := e.owner.SealPublish(sid, refs[:got], keys[local:local+got], parents)
+	if err != nil {
+		return fail(fmt.Errorf("rdma: publish blocks %d..%d: %w", local, local+got-1, err))
 	}
 	var bytes uint64
 	var dups []kv.Ref
 	for i := 0; i < got; i++ {
-		if err := e.owner.Publish(sid, refs[i]); err != nil {
-			if errors.Is(err, kv.ErrDuplicate) {
-				dups = append(dups, refs[i])
-				continue
-			}
-			return fail(fmt.Errorf("rdma: publish block %d: %w", local+i, err))
+		if dup[i] {
+			dups = append(dups, refs[i])
+			continue
 		}
 		bytes += uint64(refs[i].PayloadLen)
 	}

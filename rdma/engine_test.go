@@ -85,7 +85,9 @@ func chain(n int, seed string) []kv.BlockKey {
 
 // publish writes random payloads under keys and publishes them; it returns
 // the payloads.
-func (n *node) publish(t *testing.T, keys []kv.BlockKey, size int) [][]byte { return n.publishTB(t, keys, size) }
+func (n *node) publish(t *testing.T, keys []kv.BlockKey, size int) [][]byte {
+	return n.publishTB(t, keys, size)
+}
 
 func (n *node) publishTB(t testing.TB, keys []kv.BlockKey, size int) [][]byte {
 	t.Helper()

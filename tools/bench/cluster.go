@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -30,7 +31,9 @@ type benchCluster struct {
 	regs            map[string]agent.Registration
 }
 
-func startBenchCluster(slots int) (c *benchCluster, err error) {
+// startBenchCluster starts the cluster; prefillOn names nodes that also
+// run a small prefill instance.
+func startBenchCluster(slots int, prefillOn ...int) (c *benchCluster, err error) {
 	c = &benchCluster{regs: map[string]agent.Registration{}}
 	defer func() {
 		if err != nil {
@@ -60,12 +63,16 @@ func startBenchCluster(slots int) (c *benchCluster, err error) {
 		os.MkdirAll(node, 0o700)
 		sock := filepath.Join(node, "agent.sock")
 		c.socks = append(c.socks, sock)
-		arena := filepath.Join("/dev/shm", fmt.Sprintf("lifeline-febench-%d-%d", os.Getpid(), i))
+		arena := filepath.Join("/dev/shm", fmt.Sprintf("lifeline-febench-%d-%d-%d", os.Getpid(), time.Now().UnixNano(), i))
+		instances := []map[string]any{{"role": "decode", "preset": "small", "count": 1}}
+		if slices.Contains(prefillOn, i) {
+			instances = append(instances, map[string]any{"role": "prefill", "preset": "small", "count": 1})
+		}
 		c.arenas = append(c.arenas, arena)
 		cfg, _ := json.Marshal(map[string]any{"node_id": fmt.Sprintf("b%d", i), "data_dir": node, "socket": sock, "etcd": []string{c.etcd.Endpoint},
 			"etcd_tls": true, "certs": c.certs, "arena": arena, "arena_slots": slots, "arena_slot_bytes": 131072, "canary_idle": "1h",
 			"restart_backoff": "20ms", "restart_backoff_max": "50ms", "crash_loop_limit": 1000, "worker_binary": c.bin,
-			"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}})
+			"instances": instances})
 		os.WriteFile(filepath.Join(node, "agent.json"), cfg, 0o600)
 		cmd := exec.Command(c.bin, "agent", "--config", filepath.Join(node, "agent.json"))
 		cmd.WaitDelay = time.Second
@@ -74,7 +81,11 @@ func startBenchCluster(slots int) (c *benchCluster, err error) {
 		}
 		c.procs = append(c.procs, cmd)
 	}
-	for _, id := range []string{"b0-decode-small-0", "b1-decode-small-0"} {
+	ids := []string{"b0-decode-small-0", "b1-decode-small-0"}
+	for _, n := range prefillOn {
+		ids = append(ids, fmt.Sprintf("b%d-prefill-small-0", n))
+	}
+	for _, id := range ids {
 		r, err := waitReady(c.cli, agent.InstancesPrefix+id, 0)
 		if err != nil {
 			return nil, err

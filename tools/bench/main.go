@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer or rto")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto or pd")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -37,6 +37,8 @@ func main() {
 		err = runTransferBench()
 	case "rto":
 		err = runRTOBench(*kills / 5)
+	case "pd":
+		err = runPDBench(5)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -51,8 +53,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runRTOBench(*kills / 5)
 		}
+		if err == nil && *only == "" {
+			err = runPDBench(5)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer or rto", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto or pd", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
