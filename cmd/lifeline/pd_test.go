@@ -244,6 +244,19 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 	if st := n.status(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
 		t.Fatalf("same-node hand-off moved bytes: %+v", st.KVTransfer.Stats)
 	}
+	// Once the node's summary lists the prompt, the same prompt skips the
+	// prefill instance: the decode node already holds it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		again := complete(t, url, pdBody(24))
+		if again.ll["pd"] == nil && int(again.ll["kv_reused_positions"].(float64)) == (positions-1)/16*16 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a cached prompt still went through the prefill instance: %v", again.ll)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	noOrphans(t, n)
 }
 
@@ -261,8 +274,12 @@ func TestUpWithPrefill(t *testing.T) {
 	line := waitLine(t, stdout, "URL ")
 	url := strings.TrimSpace(strings.TrimPrefix(line, "URL "))
 	deadline := time.Now().Add(60 * time.Second)
-	for {
-		b, _ := json.Marshal(pdBody(8))
+	for attempt := 0; ; attempt++ {
+		// A new prompt each time: a prompt the decode node already holds
+		// is served without a prefill.
+		body := pdBody(8)
+		body["prompt"] = fmt.Sprintf("Attempt %d. %s", attempt, pdPrompt)
+		b, _ := json.Marshal(body)
 		resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
 		if err == nil {
 			raw, _ := io.ReadAll(resp.Body)
