@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -307,5 +308,68 @@ func BenchmarkFetchQUIC(b *testing.B) {
 		}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestPullCancelReleasesSlots: a source that accepts the transfer and then
+// sends nothing holds the pull until the caller cancels it; the cancel
+// ends the pull at once and frees every staged slot.
+func TestPullCancelReleasesSlots(t *testing.T) {
+	c := certs(t)
+	dst := newNode(t, c, 1024)
+	tlsConf, err := TLS(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A hung source: real QUIC, reads the request, never answers.
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				for {
+					st, err := conn.AcceptStream(context.Background())
+					if err != nil {
+						return
+					}
+					go io.Copy(io.Discard, st)
+				}
+			}()
+		}
+	}()
+	dst.engine.transport.(*QUIC).Stall = time.Minute
+	keys := chain(8, "e")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan *transferpb.PullReply, 1)
+	go func() {
+		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{ln.Addr().String()}})
+	}()
+	// Wait until the pull holds its staged slots.
+	deadline := time.Now().Add(10 * time.Second)
+	for dst.owner.Stats().ByState["WRITING"] != len(keys) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the pull never staged its slots: %+v", dst.owner.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	select {
+	case r := <-done:
+		if r.Error == "" || r.Pulled != 0 {
+			t.Fatalf("cancelled pull: %+v", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancel did not end the pull")
+	}
+	noneInFlight(t, dst)
+	if st := dst.engine.Stats(); st.StagedAborted != uint64(len(keys)) || st.PullsInProgress != 0 {
+		t.Fatalf("stats %+v", st)
 	}
 }
