@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -172,6 +173,11 @@ func (o *Options) Validate() error {
 		return bad("detector", "%q (auto, ebpf or pidfd)", o.Detector)
 	case o.RestartMax < o.RestartBackoff:
 		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
+	}
+	if host, _, err := net.SplitHostPort(o.TransferListen); err != nil {
+		return bad("transfer_listen", "%q: %v", o.TransferListen, err)
+	} else if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && o.TransferAdvertise == "" {
+		return bad("transfer_advertise", "required when transfer_listen %q names no single address: peers must be told where to connect", o.TransferListen)
 	}
 	if o.WorkerCgroup != "" {
 		if _, err := os.Stat(filepath.Join(o.WorkerCgroup, "cgroup.procs")); err != nil {

@@ -4,6 +4,10 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,10 +32,21 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	a.transfer = rdma.NewEngine(a.kvOwner, tr)
 	a.transfer.Current = a.currentBinding
 	a.registerTransferMetrics()
-	ln, err := quic.ListenAddr(a.opts.TransferListen, tlsConf, rdma.QUICConfig())
-	if err != nil {
-		return fmt.Errorf("agent: transfer_listen %s: %w", a.opts.TransferListen, err)
+	// With port 0, come back on the port of the previous run when it is
+	// free: adopted workers were told that address.
+	remembered := filepath.Join(a.opts.DataDir, "kv-transfer.addr")
+	var ln *quic.Listener
+	if _, port, _ := net.SplitHostPort(a.opts.TransferListen); port == "0" {
+		if prev, err := os.ReadFile(remembered); err == nil {
+			ln, _ = quic.ListenAddr(strings.TrimSpace(string(prev)), tlsConf, rdma.QUICConfig())
+		}
 	}
+	if ln == nil {
+		if ln, err = quic.ListenAddr(a.opts.TransferListen, tlsConf, rdma.QUICConfig()); err != nil {
+			return fmt.Errorf("agent: transfer_listen %s: %w", a.opts.TransferListen, err)
+		}
+	}
+	os.WriteFile(remembered, []byte(ln.Addr().String()), 0o600)
 	a.kvAddr = ln.Addr().String()
 	if a.opts.TransferAdvertise != "" {
 		a.kvAddr = a.opts.TransferAdvertise

@@ -121,6 +121,7 @@ type run struct {
 	lastPrefill  string
 	prefillNodes []string
 	nodes        map[string]string // instance id → node, of instances used
+	prefills     map[Endpoint]context.CancelFunc
 	// P/D timeline of the current epoch.
 	prefillSent, transferSent, decodeSent time.Time
 	// keys memoises prefixKeys per KV identity, for keysAt received tokens.
@@ -241,7 +242,8 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}, keys: map[kv.Identity][]kv.BlockKey{}}
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}, keys: map[kv.Identity][]kv.BlockKey{},
+		prefills: map[Endpoint]context.CancelFunc{}}
 	go x.loop(rctx)
 
 	w.Header().Set("Lifeline-Request-Id", id)
@@ -561,6 +563,7 @@ func (x *run) loop(ctx context.Context) {
 				if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
 					x.s.metrics.prefillFailures.Inc()
 					x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.instance))
+					x.endPrefill(r.PrefillAt)
 					acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
 				}
 				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
@@ -573,15 +576,15 @@ func (x *run) loop(ctx context.Context) {
 						x.s.metrics.prefillFailures.Inc()
 						x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.prefill.at.InstanceID))
 					}
+					x.endPrefill(e.prefill.at)
 					acts = r.OnPrefillFailed(e.epoch, e.prefill.at, e.prefill.err.Error())
 					break
 				}
-				if e.epoch == r.Epoch {
+				acts = r.OnPrefilled(e.epoch, e.prefill.kv, e.prefill.kv.Node == x.nodeOf(r.Endpoint.InstanceID), now)
+				if len(acts) > 0 { // accepted: the hand-off of the current prefill
+					x.endPrefill(e.prefill.at)
 					x.lastPrefill = e.prefill.at.InstanceID
 					r.PrefillTime = time.Since(x.prefillSent)
-				}
-				acts = r.OnPrefilled(e.epoch, e.prefill.kv, e.prefill.kv.Node == x.nodeOf(r.Endpoint.InstanceID), now)
-				if len(acts) > 0 {
 					if _, ok := acts[0].(Dispatch); ok {
 						x.s.metrics.pd.WithLabelValues(r.PD).Inc()
 					}
@@ -624,7 +627,11 @@ func (x *run) loop(ctx context.Context) {
 					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
 			}
 		case <-tick.C:
+			prefilling := r.PrefillAt
 			acts = r.Tick(time.Now())
+			if prefilling != (Endpoint{}) && r.PrefillAt != prefilling {
+				x.endPrefill(prefilling) // stalled: abandoned
+			}
 			x.s.reapIdle(x.st)
 		}
 	}
@@ -709,6 +716,14 @@ func (x *run) routePrefill(a RoutePrefill) []Action {
 	return x.r.PrefillRouted(a.Epoch, Endpoint{p.ID, p.Generation}, err == nil, time.Now())
 }
 
+// endPrefill cancels the prefill call to at, if one is open.
+func (x *run) endPrefill(at Endpoint) {
+	if cancel, ok := x.prefills[at]; ok {
+		cancel()
+		delete(x.prefills, at)
+	}
+}
+
 // nodeOf is the node of an instance this run used or the router knows
 // ("" if neither): a dead instance leaves the router, not this run.
 func (x *run) nodeOf(id string) string {
@@ -771,6 +786,8 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	}
 	g := x.generateRequest(a.Epoch, nil)
 	g.PrefillOnly = true
+	// A prefill has its own cancel (a failed one is abandoned while the
+	// epoch goes on), under the epoch's.
 	if len(x.prefillNodes) > 0 {
 		// An earlier prefill instance died: what it published on its
 		// node is pulled, not computed again.
@@ -778,20 +795,25 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 		g.KvSources = s.router.KVSources(x.prefillNodes, s.router.instances[a.At.InstanceID].Node)
 		s.mu.Unlock()
 	}
-	pctx := x.epochCtx(ctx, a.Epoch)
+	pctx, cancel := context.WithCancel(x.epochCtx(ctx, a.Epoch))
+	x.prefills[a.At] = cancel
 	st, err := c.Generate(pctx, g)
 	if err != nil {
+		x.endPrefill(a.At)
 		return failed(err)
 	}
 	node := x.nodeOf(a.At.InstanceID)
 	s.mu.Lock()
 	kvAddr := s.router.instances[a.At.InstanceID].KVAddr
-	if s.active[a.At.InstanceID] == nil {
-		s.active[a.At.InstanceID] = map[*run]struct{}{}
+	// Announcements of either instance's death reach this run: the
+	// decode instance is chosen already, and may die while P works.
+	for _, id := range []string{a.At.InstanceID, x.r.Endpoint.InstanceID} {
+		if s.active[id] == nil {
+			s.active[id] = map[*run]struct{}{}
+		}
+		s.active[id][x] = struct{}{}
 	}
-	s.active[a.At.InstanceID][x] = struct{}{}
 	s.mu.Unlock()
-	x.st.dispatchedOnce.Do(func() { close(x.st.dispatched) })
 	go func() {
 		res := &prefillResult{at: a.At}
 		for {
@@ -819,6 +841,9 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	return nil
 }
 
+// TransferTimeout bounds a P/D hand-off's pull.
+const TransferTimeout = 5 * time.Second
+
 // transfer asks the decode instance's node to pull the prompt's blocks
 // from the prefill node; the answer comes back as an event.
 func (x *run) transfer(ctx context.Context, a Transfer) {
@@ -829,14 +854,21 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 	s.mu.Unlock()
 	b := &transferpb.Binding{RequestId: x.r.ID, ModelRevision: d.ModelRevision, SourceInstance: a.KV.From.InstanceID,
 		SourceGeneration: a.KV.From.Generation, DestinationInstance: a.To.InstanceID, DestinationGeneration: a.To.Generation,
-		FirstBlock: 0, BlockCount: uint32(len(a.KV.Keys)), TransferEpoch: a.TransferEpoch}
+		FirstBlock: 0, BlockCount: uint32(len(a.KV.Keys)), RequestEpoch: a.Epoch, TransferEpoch: a.TransferEpoch}
 	tctx := x.epochCtx(ctx, a.Epoch)
 	go func() {
+		// Past TransferTimeout the decode instance computes the prompt
+		// itself; the cancel also frees the pull's staged slots.
+		pctx, cancel := context.WithTimeoutCause(tctx, TransferTimeout, fmt.Errorf("no answer within %v", TransferTimeout))
+		defer cancel()
 		res := &transferResult{transferEpoch: a.TransferEpoch}
 		if d.KVAddr == "" {
 			res.err = fmt.Errorf("decode node %s has no KV transfer endpoint", d.Node)
 		} else {
-			res.reply, res.err = s.kv.Pull(tctx, d.KVAddr, &transferpb.Pull{Binding: b, Keys: a.KV.Keys, Sources: sources})
+			res.reply, res.err = s.kv.Pull(pctx, d.KVAddr, &transferpb.Pull{Binding: b, Keys: a.KV.Keys, Sources: sources})
+			if res.err != nil && pctx.Err() != nil && tctx.Err() == nil {
+				res.err = fmt.Errorf("kv transfer: %w", context.Cause(pctx))
+			}
 		}
 		if tctx.Err() == nil {
 			x.deliver(tctx, event{epoch: a.Epoch, transfer: res})

@@ -309,6 +309,11 @@ func (r *Request) Tick(now time.Time) []Action {
 		return nil
 	}
 	if now.Sub(r.lastFrame) > r.Policy.StallTimeout {
+		if r.State == Prefilling && r.PrefillAt != (Endpoint{}) {
+			// The prefill instance is what stalls, not the decode one.
+			r.lastFrame = now
+			return r.OnPrefillFailed(r.Epoch, r.PrefillAt, fmt.Sprintf("no hand-off for %v", r.Policy.StallTimeout))
+		}
 		return r.OnWorkerFailed(r.Epoch, fmt.Sprintf("no frame for %v", now.Sub(r.lastFrame)), true, now)
 	}
 	if !r.Deadline.IsZero() && now.After(r.Deadline) {

@@ -318,3 +318,17 @@ func TestDecodeDiesDuringTransfer(t *testing.T) {
 		t.Fatalf("prefill after cancel: %v", acts)
 	}
 }
+
+// TestPrefillStallBlamesThePrefillInstance: no hand-off within the stall
+// timeout fails the prefill instance, not the decode one, and spends no
+// migration budget.
+func TestPrefillStallBlamesThePrefillInstance(t *testing.T) {
+	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	r.RoutedPD(route.Epoch, d, p, t0)
+	acts := r.Tick(t0.Add(DefaultPolicy.StallTimeout + time.Second))
+	if rp, ok := has[RoutePrefill](acts); !ok || !rp.Exclude["p"] || r.FailedInstances["d"] || r.Migrations != 0 || r.Endpoint != d {
+		t.Fatalf("stalled prefill: %v, failed %v, migrations %d", acts, r.FailedInstances, r.Migrations)
+	}
+}

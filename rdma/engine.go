@@ -47,8 +47,13 @@ var (
 	ErrNoSource = errors.New("rdma: no source holds the blocks")
 )
 
-// MaxBlocks bounds one transfer.
-const MaxBlocks = 4096
+// Bounds of one transfer.
+const (
+	MaxBlocks  = 4096
+	MaxSources = 8
+	// PullDeadline bounds a whole pull, whatever its sources do.
+	PullDeadline = 30 * time.Second
+)
 
 // Transport fetches published blocks from a source node.
 type Transport interface {
@@ -90,8 +95,9 @@ type Engine struct {
 	// revision); nil accepts every binding.
 	Current func(*transferpb.Binding) error
 
-	mu     sync.Mutex
-	latest map[string]epochSeen // request id → highest transfer epoch seen
+	mu         sync.Mutex
+	latest     map[string]epochSeen // request id → newest (request, transfer) epoch seen
+	lastPruned time.Time
 
 	fetchesServed, blocksServed, bytesServed      atomic.Uint64
 	pullsOK, pullsFailed, staleDropped            atomic.Uint64
@@ -101,8 +107,18 @@ type Engine struct {
 }
 
 type epochSeen struct {
-	epoch uint64
-	at    time.Time
+	request, transfer uint64
+	at                time.Time
+}
+
+// before orders transfers of one request: by request epoch, then by
+// transfer epoch within it.
+func (s epochSeen) before(b *transferpb.Binding) bool {
+	return s.request < b.RequestEpoch || (s.request == b.RequestEpoch && s.transfer < b.TransferEpoch)
+}
+
+func (s epochSeen) after(b *transferpb.Binding) bool {
+	return s.request > b.RequestEpoch || (s.request == b.RequestEpoch && s.transfer > b.TransferEpoch)
 }
 
 // NewEngine returns an engine over the node's arena owner.
@@ -149,8 +165,10 @@ func RawKeys(keys []kv.BlockKey) [][]byte {
 	return out
 }
 
-// keepAlive renews a session until stop is closed.
-func (e *Engine) keepAlive(sid kv.SessionID, stop <-chan struct{}) {
+// keepAlive renews a session until stop is closed; if a renewal fails
+// (the session expired, its slots may be someone else's now) it calls lost
+// at once, so that nothing more is written into them.
+func (e *Engine) keepAlive(sid kv.SessionID, stop <-chan struct{}, lost func()) {
 	t := time.NewTicker(e.owner.LeaseTTL() / 3)
 	defer t.Stop()
 	for {
@@ -158,21 +176,24 @@ func (e *Engine) keepAlive(sid kv.SessionID, stop <-chan struct{}) {
 		case <-stop:
 			return
 		case <-t.C:
-			e.owner.KeepAlive(sid)
+			if e.owner.KeepAlive(sid) != nil {
+				lost()
+				return
+			}
 		}
 	}
 }
 
 // session opens an owner session for one transfer, kept alive until the
 // returned function ends it (releasing its leases and freeing any slot it
-// still writes).
-func (e *Engine) session(instance string, gen uint64) (kv.SessionID, func(), error) {
+// still writes). lost is called if the session cannot be renewed.
+func (e *Engine) session(instance string, gen uint64, lost func()) (kv.SessionID, func(), error) {
 	sid, _, _, err := e.owner.Hello(kv.Writer{Instance: instance, Gen: gen}, nil, nil)
 	if err != nil {
 		return 0, nil, err
 	}
 	stop := make(chan struct{})
-	go e.keepAlive(sid, stop)
+	go e.keepAlive(sid, stop, lost)
 	return sid, func() {
 		close(stop)
 		e.owner.EndSession(sid)
@@ -190,7 +211,7 @@ func (e *Engine) serveFetch(f *transferpb.Fetch, w *blockWriter) error {
 		return w.start(0, err.Error())
 	}
 	e.fetchesServed.Add(1)
-	sid, end, err := e.session("transfer-source", 1)
+	sid, end, err := e.session("transfer-source", 1, func() {})
 	if err != nil {
 		return w.start(0, err.Error())
 	}
@@ -228,18 +249,26 @@ func (e *Engine) admit(b *transferpb.Binding) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	now := time.Now()
-	if len(e.latest) > 4096 {
+	if now.Sub(e.lastPruned) > time.Minute {
+		e.lastPruned = now
 		for id, s := range e.latest {
 			if now.Sub(s.at) > 10*time.Minute {
 				delete(e.latest, id)
 			}
 		}
 	}
-	if s, ok := e.latest[b.RequestId]; ok && s.epoch > b.TransferEpoch {
-		return fmt.Errorf("%w: transfer epoch %d of %s, %d is current", ErrStale, b.TransferEpoch, b.RequestId, s.epoch)
+	s, ok := e.latest[b.RequestId]
+	if ok && s.after(b) {
+		return staleEpoch(b, s)
 	}
-	e.latest[b.RequestId] = epochSeen{epoch: b.TransferEpoch, at: now}
+	if !ok || s.before(b) {
+		e.latest[b.RequestId] = epochSeen{request: b.RequestEpoch, transfer: b.TransferEpoch, at: now}
+	}
 	return nil
+}
+
+func staleEpoch(b *transferpb.Binding, s epochSeen) error {
+	return fmt.Errorf("%w: epoch %d.%d of %s, %d.%d is current", ErrStale, b.RequestEpoch, b.TransferEpoch, b.RequestId, s.request, s.transfer)
 }
 
 // current says whether b is still the request's newest transfer and its
@@ -248,8 +277,8 @@ func (e *Engine) current(b *transferpb.Binding) error {
 	e.mu.Lock()
 	s, ok := e.latest[b.RequestId]
 	e.mu.Unlock()
-	if ok && s.epoch > b.TransferEpoch {
-		return fmt.Errorf("%w: transfer epoch %d of %s, %d is current", ErrStale, b.TransferEpoch, b.RequestId, s.epoch)
+	if ok && s.after(b) {
+		return staleEpoch(b, s)
 	}
 	if e.Current != nil {
 		if err := e.Current(b); err != nil {
@@ -302,23 +331,34 @@ func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullR
 		return fail(fmt.Errorf("%w: block range [%d, %d+%d) of a chain of %d", ErrBadTransfer, b.FirstBlock, b.FirstBlock, b.BlockCount, len(keys)))
 	}
 	keys = keys[:b.FirstBlock+b.BlockCount]
+	if len(p.Sources) > MaxSources {
+		return fail(fmt.Errorf("%w: %d sources (at most %d)", ErrBadTransfer, len(p.Sources), MaxSources))
+	}
 	if err := e.admit(b); err != nil {
 		return fail(err)
 	}
 	e.inProgress.Add(1)
 	defer e.inProgress.Add(-1)
-	local := e.owner.Lookup(keys)
+	ctx, cancel := context.WithTimeout(ctx, PullDeadline)
+	defer cancel()
+	sid, end, err := e.session("transfer/"+b.DestinationInstance, b.DestinationGeneration, cancel)
+	if err != nil {
+		return fail(err)
+	}
+	defer end()
+	// Lease the chain's prefix already here, so that allocating room for
+	// the rest cannot evict it.
+	held, err := e.owner.Acquire(sid, keys)
+	if err != nil {
+		return fail(err)
+	}
+	local := len(held)
 	reply.Local = uint32(local)
 	e.blocksLocal.Add(uint64(local))
 	if local >= len(keys) {
 		e.pullsOK.Add(1)
 		return reply
 	}
-	sid, end, err := e.session("transfer/"+b.DestinationInstance, b.DestinationGeneration)
-	if err != nil {
-		return fail(err)
-	}
-	defer end()
 	need := len(keys) - local
 	refs, err := e.owner.Allocate(sid, need)
 	if err != nil {
@@ -343,8 +383,13 @@ func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullR
 		}
 		f := &transferpb.Fetch{Binding: b, Keys: p.Keys[:len(keys)], First: uint32(local), Count: uint32(need)}
 		n, err := e.transport.Fetch(ctx, src, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
-			if i >= need || string(h.Key) != string(keys[local+i][:]) || int(h.PayloadLen) > arena.Geometry().PayloadSize {
-				return nil, fmt.Errorf("%w: block %d (key match %v, %d bytes)", ErrBadTransfer, i, string(h.Key) == string(keys[local+i][:]), h.PayloadLen)
+			switch {
+			case i < 0 || i >= need:
+				return nil, fmt.Errorf("%w: block %d of %d", ErrBadTransfer, i, need)
+			case string(h.Key) != string(keys[local+i][:]):
+				return nil, fmt.Errorf("%w: block %d arrived under another key", ErrBadTransfer, local+i)
+			case int(h.PayloadLen) > arena.Geometry().PayloadSize:
+				return nil, fmt.Errorf("%w: block %d has %d bytes, slots hold %d", ErrBadTransfer, local+i, h.PayloadLen, arena.Geometry().PayloadSize)
 			}
 			refs[i].Checksum, refs[i].PayloadLen = h.Checksum, h.PayloadLen
 			return arena.Payload(int(refs[i].Slot))[:h.PayloadLen], nil
@@ -375,6 +420,11 @@ func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullR
 	failpoint.Hit(FailBeforeCommit)
 	if err := e.current(b); err != nil {
 		return fail(err)
+	}
+	if ctx.Err() != nil {
+		// Cancelled, past the deadline, or the session was lost: its
+		// slots may not be ours any more.
+		return fail(fmt.Errorf("rdma: pull ended before commit: %w", context.Cause(ctx)))
 	}
 	// Every byte arrived and verified, and the binding holds: seal and
 	// publish in chain order, in one manifest batch. A block someone else

@@ -1,6 +1,7 @@
 package rdma
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/quic-go/quic-go"
 
+	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
@@ -264,21 +266,120 @@ func TestPullBadInput(t *testing.T) {
 	c := certs(t)
 	dst := newNode(t, c, 1024)
 	keys := chain(2, "d")
-	for name, p := range map[string]*transferpb.Pull{
-		"no binding":  {Keys: RawKeys(keys)},
-		"epoch 0":     {Binding: binding(0, 2), Keys: RawKeys(keys)},
-		"short key":   {Binding: binding(1, 1), Keys: [][]byte{{1, 2}}},
-		"zero key":    {Binding: binding(1, 1), Keys: [][]byte{make([]byte, 32)}},
-		"range":       {Binding: binding(1, 9), Keys: RawKeys(keys)},
-		"no source":   {Binding: binding(1, 2), Keys: RawKeys(keys)},
-		"dead source": {Binding: binding(2, 2), Keys: RawKeys(keys), Sources: []string{"127.0.0.1:1"}},
+	withID := func(id string, b *transferpb.Binding) *transferpb.Binding { b.RequestId = id; return b }
+	for _, tc := range []struct {
+		name, want string
+		p          *transferpb.Pull
+	}{
+		{"no binding", "no binding", &transferpb.Pull{Keys: RawKeys(keys)}},
+		{"epoch 0", "transfer epoch 0", &transferpb.Pull{Binding: withID("b", binding(0, 2)), Keys: RawKeys(keys)}},
+		{"short key", "has 2 bytes", &transferpb.Pull{Binding: withID("c", binding(1, 1)), Keys: [][]byte{{1, 2}}}},
+		{"zero key", "is zero", &transferpb.Pull{Binding: withID("d", binding(1, 1)), Keys: [][]byte{make([]byte, 32)}}},
+		{"range", "block range", &transferpb.Pull{Binding: withID("e", binding(1, 9)), Keys: RawKeys(keys)}},
+		{"no source", "no source", &transferpb.Pull{Binding: withID("f", binding(1, 2)), Keys: RawKeys(keys)}},
+		{"too many sources", "sources", &transferpb.Pull{Binding: withID("g", binding(1, 2)), Keys: RawKeys(keys), Sources: make([]string, MaxSources+1)}},
+		{"dead source", "dial", &transferpb.Pull{Binding: withID("h", binding(1, 2)), Keys: RawKeys(keys), Sources: []string{"127.0.0.1:1"}}},
 	} {
-		r := dst.engine.Pull(context.Background(), p)
-		if r.Error == "" || r.Pulled != 0 {
-			t.Errorf("%s: %+v", name, r)
+		r := dst.engine.Pull(context.Background(), tc.p)
+		if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) || r.Stale {
+			t.Errorf("%s: %+v (want an error naming %q)", tc.name, r, tc.want)
 		}
 	}
 	noneInFlight(t, dst)
+}
+
+// hostileSource answers every fetch with answer's frames and bytes.
+func hostileSource(t *testing.T, certDir string, answer func(w io.Writer, f *transferpb.Fetch)) string {
+	t.Helper()
+	tlsConf, err := TLS(certDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go func() {
+				for {
+					st, err := conn.AcceptStream(context.Background())
+					if err != nil {
+						return
+					}
+					go func() {
+						var req transferpb.Request
+						if frame.Read(bufio.NewReader(st), &req) == nil && req.GetFetch() != nil {
+							answer(st, req.GetFetch())
+						}
+						st.Close()
+					}()
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestPullRejectsHostileSources: a source that lies about what it sends
+// gets a typed error, never a panic or a write outside the staged slots,
+// and nothing of its transfer is readable.
+func TestPullRejectsHostileSources(t *testing.T) {
+	c := certs(t)
+	dst := newNode(t, c, 1024)
+	dst.engine.transport.(*QUIC).Streams = 1
+	keys := chain(3, "h")
+	header := func(w io.Writer, i int, key []byte, n uint32) {
+		frame.Write(w, &transferpb.BlockHeader{Index: uint32(i), Key: key, PayloadLen: n, Checksum: 0})
+	}
+	for i, tc := range []struct {
+		name, want string
+		answer     func(w io.Writer, f *transferpb.Fetch)
+	}{
+		{"more than asked", "offers", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: f.Count + 5})
+		}},
+		{"payload larger than a slot", "slots hold", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: f.Count})
+			header(w, 0, f.Keys[f.First], 1<<30)
+		}},
+		{"another key", "another key", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: f.Count})
+			header(w, 0, f.Keys[len(f.Keys)-1], 16)
+		}},
+		{"index out of order", "arrived as", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: f.Count})
+			header(w, 7, f.Keys[f.First], 16)
+		}},
+		{"truncated payload", "source connection", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: f.Count})
+			header(w, 0, f.Keys[f.First], 512)
+			w.Write(make([]byte, 100))
+		}},
+		{"wrong checksum", "checksum", func(w io.Writer, f *transferpb.Fetch) {
+			frame.Write(w, &transferpb.FetchStart{Available: 1})
+			header(w, 0, f.Keys[f.First], 16)
+			w.Write(make([]byte, 16))
+			frame.Write(w, &transferpb.FetchEnd{Sent: 1})
+		}},
+	} {
+		addr := hostileSource(t, c, tc.answer)
+		b := binding(1, len(keys))
+		b.RequestId = fmt.Sprint("hostile-", i)
+		r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: b, Keys: RawKeys(keys), Sources: []string{addr}})
+		if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) {
+			t.Errorf("%s: %+v (want %q)", tc.name, r, tc.want)
+		}
+		if got := dst.read(t, keys); got[0] != nil {
+			t.Fatalf("%s: a block became readable", tc.name)
+		}
+		noneInFlight(t, dst)
+	}
 }
 
 // BenchmarkFetchQUIC moves 64 MiB of 1 MiB blocks between two owners over

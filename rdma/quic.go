@@ -108,9 +108,16 @@ func (e *Engine) Serve(ctx context.Context, ln *quic.Listener) error {
 				if err != nil {
 					return
 				}
+				// Tracked: the arena must not be unmapped under a stream
+				// still reading or writing it.
+				wg.Add(1)
 				go func() {
+					defer wg.Done()
 					defer st.Close()
-					if e.ServeStream(st.Context(), st) != nil {
+					sctx, cancel := context.WithCancel(st.Context())
+					stop := context.AfterFunc(ctx, cancel)
+					defer stop()
+					if e.ServeStream(sctx, st) != nil {
 						st.CancelRead(1)
 						st.CancelWrite(1)
 					}
@@ -134,14 +141,14 @@ type QUIC struct {
 	// the source up (default 1.5 s).
 	Stall time.Duration
 
-	dialMu sync.Mutex // one dial at a time: parallel streams share a connection
-	mu     sync.Mutex
-	conns  map[string]*quic.Conn // by "addr#index"
+	mu      sync.Mutex
+	conns   map[string]*quic.Conn  // by "addr#index"
+	dialing map[string]*sync.Mutex // one dial per "addr#index" at a time
 }
 
 // NewQUIC returns a QUIC transport that presents tlsConf.
 func NewQUIC(tlsConf *tls.Config) *QUIC {
-	return &QUIC{TLS: tlsConf, Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond, conns: map[string]*quic.Conn{}}
+	return &QUIC{TLS: tlsConf, Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond, conns: map[string]*quic.Conn{}, dialing: map[string]*sync.Mutex{}}
 }
 
 func (q *QUIC) Name() string { return "quic" }
@@ -158,11 +165,24 @@ func (q *QUIC) Close() error {
 }
 
 func (q *QUIC) conn(ctx context.Context, addr string, index int) (*quic.Conn, error) {
-	q.dialMu.Lock()
-	defer q.dialMu.Unlock()
 	key := fmt.Sprintf("%s#%d", addr, index)
 	q.mu.Lock()
 	c := q.conns[key]
+	dial := q.dialing[key]
+	if dial == nil {
+		dial = &sync.Mutex{}
+		q.dialing[key] = dial
+	}
+	q.mu.Unlock()
+	if c != nil && c.Context().Err() == nil {
+		return c, nil
+	}
+	// Streams of one fetch wait for one dial to their connection; other
+	// connections and addresses do not wait at all.
+	dial.Lock()
+	defer dial.Unlock()
+	q.mu.Lock()
+	c = q.conns[key]
 	q.mu.Unlock()
 	if c != nil && c.Context().Err() == nil {
 		return c, nil
@@ -229,9 +249,15 @@ func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into
 		return &stallStream{Stream: st, stall: q.Stall}, func() { stop(); st.CancelRead(0); st.Close() }, nil
 	}, into)
 	if err != nil && ctx.Err() == nil {
-		// A stalled or broken source: the next fetch dials afresh.
+		// A stalled source or a broken connection: the next fetch dials
+		// afresh. A protocol answer (the source lacks or refuses the
+		// blocks) leaves the shared connections alone.
+		var ne net.Error
+		stalled := errors.As(err, &ne) && ne.Timeout()
 		for _, c := range used {
-			q.drop(c)
+			if stalled || c.Context().Err() != nil {
+				q.drop(c)
+			}
 		}
 	}
 	return n, err
@@ -371,12 +397,14 @@ func (q *QUIC) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*tran
 	defer stop()
 	defer st.Close()
 	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_Pull{Pull: p}}); err != nil {
-		q.drop(c)
+		if c.Context().Err() != nil {
+			q.drop(c)
+		}
 		return nil, err
 	}
 	var reply transferpb.PullReply
 	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
-		if ctx.Err() == nil {
+		if c.Context().Err() != nil {
 			q.drop(c)
 		}
 		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)

@@ -33,9 +33,12 @@ type Binding struct {
 	DestinationInstance   string                 `protobuf:"bytes,5,opt,name=destination_instance,json=destinationInstance,proto3" json:"destination_instance,omitempty"`
 	DestinationGeneration uint64                 `protobuf:"varint,6,opt,name=destination_generation,json=destinationGeneration,proto3" json:"destination_generation,omitempty"`
 	// block_range is [first_block, first_block + block_count) of the key chain.
-	FirstBlock    uint32 `protobuf:"varint,7,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
-	BlockCount    uint32 `protobuf:"varint,8,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
+	FirstBlock uint32 `protobuf:"varint,7,opt,name=first_block,json=firstBlock,proto3" json:"first_block,omitempty"`
+	BlockCount uint32 `protobuf:"varint,8,opt,name=block_count,json=blockCount,proto3" json:"block_count,omitempty"`
+	// (request_epoch, transfer_epoch) orders the transfers of one request:
+	// the request's epoch at the frontend, then the transfer within it.
 	TransferEpoch uint64 `protobuf:"varint,9,opt,name=transfer_epoch,json=transferEpoch,proto3" json:"transfer_epoch,omitempty"`
+	RequestEpoch  uint64 `protobuf:"varint,10,opt,name=request_epoch,json=requestEpoch,proto3" json:"request_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -129,6 +132,13 @@ func (x *Binding) GetBlockCount() uint32 {
 func (x *Binding) GetTransferEpoch() uint64 {
 	if x != nil {
 		return x.TransferEpoch
+	}
+	return 0
+}
+
+func (x *Binding) GetRequestEpoch() uint64 {
+	if x != nil {
+		return x.RequestEpoch
 	}
 	return 0
 }
@@ -624,7 +634,7 @@ var File_lifeline_transfer_proto protoreflect.FileDescriptor
 
 const file_lifeline_transfer_proto_rawDesc = "" +
 	"\n" +
-	"\x17lifeline_transfer.proto\x12\x14lifeline.transfer.v1\"\xf8\x02\n" +
+	"\x17lifeline_transfer.proto\x12\x14lifeline.transfer.v1\"\x9d\x03\n" +
 	"\aBinding\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12%\n" +
@@ -637,7 +647,9 @@ const file_lifeline_transfer_proto_rawDesc = "" +
 	"firstBlock\x12\x1f\n" +
 	"\vblock_count\x18\b \x01(\rR\n" +
 	"blockCount\x12%\n" +
-	"\x0etransfer_epoch\x18\t \x01(\x04R\rtransferEpoch\"\x80\x01\n" +
+	"\x0etransfer_epoch\x18\t \x01(\x04R\rtransferEpoch\x12#\n" +
+	"\rrequest_epoch\x18\n" +
+	" \x01(\x04R\frequestEpoch\"\x80\x01\n" +
 	"\x05Fetch\x127\n" +
 	"\abinding\x18\x01 \x01(\v2\x1d.lifeline.transfer.v1.BindingR\abinding\x12\x12\n" +
 	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x14\n" +
