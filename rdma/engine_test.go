@@ -474,3 +474,33 @@ func TestPullCancelReleasesSlots(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// TestPullStaleAtCommit: the destination instance restarts (a new
+// generation) while the blocks travel; the binding is checked again once
+// every byte arrived, and the transfer is dropped: nothing published, its
+// slots freed.
+func TestPullStaleAtCommit(t *testing.T) {
+	c := certs(t)
+	src, dst := newNode(t, c, 2048), newNode(t, c, 2048)
+	keys := chain(5, "commit")
+	src.publish(t, keys, 2048)
+	checks := 0
+	dst.engine.Current = func(b *transferpb.Binding) error {
+		checks++
+		if checks > 1 {
+			return fmt.Errorf("decode-0 restarted at generation 4")
+		}
+		return nil
+	}
+	r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{src.addr}})
+	if !r.Stale || r.Pulled != 0 || !strings.Contains(r.Error, "restarted") || checks != 2 {
+		t.Fatalf("pull over a restart: %+v after %d checks", r, checks)
+	}
+	if got := dst.read(t, keys); got[0] != nil {
+		t.Fatal("a block of the stale transfer is readable")
+	}
+	if st := dst.engine.Stats(); st.StaleDropped != 1 || st.StagedAborted != uint64(len(keys)) {
+		t.Fatalf("stats %+v", st)
+	}
+	noneInFlight(t, dst)
+}
