@@ -57,11 +57,13 @@ lint:
 	$(GO) vet ./...
 
 # The RDMA verbs transport (build tag rdma) compiled against libibverbs
-# (Debian: apt-get install libibverbs-dev). It cannot run without RDMA
-# hardware; see README.
+# (Debian: apt-get install libibverbs-dev), and the rdma package's tests on
+# that build. The verbs data path cannot run without RDMA hardware; see
+# README.
 rdma:
 	CGO_ENABLED=1 $(GO) vet -tags rdma ./rdma/
 	CGO_ENABLED=1 $(GO) build -tags rdma -o /dev/null ./cmd/lifeline
+	CGO_ENABLED=1 $(GO) test -tags rdma -count=1 ./rdma/
 
 clean:
 	rm -rf $(BIN)

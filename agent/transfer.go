@@ -30,6 +30,16 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	tr := rdma.NewQUIC(tlsConf)
 	a.transfer = rdma.NewEngine(a.kvOwner, tr)
+	var closer func() error = tr.Close
+	if a.transport.Transport == "rdma" {
+		if vt, err := rdma.OpenVerbs(a.transfer, a.transport.Device, tr); err != nil {
+			a.transport.Transport, a.transport.Reason = "quic", fmt.Sprintf("%s; opening it failed (%v): QUIC between agents", a.transport.Reason, err)
+			a.log.Warn("RDMA verbs transport unavailable", "err", err)
+		} else {
+			a.transfer.UseTransport(vt)
+			closer = vt.Close
+		}
+	}
 	a.transfer.Current = a.currentBinding
 	a.registerTransferMetrics()
 	// With port 0, come back on the port of the previous run when it is
@@ -54,7 +64,7 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		defer tr.Close()
+		defer closer()
 		go func() { <-ctx.Done(); ln.Close() }()
 		if err := a.transfer.Serve(ctx, ln); err != nil {
 			a.log.Error("KV transfer endpoint stopped", "err", err)

@@ -12,6 +12,8 @@ type Status struct {
 	Transport string   `json:"transport"`
 	Reason    string   `json:"reason"`
 	Devices   []string `json:"rdma_devices"`
+	// Device is the RDMA device the verbs transport uses ("" for QUIC).
+	Device string `json:"rdma_device,omitempty"`
 	// VerbsBuilt reports whether this binary has the verbs transport
 	// (build tag rdma).
 	VerbsBuilt bool `json:"verbs_built"`
@@ -27,8 +29,8 @@ func Discover() Status {
 	case !verbsBuilt:
 		st.Reason = fmt.Sprintf("RDMA devices %s present, but this binary was built without the rdma tag: QUIC between agents", strings.Join(st.Devices, ","))
 	default:
-		st.Reason = verbsStatus(st.Devices)
-		if strings.HasPrefix(st.Reason, "rdma:") {
+		st.Reason, st.Device = verbsStatus(st.Devices)
+		if st.Device != "" {
 			st.Transport = "rdma"
 		}
 	}

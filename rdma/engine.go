@@ -13,6 +13,7 @@
 package rdma
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -99,6 +100,9 @@ type Engine struct {
 	latest     map[string]epochSeen // request id → newest (request, transfer) epoch seen
 	lastPruned time.Time
 
+	// verbs serves RDMA verbs fetches; nil where the node has none.
+	verbs verbsServer
+
 	fetchesServed, blocksServed, bytesServed      atomic.Uint64
 	pullsOK, pullsFailed, staleDropped            atomic.Uint64
 	blocksPulled, bytesPulled, blocksLocal        atomic.Uint64
@@ -125,6 +129,15 @@ func (s epochSeen) after(b *transferpb.Binding) bool {
 func NewEngine(owner *kv.Owner, t Transport) *Engine {
 	return &Engine{owner: owner, transport: t, latest: map[string]epochSeen{}}
 }
+
+// verbsServer answers a verbs fetch on its control stream (build tag rdma).
+type verbsServer interface {
+	serve(e *Engine, f *transferpb.VerbsFetch, r *bufio.Reader, w *bufio.Writer) error
+}
+
+// UseTransport replaces the engine's transport (the agent switches to
+// RDMA verbs once the device is open).
+func (e *Engine) UseTransport(t Transport) { e.transport = t }
 
 // Transport is the engine's transport.
 func (e *Engine) Transport() Transport { return e.transport }

@@ -504,3 +504,29 @@ func TestPullStaleAtCommit(t *testing.T) {
 	}
 	noneInFlight(t, dst)
 }
+
+// TestVerbsFetchRefusedWithoutVerbs: a node without the verbs transport
+// answers a verbs fetch with a typed refusal, so that an RDMA peer falls
+// back to QUIC.
+func TestVerbsFetchRefusedWithoutVerbs(t *testing.T) {
+	c := certs(t)
+	src := newNode(t, c, 1024)
+	keys := chain(2, "v")
+	tlsConf, _ := TLS(c)
+	q := NewQUIC(tlsConf)
+	defer q.Close()
+	st, _, stop, err := q.stream(context.Background(), src.addr, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	defer st.Close()
+	f := &transferpb.Fetch{Binding: binding(1, 2), Keys: RawKeys(keys), Count: 2}
+	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_VerbsFetch{VerbsFetch: &transferpb.VerbsFetch{Fetch: f}}}); err != nil {
+		t.Fatal(err)
+	}
+	var offer transferpb.VerbsOffer
+	if err := frame.Read(bufio.NewReader(st), &offer); err != nil || !strings.Contains(offer.Error, "no RDMA verbs") || len(offer.Blocks) != 0 {
+		t.Fatalf("offer %+v, %v", &offer, err)
+	}
+}

@@ -82,6 +82,14 @@ func (e *Engine) ServeStream(ctx context.Context, rw io.ReadWriter) error {
 			return err
 		}
 		return bw.Flush()
+	case *transferpb.Request_VerbsFetch:
+		if e.verbs == nil {
+			if err := frame.Write(bw, &transferpb.VerbsOffer{Error: "this node serves no RDMA verbs transfers"}); err != nil {
+				return err
+			}
+			return bw.Flush()
+		}
+		return e.verbs.serve(e, op.VerbsFetch, br, bw)
 	default:
 		return fmt.Errorf("%w: unknown operation", ErrBadTransfer)
 	}

@@ -2,6 +2,13 @@
 
 package rdma
 
+import "errors"
+
 const verbsBuilt = false
 
-func verbsStatus([]string) string { return "" }
+func verbsStatus([]string) (string, string) { return "", "" }
+
+// OpenVerbs needs the rdma build tag.
+func OpenVerbs(e *Engine, device string, ctrl *QUIC) (Transport, error) {
+	return nil, errors.New("rdma: this binary was built without the rdma tag")
+}

@@ -275,6 +275,10 @@ func (a *Arena) Float32s(slot, n int) []float32 {
 // Base is the address of the mapping, for zero-copy assertions.
 func (a *Arena) Base() uintptr { return uintptr(unsafe.Pointer(&a.mem[0])) }
 
+// Mem is the whole mapping (headers and payloads): what an RDMA device
+// registers as one memory region.
+func (a *Arena) Mem() []byte { return a.mem }
+
 func (a *Arena) headerBytes(slot int) []byte {
 	off := fileHeaderSize + slot*SlotHeaderSize
 	return a.mem[off : off+SlotHeaderSize : off+SlotHeaderSize]

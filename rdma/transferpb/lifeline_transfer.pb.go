@@ -548,12 +548,302 @@ func (x *PullReply) GetError() string {
 	return ""
 }
 
+// The RDMA verbs transport: QUIC carries this exchange, RDMA READ the
+// payloads. The destination sends its queue pair and the fetch; the source
+// answers with its queue pair, the memory key of its arena and where each
+// block lies; the destination reads them and says VerbsDone, after which
+// the source releases the blocks.
+type VerbsEndpoint struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Qpn           uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn           uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	Lid           uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`
+	Gid           []byte                 `protobuf:"bytes,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsEndpoint) Reset() {
+	*x = VerbsEndpoint{}
+	mi := &file_lifeline_transfer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsEndpoint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsEndpoint) ProtoMessage() {}
+
+func (x *VerbsEndpoint) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsEndpoint.ProtoReflect.Descriptor instead.
+func (*VerbsEndpoint) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *VerbsEndpoint) GetQpn() uint32 {
+	if x != nil {
+		return x.Qpn
+	}
+	return 0
+}
+
+func (x *VerbsEndpoint) GetPsn() uint32 {
+	if x != nil {
+		return x.Psn
+	}
+	return 0
+}
+
+func (x *VerbsEndpoint) GetLid() uint32 {
+	if x != nil {
+		return x.Lid
+	}
+	return 0
+}
+
+func (x *VerbsEndpoint) GetGid() []byte {
+	if x != nil {
+		return x.Gid
+	}
+	return nil
+}
+
+type VerbsFetch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fetch         *Fetch                 `protobuf:"bytes,1,opt,name=fetch,proto3" json:"fetch,omitempty"`
+	Endpoint      *VerbsEndpoint         `protobuf:"bytes,2,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsFetch) Reset() {
+	*x = VerbsFetch{}
+	mi := &file_lifeline_transfer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsFetch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsFetch) ProtoMessage() {}
+
+func (x *VerbsFetch) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsFetch.ProtoReflect.Descriptor instead.
+func (*VerbsFetch) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *VerbsFetch) GetFetch() *Fetch {
+	if x != nil {
+		return x.Fetch
+	}
+	return nil
+}
+
+func (x *VerbsFetch) GetEndpoint() *VerbsEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+type VerbsBlock struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Header        *BlockHeader           `protobuf:"bytes,1,opt,name=header,proto3" json:"header,omitempty"`
+	Addr          uint64                 `protobuf:"varint,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsBlock) Reset() {
+	*x = VerbsBlock{}
+	mi := &file_lifeline_transfer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsBlock) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsBlock) ProtoMessage() {}
+
+func (x *VerbsBlock) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsBlock.ProtoReflect.Descriptor instead.
+func (*VerbsBlock) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *VerbsBlock) GetHeader() *BlockHeader {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *VerbsBlock) GetAddr() uint64 {
+	if x != nil {
+		return x.Addr
+	}
+	return 0
+}
+
+type VerbsOffer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Endpoint      *VerbsEndpoint         `protobuf:"bytes,1,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Rkey          uint32                 `protobuf:"varint,2,opt,name=rkey,proto3" json:"rkey,omitempty"`
+	Blocks        []*VerbsBlock          `protobuf:"bytes,3,rep,name=blocks,proto3" json:"blocks,omitempty"`
+	Error         string                 `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsOffer) Reset() {
+	*x = VerbsOffer{}
+	mi := &file_lifeline_transfer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsOffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsOffer) ProtoMessage() {}
+
+func (x *VerbsOffer) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsOffer.ProtoReflect.Descriptor instead.
+func (*VerbsOffer) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *VerbsOffer) GetEndpoint() *VerbsEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *VerbsOffer) GetRkey() uint32 {
+	if x != nil {
+		return x.Rkey
+	}
+	return 0
+}
+
+func (x *VerbsOffer) GetBlocks() []*VerbsBlock {
+	if x != nil {
+		return x.Blocks
+	}
+	return nil
+}
+
+func (x *VerbsOffer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type VerbsDone struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Read          uint32                 `protobuf:"varint,1,opt,name=read,proto3" json:"read,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerbsDone) Reset() {
+	*x = VerbsDone{}
+	mi := &file_lifeline_transfer_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerbsDone) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerbsDone) ProtoMessage() {}
+
+func (x *VerbsDone) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerbsDone.ProtoReflect.Descriptor instead.
+func (*VerbsDone) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *VerbsDone) GetRead() uint32 {
+	if x != nil {
+		return x.Read
+	}
+	return 0
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
 	//
 	//	*Request_Fetch
 	//	*Request_Pull
+	//	*Request_VerbsFetch
 	Op            isRequest_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -561,7 +851,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_transfer_proto_msgTypes[7]
+	mi := &file_lifeline_transfer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -573,7 +863,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_transfer_proto_msgTypes[7]
+	mi := &file_lifeline_transfer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -586,7 +876,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_transfer_proto_rawDescGZIP(), []int{7}
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -614,6 +904,15 @@ func (x *Request) GetPull() *Pull {
 	return nil
 }
 
+func (x *Request) GetVerbsFetch() *VerbsFetch {
+	if x != nil {
+		if x, ok := x.Op.(*Request_VerbsFetch); ok {
+			return x.VerbsFetch
+		}
+	}
+	return nil
+}
+
 type isRequest_Op interface {
 	isRequest_Op()
 }
@@ -626,9 +925,15 @@ type Request_Pull struct {
 	Pull *Pull `protobuf:"bytes,2,opt,name=pull,proto3,oneof"`
 }
 
+type Request_VerbsFetch struct {
+	VerbsFetch *VerbsFetch `protobuf:"bytes,3,opt,name=verbs_fetch,json=verbsFetch,proto3,oneof"`
+}
+
 func (*Request_Fetch) isRequest_Op() {}
 
 func (*Request_Pull) isRequest_Op() {}
+
+func (*Request_VerbsFetch) isRequest_Op() {}
 
 var File_lifeline_transfer_proto protoreflect.FileDescriptor
 
@@ -679,10 +984,33 @@ const file_lifeline_transfer_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12\x14\n" +
 	"\x05stale\x18\x06 \x01(\bR\x05stale\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"v\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"W\n" +
+	"\rVerbsEndpoint\x12\x10\n" +
+	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
+	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x10\n" +
+	"\x03lid\x18\x03 \x01(\rR\x03lid\x12\x10\n" +
+	"\x03gid\x18\x04 \x01(\fR\x03gid\"\x80\x01\n" +
+	"\n" +
+	"VerbsFetch\x121\n" +
+	"\x05fetch\x18\x01 \x01(\v2\x1b.lifeline.transfer.v1.FetchR\x05fetch\x12?\n" +
+	"\bendpoint\x18\x02 \x01(\v2#.lifeline.transfer.v1.VerbsEndpointR\bendpoint\"[\n" +
+	"\n" +
+	"VerbsBlock\x129\n" +
+	"\x06header\x18\x01 \x01(\v2!.lifeline.transfer.v1.BlockHeaderR\x06header\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\x04R\x04addr\"\xb1\x01\n" +
+	"\n" +
+	"VerbsOffer\x12?\n" +
+	"\bendpoint\x18\x01 \x01(\v2#.lifeline.transfer.v1.VerbsEndpointR\bendpoint\x12\x12\n" +
+	"\x04rkey\x18\x02 \x01(\rR\x04rkey\x128\n" +
+	"\x06blocks\x18\x03 \x03(\v2 .lifeline.transfer.v1.VerbsBlockR\x06blocks\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\"\x1f\n" +
+	"\tVerbsDone\x12\x12\n" +
+	"\x04read\x18\x01 \x01(\rR\x04read\"\xbb\x01\n" +
 	"\aRequest\x123\n" +
 	"\x05fetch\x18\x01 \x01(\v2\x1b.lifeline.transfer.v1.FetchH\x00R\x05fetch\x120\n" +
-	"\x04pull\x18\x02 \x01(\v2\x1a.lifeline.transfer.v1.PullH\x00R\x04pullB\x04\n" +
+	"\x04pull\x18\x02 \x01(\v2\x1a.lifeline.transfer.v1.PullH\x00R\x04pull\x12C\n" +
+	"\vverbs_fetch\x18\x03 \x01(\v2 .lifeline.transfer.v1.VerbsFetchH\x00R\n" +
+	"verbsFetchB\x04\n" +
 	"\x02opB2Z0github.com/lifeline-llm/lifeline/rdma/transferpbb\x06proto3"
 
 var (
@@ -697,28 +1025,39 @@ func file_lifeline_transfer_proto_rawDescGZIP() []byte {
 	return file_lifeline_transfer_proto_rawDescData
 }
 
-var file_lifeline_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_lifeline_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_lifeline_transfer_proto_goTypes = []any{
-	(*Binding)(nil),     // 0: lifeline.transfer.v1.Binding
-	(*Fetch)(nil),       // 1: lifeline.transfer.v1.Fetch
-	(*FetchStart)(nil),  // 2: lifeline.transfer.v1.FetchStart
-	(*BlockHeader)(nil), // 3: lifeline.transfer.v1.BlockHeader
-	(*FetchEnd)(nil),    // 4: lifeline.transfer.v1.FetchEnd
-	(*Pull)(nil),        // 5: lifeline.transfer.v1.Pull
-	(*PullReply)(nil),   // 6: lifeline.transfer.v1.PullReply
-	(*Request)(nil),     // 7: lifeline.transfer.v1.Request
+	(*Binding)(nil),       // 0: lifeline.transfer.v1.Binding
+	(*Fetch)(nil),         // 1: lifeline.transfer.v1.Fetch
+	(*FetchStart)(nil),    // 2: lifeline.transfer.v1.FetchStart
+	(*BlockHeader)(nil),   // 3: lifeline.transfer.v1.BlockHeader
+	(*FetchEnd)(nil),      // 4: lifeline.transfer.v1.FetchEnd
+	(*Pull)(nil),          // 5: lifeline.transfer.v1.Pull
+	(*PullReply)(nil),     // 6: lifeline.transfer.v1.PullReply
+	(*VerbsEndpoint)(nil), // 7: lifeline.transfer.v1.VerbsEndpoint
+	(*VerbsFetch)(nil),    // 8: lifeline.transfer.v1.VerbsFetch
+	(*VerbsBlock)(nil),    // 9: lifeline.transfer.v1.VerbsBlock
+	(*VerbsOffer)(nil),    // 10: lifeline.transfer.v1.VerbsOffer
+	(*VerbsDone)(nil),     // 11: lifeline.transfer.v1.VerbsDone
+	(*Request)(nil),       // 12: lifeline.transfer.v1.Request
 }
 var file_lifeline_transfer_proto_depIdxs = []int32{
-	0, // 0: lifeline.transfer.v1.Fetch.binding:type_name -> lifeline.transfer.v1.Binding
-	0, // 1: lifeline.transfer.v1.Pull.binding:type_name -> lifeline.transfer.v1.Binding
-	0, // 2: lifeline.transfer.v1.PullReply.binding:type_name -> lifeline.transfer.v1.Binding
-	1, // 3: lifeline.transfer.v1.Request.fetch:type_name -> lifeline.transfer.v1.Fetch
-	5, // 4: lifeline.transfer.v1.Request.pull:type_name -> lifeline.transfer.v1.Pull
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: lifeline.transfer.v1.Fetch.binding:type_name -> lifeline.transfer.v1.Binding
+	0,  // 1: lifeline.transfer.v1.Pull.binding:type_name -> lifeline.transfer.v1.Binding
+	0,  // 2: lifeline.transfer.v1.PullReply.binding:type_name -> lifeline.transfer.v1.Binding
+	1,  // 3: lifeline.transfer.v1.VerbsFetch.fetch:type_name -> lifeline.transfer.v1.Fetch
+	7,  // 4: lifeline.transfer.v1.VerbsFetch.endpoint:type_name -> lifeline.transfer.v1.VerbsEndpoint
+	3,  // 5: lifeline.transfer.v1.VerbsBlock.header:type_name -> lifeline.transfer.v1.BlockHeader
+	7,  // 6: lifeline.transfer.v1.VerbsOffer.endpoint:type_name -> lifeline.transfer.v1.VerbsEndpoint
+	9,  // 7: lifeline.transfer.v1.VerbsOffer.blocks:type_name -> lifeline.transfer.v1.VerbsBlock
+	1,  // 8: lifeline.transfer.v1.Request.fetch:type_name -> lifeline.transfer.v1.Fetch
+	5,  // 9: lifeline.transfer.v1.Request.pull:type_name -> lifeline.transfer.v1.Pull
+	8,  // 10: lifeline.transfer.v1.Request.verbs_fetch:type_name -> lifeline.transfer.v1.VerbsFetch
+	11, // [11:11] is the sub-list for method output_type
+	11, // [11:11] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_transfer_proto_init() }
@@ -726,9 +1065,10 @@ func file_lifeline_transfer_proto_init() {
 	if File_lifeline_transfer_proto != nil {
 		return
 	}
-	file_lifeline_transfer_proto_msgTypes[7].OneofWrappers = []any{
+	file_lifeline_transfer_proto_msgTypes[12].OneofWrappers = []any{
 		(*Request_Fetch)(nil),
 		(*Request_Pull)(nil),
+		(*Request_VerbsFetch)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -736,7 +1076,7 @@ func file_lifeline_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_transfer_proto_rawDesc), len(file_lifeline_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
