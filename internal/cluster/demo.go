@@ -110,7 +110,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	if tl := res.LastMigration; tl != nil {
 		at := func(k string) time.Time { return time.Unix(0, tl[k]) }
 		fmt.Fprintf(out, "%8.1f ms  frontend sees the failure (agent's eBPF detection → deregistration → etcd watch); epoch bumped\n", ms(at("failure_seen_unix_ns").Sub(start)))
-		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to re-prefill\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
+		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to continue from\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
 	}
 	for _, t := range got {
 		if t.seq == opts.KillAfter+1 {
