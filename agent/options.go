@@ -90,6 +90,11 @@ type Options struct {
 	// address peers and frontends are told (default: the bound address).
 	TransferListen    string `json:"transfer_listen"`
 	TransferAdvertise string `json:"transfer_advertise"`
+	// RDMAGIDIndex is the GID index the verbs transport addresses peers
+	// with (binaries built with the rdma tag, on RDMA hardware): on RoCE
+	// v2 fabrics, the index of the transfer interface's RoCE v2 GID
+	// (show_gids); 0 suits InfiniBand.
+	RDMAGIDIndex int `json:"rdma_gid_index"`
 }
 
 // Defaults fills unset fields.
@@ -178,6 +183,9 @@ func (o *Options) Validate() error {
 		return bad("transfer_listen", "%q: %v", o.TransferListen, err)
 	} else if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && o.TransferAdvertise == "" {
 		return bad("transfer_advertise", "required when transfer_listen %q names no single address: peers must be told where to connect", o.TransferListen)
+	}
+	if o.RDMAGIDIndex < 0 || o.RDMAGIDIndex > 255 {
+		return bad("rdma_gid_index", "%d (0..255)", o.RDMAGIDIndex)
 	}
 	if o.WorkerCgroup != "" {
 		if _, err := os.Stat(filepath.Join(o.WorkerCgroup, "cgroup.procs")); err != nil {

@@ -32,7 +32,7 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	a.transfer = rdma.NewEngine(a.kvOwner, tr)
 	var closer func() error = tr.Close
 	if a.transport.Transport == "rdma" {
-		if vt, err := rdma.OpenVerbs(a.transfer, a.transport.Device, tr); err != nil {
+		if vt, err := rdma.OpenVerbs(a.transfer, a.transport.Device, a.opts.RDMAGIDIndex, tr); err != nil {
 			a.transport.Transport, a.transport.Reason = "quic", fmt.Sprintf("%s; opening it failed (%v): QUIC between agents", a.transport.Reason, err)
 			a.log.Warn("RDMA verbs transport unavailable", "err", err)
 		} else {
@@ -53,6 +53,7 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	}
 	if ln == nil {
 		if ln, err = quic.ListenAddr(a.opts.TransferListen, tlsConf, rdma.QUICConfig()); err != nil {
+			closer()
 			return fmt.Errorf("agent: transfer_listen %s: %w", a.opts.TransferListen, err)
 		}
 	}

@@ -52,12 +52,16 @@ typedef struct {
 	struct ibv_pd *pd;
 	struct ibv_mr *mr;
 	union ibv_gid gid;
+	int gid_index;
 	uint16_t lid;
 	enum ibv_mtu mtu;
+	int rd_atomic; // min of the device's responder and initiator limits, at most 16
+	int err;       // errno of the failed step
 } ll_dev;
 
-static int ll_dev_open(const char *name, void *buf, size_t len, ll_dev *d) {
+static int ll_dev_open(const char *name, int gid_index, void *buf, size_t len, ll_dev *d) {
 	memset(d, 0, sizeof *d);
+	d->gid_index = gid_index;
 	int n = 0;
 	struct ibv_device **list = ibv_get_device_list(&n);
 	if (!list) return -1;
@@ -69,14 +73,22 @@ static int ll_dev_open(const char *name, void *buf, size_t len, ll_dev *d) {
 	}
 	ibv_free_device_list(list);
 	if (!d->ctx) return -2;
-	if (!(d->pd = ibv_alloc_pd(d->ctx))) return -3;
-	if (!(d->mr = ibv_reg_mr(d->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ))) return -4;
+	if (!(d->pd = ibv_alloc_pd(d->ctx))) { d->err = errno; return -3; }
+	// The arena is read remotely by peers (source side) and written
+	// locally by READ responses (destination side).
+	if (!(d->mr = ibv_reg_mr(d->pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ))) { d->err = errno; return -4; }
 	struct ibv_port_attr pa;
-	if (ibv_query_port(d->ctx, 1, &pa)) return -5;
+	if (ibv_query_port(d->ctx, 1, &pa)) { d->err = errno; return -5; }
 	if (pa.state != IBV_PORT_ACTIVE) return -6;
 	d->lid = pa.lid;
 	d->mtu = pa.active_mtu;
-	if (ibv_query_gid(d->ctx, 1, 0, &d->gid)) return -7;
+	if (ibv_query_gid(d->ctx, 1, gid_index, &d->gid)) { d->err = errno; return -7; }
+	struct ibv_device_attr da;
+	if (ibv_query_device(d->ctx, &da)) { d->err = errno; return -8; }
+	d->rd_atomic = 16;
+	if (da.max_qp_rd_atom < d->rd_atomic) d->rd_atomic = da.max_qp_rd_atom;
+	if (da.max_qp_init_rd_atom < d->rd_atomic) d->rd_atomic = da.max_qp_init_rd_atom;
+	if (d->rd_atomic < 1) d->rd_atomic = 1;
 	return 0;
 }
 
@@ -84,6 +96,7 @@ static void ll_dev_close(ll_dev *d) {
 	if (d->mr) ibv_dereg_mr(d->mr);
 	if (d->pd) ibv_dealloc_pd(d->pd);
 	if (d->ctx) ibv_close_device(d->ctx);
+	memset(d, 0, sizeof *d);
 }
 
 static uint32_t ll_rkey(ll_dev *d) { return d->mr->rkey; }
@@ -95,7 +108,9 @@ typedef struct {
 	uint32_t psn;
 } ll_qp;
 
-static int ll_qp_create(ll_dev *d, int depth, uint32_t psn, ll_qp *q) {
+// access is the remote access this queue pair grants its peer: READ on a
+// source, nothing on a destination.
+static int ll_qp_create(ll_dev *d, int depth, uint32_t psn, int access, ll_qp *q) {
 	memset(q, 0, sizeof *q);
 	if (!(q->cq = ibv_create_cq(d->ctx, depth, NULL, NULL, 0))) return -1;
 	struct ibv_qp_init_attr ia;
@@ -112,7 +127,7 @@ static int ll_qp_create(ll_dev *d, int depth, uint32_t psn, ll_qp *q) {
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = 1;
-	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+	a.qp_access_flags = access;
 	if (ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)) return -3;
 	q->psn = psn & 0xffffff;
 	return 0;
@@ -120,22 +135,23 @@ static int ll_qp_create(ll_dev *d, int depth, uint32_t psn, ll_qp *q) {
 
 static uint32_t ll_qpn(ll_qp *q) { return q->qp->qp_num; }
 
-// ll_qp_connect moves the queue pair to ready-to-send against the peer's.
-static int ll_qp_connect(ll_dev *d, ll_qp *q, uint32_t rqpn, uint32_t rpsn, uint16_t rlid, const uint8_t *rgid) {
+// ll_qp_connect moves the queue pair to ready-to-send against the peer's,
+// with the path MTU and read depth both sides allow.
+static int ll_qp_connect(ll_dev *d, ll_qp *q, uint32_t rqpn, uint32_t rpsn, uint16_t rlid, const uint8_t *rgid, int mtu, int rd_atomic) {
 	struct ibv_qp_attr a;
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = d->mtu;
+	a.path_mtu = mtu;
 	a.dest_qp_num = rqpn;
 	a.rq_psn = rpsn & 0xffffff;
-	a.max_dest_rd_atomic = 16;
+	a.max_dest_rd_atomic = rd_atomic;
 	a.min_rnr_timer = 12;
 	a.ah_attr.dlid = rlid;
 	a.ah_attr.port_num = 1;
 	if (rgid) {
 		a.ah_attr.is_global = 1;
 		memcpy(&a.ah_attr.grh.dgid, rgid, 16);
-		a.ah_attr.grh.sgid_index = 0;
+		a.ah_attr.grh.sgid_index = d->gid_index;
 		a.ah_attr.grh.hop_limit = 64;
 	}
 	if (ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -146,7 +162,7 @@ static int ll_qp_connect(ll_dev *d, ll_qp *q, uint32_t rqpn, uint32_t rpsn, uint
 	a.retry_cnt = 7;
 	a.rnr_retry = 7;
 	a.sq_psn = q->psn;
-	a.max_rd_atomic = 16;
+	a.max_rd_atomic = rd_atomic;
 	if (ibv_modify_qp(q->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
 		IBV_QP_MAX_QP_RD_ATOMIC)) return -2;
 	return 0;
@@ -193,6 +209,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"strings"
+	"sync"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -226,7 +244,7 @@ func verbsStatus(devices []string) (reason, device string) {
 }
 
 var verbsSteps = map[C.int]string{-1: "ibv_get_device_list", -2: "ibv_open_device", -3: "ibv_alloc_pd", -4: "ibv_reg_mr",
-	-5: "ibv_query_port", -6: "port 1 not active", -7: "ibv_query_gid"}
+	-5: "ibv_query_port", -6: "port 1 not active", -7: "ibv_query_gid", -8: "ibv_query_device"}
 
 // verbsDev is a device with the node's whole arena registered as one
 // memory region: sources read from it remotely, destinations write into
@@ -238,12 +256,22 @@ type verbsDev struct {
 }
 
 func (v *verbsDev) endpoint(q *C.ll_qp) *transferpb.VerbsEndpoint {
-	return &transferpb.VerbsEndpoint{Qpn: uint32(C.ll_qpn(q)), Psn: uint32(q.psn), Lid: uint32(v.d.lid), Gid: C.GoBytes(unsafe.Pointer(&v.d.gid), 16)}
+	return &transferpb.VerbsEndpoint{Qpn: uint32(C.ll_qpn(q)), Psn: uint32(q.psn), Lid: uint32(v.d.lid), Gid: C.GoBytes(unsafe.Pointer(&v.d.gid), 16),
+		Mtu: uint32(v.d.mtu), RdAtomic: uint32(v.d.rd_atomic)}
 }
 
-func (v *verbsDev) newQP(depth int) (*C.ll_qp, error) {
+// newQP creates a queue pair; source ones grant their peer remote reads,
+// destination ones grant nothing.
+func (v *verbsDev) newQP(depth int, source bool) (*C.ll_qp, error) {
 	q := (*C.ll_qp)(C.calloc(1, C.size_t(unsafe.Sizeof(C.ll_qp{}))))
-	if rc := C.ll_qp_create(&v.d, C.int(depth), C.uint32_t(rand.Uint32()), q); rc != 0 {
+	if q == nil {
+		return nil, errors.New("rdma: out of memory for a queue pair")
+	}
+	access := C.int(0)
+	if source {
+		access = C.IBV_ACCESS_REMOTE_READ
+	}
+	if rc := C.ll_qp_create(&v.d, C.int(depth), C.uint32_t(rand.Uint32()), access, q); rc != 0 {
 		C.ll_qp_destroy(q)
 		C.free(unsafe.Pointer(q))
 		return nil, fmt.Errorf("rdma: create queue pair: step %d", int(rc))
@@ -257,12 +285,14 @@ func freeQP(q *C.ll_qp) {
 }
 
 func (v *verbsDev) connect(q *C.ll_qp, peer *transferpb.VerbsEndpoint) error {
-	if peer == nil || len(peer.Gid) != 16 {
+	if peer == nil || len(peer.Gid) != 16 || peer.Mtu == 0 || peer.RdAtomic == 0 {
 		return fmt.Errorf("%w: bad verbs endpoint", ErrBadTransfer)
 	}
 	gid := C.CBytes(peer.Gid)
 	defer C.free(gid)
-	if rc := C.ll_qp_connect(&v.d, q, C.uint32_t(peer.Qpn), C.uint32_t(peer.Psn), C.uint16_t(peer.Lid), (*C.uint8_t)(gid)); rc != 0 {
+	mtu := min(C.int(v.d.mtu), C.int(peer.Mtu))
+	rd := min(v.d.rd_atomic, C.int(peer.RdAtomic))
+	if rc := C.ll_qp_connect(&v.d, q, C.uint32_t(peer.Qpn), C.uint32_t(peer.Psn), C.uint16_t(peer.Lid), (*C.uint8_t)(gid), mtu, rd); rc != 0 {
 		return fmt.Errorf("rdma: connect queue pair: step %d", int(rc))
 	}
 	return nil
@@ -270,8 +300,10 @@ func (v *verbsDev) connect(q *C.ll_qp, peer *transferpb.VerbsEndpoint) error {
 
 // verbs is the RDMA verbs transport and the source side of it.
 type verbs struct {
-	dev  *verbsDev
-	ctrl *QUIC
+	dev    *verbsDev
+	ctrl   *QUIC
+	engine *Engine
+	once   sync.Once
 }
 
 // OpenVerbs registers the engine's arena with the device and returns the
@@ -279,7 +311,7 @@ type verbs struct {
 // RDMA READ moves the payloads straight into the destination's WRITING
 // slots, and a fetch that fails over verbs is retried over QUIC. The
 // engine then serves verbs fetches too.
-func OpenVerbs(e *Engine, device string, ctrl *QUIC) (Transport, error) {
+func OpenVerbs(e *Engine, device string, gidIndex int, ctrl *QUIC) (Transport, error) {
 	mem := e.owner.Arena().Mem()
 	if len(mem) == 0 {
 		return nil, errors.New("rdma: empty arena")
@@ -287,19 +319,25 @@ func OpenVerbs(e *Engine, device string, ctrl *QUIC) (Transport, error) {
 	v := &verbsDev{base: uintptr(unsafe.Pointer(&mem[0])), size: uintptr(len(mem))}
 	name := C.CString(device)
 	defer C.free(unsafe.Pointer(name))
-	if rc := C.ll_dev_open(name, unsafe.Pointer(&mem[0]), C.size_t(len(mem)), &v.d); rc != 0 {
+	if rc := C.ll_dev_open(name, C.int(gidIndex), unsafe.Pointer(&mem[0]), C.size_t(len(mem)), &v.d); rc != 0 {
+		errno := syscall.Errno(v.d.err)
 		C.ll_dev_close(&v.d)
-		return nil, fmt.Errorf("rdma: %s: %s failed", device, verbsSteps[rc])
+		return nil, fmt.Errorf("rdma: %s: %s failed (%v)", device, verbsSteps[rc], errno)
 	}
-	t := &verbs{dev: v, ctrl: ctrl}
+	t := &verbs{dev: v, ctrl: ctrl, engine: e}
 	e.verbs = t
 	return t, nil
 }
 
 func (t *verbs) Name() string { return "rdma" }
 
+// Close stops serving verbs fetches and closes the device; the engine
+// must have stopped serving streams (the agent closes it last).
 func (t *verbs) Close() error {
-	C.ll_dev_close(&t.dev.d)
+	t.once.Do(func() {
+		t.engine.verbs = nil
+		C.ll_dev_close(&t.dev.d)
+	})
 	return t.ctrl.Close()
 }
 
@@ -313,7 +351,7 @@ func (t *verbs) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 }
 
 func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
-	q, err := t.dev.newQP(int(min(f.Count, 256)) + 1)
+	q, err := t.dev.newQP(int(min(f.Count, 256))+1, false)
 	if err != nil {
 		return 0, err
 	}
@@ -380,7 +418,8 @@ func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 		}
 		laddr := uintptr(unsafe.Pointer(&buf[0]))
 		if laddr < t.dev.base || laddr+uintptr(len(buf)) > t.dev.base+t.dev.size {
-			return 0, fmt.Errorf("%w: block %d's buffer lies outside the registered arena", ErrBadTransfer, i)
+			// A local matter, not the source's: QUIC can still do it.
+			return 0, fmt.Errorf("rdma: block %d's buffer lies outside the registered arena", i)
 		}
 		if outstanding >= 256 {
 			if err := wait(outstanding - 1); err != nil {
@@ -431,7 +470,7 @@ func (t *verbs) serve(e *Engine, vf *transferpb.VerbsFetch, r *bufio.Reader, w *
 	if err != nil {
 		return refuse(err.Error())
 	}
-	q, err := t.dev.newQP(1)
+	q, err := t.dev.newQP(1, true)
 	if err != nil {
 		return refuse(err.Error())
 	}
@@ -442,8 +481,8 @@ func (t *verbs) serve(e *Engine, vf *transferpb.VerbsFetch, r *bufio.Reader, w *
 	offer := &transferpb.VerbsOffer{Endpoint: t.dev.endpoint(q), Rkey: uint32(C.ll_rkey(&t.dev.d))}
 	arena := e.owner.Arena()
 	for i, ref := range refs {
-		p := arena.Payload(int(ref.Slot))[:ref.PayloadLen]
-		offer.Blocks = append(offer.Blocks, &transferpb.VerbsBlock{Addr: uint64(uintptr(unsafe.Pointer(&p[0]))),
+		p := arena.Payload(int(ref.Slot))
+		offer.Blocks = append(offer.Blocks, &transferpb.VerbsBlock{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p)))),
 			Header: &transferpb.BlockHeader{Index: uint32(i), Key: keys[int(f.First)+i][:], Checksum: ref.Checksum, PayloadLen: ref.PayloadLen}})
 	}
 	if err := frame.Write(w, offer); err != nil {

@@ -9,6 +9,6 @@ const verbsBuilt = false
 func verbsStatus([]string) (string, string) { return "", "" }
 
 // OpenVerbs needs the rdma build tag.
-func OpenVerbs(e *Engine, device string, ctrl *QUIC) (Transport, error) {
+func OpenVerbs(e *Engine, device string, gidIndex int, ctrl *QUIC) (Transport, error) {
 	return nil, errors.New("rdma: this binary was built without the rdma tag")
 }

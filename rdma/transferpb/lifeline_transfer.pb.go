@@ -554,11 +554,15 @@ func (x *PullReply) GetError() string {
 // block lies; the destination reads them and says VerbsDone, after which
 // the source releases the blocks.
 type VerbsEndpoint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Qpn           uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
-	Psn           uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
-	Lid           uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`
-	Gid           []byte                 `protobuf:"bytes,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Qpn   uint32                 `protobuf:"varint,1,opt,name=qpn,proto3" json:"qpn,omitempty"`
+	Psn   uint32                 `protobuf:"varint,2,opt,name=psn,proto3" json:"psn,omitempty"`
+	Lid   uint32                 `protobuf:"varint,3,opt,name=lid,proto3" json:"lid,omitempty"`
+	Gid   []byte                 `protobuf:"bytes,4,opt,name=gid,proto3" json:"gid,omitempty"`
+	// mtu (an ibv_mtu value) and rd_atomic (outstanding RDMA READs) are
+	// what this side's port and device allow; both sides use the smaller.
+	Mtu           uint32 `protobuf:"varint,5,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	RdAtomic      uint32 `protobuf:"varint,6,opt,name=rd_atomic,json=rdAtomic,proto3" json:"rd_atomic,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -619,6 +623,20 @@ func (x *VerbsEndpoint) GetGid() []byte {
 		return x.Gid
 	}
 	return nil
+}
+
+func (x *VerbsEndpoint) GetMtu() uint32 {
+	if x != nil {
+		return x.Mtu
+	}
+	return 0
+}
+
+func (x *VerbsEndpoint) GetRdAtomic() uint32 {
+	if x != nil {
+		return x.RdAtomic
+	}
+	return 0
 }
 
 type VerbsFetch struct {
@@ -984,12 +1002,14 @@ const file_lifeline_transfer_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x04R\x05bytes\x12\x16\n" +
 	"\x06source\x18\x05 \x01(\tR\x06source\x12\x14\n" +
 	"\x05stale\x18\x06 \x01(\bR\x05stale\x12\x14\n" +
-	"\x05error\x18\a \x01(\tR\x05error\"W\n" +
+	"\x05error\x18\a \x01(\tR\x05error\"\x86\x01\n" +
 	"\rVerbsEndpoint\x12\x10\n" +
 	"\x03qpn\x18\x01 \x01(\rR\x03qpn\x12\x10\n" +
 	"\x03psn\x18\x02 \x01(\rR\x03psn\x12\x10\n" +
 	"\x03lid\x18\x03 \x01(\rR\x03lid\x12\x10\n" +
-	"\x03gid\x18\x04 \x01(\fR\x03gid\"\x80\x01\n" +
+	"\x03gid\x18\x04 \x01(\fR\x03gid\x12\x10\n" +
+	"\x03mtu\x18\x05 \x01(\rR\x03mtu\x12\x1b\n" +
+	"\trd_atomic\x18\x06 \x01(\rR\brdAtomic\"\x80\x01\n" +
 	"\n" +
 	"VerbsFetch\x121\n" +
 	"\x05fetch\x18\x01 \x01(\v2\x1b.lifeline.transfer.v1.FetchR\x05fetch\x12?\n" +
