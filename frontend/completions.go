@@ -652,7 +652,7 @@ func (x *run) route(a Route) []Action {
 	// unless the decode instance's node already holds the whole prompt.
 	whole := len(x.prefixKeys(in)) > 0 && cached >= len(x.prefixKeys(in))
 	if err == nil && x.r.Received() == 0 && x.r.PrefillFailures < MaxPrefillAttempts && !whole {
-		p, perr = s.router.PickPrefill(x.body.Model, in.ModelRevision, in.NumericsID, a.Exclude, time.Now())
+		p, perr = s.router.PickPrefill(x.body.Model, in.ModelRevision, in.NumericsID, a.Exclude, time.Now(), x.prefixKeys)
 	}
 	hasPrefill := s.router.HasPrefill(x.body.Model)
 	s.mu.Unlock()
@@ -708,7 +708,7 @@ func (x *run) routePrefill(a RoutePrefill) []Action {
 	s := x.s
 	s.mu.Lock()
 	d := s.router.instances[x.r.Endpoint.InstanceID]
-	p, err := s.router.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclude, time.Now())
+	p, err := s.router.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclude, time.Now(), x.prefixKeys)
 	s.mu.Unlock()
 	if err != nil {
 		s.metrics.pd.WithLabelValues("no_prefill").Inc()

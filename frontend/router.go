@@ -150,23 +150,38 @@ func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map
 	keysFor func(Instance) []kv.BlockKey) (Instance, int, bool, error) {
 	cached := map[string]int{}
 	used := false
-	score := func(in Instance) int {
+	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
+	in, err := rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, score)
+	return in, cached[in.ID], used, err
+}
+
+// PickPrefill chooses a prefill instance with the given numerics the same
+// way: the node holding the longest prefix of the prompt (a shared system
+// prompt is not computed again), weighted against load; keysFor may be
+// nil (load only).
+func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time, keysFor func(Instance) []kv.BlockKey) (Instance, error) {
+	var score func(Instance) int
+	if keysFor != nil {
+		score = rt.cacheScore(keysFor, now, func(Instance, int) {})
+	}
+	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics }, score)
+}
+
+// cacheScore scores an instance by its node's cached prefix positions
+// minus LoadWeight per outstanding sequence; seen gets each instance's
+// cached blocks when its node's summary is fresh.
+func (rt *Router) cacheScore(keysFor func(Instance) []kv.BlockKey, now time.Time, seen func(Instance, int)) func(Instance) int {
+	return func(in Instance) int {
 		keys := keysFor(in)
 		if keys == nil || in.KVIdentity == nil {
 			return -in.Outstanding * LoadWeight
 		}
 		n, fresh := rt.CachedBlocks(in.Node, keys, now)
-		used = used || fresh
-		cached[in.ID] = n
+		if fresh {
+			seen(in, n)
+		}
 		return n*in.KVIdentity.BlockSize - in.Outstanding*LoadWeight
 	}
-	in, err := rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, score)
-	return in, cached[in.ID], used, err
-}
-
-// PickPrefill chooses a prefill instance the same way.
-func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time) (Instance, error) {
-	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics }, nil)
 }
 
 // HasPrefill reports whether any prefill instance of the model is known.

@@ -78,7 +78,17 @@ func TestCacheAwareRouting(t *testing.T) {
 	if got := fmt.Sprint(rt.KVSources([]string{"n3", "gone"}, "n1")); got != "[c:3 b:2]" {
 		t.Fatalf("sources %s", got)
 	}
-	if p, err := rt.PickPrefill("m", "", "", nil, t0); err != nil || p.ID != "p" {
+	if p, err := rt.PickPrefill("m", "", "", nil, t0, nil); err != nil || p.ID != "p" {
 		t.Fatalf("prefill pick %v %v", p, err)
+	}
+	// Between two prefill instances, the one whose node holds the prompt.
+	rt.Update(Instance{ID: "p0", Node: "n1", Model: "m", Ready: true, Role: "prefill", KVIdentity: id})
+	rt.UpdateNode(Node{Name: "n1", KVAddr: "a:1", Prefixes: summary(keys[:3]), Updated: t0})
+	rt.UpdateNode(Node{Name: "n2", KVAddr: "b:2", Prefixes: summary(keys[:1]), Updated: t0})
+	if p, _ := rt.PickPrefill("m", "", "", nil, t0, keysFor); p.ID != "p0" {
+		t.Fatalf("prefill pick ignores the cached prompt: %s", p.ID)
+	}
+	if p, _ := rt.PickPrefill("m", "", "", nil, t0, nil); p.ID != "p" {
+		t.Fatalf("load-only prefill pick: %s", p.ID)
 	}
 }
