@@ -590,3 +590,48 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 	}
 	noOrphans(t, n1, n2)
 }
+
+// TestPDCancelDuringTransfer: the client goes away while the decode node
+// pulls the prompt's blocks (held at the commit point). The cancel reaches
+// the pull: nothing of it is published, its staged slots are freed.
+func TestPDCancelDuringTransfer(t *testing.T) {
+	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:2s"}})
+	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
+	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := startFrontend(t, n1)
+	body := pdBody(24)
+	body["stream"] = true
+	b, _ := json.Marshal(body)
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json")
+	go func() {
+		// Leave once the pull holds its staged slots.
+		deadline := time.Now().Add(20 * time.Second)
+		for n1.status(t).KVTransfer.Stats.PullsInProgress == 0 && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel()
+	}()
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the request was answered (%d) before the transfer finished", resp.StatusCode)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := n1.status(t)
+		by, _ := st.Arena["by_state"].(map[string]any)
+		if st.KVTransfer.Stats.PullsInProgress == 0 && st.KVTransfer.Stats.StagedAborted > 0 {
+			if by["PUBLISHED"] != nil || st.KVTransfer.Stats.BlocksPulled != 0 {
+				t.Fatalf("a cancelled transfer published blocks: %v, %+v", st.Arena, st.KVTransfer.Stats)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the cancel never reached the pull: %+v", st.KVTransfer.Stats)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	noOrphans(t, n1, n2)
+}
