@@ -297,10 +297,12 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	if r.Endpoint.InstanceID != "" {
 		r.FailedInstances[r.Endpoint.InstanceID] = true
 	}
+	busy := r.Endpoint
 	r.State = Migrating
 	r.Epoch++
 	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
-	return []Action{Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	// The refused epoch's calls (a prefill or transfer started for it) end.
+	return []Action{CancelWorker{At: busy, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
 // Tick checks the inactivity timeout.

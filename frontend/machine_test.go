@@ -212,10 +212,14 @@ func TestOverloadedReroutesWithoutSpendingBudget(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
 	start(t, r, "a")
 	for i := 0; i < 5; i++ {
-		prev := r.Endpoint.InstanceID
-		route, ok := has[Route](r.OnOverloaded(r.Epoch))
+		prev, epoch := r.Endpoint.InstanceID, r.Epoch
+		acts := r.OnOverloaded(r.Epoch)
+		route, ok := has[Route](acts)
 		if !ok || !route.Exclude[prev] {
 			t.Fatal("an overloaded refusal did not re-route away from the busy instance")
+		}
+		if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch || cw.At.InstanceID != prev {
+			t.Fatalf("the refused epoch's calls are not ended: %v", acts)
 		}
 		r.Routed(route.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
 	}
