@@ -11,6 +11,13 @@ import (
 	"github.com/lifeline-llm/lifeline/kv"
 )
 
+// recordLocked is what to remember of inst's running worker (StartTime is
+// the caller's to fill). Agent.mu must be held.
+func (inst *instance) recordLocked() workerRecord {
+	return workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
+		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics, KVIdentity: inst.kvIdentity}
+}
+
 // workerRecord is what the agent remembers of a running worker, so that a
 // restarted agent can adopt it instead of killing it: an agent restart must
 // not cut in-flight streams.

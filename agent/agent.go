@@ -449,10 +449,11 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	case r := <-readyc:
 		a.mu.Lock()
 		inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
+		rec := inst.recordLocked()
 		a.mu.Unlock()
 		if st, err := processStartTime(pid); err == nil {
-			a.saveWorker(workerRecord{InstanceID: inst.id, Generation: gen, KVGeneration: gen, PID: pid, StartTime: st, Addr: r.Addr,
-				Model: r.Model, Revision: r.ModelRevision, Numerics: r.NumericsID, KVIdentity: r.KVIdentity})
+			rec.StartTime = st
+			a.saveWorker(rec)
 		}
 		go a.canaryLoop(wctx, inst, gen, cmd.Process)
 		death = a.awaitDeath(ctx, detected, waited, cmd.Process)

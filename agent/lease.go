@@ -187,8 +187,7 @@ func (a *Agent) reregisterOne(ctx context.Context, inst *instance) {
 		return
 	}
 	inst.gen = max(inst.gen, gen)
-	rec := workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
-		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics}
+	rec := inst.recordLocked()
 	if st, err := processStartTime(rec.PID); err == nil {
 		rec.StartTime = st
 		go a.saveWorker(rec)
