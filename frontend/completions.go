@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,7 +33,12 @@ type CompletionRequest struct {
 	Stop        []string `json:"stop"`
 	Stream      bool     `json:"stream"`
 	// IgnoreEOS is an extension for benchmarks and tests.
-	IgnoreEOS     bool `json:"ignore_eos"`
+	IgnoreEOS bool `json:"ignore_eos"`
+	// TimeoutMs (extension; also the Lifeline-Timeout-Ms header) is the
+	// request's deadline from its arrival: past it the request ends with
+	// a typed deadline_exceeded error (504 before anything is streamed),
+	// and a migration that cannot finish before it is not tried.
+	TimeoutMs     int64 `json:"timeout_ms"`
 	StreamOptions struct {
 		// Resumable keeps the request running through a client disconnect
 		// for the resume window.
@@ -196,6 +202,14 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "malformed JSON: "+err.Error())
 		return
 	}
+	if h := req.Header.Get("Lifeline-Timeout-Ms"); h != "" && body.TimeoutMs == 0 {
+		ms, err := strconv.ParseInt(h, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, ErrInvalidRequest, "Lifeline-Timeout-Ms: "+err.Error())
+			return
+		}
+		body.TimeoutMs = ms
+	}
 	if chat {
 		if len(body.Messages) == 0 {
 			writeError(w, http.StatusBadRequest, ErrInvalidRequest, "messages: empty")
@@ -222,6 +236,9 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	case body.Prompt == "":
 		writeError(w, http.StatusBadRequest, ErrInvalidRequest, "prompt: empty")
 		return
+	case body.TimeoutMs < 0 || body.TimeoutMs > 24*3600*1000:
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, fmt.Sprintf("timeout_ms: %d (0 for none, at most a day)", body.TimeoutMs))
+		return
 	case !s.knownModel(body.Model):
 		writeError(w, http.StatusNotFound, ErrInvalidRequest, fmt.Sprintf("model: %q is not served here", body.Model))
 		return
@@ -233,7 +250,11 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	now := time.Now()
 	// The prompt's length in tokens is not known here; estimate it for the
 	// deadline check from its bytes.
-	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), maxTokens, time.Time{}, s.opts.Policy, now)
+	var deadline time.Time
+	if body.TimeoutMs > 0 {
+		deadline = now.Add(time.Duration(body.TimeoutMs) * time.Millisecond)
+	}
+	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), maxTokens, deadline, s.opts.Policy, now)
 	resumable := body.StreamOptions.Resumable || req.Header.Get("Lifeline-Resumable") == "1"
 	// The request lives on the server, not on this connection: a resumable
 	// one survives the client's disconnect.
@@ -473,6 +494,12 @@ func (x *run) loop(ctx context.Context) {
 	acts := r.Start(time.Now())
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	var deadline <-chan time.Time
+	if !r.Deadline.IsZero() {
+		t := time.NewTimer(time.Until(r.Deadline))
+		defer t.Stop()
+		deadline = t.C
+	}
 	cancelled := false
 	for {
 		for len(acts) > 0 {
@@ -626,6 +653,8 @@ func (x *run) loop(ctx context.Context) {
 				acts = r.OnFrame(Frame{From: Endpoint{f.InstanceId, r.Endpoint.Generation}, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
 					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
 			}
+		case <-deadline:
+			acts = r.OnDeadline(time.Now())
 		case <-tick.C:
 			prefilling := r.PrefillAt
 			acts = r.Tick(time.Now())

@@ -305,6 +305,15 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	return []Action{CancelWorker{At: busy, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
+// OnDeadline ends the request with a typed error once its deadline has
+// passed, whatever it is doing (routing, prefilling, migrating, decoding).
+func (r *Request) OnDeadline(now time.Time) []Action {
+	if r.Deadline.IsZero() || now.Before(r.Deadline) || r.State.Terminal() || r.State == Cancelling {
+		return nil
+	}
+	return r.fail(ErrDeadlineExceeded, fmt.Sprintf("deadline passed after %d tokens", r.Received()))
+}
+
 // Tick checks the inactivity timeout.
 func (r *Request) Tick(now time.Time) []Action {
 	if !r.State.running() || r.State == Migrating || r.State == Admitted {

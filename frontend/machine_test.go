@@ -336,3 +336,27 @@ func TestPrefillStallBlamesThePrefillInstance(t *testing.T) {
 		t.Fatalf("stalled prefill: %v, failed %v, migrations %d", acts, r.FailedInstances, r.Migrations)
 	}
 }
+
+// TestDeadlineEndsAnyState: the deadline fails the request wherever it is,
+// including between a failure and the migration's route, and ends the
+// epoch's worker calls; before the deadline nothing happens.
+func TestDeadlineEndsAnyState(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, t0.Add(time.Second), DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	r.OnWorkerFailed(r.Epoch, "killed", true, t0)
+	if r.State != Migrating {
+		t.Fatalf("state %s", r.State)
+	}
+	if acts := r.OnDeadline(t0.Add(500 * time.Millisecond)); len(acts) != 0 {
+		t.Fatalf("before the deadline: %v", acts)
+	}
+	epoch := r.Epoch
+	acts := r.OnDeadline(t0.Add(time.Second))
+	if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch || r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+		t.Fatalf("at the deadline: %v, state %s, err %v", acts, r.State, r.Err)
+	}
+	if acts := r.OnDeadline(t0.Add(2 * time.Second)); len(acts) != 0 {
+		t.Fatal("a failed request failed again")
+	}
+}

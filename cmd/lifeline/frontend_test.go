@@ -794,3 +794,44 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 		t.Fatalf("non-streaming answer after a kill: migrations %v, equal %v\n%v", ll["migrations"], text(res) == text(want), res)
 	}
 }
+
+// TestFrontendDeadline: a request whose timeout passes while it is being
+// generated ends with a typed deadline_exceeded (504 before anything was
+// streamed), quickly; a bad timeout is a 400.
+func TestFrontendDeadline(t *testing.T) {
+	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
+	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	url := startFrontend(t, n)
+	for _, c := range []struct {
+		name   string
+		body   string
+		header string
+	}{
+		{"body", `{"model":"tiny","prompt":"Once upon a time","max_tokens":480,"ignore_eos":true,"timeout_ms":5}`, ""},
+		{"header", `{"model":"tiny","prompt":"Once upon a time","max_tokens":480,"ignore_eos":true}`, "5"},
+	} {
+		req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		if c.header != "" {
+			req.Header.Set("Lifeline-Timeout-Ms", c.header)
+		}
+		start := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusGatewayTimeout || !strings.Contains(string(raw), "deadline_exceeded") || time.Since(start) > 2*time.Second {
+			t.Fatalf("%s: %d %s after %v", c.name, resp.StatusCode, raw, time.Since(start))
+		}
+	}
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny","prompt":"x","timeout_ms":-1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("negative timeout: %d", resp.StatusCode)
+	}
+}
