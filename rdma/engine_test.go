@@ -288,8 +288,9 @@ func TestPullBadInput(t *testing.T) {
 	noneInFlight(t, dst)
 }
 
-// hostileSource answers every fetch with answer's frames and bytes.
-func hostileSource(t *testing.T, certDir string, answer func(w io.Writer, f *transferpb.Fetch)) string {
+// fakeSource is a source that is not an engine: real QUIC with the
+// cluster's TLS, each stream handed to handle.
+func fakeSource(t *testing.T, certDir string, handle func(st *quic.Stream)) string {
 	t.Helper()
 	tlsConf, err := TLS(certDir)
 	if err != nil {
@@ -312,18 +313,24 @@ func hostileSource(t *testing.T, certDir string, answer func(w io.Writer, f *tra
 					if err != nil {
 						return
 					}
-					go func() {
-						var req transferpb.Request
-						if frame.Read(bufio.NewReader(st), &req) == nil && req.GetFetch() != nil {
-							answer(st, req.GetFetch())
-						}
-						st.Close()
-					}()
+					go handle(st)
 				}
 			}()
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// hostileSource answers every fetch with answer's frames and bytes.
+func hostileSource(t *testing.T, certDir string, answer func(w io.Writer, f *transferpb.Fetch)) string {
+	t.Helper()
+	return fakeSource(t, certDir, func(st *quic.Stream) {
+		var req transferpb.Request
+		if frame.Read(bufio.NewReader(st), &req) == nil && req.GetFetch() != nil {
+			answer(st, req.GetFetch())
+		}
+		st.Close()
+	})
 }
 
 // TestPullRejectsHostileSources: a source that lies about what it sends
@@ -418,39 +425,14 @@ func BenchmarkFetchQUIC(b *testing.B) {
 func TestPullCancelReleasesSlots(t *testing.T) {
 	c := certs(t)
 	dst := newNode(t, c, 1024)
-	tlsConf, err := TLS(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A hung source: real QUIC, reads the request, never answers.
-	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept(context.Background())
-			if err != nil {
-				return
-			}
-			go func() {
-				for {
-					st, err := conn.AcceptStream(context.Background())
-					if err != nil {
-						return
-					}
-					go io.Copy(io.Discard, st)
-				}
-			}()
-		}
-	}()
+	// A hung source: reads the request, never answers.
+	hung := fakeSource(t, c, func(st *quic.Stream) { io.Copy(io.Discard, st) })
 	dst.engine.transport.(*QUIC).Stall = time.Minute
 	keys := chain(8, "e")
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *transferpb.PullReply, 1)
 	go func() {
-		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{ln.Addr().String()}})
+		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: RawKeys(keys), Sources: []string{hung}})
 	}()
 	// Wait until the pull holds its staged slots.
 	deadline := time.Now().Add(10 * time.Second)

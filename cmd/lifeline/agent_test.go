@@ -72,7 +72,15 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 	t.Helper()
 	certs := certDir(t)
 	e, cli := startEtcd(t, certs)
-	n := &agentNode{etcd: e, cli: cli, dir: t.TempDir(), certDir: certs}
+	return startAgentNode(t, &agentNode{etcd: e, cli: cli, certDir: certs}, "n1", extra, wrap...)
+}
+
+// startAgentNode configures and starts the agent of node nodeID on n's
+// etcd and certificates, with its own directory and arena; extra
+// overrides configuration keys ("_env" adds to its environment).
+func startAgentNode(t *testing.T, n *agentNode, nodeID string, extra map[string]any, wrap ...func(*exec.Cmd) *exec.Cmd) *agentNode {
+	t.Helper()
+	n.dir = t.TempDir()
 	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
 	if err != nil {
 		t.Fatal(err)
@@ -83,16 +91,15 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 	t.Cleanup(func() { os.Remove(n.arena) })
 	n.socket = filepath.Join(n.dir, "agent.sock")
 	cfg := map[string]any{
-		"node_id": "n1", "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{e.Endpoint}, "etcd_tls": true,
+		"node_id": nodeID, "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{n.etcd.Endpoint}, "etcd_tls": true,
 		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
 		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}},
 		"lease_ttl": "3s", "canary_idle": "1s", "canary_timeout": "1s",
 		"worker_binary": binary,
 	}
-	var env []string
 	for k, v := range extra {
 		if k == "_env" {
-			env = v.([]string)
+			n.env = v.([]string)
 			continue
 		}
 		cfg[k] = v
@@ -103,7 +110,6 @@ func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *e
 	if len(wrap) > 0 {
 		n.wrap = wrap[0]
 	}
-	n.env = env
 	n.start(t)
 	return n
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,36 +29,14 @@ const pdPrompt = "Tell me a story about a dog who found a river near the old mou
 
 // peerAgent starts another node agent on first's etcd and certificates:
 // another host, as far as Lifeline can tell (its own arena, Badger, KV
-// transfer endpoint and node id).
+// transfer endpoint and node id). Its canaries are off unless extra says.
 func peerAgent(t *testing.T, first *agentNode, nodeID string, extra map[string]any) *agentNode {
 	t.Helper()
-	n := &agentNode{etcd: first.etcd, cli: first.cli, dir: t.TempDir(), certDir: first.certDir}
-	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
-	if err != nil {
-		t.Fatal(err)
+	extra = maps.Clone(extra)
+	if _, ok := extra["canary_idle"]; !ok {
+		extra["canary_idle"] = "1h"
 	}
-	f.Close()
-	os.Remove(f.Name())
-	n.arena = f.Name()
-	t.Cleanup(func() { os.Remove(n.arena) })
-	n.socket = filepath.Join(n.dir, "agent.sock")
-	cfg := map[string]any{
-		"node_id": nodeID, "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{first.etcd.Endpoint}, "etcd_tls": true,
-		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
-		"lease_ttl": "3s", "canary_idle": "1h", "canary_timeout": "1s", "worker_binary": binary,
-	}
-	for k, v := range extra {
-		if k == "_env" {
-			n.env = v.([]string)
-			continue
-		}
-		cfg[k] = v
-	}
-	b, _ := json.Marshal(cfg)
-	n.config = filepath.Join(n.dir, "agent.json")
-	os.WriteFile(n.config, b, 0o600)
-	n.start(t)
-	return n
+	return startAgentNode(t, &agentNode{etcd: first.etcd, cli: first.cli, certDir: first.certDir}, nodeID, extra)
 }
 
 func instancesOf(role string, count int) []map[string]any {

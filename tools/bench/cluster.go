@@ -117,6 +117,28 @@ func (c *benchCluster) frontend(extra ...string) (string, error) {
 	return "", fmt.Errorf("frontend exited before listening")
 }
 
+// sockOf is the control socket of the node running instance ("b1-…" runs
+// on node 1).
+func (c *benchCluster) sockOf(instance string) string {
+	if strings.HasPrefix(instance, "b1") {
+		return c.socks[1]
+	}
+	return c.socks[0]
+}
+
+// kill SIGKILLs instance's worker and says when.
+func (c *benchCluster) kill(instance string) time.Time {
+	var ws []agent.Worker
+	getJSON(unixClient(c.sockOf(instance)), "/v1/workers", &ws)
+	at := time.Now()
+	for _, w := range ws {
+		if w.InstanceID == instance {
+			syscall.Kill(w.PID, syscall.SIGKILL)
+		}
+	}
+	return at
+}
+
 func (c *benchCluster) close() {
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		c.procs[i].Process.Signal(syscall.SIGTERM)

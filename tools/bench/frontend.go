@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
@@ -20,13 +19,13 @@ import (
 // after a decode worker is killed mid-stream.
 func runFrontendBench(kills int) error {
 	fmt.Printf("## Frontend (small preset, 2 nodes × 1 worker; real processes)\n\n")
-	c, err := startBenchCluster(256)
+	cluster, err := startBenchCluster(256)
 	if err != nil {
 		return err
 	}
-	defer c.close()
-	certs, cli, socks, regs := c.certs, c.cli, c.socks, c.regs
-	url, err := c.frontend()
+	defer cluster.close()
+	certs, cli, regs := cluster.certs, cluster.cli, cluster.regs
+	url, err := cluster.frontend()
 	if err != nil {
 		return err
 	}
@@ -132,27 +131,14 @@ func runFrontendBench(kills int) error {
 			switch c.Lifeline.SequenceNo {
 			case 64:
 				victim = c.Lifeline.InstanceID
-				node := 0
-				if strings.HasPrefix(victim, "b1") {
-					node = 1
-				}
-				var ws []agent.Worker
-				getJSON(unixClient(socks[node]), "/v1/workers", &ws)
-				killed = time.Now()
-				for _, w := range ws {
-					syscall.Kill(w.PID, syscall.SIGKILL)
-				}
+				killed = cluster.kill(victim)
 			case 65:
 				rto = append(rto, time.Since(killed))
 			}
 		}
 		resp.Body.Close()
-		node := 0
-		if strings.HasPrefix(victim, "b1") {
-			node = 1
-		}
 		var evs []agent.Event
-		r, err := unixClient(socks[node]).Get("http://agent/v1/events")
+		r, err := unixClient(cluster.sockOf(victim)).Get("http://agent/v1/events")
 		if err == nil {
 			d := json.NewDecoder(r.Body)
 			for {

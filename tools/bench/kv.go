@@ -24,6 +24,37 @@ type kvNode struct {
 }
 
 func startKVNode(slots, payload int) (*kvNode, error) {
+	b, err := newBenchOwner(slots, payload)
+	if err != nil {
+		return nil, err
+	}
+	sock := filepath.Join(b.dir, "kv.sock")
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- kv.Serve(ctx, b.owner, sock) }()
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := kv.WaitServing(wctx, sock); err != nil {
+		cancel()
+		<-done
+		b.stop()
+		return nil, err
+	}
+	return &kvNode{owner: b.owner, socket: sock, stop: func() {
+		cancel()
+		<-done
+		b.stop()
+	}}, nil
+}
+
+// benchOwner is an arena owner in /dev/shm with its Badger directory.
+type benchOwner struct {
+	owner *kv.Owner
+	dir   string
+	stop  func()
+}
+
+func newBenchOwner(slots, payload int) (*benchOwner, error) {
 	dir, err := os.MkdirTemp("", "lifeline-bench")
 	if err != nil {
 		return nil, err
@@ -31,25 +62,10 @@ func startKVNode(slots, payload int) (*kvNode, error) {
 	arena := filepath.Join("/dev/shm", "lifeline-bench-"+filepath.Base(dir))
 	o, err := kv.Open(kv.Options{ArenaPath: arena, Geometry: shm.Geometry{Slots: slots, PayloadSize: payload}, DBDir: filepath.Join(dir, "db"), LeaseTTL: 30 * time.Second})
 	if err != nil {
-		return nil, err
-	}
-	sock := filepath.Join(dir, "kv.sock")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- kv.Serve(ctx, o, sock) }()
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	if err := kv.WaitServing(wctx, sock); err != nil {
-		cancel()
-		return nil, err
-	}
-	return &kvNode{owner: o, socket: sock, stop: func() {
-		cancel()
-		<-done
-		o.Close()
-		os.Remove(arena)
 		os.RemoveAll(dir)
-	}}, nil
+		return nil, err
+	}
+	return &benchOwner{owner: o, dir: dir, stop: func() { o.Close(); os.Remove(arena); os.RemoveAll(dir) }}, nil
 }
 
 func timeIt(f func()) time.Duration {

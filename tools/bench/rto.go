@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
@@ -80,16 +79,7 @@ func runRTOBench(kills int) error {
 				switch ch.Lifeline.SequenceNo {
 				case killAfter:
 					victim = ch.Lifeline.InstanceID
-					node := 0
-					if strings.HasPrefix(victim, "b1") {
-						node = 1
-					}
-					var ws []agent.Worker
-					getJSON(unixClient(c.socks[node]), "/v1/workers", &ws)
-					killed = time.Now()
-					for _, w := range ws {
-						syscall.Kill(w.PID, syscall.SIGKILL)
-					}
+					killed = c.kill(victim)
 				case killAfter + 1:
 					rto = append(rto, time.Since(killed))
 				case 0:

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/quic-go/quic-go"
@@ -61,25 +60,6 @@ func sizeName(n int) string {
 		return fmt.Sprintf("%d MiB", n>>20)
 	}
 	return fmt.Sprintf("%d KiB", n>>10)
-}
-
-type benchOwner struct {
-	owner *kv.Owner
-	stop  func()
-}
-
-func newBenchOwner(slots, payload int) (*benchOwner, error) {
-	dir, err := os.MkdirTemp("", "lifeline-bench")
-	if err != nil {
-		return nil, err
-	}
-	arena := filepath.Join("/dev/shm", "lifeline-bench-"+filepath.Base(dir))
-	o, err := kv.Open(kv.Options{ArenaPath: arena, Geometry: shm.Geometry{Slots: slots, PayloadSize: payload}, DBDir: filepath.Join(dir, "db"), LeaseTTL: 30 * time.Second})
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	return &benchOwner{owner: o, stop: func() { o.Close(); os.Remove(arena); os.RemoveAll(dir) }}, nil
 }
 
 // transferRow returns GB/s for memcpy, TCP, stock QUIC, QUIC 1/4/8 streams.
