@@ -245,6 +245,10 @@ func (s *Scheduler) validate(r *Request) error {
 		return bad("a canary may use at most %d positions", CanaryMaxPositions)
 	case r.OnToken == nil || r.OnFinish == nil:
 		return bad("OnToken and OnFinish are required")
+	case r.PrefillOnly && len(r.Prefix) > 0:
+		// A prefill hands off the prompt's blocks; a continuation is a
+		// decode's work (its blocks would not be reserved here).
+		return bad("prefill_only takes no prefix tokens")
 	}
 	for _, ids := range [][]int{r.Prompt, r.Prefix} {
 		for _, id := range ids {

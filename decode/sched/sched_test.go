@@ -295,6 +295,7 @@ func TestBadRequests(t *testing.T) {
 		"sampling":       func(r *Request) { r.Sampling.TopP = 7 },
 		"priority":       func(r *Request) { r.Priority = 9 },
 		"no callbacks":   func(r *Request) { r.OnToken = nil },
+		"prefill prefix": func(r *Request) { r.PrefillOnly = true; r.Prefix = []int{5} },
 	} {
 		r := base
 		mut(&r)

@@ -292,6 +292,10 @@ func ErrorFrame(err error) *wire.Error {
 		e.Code = wire.Code_CANCELLED
 	case errors.Is(err, sched.ErrClosed):
 		e.Code, e.Retryable = wire.Code_SHUTTING_DOWN, true
+	case errors.Is(err, sched.ErrKVLost):
+		// Blocks taken back and not replaceable here: another worker can
+		// continue (migrate), this one could not.
+		e.Retryable = true
 	}
 	return e
 }
