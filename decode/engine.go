@@ -233,7 +233,7 @@ type Request struct {
 	Priority   sched.Priority
 	KeepLogits bool
 	// PrefillOnly computes and publishes the prompt's K/V and ends with
-	// FinishPrefilled and the keys of its full blocks (Event.KVKeys).
+	// FinishPrefilled and the prompt's tokens (Event.PromptTokens).
 	PrefillOnly bool
 }
 
@@ -252,11 +252,8 @@ type Event struct {
 	// ReusedPositions counts prompt positions whose K/V were taken from the
 	// shared arena instead of computed (Done event only).
 	ReusedPositions int
-	// KVKeys are the identity keys of the prompt's full blocks, in order
-	// (Done event of a PrefillOnly request on a shared arena).
-	KVKeys []kv.BlockKey
 	// PromptTokens is the prompt as computed, BOS included (Done event of
-	// a PrefillOnly request).
+	// a PrefillOnly request; BlockKeys gives its blocks' keys).
 	PromptTokens []int
 	Err          error
 }
@@ -326,8 +323,18 @@ func (e *Engine) ChainKeys(r Request) ([]kv.BlockKey, error) {
 		return nil, err
 	}
 	tokens := slices.Concat(prompt, r.PrefixTokens)
-	id := BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
+	id := e.Cache.Identity()
 	return id.Chain(tokens, (len(tokens)-1)/id.BlockSize), nil
+}
+
+// BlockKeys are the identity keys of the full blocks of tokens (BOS
+// included), or nil when the engine does not share its KV.
+func (e *Engine) BlockKeys(tokens []int) []kv.BlockKey {
+	if e.Cache == nil {
+		return nil
+	}
+	id := e.Cache.Identity()
+	return id.Chain(tokens, -1)
 }
 
 var requestSeq struct {
@@ -385,12 +392,9 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		OnFinish: func(f sched.Finish) {
 			done := Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, Err: f.Err}
 			if f.Reason == sched.FinishPrefilled {
+				// Keys are hashed by the consumer, not here under the
+				// scheduler's lock.
 				done.PromptTokens = prompt
-				if e.Cache != nil {
-					bs := e.Store.Layout().BlockSize
-					id := BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
-					done.KVKeys = id.Chain(prompt, len(prompt)/bs)
-				}
 			}
 			events <- done
 			close(events)

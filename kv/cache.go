@@ -139,6 +139,9 @@ func (c *Cache) Close() error {
 // Stats returns the cache's counters.
 func (c *Cache) Stats() CacheStats { c.mu.Lock(); defer c.mu.Unlock(); return c.stats }
 
+// Identity is the identity every block of this cache is keyed under.
+func (c *Cache) Identity() Identity { return c.identity }
+
 // Arena is the cache's own mapping of the arena.
 func (c *Cache) Arena() *shm.Arena { return c.arena }
 

@@ -710,11 +710,9 @@ type Frame struct {
 	ReusedPositions uint32       `protobuf:"varint,11,opt,name=reused_positions,json=reusedPositions,proto3" json:"reused_positions,omitempty"`
 	// kv_keys are the 32-byte identity keys of the prompt's full blocks,
 	// in chain order, on the finish frame of a prefill_only request.
-	KvKeys [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
-	// prompt_positions is the prompt's length in tokens, BOS included.
-	PromptPositions uint32 `protobuf:"varint,13,opt,name=prompt_positions,json=promptPositions,proto3" json:"prompt_positions,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	KvKeys        [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Frame) Reset() {
@@ -831,13 +829,6 @@ func (x *Frame) GetKvKeys() [][]byte {
 	return nil
 }
 
-func (x *Frame) GetPromptPositions() uint32 {
-	if x != nil {
-		return x.PromptPositions
-	}
-	return 0
-}
-
 var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
@@ -895,7 +886,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\x12\x1c\n" +
 	"\taccepting\x18\b \x01(\bR\taccepting\x12)\n" +
-	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\xd6\x03\n" +
+	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\xb1\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -914,8 +905,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x06health\x18\n" +
 	" \x01(\v2\x1d.lifeline.wire.v1.HealthReplyR\x06health\x12)\n" +
 	"\x10reused_positions\x18\v \x01(\rR\x0freusedPositions\x12\x17\n" +
-	"\akv_keys\x18\f \x03(\fR\x06kvKeys\x12)\n" +
-	"\x10prompt_positions\x18\r \x01(\rR\x0fpromptPositions*.\n" +
+	"\akv_keys\x18\f \x03(\fR\x06kvKeysJ\x04\b\r\x10\x0e*.\n" +
 	"\x04Lane\x12\x0f\n" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +

@@ -133,7 +133,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	ready := Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()}
 	if e.Cache != nil {
-		id := decode.BlockIdentity(e.Model, e.Tokenizer, e.Store.Layout())
+		id := e.Cache.Identity()
 		ready.KVIdentity = &id
 	}
 	json.NewEncoder(out).Encode(ready)
@@ -351,8 +351,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			}
 			f.FinishReason = string(ev.FinishReason)
 			f.ReusedPositions = uint32(ev.ReusedPositions)
-			f.PromptPositions = uint32(len(ev.PromptTokens))
-			for _, k := range ev.KVKeys {
+			for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
 				f.KvKeys = append(f.KvKeys, k[:])
 			}
 			if ev.Err != nil {
