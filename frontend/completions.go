@@ -548,6 +548,13 @@ func (x *run) loop(ctx context.Context) {
 				x.prefillSent = time.Now()
 				x.s.log.Info("prefill", "request_id", r.ID, "request_epoch", a.Epoch, "instance_id", a.At.InstanceID, "generation", a.At.Generation)
 				acts = append(acts, x.prefill(ctx, a)...)
+			case PrefillFailed:
+				// Every way a prefill instance fails (stream error, death
+				// announcement, stall) ends up here once.
+				x.s.metrics.prefillFailures.Inc()
+				x.prefillNodes = append(x.prefillNodes, x.nodeOf(a.At.InstanceID))
+				x.endPrefill(a.At)
+				x.s.dropClient(a.At)
 			case RoutePrefill:
 				acts = append(acts, x.routePrefill(a)...)
 			case Transfer:
@@ -588,9 +595,6 @@ func (x *run) loop(ctx context.Context) {
 			case e.failed:
 				x.lastFailure = e.reason
 				if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
-					x.s.metrics.prefillFailures.Inc()
-					x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.instance))
-					x.endPrefill(r.PrefillAt)
 					acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
 				}
 				if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
@@ -599,11 +603,7 @@ func (x *run) loop(ctx context.Context) {
 			case e.prefill != nil:
 				if e.prefill.err != nil {
 					x.lastFailure = e.prefill.err.Error()
-					if e.epoch == r.Epoch && e.prefill.at == r.PrefillAt {
-						x.s.metrics.prefillFailures.Inc()
-						x.prefillNodes = append(x.prefillNodes, x.nodeOf(e.prefill.at.InstanceID))
-					}
-					x.endPrefill(e.prefill.at)
+					x.endPrefill(e.prefill.at) // a stale one too
 					acts = r.OnPrefillFailed(e.epoch, e.prefill.at, e.prefill.err.Error())
 					break
 				}
@@ -656,11 +656,7 @@ func (x *run) loop(ctx context.Context) {
 		case <-deadline:
 			acts = r.OnDeadline(time.Now())
 		case <-tick.C:
-			prefilling := r.PrefillAt
 			acts = r.Tick(time.Now())
-			if prefilling != (Endpoint{}) && r.PrefillAt != prefilling {
-				x.endPrefill(prefilling) // stalled: abandoned
-			}
 			x.s.reapIdle(x.st)
 		}
 	}
@@ -803,12 +799,7 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 // failure) comes back as an event.
 func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	s := x.s
-	failed := func(err error) []Action {
-		s.dropClient(a.At)
-		s.metrics.prefillFailures.Inc()
-		x.prefillNodes = append(x.prefillNodes, x.nodeOf(a.At.InstanceID))
-		return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error())
-	}
+	failed := func(err error) []Action { return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error()) }
 	c, err := s.client(ctx, a.At)
 	if err != nil {
 		return failed(err)
@@ -828,7 +819,6 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	x.prefills[a.At] = cancel
 	st, err := c.Generate(pctx, g)
 	if err != nil {
-		x.endPrefill(a.At)
 		return failed(err)
 	}
 	node := x.nodeOf(a.At.InstanceID)

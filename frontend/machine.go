@@ -68,14 +68,19 @@ type KVRef struct {
 	Keys   [][]byte
 }
 
-func (Prefill) isAction()      {}
-func (RoutePrefill) isAction() {}
-func (Transfer) isAction()     {}
-func (Dispatch) isAction()     {}
-func (Deliver) isAction()      {}
-func (Finish) isAction()       {}
-func (CancelWorker) isAction() {}
-func (Route) isAction()        {}
+// PrefillFailed reports that the prefill instance At failed the request:
+// its call ends, and its node may hold blocks it published.
+type PrefillFailed struct{ At Endpoint }
+
+func (PrefillFailed) isAction() {}
+func (Prefill) isAction()       {}
+func (RoutePrefill) isAction()  {}
+func (Transfer) isAction()      {}
+func (Dispatch) isAction()      {}
+func (Deliver) isAction()       {}
+func (Finish) isAction()        {}
+func (CancelWorker) isAction()  {}
+func (Route) isAction()         {}
 
 // Start begins the first attempt: ask for a route.
 func (r *Request) Start(now time.Time) []Action {
@@ -143,11 +148,12 @@ func (r *Request) OnPrefillFailed(epoch uint64, at Endpoint, reason string) []Ac
 	r.FailedInstances[at.InstanceID] = true
 	r.PrefillFailures++
 	r.PrefillAt = Endpoint{}
+	failed := PrefillFailed{At: at}
 	if r.PrefillFailures >= MaxPrefillAttempts {
 		r.PD = "recompute"
-		return r.dispatchDecode()
+		return append([]Action{failed}, r.dispatchDecode()...)
 	}
-	return []Action{RoutePrefill{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	return []Action{failed, RoutePrefill{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
 // MaxPrefillAttempts bounds the prefill instances one request tries

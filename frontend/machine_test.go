@@ -335,6 +335,11 @@ func TestPrefillStallBlamesThePrefillInstance(t *testing.T) {
 	if rp, ok := has[RoutePrefill](acts); !ok || !rp.Exclude["p"] || r.FailedInstances["d"] || r.Migrations != 0 || r.Endpoint != d {
 		t.Fatalf("stalled prefill: %v, failed %v, migrations %d", acts, r.FailedInstances, r.Migrations)
 	}
+	// The stall is reported like any other prefill failure (its node is
+	// remembered, its call ended, its failure counted).
+	if pf, ok := has[PrefillFailed](acts); !ok || pf.At != p {
+		t.Fatalf("stalled prefill not reported: %v", acts)
+	}
 }
 
 // TestDeadlineEndsAnyState: the deadline fails the request wherever it is,
