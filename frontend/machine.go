@@ -210,10 +210,20 @@ func (r *Request) NoRoute(epoch uint64, overloaded bool) []Action {
 }
 
 func (r *Request) fail(typ ErrorType, msg string) []Action {
-	r.State = Failed
 	r.Err = &RequestError{Type: typ, Message: msg}
-	r.Epoch++ // nothing of the old epoch may produce tokens any more
-	return []Action{CancelWorker{At: r.Endpoint, Epoch: r.Epoch - 1}, Finish{}}
+	return []Action{r.bump(Failed), Finish{}}
+}
+
+// bump is the compare-and-swap point of every change of who may produce
+// tokens (migrate, re-route, cancel, fail): the request moves to next at a
+// new epoch with nobody attached, the old epoch's frames, prefill and
+// transfer answers are stale from here, and its worker calls are ended.
+func (r *Request) bump(next State) CancelWorker {
+	at := r.Endpoint
+	r.State = next
+	r.Epoch++
+	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
+	return CancelWorker{At: at, Epoch: r.Epoch - 1}
 }
 
 // Frame is one token frame from a worker.
@@ -277,7 +287,6 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 	if r.Endpoint.InstanceID != "" {
 		r.FailedInstances[r.Endpoint.InstanceID] = true
 	}
-	failed := r.Endpoint
 	switch {
 	case !retryable:
 		return r.fail(ErrInvalidRequest, reason)
@@ -287,10 +296,7 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
 	}
 	r.Migrations++
-	r.State = Migrating
-	r.Epoch++ // compare-and-swap point: the old worker's frames are stale from here
-	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
-	return []Action{CancelWorker{At: failed, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	return []Action{r.bump(Migrating), Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
 // OnOverloaded: the worker of epoch refused the request as overloaded
@@ -303,12 +309,7 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	if r.Endpoint.InstanceID != "" {
 		r.FailedInstances[r.Endpoint.InstanceID] = true
 	}
-	busy := r.Endpoint
-	r.State = Migrating
-	r.Epoch++
-	r.Endpoint, r.PrefillAt = Endpoint{}, Endpoint{}
-	// The refused epoch's calls (a prefill or transfer started for it) end.
-	return []Action{CancelWorker{At: busy, Epoch: r.Epoch - 1}, Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	return []Action{r.bump(Migrating), Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
 }
 
 // OnDeadline ends the request with a typed error once its deadline has
@@ -345,10 +346,7 @@ func (r *Request) Cancel() []Action {
 	if r.State.Terminal() || r.State == Cancelling {
 		return nil
 	}
-	at := r.Endpoint
-	r.State = Cancelling
-	r.Epoch++
-	return []Action{CancelWorker{At: at, Epoch: r.Epoch - 1}}
+	return []Action{r.bump(Cancelling)}
 }
 
 // CancelDone: the worker confirmed (or could not be reached).
