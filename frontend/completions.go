@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -130,9 +131,12 @@ type run struct {
 	prefills     map[Endpoint]context.CancelFunc
 	// P/D timeline of the current epoch.
 	prefillSent, transferSent, decodeSent time.Time
-	// keys memoises prefixKeys per KV identity, for keysAt received tokens.
-	keys   map[kv.Identity][]kv.BlockKey
-	keysAt int
+	// promptTokens is the prompt under the built-in tokenizer (BOS
+	// first; empty if it cannot be encoded); keys memoises prefixKeys per
+	// KV identity, for keysAt received tokens.
+	promptTokens []int
+	keys         map[kv.Identity][]kv.BlockKey
+	keysAt       int
 }
 
 // notify hands an announcement to the run loop without blocking the
@@ -662,8 +666,24 @@ func (x *run) loop(ctx context.Context) {
 	}
 }
 
+// tokenize encodes the prompt with the built-in tokenizer once per
+// request, for prefixKeys.
+func (x *run) tokenize() {
+	if x.promptTokens != nil {
+		return
+	}
+	tok := tokenizer.NewBuiltin()
+	ids, err := tok.Encode(x.body.Prompt)
+	if err != nil {
+		x.promptTokens = []int{}
+		return
+	}
+	x.promptTokens = append([]int{tok.BOS()}, ids...)
+}
+
 func (x *run) route(a Route) []Action {
 	s := x.s
+	x.tokenize() // outside the lock: a long prompt takes a while
 	s.mu.Lock()
 	prefer := ""
 	if prev, ok := s.router.instances[x.on]; ok {
@@ -715,12 +735,10 @@ func (x *run) prefixKeys(in Instance) []kv.BlockKey {
 	if x.keysAt != x.r.Received() {
 		x.keys, x.keysAt = map[kv.Identity][]kv.BlockKey{}, x.r.Received()
 	}
-	tok := tokenizer.NewBuiltin()
-	ids, err := tok.Encode(x.body.Prompt)
-	if err != nil {
-		return nil
+	if len(x.promptTokens) == 0 {
+		return nil // route tokenizes before it takes the server's lock
 	}
-	tokens := append([]int{tok.BOS()}, ids...)
+	tokens := slices.Clone(x.promptTokens)
 	for _, t := range x.r.Output {
 		tokens = append(tokens, t.ID)
 	}
