@@ -187,6 +187,21 @@ func (st *stream) append(toks []Token) {
 	st.mu.Unlock()
 }
 
+// clientGone: a client that was waiting (not following) left. A plain
+// request is cancelled; a resumable one runs on and, with nobody
+// following it, is reaped after the resume window like any other.
+func (st *stream) clientGone() {
+	if !st.resumable {
+		st.cancel()
+		return
+	}
+	st.mu.Lock()
+	if st.watchers == 0 {
+		st.idleAt = time.Now()
+	}
+	st.mu.Unlock()
+}
+
 func (st *stream) finish(r *Request) {
 	st.mu.Lock()
 	st.done, st.r = true, r
@@ -295,9 +310,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		case <-changed:
 			continue
 		case <-req.Context().Done():
-			if !resumable {
-				st.cancel()
-			}
+			st.clientGone()
 			return
 		}
 		break
@@ -415,9 +428,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 		select {
 		case <-changed:
 		case <-req.Context().Done():
-			if !st.resumable {
-				st.cancel()
-			}
+			st.clientGone()
 			return
 		}
 	}

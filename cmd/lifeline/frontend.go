@@ -39,7 +39,7 @@ func frontendCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
 	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
 	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
-	f.StringVar(&secretFile, "resume-secret-file", "", "key for resume tokens, shared by replicas so that any of them can resume a stream (default: random per process)")
+	f.StringVar(&secretFile, "resume-secret-file", "", "key for resume tokens, shared by replicas so that each accepts the others' tokens (default: random per process); a stream's log stays on the replica that served it, so resume there")
 	f.BoolVar(&opts.NoKVPull, "no-kv-pull", false, "do not let a migrated request's new worker pull its prefix KV from peers (it recomputes what its node lacks)")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	return cmd
