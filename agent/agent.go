@@ -92,7 +92,6 @@ type instance struct {
 	revision   string
 	numerics   string
 	kvIdentity *kv.Identity
-	canaryOK   time.Time
 	canaryFail int
 	running    int
 	queued     int
@@ -424,12 +423,11 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	// not depend on the detector.
 	waited := make(chan ebpf.Exit, 1)
 	go func() {
-		err := cmd.Wait()
+		cmd.Wait() // the exit status is in ProcessState
 		ex := ebpf.Exit{PID: pid, Code: cmd.ProcessState.ExitCode(), Detector: "wait", DetectedAt: time.Now()}
 		if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 			ex.Code, ex.Signal = -1, int(ws.Signal())
 		}
-		_ = err
 		waited <- ex
 	}()
 	readyc := make(chan worker.Ready, 1)

@@ -147,7 +147,7 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 		return true
 	}
 	if err == nil {
-		inst.ready, inst.notReady, inst.canaryFail, inst.canaryOK = true, "", 0, time.Now()
+		inst.ready, inst.notReady, inst.canaryFail = true, "", 0
 		a.mu.Unlock()
 		a.metrics.canary.WithLabelValues("ok").Inc()
 		if !wasReady {

@@ -13,8 +13,6 @@ const (
 	ReasonCanaryTimeout = "canary_timeout"
 	ReasonCanaryError   = "canary_error"
 	ReasonGPUXid        = "gpu_xid"
-	ReasonHeartbeat     = "heartbeat_loss"
-	ReasonDrain         = "drain"
 )
 
 // Event kinds.

@@ -175,11 +175,12 @@ func (a *Agent) reregisterOne(ctx context.Context, inst *instance) {
 		_, err = a.admin(ctx, inst, true, gen)
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	if inst.pid != pid {
+		a.mu.Unlock()
 		return // the worker changed meanwhile; the new one has its own generation
 	}
 	if err != nil {
+		a.mu.Unlock()
 		a.log.Warn("re-register failed; restarting the worker", "instance_id", inst.id, "err", err, "recovery_action", "restart")
 		if p, ferr := os.FindProcess(pid); ferr == nil && pid != 0 {
 			p.Kill()
@@ -188,11 +189,14 @@ func (a *Agent) reregisterOne(ctx context.Context, inst *instance) {
 	}
 	inst.gen = max(inst.gen, gen)
 	rec := inst.recordLocked()
+	a.mu.Unlock()
+	// In order, after the unlock: a save from a goroutine could land after
+	// the worker's death had forgotten it.
 	if st, err := processStartTime(rec.PID); err == nil {
 		rec.StartTime = st
-		go a.saveWorker(rec)
+		a.saveWorker(rec)
 	}
-	go a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
+	a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
 }
 
 func (a *Agent) running() []*instance {
