@@ -629,14 +629,14 @@ func TestSealPublishBatch(t *testing.T) {
 	}
 	refs := fill()
 	refs[2].Checksum ^= 1
-	if _, err := o.SealPublish(sid, refs, keys, parents); !errors.Is(err, ErrChecksum) || o.Lookup(keys) != 0 {
+	if _, err := o.SealPublish(sid, refs, keys, parents, false); !errors.Is(err, ErrChecksum) || o.Lookup(keys) != 0 {
 		t.Fatalf("bad checksum in the batch: %v, %d published", err, o.Lookup(keys))
 	}
 	refs[2].Checksum ^= 1
 	// Someone published the first key meanwhile.
 	other := hello(t, o, "decode-0", 3)
 	writeBlock(t, o, other, keys[0], BlockKey{}, 9, true)
-	dup, err := o.SealPublish(sid, refs, keys, parents)
+	dup, err := o.SealPublish(sid, refs, keys, parents, false)
 	if err != nil || !dup[0] || dup[1] || dup[2] || o.Lookup(keys) != 3 {
 		t.Fatalf("batch: dup %v, err %v, %d published", dup, err, o.Lookup(keys))
 	}

@@ -139,9 +139,6 @@ type verbsServer interface {
 // RDMA verbs once the device is open).
 func (e *Engine) UseTransport(t Transport) { e.transport = t }
 
-// Transport is the engine's transport.
-func (e *Engine) Transport() Transport { return e.transport }
-
 // Stats returns the engine's counters.
 func (e *Engine) Stats() Stats {
 	return Stats{FetchesServed: e.fetchesServed.Load(), BlocksServed: e.blocksServed.Load(), BytesServed: e.bytesServed.Load(),
@@ -449,7 +446,8 @@ func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullR
 			parents[i] = keys[local+i-1]
 		}
 	}
-	dup, err := e.owner.SealPublish(sid, refs[:got], keys[local:local+got], parents)
+	// Every payload was checked against its checksum above.
+	dup, err := e.owner.SealPublish(sid, refs[:got], keys[local:local+got], parents, true)
 	if err != nil {
 		return fail(fmt.Errorf("rdma: publish blocks %d..%d: %w", local, local+got-1, err))
 	}
