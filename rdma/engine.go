@@ -210,43 +210,65 @@ func (e *Engine) session(instance string, gen uint64, lost func()) (kv.SessionID
 	}, nil
 }
 
-// Serve answers one fetch: the source side. send writes the FetchStart,
-// the blocks and the FetchEnd.
-func (e *Engine) serveFetch(f *transferpb.Fetch, w *blockWriter) error {
+// servedBlock is a leased block a source sends: its header and its bytes
+// in the arena mapping.
+type servedBlock struct {
+	header  *transferpb.BlockHeader
+	payload []byte
+}
+
+// openFetch checks a fetch and leases the chain prefix it asks for that
+// this node holds; end releases the leases. Both transports' sources use
+// it.
+func (e *Engine) openFetch(f *transferpb.Fetch) ([]servedBlock, func(), error) {
 	keys, err := Keys(f.Keys)
 	if err == nil && (uint64(f.First)+uint64(f.Count) > uint64(len(keys)) || f.Count == 0) {
 		err = fmt.Errorf("%w: blocks [%d, %d+%d) of a chain of %d", ErrBadTransfer, f.First, f.First, f.Count, len(keys))
 	}
 	if err != nil {
-		return w.start(0, err.Error())
+		return nil, nil, err
 	}
 	e.fetchesServed.Add(1)
 	sid, end, err := e.session("transfer-source", 1, func() {})
 	if err != nil {
-		return w.start(0, err.Error())
+		return nil, nil, err
 	}
-	defer end()
 	refs, err := e.owner.Acquire(sid, keys[f.First:f.First+f.Count])
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	arena := e.owner.Arena()
+	blocks := make([]servedBlock, len(refs))
+	for i, r := range refs {
+		blocks[i] = servedBlock{payload: arena.Payload(int(r.Slot))[:r.PayloadLen],
+			header: &transferpb.BlockHeader{Index: uint32(i), Key: keys[int(f.First)+i][:], Checksum: r.Checksum, PayloadLen: r.PayloadLen}}
+	}
+	return blocks, end, nil
+}
+
+// Serve answers one fetch: the source side. send writes the FetchStart,
+// the blocks and the FetchEnd.
+func (e *Engine) serveFetch(f *transferpb.Fetch, w *blockWriter) error {
+	blocks, end, err := e.openFetch(f)
 	if err != nil {
 		return w.start(0, err.Error())
 	}
-	if err := w.start(len(refs), ""); err != nil {
+	defer end()
+	if err := w.start(len(blocks), ""); err != nil {
 		return err
 	}
-	arena := e.owner.Arena()
-	for i, r := range refs {
-		if i == len(refs)/2 {
+	for i, b := range blocks {
+		if i == len(blocks)/2 {
 			failpoint.Hit(FailSourceMidway)
 		}
-		payload := arena.Payload(int(r.Slot))[:r.PayloadLen]
-		h := &transferpb.BlockHeader{Index: uint32(i), Key: keys[int(f.First)+i][:], Checksum: r.Checksum, PayloadLen: r.PayloadLen}
-		if err := w.block(h, payload); err != nil {
+		if err := w.block(b.header, b.payload); err != nil {
 			return err
 		}
 		e.blocksServed.Add(1)
-		e.bytesServed.Add(uint64(r.PayloadLen))
+		e.bytesServed.Add(uint64(len(b.payload)))
 	}
-	return w.end(len(refs))
+	return w.end(len(blocks))
 }
 
 // admit records the binding's transfer epoch for its request and says

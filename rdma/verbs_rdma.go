@@ -220,7 +220,6 @@ import (
 
 const verbsBuilt = true
 
-var probeSteps = map[int]string{-1: "ibv_get_device_list", -2: "ibv_open_device", -3: "ibv_alloc_pd", -4: "ibv_reg_mr", -5: "ibv_query_port"}
 
 // verbsStatus probes each device with libibverbs and picks the first one
 // whose port 1 is active.
@@ -233,7 +232,7 @@ func verbsStatus(devices []string) (reason, device string) {
 		C.free(unsafe.Pointer(name))
 		switch {
 		case rc < 0:
-			notes = append(notes, fmt.Sprintf("%s: %s failed", d, probeSteps[int(rc)]))
+			notes = append(notes, fmt.Sprintf("%s: %s failed", d, verbsSteps[rc]))
 		case state != C.IBV_PORT_ACTIVE:
 			notes = append(notes, fmt.Sprintf("%s: port 1 not active (state %d)", d, int(state)))
 		default:
@@ -449,27 +448,14 @@ func (t *verbs) serve(e *Engine, vf *transferpb.VerbsFetch, r *bufio.Reader, w *
 		}
 		return w.Flush()
 	}
-	f := vf.Fetch
-	if f == nil {
+	if vf.Fetch == nil {
 		return refuse("no fetch")
 	}
-	keys, err := Keys(f.Keys)
-	if err == nil && (uint64(f.First)+uint64(f.Count) > uint64(len(keys)) || f.Count == 0) {
-		err = fmt.Errorf("%w: blocks [%d, %d+%d) of a chain of %d", ErrBadTransfer, f.First, f.First, f.Count, len(keys))
-	}
-	if err != nil {
-		return refuse(err.Error())
-	}
-	e.fetchesServed.Add(1)
-	sid, end, err := e.session("transfer-source", 1, func() {})
+	blocks, end, err := e.openFetch(vf.Fetch)
 	if err != nil {
 		return refuse(err.Error())
 	}
 	defer end()
-	refs, err := e.owner.Acquire(sid, keys[f.First:f.First+f.Count])
-	if err != nil {
-		return refuse(err.Error())
-	}
 	q, err := t.dev.newQP(1, true)
 	if err != nil {
 		return refuse(err.Error())
@@ -479,11 +465,8 @@ func (t *verbs) serve(e *Engine, vf *transferpb.VerbsFetch, r *bufio.Reader, w *
 		return refuse(err.Error())
 	}
 	offer := &transferpb.VerbsOffer{Endpoint: t.dev.endpoint(q), Rkey: uint32(C.ll_rkey(&t.dev.d))}
-	arena := e.owner.Arena()
-	for i, ref := range refs {
-		p := arena.Payload(int(ref.Slot))
-		offer.Blocks = append(offer.Blocks, &transferpb.VerbsBlock{Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(p)))),
-			Header: &transferpb.BlockHeader{Index: uint32(i), Key: keys[int(f.First)+i][:], Checksum: ref.Checksum, PayloadLen: ref.PayloadLen}})
+	for _, b := range blocks {
+		offer.Blocks = append(offer.Blocks, &transferpb.VerbsBlock{Header: b.header, Addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b.payload))))})
 	}
 	if err := frame.Write(w, offer); err != nil {
 		return err
@@ -496,9 +479,9 @@ func (t *verbs) serve(e *Engine, vf *transferpb.VerbsFetch, r *bufio.Reader, w *
 	if err := frame.Read(r, &done); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
-	e.blocksServed.Add(uint64(done.Read))
-	for _, ref := range refs[:min(int(done.Read), len(refs))] {
-		e.bytesServed.Add(uint64(ref.PayloadLen))
+	for _, b := range blocks[:min(int(done.Read), len(blocks))] {
+		e.blocksServed.Add(1)
+		e.bytesServed.Add(uint64(len(b.payload)))
 	}
 	return nil
 }
