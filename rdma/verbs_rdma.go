@@ -220,7 +220,6 @@ import (
 
 const verbsBuilt = true
 
-
 // verbsStatus probes each device with libibverbs and picks the first one
 // whose port 1 is active.
 func verbsStatus(devices []string) (reason, device string) {
