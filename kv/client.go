@@ -338,13 +338,7 @@ func (c *Client) Abort(r Ref) error {
 	return err
 }
 
-func keysToPB(keys []BlockKey) *kvpb.Keys {
-	ks := &kvpb.Keys{}
-	for _, k := range keys {
-		ks.Keys = append(ks.Keys, append([]byte(nil), k[:]...))
-	}
-	return ks
-}
+func keysToPB(keys []BlockKey) *kvpb.Keys { return &kvpb.Keys{Keys: KeyBytes(keys)} }
 
 // Acquire leases the longest published prefix of keys.
 func (c *Client) Acquire(keys []BlockKey) ([]Ref, error) {

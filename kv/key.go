@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"math"
 )
 
@@ -95,4 +96,31 @@ func (id *Identity) Chain(tokens []int, max int) []BlockKey {
 		parent = keys[i]
 	}
 	return keys
+}
+
+// KeyBytes encodes keys for the wire (each its 32 bytes; the slices alias
+// keys).
+func KeyBytes(keys []BlockKey) [][]byte {
+	out := make([][]byte, len(keys))
+	for i := range keys {
+		out[i] = keys[i][:]
+	}
+	return out
+}
+
+// DecodeKeys decodes wire keys: each exactly 32 bytes, or empty for the
+// zero key where zero is allowed (a first block's parent). A chain of
+// block keys allows no zero key.
+func DecodeKeys(raw [][]byte, allowZero bool) ([]BlockKey, error) {
+	keys := make([]BlockKey, len(raw))
+	for i, b := range raw {
+		if len(b) != len(keys[i]) && !(allowZero && len(b) == 0) {
+			return nil, fmt.Errorf("%w: key %d has %d bytes", ErrBadRequest, i, len(b))
+		}
+		copy(keys[i][:], b)
+		if !allowZero && keys[i].IsZero() {
+			return nil, fmt.Errorf("%w: key %d is zero", ErrBadRequest, i)
+		}
+	}
+	return keys, nil
 }

@@ -76,27 +76,18 @@ func refsFromPB(rs []*kvpb.Ref) []Ref {
 }
 
 func keyFromBytes(b []byte) (BlockKey, error) {
-	var k BlockKey
-	if len(b) != len(k) && len(b) != 0 {
-		return k, fmt.Errorf("%w: key of %d bytes", ErrBadRequest, len(b))
+	keys, err := DecodeKeys([][]byte{b}, true)
+	if err != nil {
+		return BlockKey{}, err
 	}
-	copy(k[:], b)
-	return k, nil
+	return keys[0], nil
 }
 
 func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
 	if ks == nil {
 		return nil, nil
 	}
-	out := make([]BlockKey, len(ks.Keys))
-	for i, b := range ks.Keys {
-		k, err := keyFromBytes(b)
-		if err != nil {
-			return nil, err
-		}
-		out[i] = k
-	}
-	return out, nil
+	return DecodeKeys(ks.Keys, true)
 }
 
 // WaitServing waits until an owner accepts connections on socket, or ctx

@@ -148,31 +148,16 @@ func (e *Engine) Stats() Stats {
 		PullsInProgress: e.inProgress.Load()}
 }
 
-// Keys decodes a chain of 32-byte keys.
+// Keys decodes a chain of 32-byte keys (at most MaxBlocks, none zero).
 func Keys(raw [][]byte) ([]kv.BlockKey, error) {
 	if len(raw) > MaxBlocks {
 		return nil, fmt.Errorf("%w: %d keys (at most %d)", ErrBadTransfer, len(raw), MaxBlocks)
 	}
-	keys := make([]kv.BlockKey, len(raw))
-	for i, k := range raw {
-		if len(k) != len(kv.BlockKey{}) {
-			return nil, fmt.Errorf("%w: key %d has %d bytes", ErrBadTransfer, i, len(k))
-		}
-		copy(keys[i][:], k)
-		if keys[i].IsZero() {
-			return nil, fmt.Errorf("%w: key %d is zero", ErrBadTransfer, i)
-		}
+	keys, err := kv.DecodeKeys(raw, false)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrBadTransfer, err)
 	}
 	return keys, nil
-}
-
-// RawKeys encodes a chain of keys for the wire.
-func RawKeys(keys []kv.BlockKey) [][]byte {
-	out := make([][]byte, len(keys))
-	for i := range keys {
-		out[i] = keys[i][:]
-	}
-	return out
 }
 
 // keepAlive renews a session until stop is closed; if a renewal fails

@@ -189,7 +189,7 @@ func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Re
 	defer cancel()
 	b := &transferpb.Binding{RequestId: g.RequestId, ModelRevision: s.engine.Model.Revision, DestinationInstance: s.opts.InstanceID,
 		DestinationGeneration: s.generation.Load(), BlockCount: uint32(len(keys)), RequestEpoch: g.RequestEpoch, TransferEpoch: 1}
-	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: rdma.RawKeys(keys), Sources: g.KvSources})
+	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: kv.KeyBytes(keys), Sources: g.KvSources})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s failed: %v\n", s.opts.InstanceID, len(keys), g.RequestId, err)
 	} else if reply.Error != "" {

@@ -115,7 +115,7 @@ func transferRow(size int, tlsConf *tls.Config) ([7]float64, error) {
 		return dst.owner.Arena().Payload(int(drefs[i].Slot))[:h.PayloadLen], nil
 	}
 	f := &transferpb.Fetch{Binding: &transferpb.Binding{RequestId: "bench", DestinationInstance: "bench", TransferEpoch: 1, BlockCount: uint32(n)},
-		Keys: rdma.RawKeys(keys), Count: uint32(n)}
+		Keys: kv.KeyBytes(keys), Count: uint32(n)}
 	gbs := func(run func() error) (float64, error) {
 		return median3(func() (float64, error) {
 			start := time.Now()
