@@ -365,7 +365,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 				w.WriteHeader(http.StatusOK)
 				started = true
 			}
-			chunk, _ := json.Marshal(st.chunk(t.Text, nil, map[string]any{"request_id": st.id, "sequence_no": t.SequenceNo, "token_id": t.ID, "instance_id": t.instance}))
+			chunk, _ := json.Marshal(st.chunk(t.Text, nil, tokenInfo{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance}))
 			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk); err != nil {
 				gone = true
 				return
@@ -452,17 +452,45 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 }
 
 // chunk renders one streamed piece in the completion or chat shape.
-func (st *stream) chunk(text string, finish any, lifeline map[string]any) map[string]any {
+// sseChunk is one streamed piece in the completion or chat shape; typed,
+// so the per-token encoding builds no maps.
+type sseChunk struct {
+	ID       string       `json:"id"`
+	Object   string       `json:"object"`
+	Model    string       `json:"model"`
+	Choices  [1]sseChoice `json:"choices"`
+	Lifeline any          `json:"lifeline"`
+}
+
+type sseChoice struct {
+	Index        int       `json:"index"`
+	Text         *string   `json:"text,omitempty"`  // completions
+	Delta        *sseDelta `json:"delta,omitempty"` // chat
+	FinishReason any       `json:"finish_reason"`
+}
+
+type sseDelta struct {
+	Content string `json:"content,omitempty"`
+}
+
+// tokenInfo is the lifeline object of a token's chunk.
+type tokenInfo struct {
+	RequestID  string `json:"request_id"`
+	SequenceNo int    `json:"sequence_no"`
+	TokenID    int    `json:"token_id"`
+	InstanceID string `json:"instance_id"`
+}
+
+func (st *stream) chunk(text string, finish any, lifeline any) sseChunk {
+	c := sseChunk{ID: st.id, Object: "text_completion", Model: st.body.Model, Lifeline: lifeline}
+	c.Choices[0].FinishReason = finish
 	if st.chat {
-		delta := map[string]any{}
-		if text != "" {
-			delta["content"] = text
-		}
-		return map[string]any{"id": st.id, "object": "chat.completion.chunk", "model": st.body.Model,
-			"choices": []map[string]any{{"index": 0, "delta": delta, "finish_reason": finish}}, "lifeline": lifeline}
+		c.Object = "chat.completion.chunk"
+		c.Choices[0].Delta = &sseDelta{Content: text}
+	} else {
+		c.Choices[0].Text = &text
 	}
-	return map[string]any{"id": st.id, "object": "text_completion", "model": st.body.Model,
-		"choices": []map[string]any{{"index": 0, "text": text, "finish_reason": finish}}, "lifeline": lifeline}
+	return c
 }
 
 func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Request) {

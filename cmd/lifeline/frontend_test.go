@@ -211,6 +211,40 @@ func TestFrontendBadInput(t *testing.T) {
 	if resp.StatusCode != 200 || chat.Object != "chat.completion" || len(chat.Choices) != 1 || chat.Choices[0].Message.Role != "assistant" || chat.Choices[0].Message.Content == "" {
 		t.Fatalf("chat: %d %+v", resp.StatusCode, chat)
 	}
+	// The same chat streamed: chat.completion.chunk deltas that add up to
+	// the same answer, then a chunk with the finish reason.
+	resp, err = http.Post(url+"/v1/chat/completions", "application/json",
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var streamed strings.Builder
+	finish := ""
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok || data == "[DONE]" {
+			continue
+		}
+		var c struct {
+			Object  string
+			Choices []struct {
+				Delta        struct{ Content string }
+				FinishReason *string `json:"finish_reason"`
+			}
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil || c.Object != "chat.completion.chunk" || len(c.Choices) != 1 {
+			t.Fatalf("chat chunk %s: %v", data, err)
+		}
+		streamed.WriteString(c.Choices[0].Delta.Content)
+		if c.Choices[0].FinishReason != nil {
+			finish = *c.Choices[0].FinishReason
+		}
+	}
+	resp.Body.Close()
+	if streamed.String() != chat.Choices[0].Message.Content || finish != "length" {
+		t.Fatalf("streamed chat %q (finish %q), whole %q", streamed.String(), finish, chat.Choices[0].Message.Content)
+	}
 	for _, bad := range []string{`{"model":"tiny","messages":[]}`, `{"model":"tiny","messages":[{"role":"wizard","content":"x"}]}`} {
 		resp, _ := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(bad))
 		resp.Body.Close()
