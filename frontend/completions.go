@@ -80,8 +80,9 @@ func chatTemplate(msgs []ChatMessage) (string, error) {
 type event struct {
 	epoch    uint64
 	frame    *wire.Frame
-	err      error // the worker stream broke
-	failed   bool  // the instance was announced dead
+	from     Endpoint // the instance and generation the frame's stream was opened to
+	err      error    // the worker stream broke
+	failed   bool     // the instance was announced dead
 	instance string
 	gen      uint64 // the generation that died
 	reason   string
@@ -353,7 +354,6 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	if flusher != nil {
 		flusher.Flush()
 	}
-	started := true
 	next := from + 1
 	for {
 		st.mu.Lock()
@@ -361,10 +361,6 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 		done, r, changed := st.done, st.r, st.changed
 		st.mu.Unlock()
 		for _, t := range toks {
-			if !started {
-				w.WriteHeader(http.StatusOK)
-				started = true
-			}
 			chunk, _ := json.Marshal(st.chunk(t.Text, nil, tokenInfo{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance}))
 			if _, err := fmt.Fprintf(w, "id: %d\ndata: %s\n\n", t.SequenceNo, chunk); err != nil {
 				gone = true
@@ -376,7 +372,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 			flusher.Flush()
 		}
 		if done {
-			st.writeEnd(w, flusher, started, r)
+			st.writeEnd(w, flusher, r)
 			return
 		}
 		select {
@@ -493,14 +489,9 @@ func (st *stream) chunk(text string, finish any, lifeline any) sseChunk {
 	return c
 }
 
-func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, started bool, r *Request) {
-	if r.Err != nil && !started {
-		writeRequestError(w, r.Err)
-		return
-	}
-	if !started {
-		w.WriteHeader(http.StatusOK)
-	}
+// writeEnd ends a stream whose headers are sent: an error event or the
+// final chunk, then [DONE].
+func (st *stream) writeEnd(w http.ResponseWriter, flusher http.Flusher, r *Request) {
 	if r.Err != nil {
 		b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": r.Err.Message, "type": r.Err.Type}})
 		fmt.Fprintf(w, "data: %s\n\n", b)
@@ -693,7 +684,7 @@ func (x *run) loop(ctx context.Context) {
 				acts = r.OnWorkerFailed(e.epoch, e.frame.Error.Message, e.frame.Error.Retryable, now)
 			default:
 				f := e.frame
-				acts = r.OnFrame(Frame{From: Endpoint{f.InstanceId, r.Endpoint.Generation}, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
+				acts = r.OnFrame(Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
 					TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
 			}
 		case <-deadline:
@@ -994,7 +985,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	}
 	s.active[x.on][x] = struct{}{}
 	s.mu.Unlock()
-	go func(epoch uint64) {
+	go func(epoch uint64, to Endpoint) {
 		for {
 			f, err := st.Next()
 			if err != nil {
@@ -1006,12 +997,12 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 				}
 				return
 			}
-			x.deliver(sctx, event{epoch: epoch, frame: f})
+			x.deliver(sctx, event{epoch: epoch, frame: f, from: to})
 			if f.FinishReason != "" {
 				return
 			}
 		}
-	}(d.Epoch)
+	}(d.Epoch, d.To)
 	return nil
 }
 
