@@ -23,7 +23,9 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
@@ -85,7 +87,7 @@ type instance struct {
 	state      string // starting, running, restarting, crash_loop, stopped
 	ready      bool
 	notReady   string // reason when not ready
-	lastExit   *Event
+	lastExit   *controlapi.Event
 	spawnFails int // consecutive failures to get a generation
 	restarts   int
 	model      string
@@ -110,7 +112,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return fmt.Errorf("agent: data_dir: %w", err)
 	}
 	var err error
-	if a.tlsConf, err = worker.ClientTLS(opts.CertDir); err != nil {
+	if a.tlsConf, err = workerclient.ClientTLS(opts.CertDir); err != nil {
 		return fmt.Errorf("agent: certs: %w", err)
 	}
 	a.db, err = badger.Open(badger.DefaultOptions(filepath.Join(opts.DataDir, "agent")).WithLogger(nil).
@@ -264,11 +266,11 @@ func (a *Agent) onGPUEvent(e gpuEvent) {
 	a.mu.Lock()
 	a.gpuFault = true
 	for _, inst := range a.instances {
-		inst.ready, inst.notReady = false, ReasonGPUXid
+		inst.ready, inst.notReady = false, controlapi.ReasonGPUXid
 	}
 	a.mu.Unlock()
-	a.emit(Event{Kind: EventNotReady, Reason: ReasonGPUXid, Detail: fmt.Sprintf("device %d: %s %d", e.Device, e.Kind, e.XID)})
-	a.log.Error("critical GPU error", "failure_reason", ReasonGPUXid, "device", e.Device, "kind", e.Kind, "xid", e.XID, "recovery_action", "not ready")
+	a.emit(controlapi.Event{Kind: controlapi.EventNotReady, Reason: controlapi.ReasonGPUXid, Detail: fmt.Sprintf("device %d: %s %d", e.Device, e.Kind, e.XID)})
+	a.log.Error("critical GPU error", "failure_reason", controlapi.ReasonGPUXid, "device", e.Device, "kind", e.Kind, "xid", e.XID, "recovery_action", "not ready")
 	a.registerAll(context.Background())
 }
 
@@ -338,7 +340,7 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 		}
 		if len(recent) > a.opts.CrashLoopLimit {
 			a.setState(inst, "crash_loop")
-			a.emit(Event{Kind: EventCrashLoop, InstanceID: inst.id, Detail: fmt.Sprintf("%d exits within %v", len(recent), time.Duration(a.opts.CrashLoopWindow))})
+			a.emit(controlapi.Event{Kind: controlapi.EventCrashLoop, InstanceID: inst.id, Detail: fmt.Sprintf("%d exits within %v", len(recent), time.Duration(a.opts.CrashLoopWindow))})
 			a.log.Error("crash loop: giving up on instance", "instance_id", inst.id, "recovery_action", "none")
 			return
 		}
@@ -363,7 +365,7 @@ func (a *Agent) setState(inst *instance, state string) {
 	a.mu.Unlock()
 }
 
-func (a *Agent) emit(e Event) Event {
+func (a *Agent) emit(e controlapi.Event) controlapi.Event {
 	e.Node = a.opts.NodeID
 	return a.events.add(e)
 }
@@ -373,7 +375,7 @@ func (a *Agent) emit(e Event) Event {
 // errNoGeneration wraps a failure to allocate a generation.
 var errNoGeneration = errors.New("agent: no generation")
 
-func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
+func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event, error) {
 	gen, err := a.nextGeneration(ctx, inst.id)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNoGeneration, err)
@@ -416,7 +418,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 	if err := a.detector.Watch(pid); err != nil {
 		a.log.Warn("cannot watch worker", "instance_id", inst.id, "pid", pid, "err", err)
 	}
-	a.emit(Event{Kind: EventStarted, InstanceID: inst.id, Generation: gen, PID: pid})
+	a.emit(controlapi.Event{Kind: controlapi.EventStarted, InstanceID: inst.id, Generation: gen, PID: pid})
 	a.log.Info("worker started", "instance_id", inst.id, "generation", gen, "pid", pid)
 
 	// The reaper: the authoritative exit status, and a death path that does
@@ -430,10 +432,10 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*Event, error) {
 		}
 		waited <- ex
 	}()
-	readyc := make(chan worker.Ready, 1)
+	readyc := make(chan workerclient.Ready, 1)
 	go func() {
 		dec := json.NewDecoder(bufio.NewReader(stdout))
-		var r worker.Ready
+		var r workerclient.Ready
 		if dec.Decode(&r) == nil {
 			readyc <- r
 		}
@@ -516,7 +518,7 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	if h, err := a.health(ctx, inst); err == nil && !h.Accepting {
 		a.reregisterOne(ctx, inst)
 	}
-	a.emit(Event{Kind: EventAdopted, InstanceID: inst.id, Generation: rec.Generation, PID: rec.PID})
+	a.emit(controlapi.Event{Kind: controlapi.EventAdopted, InstanceID: inst.id, Generation: rec.Generation, PID: rec.PID})
 	a.log.Info("adopted running worker", "instance_id", inst.id, "generation", rec.Generation, "pid", rec.PID)
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -601,17 +603,17 @@ func (a *Agent) stopWorker(p *os.Process, waited chan ebpf.Exit) {
 
 // onDeath acts on a worker's death at once, without waiting for any lease:
 // deregister, announce, reclaim its KV blocks.
-func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
-	reason := ReasonExitCode
+func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Event {
+	reason := controlapi.ReasonExitCode
 	switch {
 	case ex.OOM:
-		reason = ReasonOOM
+		reason = controlapi.ReasonOOM
 	case ex.Signal != 0:
-		reason = ReasonSignal
+		reason = controlapi.ReasonSignal
 	}
 	a.forgetWorker(inst.id)
 	a.mu.Lock()
-	if r := inst.notReady; inst.canaryFail >= a.opts.CanaryFailures && (r == ReasonCanaryTimeout || r == ReasonCanaryError) {
+	if r := inst.notReady; inst.canaryFail >= a.opts.CanaryFailures && (r == controlapi.ReasonCanaryTimeout || r == controlapi.ReasonCanaryError) {
 		reason = r // we killed it for failing canaries
 	}
 	delete(a.byPID, ex.PID)
@@ -625,16 +627,16 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *Event {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	a.regMu.Lock()
-	a.etcd.Delete(ctx, InstancesPrefix+inst.id)
+	a.etcd.Delete(ctx, schema.InstancesPrefix+inst.id)
 	a.regMu.Unlock()
-	fail, _ := json.Marshal(Failure{InstanceID: inst.id, Generation: gen, Node: a.opts.NodeID, Reason: reason, Detector: ex.Detector, DetectedAt: ex.DetectedAt.UnixNano()})
+	fail, _ := json.Marshal(schema.Failure{InstanceID: inst.id, Generation: gen, Node: a.opts.NodeID, Reason: reason, Detector: ex.Detector, DetectedAt: ex.DetectedAt.UnixNano()})
 	a.mu.Lock()
 	lease := a.lease
 	a.mu.Unlock()
 	if lease != 0 {
-		a.etcd.Put(ctx, FailuresPrefix+inst.id, string(fail), clientv3.WithLease(lease))
+		a.etcd.Put(ctx, schema.FailuresPrefix+inst.id, string(fail), clientv3.WithLease(lease))
 	}
-	e := a.emit(Event{Kind: EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
+	e := a.emit(controlapi.Event{Kind: controlapi.EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
 		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
 	a.mu.Lock()
 	inst.lastExit = &e

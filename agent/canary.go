@@ -8,8 +8,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
 
 // canaryTokens is how many tokens a canary asks for; every chunk is checked.
@@ -20,7 +21,7 @@ const canaryTokens = 4
 // instance has been idle for CanaryIdle ±20%. A failure makes the instance
 // not ready; CanaryFailures in a row kill it for a restart.
 func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc *os.Process) {
-	var client *worker.Client
+	var client *workerclient.Client
 	closeClient := func() {
 		if client != nil {
 			a.metrics.staleGen.Add(float64(client.StaleFrames()))
@@ -46,13 +47,13 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			addr := inst.addr
 			a.mu.Unlock()
 			dctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout)+time.Second)
-			c, err := worker.Dial(dctx, addr, a.tlsConf, inst.id, gen)
+			c, err := workerclient.Dial(dctx, addr, a.tlsConf, inst.id, gen)
 			timedOut := errors.Is(dctx.Err(), context.DeadlineExceeded)
 			cancel()
 			if err != nil {
-				reason := ReasonCanaryError
+				reason := controlapi.ReasonCanaryError
 				if timedOut {
-					reason = ReasonCanaryTimeout // a worker that cannot even handshake is stuck
+					reason = controlapi.ReasonCanaryTimeout // a worker that cannot even handshake is stuck
 				}
 				if ctx.Err() != nil || !a.canaryResult(inst, gen, reason, err, proc) {
 					return
@@ -93,7 +94,7 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 }
 
 // canary runs one canary generation and checks every frame.
-func (a *Agent) canary(ctx context.Context, c *worker.Client, id string, gen uint64) (string, error) {
+func (a *Agent) canary(ctx context.Context, c *workerclient.Client, id string, gen uint64) (string, error) {
 	cctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
 	defer cancel()
 	s, err := c.Generate(cctx, &wire.Generate{RequestId: fmt.Sprintf("canary-%s-%d", id, time.Now().UnixNano()), Prompt: "canary",
@@ -108,26 +109,26 @@ func (a *Agent) canary(ctx context.Context, c *worker.Client, id string, gen uin
 			return classify(cctx, err)
 		}
 		if f.Error != nil {
-			return ReasonCanaryError, fmt.Errorf("canary: %s", f.Error.Message)
+			return controlapi.ReasonCanaryError, fmt.Errorf("canary: %s", f.Error.Message)
 		}
 		if f.FinishReason != "" {
 			if seq != canaryTokens || f.FinishReason != "length" {
-				return ReasonCanaryError, fmt.Errorf("canary ended %q after %d tokens", f.FinishReason, seq)
+				return controlapi.ReasonCanaryError, fmt.Errorf("canary ended %q after %d tokens", f.FinishReason, seq)
 			}
 			return "", nil
 		}
 		seq++
 		if int(f.SequenceNo) != seq || f.Generation < gen {
-			return ReasonCanaryError, fmt.Errorf("canary frame %d: sequence %d generation %d", seq, f.SequenceNo, f.Generation)
+			return controlapi.ReasonCanaryError, fmt.Errorf("canary frame %d: sequence %d generation %d", seq, f.SequenceNo, f.Generation)
 		}
 	}
 }
 
 func classify(ctx context.Context, err error) (string, error) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return ReasonCanaryTimeout, fmt.Errorf("canary timed out: %w", err)
+		return controlapi.ReasonCanaryTimeout, fmt.Errorf("canary timed out: %w", err)
 	}
-	return ReasonCanaryError, err
+	return controlapi.ReasonCanaryError, err
 }
 
 // canaryResult applies a canary's outcome; it reports whether the loop
@@ -151,7 +152,7 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 		a.mu.Unlock()
 		a.metrics.canary.WithLabelValues("ok").Inc()
 		if !wasReady {
-			a.emit(Event{Kind: EventReady, InstanceID: inst.id, Generation: gen})
+			a.emit(controlapi.Event{Kind: controlapi.EventReady, InstanceID: inst.id, Generation: gen})
 			a.registerAll(context.Background())
 		}
 		return true
@@ -161,7 +162,7 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 	fails := inst.canaryFail
 	a.mu.Unlock()
 	a.metrics.canary.WithLabelValues(reason).Inc()
-	a.emit(Event{Kind: EventNotReady, InstanceID: inst.id, Generation: gen, Reason: reason, Detail: err.Error()})
+	a.emit(controlapi.Event{Kind: controlapi.EventNotReady, InstanceID: inst.id, Generation: gen, Reason: reason, Detail: err.Error()})
 	a.log.Warn("canary failed", "instance_id", inst.id, "generation", gen, "failure_reason", reason, "err", err, "attempt", fails)
 	a.registerAll(context.Background())
 	if fails >= a.opts.CanaryFailures {

@@ -1,8 +1,6 @@
 package agent
 
 import (
-	"github.com/lifeline-llm/lifeline/rdma"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,68 +13,23 @@ import (
 	"sync"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
-// Worker is one entry of `nodectl workers --json`; the keys are stable.
-type Worker struct {
-	InstanceID string `json:"instance_id"`
-	Role       string `json:"role"`
-	Rank       int    `json:"rank"`
-	PID        int    `json:"pid"`
-	Generation uint64 `json:"generation"`
-	Ready      bool   `json:"ready"`
-	LastExit   *Event `json:"last_exit"`
-	// Beyond the documented keys, for humans.
-	State    string `json:"state"`
-	NotReady string `json:"not_ready,omitempty"`
-	Addr     string `json:"addr,omitempty"`
-	Restarts int    `json:"restarts"`
-}
-
-// Status is `nodectl status --json`.
-type Status struct {
-	NodeID           string         `json:"node_id"`
-	Detector         string         `json:"detector"`
-	DetectorFallback string         `json:"detector_fallback,omitempty"`
-	Etcd             EtcdStatus     `json:"etcd"`
-	GPU              string         `json:"gpu"`
-	Arena            map[string]any `json:"arena"`
-	Instances        []Worker       `json:"instances"`
-	UptimeSeconds    float64        `json:"uptime_seconds"`
-	KVTransfer       TransferStatus `json:"kv_transfer"`
-}
-
-// TransferStatus is the KV transfer engine as `nodectl status` shows it:
-// the transport in use and why, the endpoint, and the counters.
-type TransferStatus struct {
-	rdma.Status
-	Addr  string     `json:"addr"`
-	Stats rdma.Stats `json:"stats"`
-}
-
-// EtcdStatus says whether the agent can prove it is routable.
-type EtcdStatus struct {
-	Endpoints     []string `json:"endpoints"`
-	LeaseID       int64    `json:"lease_id"`
-	Routable      bool     `json:"routable"`
-	LastRenewalMs int64    `json:"last_renewal_ms_ago"`
-}
-
-func (a *Agent) workers() []Worker {
+func (a *Agent) workers() []controlapi.Worker {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	var out []Worker
+	var out []controlapi.Worker
 	for _, inst := range a.instances {
-		out = append(out, Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
+		out = append(out, controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
 			LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
 	return out
 }
 
-func (a *Agent) status() Status {
-	st := Status{NodeID: a.opts.NodeID, Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
+func (a *Agent) status() controlapi.Status {
+	st := controlapi.Status{NodeID: a.opts.NodeID, Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
 	if a.detectorFallback != nil {
 		st.DetectorFallback = a.detectorFallback.Error()
 	}
@@ -87,9 +40,11 @@ func (a *Agent) status() Status {
 		st.GPU = fmt.Sprintf("ok: %d devices watched for XID and double-bit ECC errors", a.gpu.devices)
 	}
 	a.mu.Lock()
-	st.Etcd = EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
+	st.Etcd = controlapi.EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
 	a.mu.Unlock()
-	st.KVTransfer = TransferStatus{Status: a.transport, Addr: a.kvAddr, Stats: a.transfer.Stats()}
+	tr := a.transport
+	st.KVTransfer = controlapi.TransferStatus{Transport: tr.Transport, Reason: tr.Reason, Devices: tr.Devices, Device: tr.Device,
+		VerbsBuilt: tr.VerbsBuilt, Addr: a.kvAddr, Stats: controlapi.TransferStats(a.transfer.Stats())}
 	ks := a.kvOwner.Stats()
 	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
 		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects}
@@ -146,9 +101,9 @@ func (a *Agent) serveControl(ctx context.Context, wg *sync.WaitGroup) (*http.Ser
 	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.workers()) })
 	mux.HandleFunc("GET /v1/kv/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.kvOwner.Stats()) })
 	mux.HandleFunc("GET /v1/kv/ls", func(w http.ResponseWriter, r *http.Request) {
-		ls := a.kvOwner.List()
-		if ls == nil {
-			ls = []kv.SlotInfo{}
+		ls := []controlapi.Slot{}
+		for _, s := range a.kvOwner.List() {
+			ls = append(ls, controlapi.Slot(s))
 		}
 		writeJSON(w, http.StatusOK, ls)
 	})
@@ -181,7 +136,7 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "follow: want 0 or 1"})
 		return
 	}
-	var ch chan Event
+	var ch chan controlapi.Event
 	if follow == "1" || follow == "true" {
 		var unsub func()
 		ch, unsub = a.events.subscribe()

@@ -10,6 +10,7 @@ import (
 	"github.com/dgraph-io/badger/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 )
 
@@ -48,7 +49,7 @@ func (a *Agent) nextGeneration(ctx context.Context, instance string) (uint64, er
 	if err != nil {
 		return 0, fmt.Errorf("agent: read generation of %s: %w", instance, err)
 	}
-	key := GenerationsPrefix + instance
+	key := schema.GenerationsPrefix + instance
 	var next uint64
 	for attempt := 0; ; attempt++ {
 		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)

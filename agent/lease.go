@@ -9,8 +9,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
 
 // keepLease holds the agent's etcd lease and keeps every ready instance
@@ -79,7 +81,7 @@ func (a *Agent) keepLease(ctx context.Context) {
 		a.lease = 0
 		a.mu.Unlock()
 		a.metrics.leaseLost.Inc()
-		a.emit(Event{Kind: EventLeaseLost, Detail: "etcd lease could not be renewed within its TTL; not routable"})
+		a.emit(controlapi.Event{Kind: controlapi.EventLeaseLost, Detail: "etcd lease could not be renewed within its TTL; not routable"})
 		a.log.Warn("etcd lease lost", "recovery_action", "workers stop accepting; re-register when etcd answers")
 		a.fenceAll(ctx)
 	}
@@ -92,7 +94,7 @@ func (a *Agent) registerAll(ctx context.Context) {
 	defer a.regMu.Unlock()
 	a.mu.Lock()
 	lease := a.lease
-	var puts []Registration
+	var puts []schema.Registration
 	var dels []string
 	for _, inst := range a.instances {
 		if inst.ready && inst.pid != 0 {
@@ -108,18 +110,18 @@ func (a *Agent) registerAll(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	node, _ := json.Marshal(a.nodeRecord())
-	a.etcd.Put(rctx, NodesPrefix+a.opts.NodeID, string(node), clientv3.WithLease(lease))
+	a.etcd.Put(rctx, schema.NodesPrefix+a.opts.NodeID, string(node), clientv3.WithLease(lease))
 	for _, r := range puts {
 		b, _ := json.Marshal(r)
-		a.etcd.Put(rctx, InstancesPrefix+r.InstanceID, string(b), clientv3.WithLease(lease))
+		a.etcd.Put(rctx, schema.InstancesPrefix+r.InstanceID, string(b), clientv3.WithLease(lease))
 	}
 	for _, id := range dels {
-		a.etcd.Delete(rctx, InstancesPrefix+id)
+		a.etcd.Delete(rctx, schema.InstancesPrefix+id)
 	}
 }
 
-func (a *Agent) registrationLocked(inst *instance) Registration {
-	return Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
+func (a *Agent) registrationLocked(inst *instance) schema.Registration {
+	return schema.Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
 		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready,
 		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr, KVIdentity: inst.kvIdentity}
 }
@@ -196,7 +198,7 @@ func (a *Agent) reregisterOne(ctx context.Context, inst *instance) {
 		rec.StartTime = st
 		a.saveWorker(rec)
 	}
-	a.emit(Event{Kind: EventReregistered, InstanceID: inst.id, Generation: gen})
+	a.emit(controlapi.Event{Kind: controlapi.EventReregistered, InstanceID: inst.id, Generation: gen})
 }
 
 func (a *Agent) running() []*instance {
@@ -213,14 +215,14 @@ func (a *Agent) running() []*instance {
 
 // admin sends an Admin request to an instance's worker.
 func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen uint64) (*wire.HealthReply, error) {
-	return a.callWorker(ctx, inst, func(ctx context.Context, c *worker.Client, cur uint64) (*wire.HealthReply, error) {
+	return a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
 		return c.Admin(ctx, inst.id, cur, accepting, gen)
 	})
 }
 
 // health asks an instance's worker for its state.
 func (a *Agent) health(ctx context.Context, inst *instance) (*wire.HealthReply, error) {
-	return a.callWorker(ctx, inst, func(ctx context.Context, c *worker.Client, _ uint64) (*wire.HealthReply, error) {
+	return a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, _ uint64) (*wire.HealthReply, error) {
 		return c.Health(ctx)
 	})
 }
@@ -228,7 +230,7 @@ func (a *Agent) health(ctx context.Context, inst *instance) (*wire.HealthReply, 
 // callWorker dials an instance's worker at the endpoint and generation the
 // agent believes it has, so that a reused address never reaches another
 // worker, and makes one call within 3 s.
-func (a *Agent) callWorker(ctx context.Context, inst *instance, call func(context.Context, *worker.Client, uint64) (*wire.HealthReply, error)) (*wire.HealthReply, error) {
+func (a *Agent) callWorker(ctx context.Context, inst *instance, call func(context.Context, *workerclient.Client, uint64) (*wire.HealthReply, error)) (*wire.HealthReply, error) {
 	a.mu.Lock()
 	addr, cur := inst.addr, inst.gen
 	a.mu.Unlock()
@@ -237,7 +239,7 @@ func (a *Agent) callWorker(ctx context.Context, inst *instance, call func(contex
 	}
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := worker.Dial(cctx, addr, a.tlsConf, inst.id, cur)
+	c, err := workerclient.Dial(cctx, addr, a.tlsConf, inst.id, cur)
 	if err != nil {
 		return nil, err
 	}

@@ -14,7 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
@@ -24,7 +26,7 @@ import (
 func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	a.transport = rdma.Discover()
 	a.log.Info("KV transfer transport", "transport", a.transport.Transport, "reason", a.transport.Reason)
-	tlsConf, err := rdma.TLS(a.opts.CertDir)
+	tlsConf, err := transferclient.TLS(a.opts.CertDir)
 	if err != nil {
 		return fmt.Errorf("agent: transfer certs: %w", err)
 	}
@@ -48,11 +50,11 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	var ln *quic.Listener
 	if _, port, _ := net.SplitHostPort(a.opts.TransferListen); port == "0" {
 		if prev, err := os.ReadFile(remembered); err == nil {
-			ln, _ = quic.ListenAddr(strings.TrimSpace(string(prev)), tlsConf, rdma.QUICConfig())
+			ln, _ = quic.ListenAddr(strings.TrimSpace(string(prev)), tlsConf, transferclient.QUICConfig())
 		}
 	}
 	if ln == nil {
-		if ln, err = quic.ListenAddr(a.opts.TransferListen, tlsConf, rdma.QUICConfig()); err != nil {
+		if ln, err = quic.ListenAddr(a.opts.TransferListen, tlsConf, transferclient.QUICConfig()); err != nil {
 			closer()
 			return fmt.Errorf("agent: transfer_listen %s: %w", a.opts.TransferListen, err)
 		}
@@ -108,9 +110,9 @@ func (a *Agent) registerTransferMetrics() {
 
 // nodeRecord describes the node for routers: where to pull its blocks and
 // which prefixes it holds.
-func (a *Agent) nodeRecord() NodeRecord {
-	r := NodeRecord{Node: a.opts.NodeID, KVAddr: a.kvAddr, Transport: a.transport.Transport, UpdatedUnixNano: time.Now().UnixNano()}
-	for _, k := range a.kvOwner.PublishedKeys(MaxSummaryKeys) {
+func (a *Agent) nodeRecord() schema.NodeRecord {
+	r := schema.NodeRecord{Node: a.opts.NodeID, KVAddr: a.kvAddr, Transport: a.transport.Transport, UpdatedUnixNano: time.Now().UnixNano()}
+	for _, k := range a.kvOwner.PublishedKeys(schema.MaxSummaryKeys) {
 		r.Prefixes = append(r.Prefixes, hex.EncodeToString(k[:8]))
 	}
 	return r

@@ -1,11 +1,6 @@
 package frontend
 
 import (
-	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/kv"
-
-	"github.com/lifeline-llm/lifeline/rdma/transferpb"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -18,7 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
 // CompletionRequest is the body of POST /v1/completions. Unknown fields are
@@ -136,7 +134,7 @@ type run struct {
 	// first; empty if it cannot be encoded); keys memoises prefixKeys per
 	// KV identity, for keysAt received tokens.
 	promptTokens []int
-	keys         map[kv.Identity][]kv.BlockKey
+	keys         map[blockid.Identity][]blockid.BlockKey
 	keysAt       int
 }
 
@@ -283,7 +281,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}, keys: map[kv.Identity][]kv.BlockKey{},
+	x := &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{}, keys: map[blockid.Identity][]blockid.BlockKey{},
 		prefills: map[Endpoint]context.CancelFunc{}}
 	go x.loop(rctx)
 
@@ -754,7 +752,7 @@ func (x *run) route(a Route) []Action {
 // prefixKeys are the block keys of prompt ‖ received tokens under in's KV
 // identity, when this frontend tokenizes the way in does (the built-in
 // tokenizer); nil otherwise, and routing for in is by load only.
-func (x *run) prefixKeys(in Instance) []kv.BlockKey {
+func (x *run) prefixKeys(in Instance) []blockid.BlockKey {
 	id := in.KVIdentity
 	if id == nil || id.BlockSize <= 0 || id.TokenizerHash != tokenizer.NewBuiltin().Hash() {
 		return nil
@@ -763,7 +761,7 @@ func (x *run) prefixKeys(in Instance) []kv.BlockKey {
 		return keys
 	}
 	if x.keysAt != x.r.Received() {
-		x.keys, x.keysAt = map[kv.Identity][]kv.BlockKey{}, x.r.Received()
+		x.keys, x.keysAt = map[blockid.Identity][]blockid.BlockKey{}, x.r.Received()
 	}
 	if len(x.promptTokens) == 0 {
 		return nil // route tokenizes before it takes the server's lock

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
 
 // ErrNoInstance is returned when no ready instance can take a request.
@@ -31,7 +31,7 @@ type Instance struct {
 	KVAddr string
 	// KVIdentity describes the instance's KV blocks; nil when it does not
 	// share them.
-	KVIdentity *kv.Identity
+	KVIdentity *blockid.Identity
 }
 
 // Router picks instances. It keeps its last view when the registry is
@@ -126,7 +126,7 @@ const LoadWeight = 64
 
 // CachedBlocks counts the leading keys that node's summary lists; fresh is
 // false when the node has no summary younger than SummaryMaxAge.
-func (rt *Router) CachedBlocks(node string, keys []kv.BlockKey, now time.Time) (n int, fresh bool) {
+func (rt *Router) CachedBlocks(node string, keys []blockid.BlockKey, now time.Time) (n int, fresh bool) {
 	nd, ok := rt.nodes[node]
 	if !ok || nd.Prefixes == nil || now.Sub(nd.Updated) > SummaryMaxAge {
 		return 0, false
@@ -147,7 +147,7 @@ func (rt *Router) CachedBlocks(node string, keys []kv.BlockKey, now time.Time) (
 // score 0, which is load-only routing. It returns the pick, its cached
 // blocks, and whether any summary was used.
 func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map[string]bool, now time.Time,
-	keysFor func(Instance) []kv.BlockKey) (Instance, int, bool, error) {
+	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
 	cached := map[string]int{}
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
@@ -159,7 +159,7 @@ func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map
 // way: the node holding the longest prefix of the prompt (a shared system
 // prompt is not computed again), weighted against load; keysFor may be
 // nil (load only).
-func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time, keysFor func(Instance) []kv.BlockKey) (Instance, error) {
+func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time, keysFor func(Instance) []blockid.BlockKey) (Instance, error) {
 	var score func(Instance) int
 	if keysFor != nil {
 		score = rt.cacheScore(keysFor, now, func(Instance, int) {})
@@ -170,7 +170,7 @@ func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[stri
 // cacheScore scores an instance by its node's cached prefix positions
 // minus LoadWeight per outstanding sequence; seen gets each instance's
 // cached blocks when its node's summary is fresh.
-func (rt *Router) cacheScore(keysFor func(Instance) []kv.BlockKey, now time.Time, seen func(Instance, int)) func(Instance) int {
+func (rt *Router) cacheScore(keysFor func(Instance) []blockid.BlockKey, now time.Time, seen func(Instance, int)) func(Instance) int {
 	return func(in Instance) int {
 		keys := keysFor(in)
 		if keys == nil || in.KVIdentity == nil {

@@ -7,18 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
 
-func keyChain(n int) []kv.BlockKey {
-	keys := make([]kv.BlockKey, n)
+func keyChain(n int) []blockid.BlockKey {
+	keys := make([]blockid.BlockKey, n)
 	for i := range keys {
 		keys[i] = sha256.Sum256([]byte(fmt.Sprint("block", i)))
 	}
 	return keys
 }
 
-func summary(keys []kv.BlockKey) map[string]bool {
+func summary(keys []blockid.BlockKey) map[string]bool {
 	m := map[string]bool{}
 	for _, k := range keys {
 		m[hex.EncodeToString(k[:8])] = true
@@ -30,7 +30,7 @@ func summary(keys []kv.BlockKey) map[string]bool {
 // wins unless its load outweighs the prefix; stale or missing summaries
 // fall back to load-only routing.
 func TestCacheAwareRouting(t *testing.T) {
-	id := &kv.Identity{BlockSize: 16}
+	id := &blockid.Identity{BlockSize: 16}
 	keys := keyChain(6)
 	rt := NewRouter()
 	for _, in := range []Instance{
@@ -40,7 +40,7 @@ func TestCacheAwareRouting(t *testing.T) {
 	} {
 		rt.Update(in)
 	}
-	keysFor := func(Instance) []kv.BlockKey { return keys }
+	keysFor := func(Instance) []blockid.BlockKey { return keys }
 	// No summaries: load only, lowest id.
 	if in, n, used, _ := rt.PickCached("m", "", "", nil, t0, keysFor); in.ID != "a" || n != 0 || used {
 		t.Fatalf("no summaries: %s %d %v", in.ID, n, used)
@@ -67,7 +67,7 @@ func TestCacheAwareRouting(t *testing.T) {
 		t.Fatalf("stale summaries: %s %d %v", in.ID, n, used)
 	}
 	// Without identity keys (a tokenizer the router cannot reproduce).
-	if in, _, _, _ := rt.PickCached("m", "", "", nil, t0, func(Instance) []kv.BlockKey { return nil }); in.ID != "a" {
+	if in, _, _, _ := rt.PickCached("m", "", "", nil, t0, func(Instance) []blockid.BlockKey { return nil }); in.ID != "a" {
 		t.Fatalf("no keys: %s", in.ID)
 	}
 	// Prefill instances are never picked for decode; sources skip the

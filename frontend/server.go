@@ -1,8 +1,6 @@
 package frontend
 
 import (
-	"github.com/lifeline-llm/lifeline/rdma"
-
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -21,9 +19,10 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/agent"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 )
 
 // Options configure a frontend.
@@ -58,12 +57,12 @@ type Server struct {
 	etcd    *clientv3.Client
 	workTLS *tls.Config
 	// kv asks agents to pull KV blocks (P/D hand-offs).
-	kv *rdma.QUIC
+	kv *transferclient.Dialer
 
 	mu      sync.Mutex
 	router  *Router
 	addrs   map[string]string // instance id → QUIC address
-	clients map[Endpoint]*worker.Client
+	clients map[Endpoint]*workerclient.Client
 	active  map[string]map[*run]struct{} // instance id → runs on it
 	nextID  uint64
 	streams map[string]*stream
@@ -162,15 +161,15 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	if opts.Policy == (Policy{}) {
 		opts.Policy = DefaultPolicy
 	}
-	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*worker.Client{},
+	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*workerclient.Client{},
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
-	kvTLS, err := rdma.TLS(opts.CertDir)
+	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
 		return fmt.Errorf("frontend: certs: %w", err)
 	}
-	s.kv = rdma.NewQUIC(kvTLS)
+	s.kv = transferclient.NewDialer(kvTLS)
 	defer s.kv.Close()
-	if s.workTLS, err = worker.ClientTLS(opts.CertDir); err != nil {
+	if s.workTLS, err = workerclient.ClientTLS(opts.CertDir); err != nil {
 		return fmt.Errorf("frontend: certs: %w", err)
 	}
 	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
@@ -257,11 +256,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 func (s *Server) sync(ctx context.Context) (int64, error) {
 	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	resp, err := s.etcd.Get(gctx, agent.InstancesPrefix, clientv3.WithPrefix())
+	resp, err := s.etcd.Get(gctx, schema.InstancesPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return 0, err
 	}
-	nodes, err := s.etcd.Get(gctx, agent.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
+	nodes, err := s.etcd.Get(gctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
 	if err != nil {
 		return 0, err
 	}
@@ -295,9 +294,9 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 			}
 		}
 		wctx, wcancel := context.WithCancel(ctx)
-		insts := s.etcd.Watch(wctx, agent.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		fails := s.etcd.Watch(wctx, agent.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		nodes := s.etcd.Watch(wctx, agent.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		insts := s.etcd.Watch(wctx, schema.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		fails := s.etcd.Watch(wctx, schema.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+		nodes := s.etcd.Watch(wctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	loop:
 		for {
 			select {
@@ -309,7 +308,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 					break loop
 				}
 				for _, ev := range wr.Events {
-					id := strings.TrimPrefix(string(ev.Kv.Key), agent.InstancesPrefix)
+					id := strings.TrimPrefix(string(ev.Kv.Key), schema.InstancesPrefix)
 					if ev.Type == clientv3.EventTypeDelete {
 						s.instanceGone(id, 0, "deregistered")
 						continue
@@ -328,7 +327,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 				s.mu.Lock()
 				for _, ev := range nr.Events {
 					if ev.Type == clientv3.EventTypeDelete {
-						s.router.RemoveNode(strings.TrimPrefix(string(ev.Kv.Key), agent.NodesPrefix))
+						s.router.RemoveNode(strings.TrimPrefix(string(ev.Kv.Key), schema.NodesPrefix))
 					} else if n, ok := decodeNode(ev.Kv.Value); ok {
 						s.router.UpdateNode(n)
 					}
@@ -340,7 +339,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 				}
 				for _, ev := range fr.Events {
 					if ev.Type == clientv3.EventTypePut {
-						var f agent.Failure
+						var f schema.Failure
 						if json.Unmarshal(ev.Kv.Value, &f) == nil {
 							s.instanceGone(f.InstanceID, f.Generation, "worker died: "+f.Reason)
 						}
@@ -353,7 +352,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 }
 
 func decodeNode(b []byte) (Node, bool) {
-	var r agent.NodeRecord
+	var r schema.NodeRecord
 	if json.Unmarshal(b, &r) != nil || r.Node == "" {
 		return Node{}, false
 	}
@@ -365,7 +364,7 @@ func decodeNode(b []byte) (Node, bool) {
 }
 
 func decodeRegistration(b []byte) (Instance, string, bool) {
-	var r agent.Registration
+	var r schema.Registration
 	if json.Unmarshal(b, &r) != nil || r.InstanceID == "" {
 		return Instance{}, "", false
 	}
@@ -426,7 +425,7 @@ func (s *Server) knownModel(model string) bool {
 	return false
 }
 
-func (s *Server) client(ctx context.Context, ep Endpoint) (*worker.Client, error) {
+func (s *Server) client(ctx context.Context, ep Endpoint) (*workerclient.Client, error) {
 	s.mu.Lock()
 	c, ok := s.clients[ep]
 	addr := s.addrs[ep.InstanceID]
@@ -436,7 +435,7 @@ func (s *Server) client(ctx context.Context, ep Endpoint) (*worker.Client, error
 	}
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	c, err := worker.Dial(dctx, addr, s.workTLS, ep.InstanceID, ep.Generation)
+	c, err := workerclient.Dial(dctx, addr, s.workTLS, ep.InstanceID, ep.Generation)
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -338,7 +339,7 @@ func (c *Client) Abort(r Ref) error {
 	return err
 }
 
-func keysToPB(keys []BlockKey) *kvpb.Keys { return &kvpb.Keys{Keys: KeyBytes(keys)} }
+func keysToPB(keys []BlockKey) *kvpb.Keys { return &kvpb.Keys{Keys: blockid.KeyBytes(keys)} }
 
 // Acquire leases the longest published prefix of keys.
 func (c *Client) Acquire(keys []BlockKey) ([]Ref, error) {

@@ -19,6 +19,8 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 	"github.com/lifeline-llm/lifeline/shm"
 )
@@ -57,14 +59,14 @@ func newNodeTB(t testing.TB, certDir string, payload int) *node {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { o.Close() })
-	tlsConf, err := TLS(certDir)
+	tlsConf, err := transferclient.TLS(certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := NewQUIC(tlsConf)
 	t.Cleanup(func() { tr.Close() })
 	e := NewEngine(o, tr)
-	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, transferclient.QUICConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +170,7 @@ func TestPullOverQUIC(t *testing.T) {
 	// travels.
 	dst.publish(t, keys[:2], size)
 	copy(want[:2], dst.read(t, keys[:2]))
-	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: kv.KeyBytes(keys), Sources: []string{src.addr}})
+	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
 	if reply.Error != "" || reply.Local != 2 || reply.Pulled != 8 || reply.Bytes != 8*size || reply.Source != src.addr {
 		t.Fatalf("pull: %+v", reply)
 	}
@@ -204,7 +206,7 @@ func TestPullRetriesAnotherSourceAndRejectsCorruptBytes(t *testing.T) {
 	corrupt.owner.Arena().Payload(int(refs[0].Slot))[10] ^= 0xff
 	corrupt.owner.EndSession(sid)
 
-	only := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: kv.KeyBytes(keys), Sources: []string{corrupt.addr}})
+	only := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{corrupt.addr}})
 	if only.Error == "" || only.Pulled != 0 || !strings.Contains(only.Error, "checksum") {
 		t.Fatalf("corrupt source accepted: %+v", only)
 	}
@@ -213,7 +215,7 @@ func TestPullRetriesAnotherSourceAndRejectsCorruptBytes(t *testing.T) {
 	}
 	noneInFlight(t, dst)
 
-	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(2, len(keys)), Keys: kv.KeyBytes(keys), Sources: []string{empty.addr, corrupt.addr, good.addr}})
+	reply := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(2, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{empty.addr, corrupt.addr, good.addr}})
 	if reply.Error != "" || reply.Pulled != 6 || reply.Source != good.addr {
 		t.Fatalf("pull: %+v", reply)
 	}
@@ -240,14 +242,14 @@ func TestPullDropsStaleBindings(t *testing.T) {
 		}
 		return nil
 	}
-	newer := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(5, 2), Keys: kv.KeyBytes(keys), Sources: []string{src.addr}})
+	newer := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(5, 2), Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
 	if newer.Error != "" || newer.Pulled != 2 {
 		t.Fatalf("pull: %+v", newer)
 	}
-	old := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(4, 4), Keys: kv.KeyBytes(keys), Sources: []string{src.addr}})
+	old := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(4, 4), Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
 	oldGen := binding(6, 4)
 	oldGen.DestinationGeneration = 2
-	gen := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: oldGen, Keys: kv.KeyBytes(keys), Sources: []string{src.addr}})
+	gen := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: oldGen, Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
 	for _, r := range []*transferpb.PullReply{old, gen} {
 		if !r.Stale || r.Pulled != 0 || !strings.Contains(r.Error, "stale") {
 			t.Fatalf("stale binding not dropped: %+v", r)
@@ -271,14 +273,14 @@ func TestPullBadInput(t *testing.T) {
 		name, want string
 		p          *transferpb.Pull
 	}{
-		{"no binding", "no binding", &transferpb.Pull{Keys: kv.KeyBytes(keys)}},
-		{"epoch 0", "transfer epoch 0", &transferpb.Pull{Binding: withID("b", binding(0, 2)), Keys: kv.KeyBytes(keys)}},
+		{"no binding", "no binding", &transferpb.Pull{Keys: blockid.KeyBytes(keys)}},
+		{"epoch 0", "transfer epoch 0", &transferpb.Pull{Binding: withID("b", binding(0, 2)), Keys: blockid.KeyBytes(keys)}},
 		{"short key", "has 2 bytes", &transferpb.Pull{Binding: withID("c", binding(1, 1)), Keys: [][]byte{{1, 2}}}},
 		{"zero key", "is zero", &transferpb.Pull{Binding: withID("d", binding(1, 1)), Keys: [][]byte{make([]byte, 32)}}},
-		{"range", "block range", &transferpb.Pull{Binding: withID("e", binding(1, 9)), Keys: kv.KeyBytes(keys)}},
-		{"no source", "no source", &transferpb.Pull{Binding: withID("f", binding(1, 2)), Keys: kv.KeyBytes(keys)}},
-		{"too many sources", "sources", &transferpb.Pull{Binding: withID("g", binding(1, 2)), Keys: kv.KeyBytes(keys), Sources: make([]string, MaxSources+1)}},
-		{"dead source", "dial", &transferpb.Pull{Binding: withID("h", binding(1, 2)), Keys: kv.KeyBytes(keys), Sources: []string{"127.0.0.1:1"}}},
+		{"range", "block range", &transferpb.Pull{Binding: withID("e", binding(1, 9)), Keys: blockid.KeyBytes(keys)}},
+		{"no source", "no source", &transferpb.Pull{Binding: withID("f", binding(1, 2)), Keys: blockid.KeyBytes(keys)}},
+		{"too many sources", "sources", &transferpb.Pull{Binding: withID("g", binding(1, 2)), Keys: blockid.KeyBytes(keys), Sources: make([]string, MaxSources+1)}},
+		{"dead source", "dial", &transferpb.Pull{Binding: withID("h", binding(1, 2)), Keys: blockid.KeyBytes(keys), Sources: []string{"127.0.0.1:1"}}},
 	} {
 		r := dst.engine.Pull(context.Background(), tc.p)
 		if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) || r.Stale {
@@ -292,11 +294,11 @@ func TestPullBadInput(t *testing.T) {
 // cluster's TLS, each stream handed to handle.
 func fakeSource(t *testing.T, certDir string, handle func(st *quic.Stream)) string {
 	t.Helper()
-	tlsConf, err := TLS(certDir)
+	tlsConf, err := transferclient.TLS(certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, QUICConfig())
+	ln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, transferclient.QUICConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +380,7 @@ func TestPullRejectsHostileSources(t *testing.T) {
 		addr := hostileSource(t, c, tc.answer)
 		b := binding(1, len(keys))
 		b.RequestId = fmt.Sprint("hostile-", i)
-		r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: b, Keys: kv.KeyBytes(keys), Sources: []string{addr}})
+		r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: b, Keys: blockid.KeyBytes(keys), Sources: []string{addr}})
 		if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) {
 			t.Errorf("%s: %+v (want %q)", tc.name, r, tc.want)
 		}
@@ -405,10 +407,10 @@ func BenchmarkFetchQUIC(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	tlsConf, _ := TLS(c)
+	tlsConf, _ := transferclient.TLS(c)
 	q := NewQUIC(tlsConf)
 	defer q.Close()
-	f := &transferpb.Fetch{Binding: binding(1, len(keys)), Keys: kv.KeyBytes(keys), Count: uint32(len(keys))}
+	f := &transferpb.Fetch{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Count: uint32(len(keys))}
 	b.SetBytes(int64(len(keys)) << 20)
 	for b.Loop() {
 		if _, err := q.Fetch(context.Background(), src.addr, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
@@ -432,7 +434,7 @@ func TestPullCancelReleasesSlots(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan *transferpb.PullReply, 1)
 	go func() {
-		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: kv.KeyBytes(keys), Sources: []string{hung}})
+		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{hung}})
 	}()
 	// Wait until the pull holds its staged slots.
 	deadline := time.Now().Add(10 * time.Second)
@@ -474,7 +476,7 @@ func TestPullStaleAtCommit(t *testing.T) {
 		}
 		return nil
 	}
-	r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: kv.KeyBytes(keys), Sources: []string{src.addr}})
+	r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
 	if !r.Stale || r.Pulled != 0 || !strings.Contains(r.Error, "restarted") || checks != 2 {
 		t.Fatalf("pull over a restart: %+v after %d checks", r, checks)
 	}
@@ -494,16 +496,16 @@ func TestVerbsFetchRefusedWithoutVerbs(t *testing.T) {
 	c := certs(t)
 	src := newNode(t, c, 1024)
 	keys := chain(2, "v")
-	tlsConf, _ := TLS(c)
+	tlsConf, _ := transferclient.TLS(c)
 	q := NewQUIC(tlsConf)
 	defer q.Close()
-	st, _, stop, err := q.stream(context.Background(), src.addr, 0)
+	st, _, stop, err := q.Stream(context.Background(), src.addr, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
 	defer st.Close()
-	f := &transferpb.Fetch{Binding: binding(1, 2), Keys: kv.KeyBytes(keys), Count: 2}
+	f := &transferpb.Fetch{Binding: binding(1, 2), Keys: blockid.KeyBytes(keys), Count: 2}
 	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_VerbsFetch{VerbsFetch: &transferpb.VerbsFetch{Fetch: f}}}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,26 +14,9 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
-	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
-
-// ALPN is the protocol name of an agent's transfer endpoint.
-const ALPN = "lifeline-kv/1"
-
-// QUICConfig is the transfer endpoint's QUIC configuration: flow-control
-// windows far above a stock connection's (a KV transfer is a bulk copy),
-// and a short idle timeout so a dead peer is noticed quickly.
-func QUICConfig() *quic.Config {
-	return &quic.Config{
-		MaxIdleTimeout: 5 * time.Second, KeepAlivePeriod: time.Second, MaxIncomingStreams: 1024,
-		InitialStreamReceiveWindow: 16 << 20, MaxStreamReceiveWindow: 64 << 20,
-		InitialConnectionReceiveWindow: 64 << 20, MaxConnectionReceiveWindow: 512 << 20,
-	}
-}
-
-// TLS loads the transfer endpoint's mutual-TLS configuration.
-func TLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
 
 // blockWriter frames a fetch's answer on a stream.
 type blockWriter struct{ w *bufio.Writer }
@@ -135,11 +118,11 @@ func (e *Engine) Serve(ctx context.Context, ln *quic.Listener) error {
 	}
 }
 
-// QUIC is the default transport, and the client frontends use to ask an
-// agent for a pull. A fetch is split over Streams streams of one
-// connection, read in parallel straight into the destination slots.
+// QUIC is the default transport. A fetch is split over Streams streams,
+// read in parallel straight into the destination slots. Its Dialer also
+// sends Pull requests (a worker asking its own agent for blocks).
 type QUIC struct {
-	TLS *tls.Config
+	*transferclient.Dialer
 	// Streams is how many streams one fetch uses (default 4), spread over
 	// Conns connections (default 4): quic-go runs each connection's
 	// packets on one goroutine, so connections, not streams, use cores.
@@ -148,94 +131,14 @@ type QUIC struct {
 	// Stall is how long a fetch waits for the next block before it gives
 	// the source up (default 1.5 s).
 	Stall time.Duration
-
-	mu      sync.Mutex
-	conns   map[string]*quic.Conn  // by "addr#index"
-	dialing map[string]*sync.Mutex // one dial per "addr#index" at a time
 }
 
 // NewQUIC returns a QUIC transport that presents tlsConf.
 func NewQUIC(tlsConf *tls.Config) *QUIC {
-	return &QUIC{TLS: tlsConf, Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond, conns: map[string]*quic.Conn{}, dialing: map[string]*sync.Mutex{}}
+	return &QUIC{Dialer: transferclient.NewDialer(tlsConf), Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond}
 }
 
 func (q *QUIC) Name() string { return "quic" }
-
-// Close closes every cached connection.
-func (q *QUIC) Close() error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	for a, c := range q.conns {
-		c.CloseWithError(0, "")
-		delete(q.conns, a)
-	}
-	return nil
-}
-
-func (q *QUIC) conn(ctx context.Context, addr string, index int) (*quic.Conn, error) {
-	key := fmt.Sprintf("%s#%d", addr, index)
-	q.mu.Lock()
-	c := q.conns[key]
-	dial := q.dialing[key]
-	if dial == nil {
-		dial = &sync.Mutex{}
-		q.dialing[key] = dial
-	}
-	q.mu.Unlock()
-	if c != nil && c.Context().Err() == nil {
-		return c, nil
-	}
-	// Streams of one fetch wait for one dial to their connection; other
-	// connections and addresses do not wait at all.
-	dial.Lock()
-	defer dial.Unlock()
-	q.mu.Lock()
-	c = q.conns[key]
-	q.mu.Unlock()
-	if c != nil && c.Context().Err() == nil {
-		return c, nil
-	}
-	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	defer cancel()
-	c, err := quic.DialAddr(dctx, addr, q.TLS, QUICConfig())
-	if err != nil {
-		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
-	}
-	q.mu.Lock()
-	if old := q.conns[key]; old != nil && old != c {
-		old.CloseWithError(0, "")
-	}
-	q.conns[key] = c
-	q.mu.Unlock()
-	return c, nil
-}
-
-// drop forgets a connection that failed.
-func (q *QUIC) drop(c *quic.Conn) {
-	q.mu.Lock()
-	for k, v := range q.conns {
-		if v == c {
-			delete(q.conns, k)
-		}
-	}
-	q.mu.Unlock()
-	c.CloseWithError(0, "")
-}
-
-// stream opens a stream whose reads and writes end with ctx.
-func (q *QUIC) stream(ctx context.Context, addr string, index int) (*quic.Stream, *quic.Conn, func() bool, error) {
-	c, err := q.conn(ctx, addr, index)
-	if err != nil {
-		return nil, nil, nil, err
-	}
-	st, err := c.OpenStreamSync(ctx)
-	if err != nil {
-		q.drop(c)
-		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, err)
-	}
-	stop := context.AfterFunc(ctx, func() { st.CancelRead(0); st.CancelWrite(0) })
-	return st, c, stop, nil
-}
 
 // Fetch implements Transport.
 func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
@@ -247,7 +150,7 @@ func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into
 		index := next % max(1, q.Conns)
 		next++
 		mu.Unlock()
-		st, c, stop, err := q.stream(ctx, addr, index)
+		st, c, stop, err := q.Stream(ctx, addr, index)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -264,7 +167,7 @@ func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into
 		stalled := errors.As(err, &ne) && ne.Timeout()
 		for _, c := range used {
 			if stalled || c.Context().Err() != nil {
-				q.drop(c)
+				q.Drop(c)
 			}
 		}
 	}
@@ -394,28 +297,4 @@ func readErr(err error) error {
 		return fmt.Errorf("rdma: source stalled: %w", err)
 	}
 	return fmt.Errorf("rdma: source connection: %w", err)
-}
-
-// Pull asks the agent at addr to pull blocks (the frontend's side).
-func (q *QUIC) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*transferpb.PullReply, error) {
-	st, c, stop, err := q.stream(ctx, addr, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer stop()
-	defer st.Close()
-	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_Pull{Pull: p}}); err != nil {
-		if c.Context().Err() != nil {
-			q.drop(c)
-		}
-		return nil, err
-	}
-	var reply transferpb.PullReply
-	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
-		if c.Context().Err() != nil {
-			q.drop(c)
-		}
-		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)
-	}
-	return &reply, nil
 }

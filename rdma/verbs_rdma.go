@@ -354,7 +354,7 @@ func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 		return 0, err
 	}
 	defer freeQP(q)
-	st, _, stop, err := t.ctrl.stream(ctx, addr, 0)
+	st, _, stop, err := t.ctrl.Stream(ctx, addr, 0)
 	if err != nil {
 		return 0, err
 	}

@@ -15,8 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/lifeline-llm/lifeline/agent"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // DefaultSocket is where the systemd unit puts the control socket.
@@ -58,8 +57,8 @@ func getJSON(ctx context.Context, socket, path string, v any) error {
 }
 
 // Workers asks the agent at socket for its supervised workers.
-func Workers(ctx context.Context, socket string) ([]agent.Worker, error) {
-	var ws []agent.Worker
+func Workers(ctx context.Context, socket string) ([]controlapi.Worker, error) {
+	var ws []controlapi.Worker
 	err := getJSON(ctx, socket, "/v1/workers", &ws)
 	return ws, err
 }
@@ -73,7 +72,7 @@ func Command() *cobra.Command {
 	var asJSON bool
 	status := &cobra.Command{Use: "status", Short: "Detectors, etcd, lease, arena and instances", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st agent.Status
+			var st controlapi.Status
 			if err := getJSON(cmd.Context(), socket, "/v1/status", &st); err != nil {
 				return err
 			}
@@ -105,7 +104,7 @@ func Command() *cobra.Command {
 			}
 			if workersJSON {
 				if ws == nil {
-					ws = []agent.Worker{}
+					ws = []controlapi.Worker{}
 				}
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(ws)
 			}
@@ -148,13 +147,13 @@ func Command() *cobra.Command {
 	var lsJSON bool
 	ls := &cobra.Command{Use: "ls", Short: "Slots that are not free: state, generation, key, writer, leases", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var slots []kv.SlotInfo
+			var slots []controlapi.Slot
 			if err := getJSON(cmd.Context(), socket, "/v1/kv/ls", &slots); err != nil {
 				return err
 			}
 			if lsJSON {
 				if slots == nil {
-					slots = []kv.SlotInfo{}
+					slots = []controlapi.Slot{}
 				}
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(slots)
 			}
@@ -171,7 +170,7 @@ func Command() *cobra.Command {
 	return root
 }
 
-func printWorkers(out io.Writer, ws []agent.Worker) error {
+func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tROLE\tGEN\tPID\tREADY\tSTATE\tRESTARTS\tLAST EXIT")
 	for _, w := range ws {

@@ -20,13 +20,13 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/cgtest"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-
-	"github.com/lifeline-llm/lifeline/internal/cgtest"
 )
 
 type agentNode struct {
@@ -156,7 +156,7 @@ func (n *agentNode) nodectl(t *testing.T, args ...string) string {
 
 // waitRegistration waits for a ready registration of instance at a
 // generation above after.
-func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64) agent.Registration {
+func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64) schema.Registration {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
@@ -165,9 +165,9 @@ func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64
 			t.Fatalf("agent exited; log:\n%s", n.stderr.String())
 		default:
 		}
-		resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix+instance)
+		resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix+instance)
 		if err == nil && len(resp.Kvs) == 1 {
-			var r agent.Registration
+			var r schema.Registration
 			json.Unmarshal(resp.Kvs[0].Value, &r)
 			if r.Ready && r.Generation > after {
 				return r
@@ -176,28 +176,28 @@ func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("no ready registration of %s above generation %d; agent log:\n%s", instance, after, n.stderr.String())
-	return agent.Registration{}
+	return schema.Registration{}
 }
 
 // waitWorkerReady polls nodectl until the (single) worker is ready.
-func (n *agentNode) waitWorkerReady(t *testing.T) agent.Worker {
+func (n *agentNode) waitWorkerReady(t *testing.T) controlapi.Worker {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		out, err := exec.Command(nodectlBinary, "--socket", n.socket, "workers", "--json").Output()
-		var ws []agent.Worker
+		var ws []controlapi.Worker
 		if err == nil && json.Unmarshal(out, &ws) == nil && len(ws) == 1 && ws[0].Ready {
 			return ws[0]
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("worker never ready; agent log:\n%s", n.stderr.String())
-	return agent.Worker{}
+	return controlapi.Worker{}
 }
 
-func (n *agentNode) workers(t *testing.T) []agent.Worker {
+func (n *agentNode) workers(t *testing.T) []controlapi.Worker {
 	t.Helper()
-	var ws []agent.Worker
+	var ws []controlapi.Worker
 	if err := json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws); err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +217,8 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if len(ws) != 1 || ws[0].PID == 0 || ws[0].Generation != reg.Generation || !ws[0].Ready {
 		t.Fatalf("workers: %+v", ws)
 	}
-	watch := n.cli.Watch(context.Background(), agent.InstancesPrefix+id)
-	failures := n.cli.Watch(context.Background(), agent.FailuresPrefix+id)
+	watch := n.cli.Watch(context.Background(), schema.InstancesPrefix+id)
+	failures := n.cli.Watch(context.Background(), schema.FailuresPrefix+id)
 
 	killed := time.Now()
 	if err := syscall.Kill(ws[0].PID, syscall.SIGKILL); err != nil {
@@ -237,9 +237,9 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 			for _, ev := range fr.Events {
 				if ev.Type == clientv3.EventTypePut && announced.IsZero() {
 					announced = time.Now()
-					var f agent.Failure
+					var f schema.Failure
 					json.Unmarshal(ev.Kv.Value, &f)
-					if f.Generation != reg.Generation || f.Reason != agent.ReasonSignal {
+					if f.Generation != reg.Generation || f.Reason != controlapi.ReasonSignal {
 						t.Fatalf("failure %+v", f)
 					}
 					if os.Geteuid() == 0 && f.Detector != "ebpf" {
@@ -252,11 +252,11 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 		}
 	}
 	// Kill → agent event (kernel time of the exit tracepoint).
-	var exitEvent agent.Event
+	var exitEvent controlapi.Event
 	for _, line := range strings.Split(strings.TrimSpace(n.nodectl(t, "events")), "\n") {
-		var e agent.Event
+		var e controlapi.Event
 		json.Unmarshal([]byte(line), &e)
-		if e.Kind == agent.EventExit && e.InstanceID == id {
+		if e.Kind == controlapi.EventExit && e.InstanceID == id {
 			exitEvent = e
 		}
 	}
@@ -273,7 +273,7 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 		t.Fatalf("back at generation %d, want %d", next.Generation, reg.Generation+1)
 	}
 	ws = n.workers(t)
-	if ws[0].LastExit == nil || ws[0].LastExit.Reason != agent.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
+	if ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
 	}
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
@@ -294,7 +294,7 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if err := syscall.Kill(ws[0].PID, 0); err == nil {
 		t.Fatal("worker survived the agent's clean stop")
 	}
-	if resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("registrations left after a clean stop: %v %v", resp, err)
 	}
 }
@@ -362,13 +362,13 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 	reg := n.waitRegistration(t, id, 0)
 	before := n.workers(t)[0]
 
-	tlsConf, err := worker.ClientTLS(n.certDir)
+	tlsConf, err := workerclient.ClientTLS(n.certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := worker.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
+	c, err := workerclient.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -418,7 +418,7 @@ func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
 	// Not ready (deregistered) within a few canary windows.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := n.cli.Get(context.Background(), agent.InstancesPrefix+id)
+		resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix+id)
 		if err == nil && len(resp.Kvs) == 0 {
 			break
 		}
@@ -430,7 +430,7 @@ func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
 	t.Logf("SIGSTOP → not ready after %v", time.Since(stopped))
 	next := n.waitRegistration(t, id, reg.Generation)
 	ws := n.workers(t)
-	if next.Generation != reg.Generation+1 || ws[0].LastExit == nil || ws[0].LastExit.Reason != agent.ReasonCanaryTimeout {
+	if next.Generation != reg.Generation+1 || ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonCanaryTimeout {
 		t.Fatalf("after the canary threshold: generation %d, last exit %+v", next.Generation, ws[0].LastExit)
 	}
 }
@@ -498,10 +498,10 @@ func TestAgentEtcdOutage(t *testing.T) {
 	const id = "n1-decode-tiny-0"
 	reg := n.waitRegistration(t, id, 0)
 	pid := n.workers(t)[0].PID
-	tlsConf, _ := worker.ClientTLS(n.certDir)
+	tlsConf, _ := workerclient.ClientTLS(n.certDir)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	c, err := worker.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
+	c, err := workerclient.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +518,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 	n.etcd.Close()
 	down := time.Now()
 	// Not routable after the TTL.
-	var st agent.Status
+	var st controlapi.Status
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st)
 		if !st.Etcd.Routable {
@@ -697,9 +697,9 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		for _, line := range strings.Split(strings.TrimSpace(n.nodectlTry("events")), "\n") {
-			var e agent.Event
-			if json.Unmarshal([]byte(line), &e) == nil && e.Kind == agent.EventExit {
-				if e.Reason != agent.ReasonOOM || e.Signal != 9 || e.Detector != "ebpf" {
+			var e controlapi.Event
+			if json.Unmarshal([]byte(line), &e) == nil && e.Kind == controlapi.EventExit {
+				if e.Reason != controlapi.ReasonOOM || e.Signal != 9 || e.Detector != "ebpf" {
 					t.Fatalf("OOM kill recorded as %+v", e)
 				}
 				return

@@ -20,10 +20,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/quic-go/quic-go/http3"
+
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/frontend/client"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/quic-go/quic-go/http3"
 )
 
 type sseToken struct {
@@ -113,7 +114,7 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 		if tok.Seq == 30 && killed == "" {
 			killed = tok.Instance
 			killedAt = tok.Seq
-			var ws []agent.Worker
+			var ws []controlapi.Worker
 			json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws)
 			for _, w := range ws {
 				if w.InstanceID == killed {

@@ -16,11 +16,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
@@ -111,9 +114,9 @@ func pdPromptPositions(t *testing.T) int {
 	return len(ids) + 1
 }
 
-func (n *agentNode) status(t *testing.T) agent.Status {
+func (n *agentNode) status(t *testing.T) controlapi.Status {
 	t.Helper()
-	var st agent.Status
+	var st controlapi.Status
 	if err := json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -336,15 +339,15 @@ func TestPDPrefillKilledAfterPublish(t *testing.T) {
 }
 
 // prefillOnly asks a prefill instance directly for a prompt's blocks.
-func prefillOnly(t *testing.T, n *agentNode, reg agent.Registration, prompt string) [][]byte {
+func prefillOnly(t *testing.T, n *agentNode, reg schema.Registration, prompt string) [][]byte {
 	t.Helper()
-	tlsConf, err := worker.ClientTLS(n.certDir)
+	tlsConf, err := workerclient.ClientTLS(n.certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := worker.Dial(ctx, reg.Addr, tlsConf, reg.InstanceID, reg.Generation)
+	c, err := workerclient.Dial(ctx, reg.Addr, tlsConf, reg.InstanceID, reg.Generation)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -378,7 +381,7 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 	d := n1.waitRegistration(t, "n1-decode-tiny-0", 0)
 	p := n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
 	keys := prefillOnly(t, n2, p, pdPrompt)
-	tlsConf, err := rdma.TLS(n1.certDir)
+	tlsConf, err := transferclient.TLS(n1.certDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -543,8 +546,8 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 	// Wait for n2's summary to list them.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := n1.cli.Get(context.Background(), agent.NodesPrefix+"n2")
-		var rec agent.NodeRecord
+		resp, err := n1.cli.Get(context.Background(), schema.NodesPrefix+"n2")
+		var rec schema.NodeRecord
 		if err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && len(rec.Prefixes) >= len(keys) {
 			break
 		}

@@ -3,17 +3,17 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/lifeline-llm/lifeline/internal/cluster"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 )
 
 func upCmd() *cobra.Command {
-	var opts cluster.Options
+	var opts localcluster.Options
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Run a whole Lifeline on this machine: embedded etcd, node agents with workers, a frontend",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cluster.Run(cmd.Context(), opts, cmd.OutOrStdout())
+			return localcluster.Run(cmd.Context(), opts, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
@@ -27,13 +27,13 @@ func upCmd() *cobra.Command {
 
 func demoCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "demo", Short: "Demonstrations"}
-	var opts cluster.DemoOptions
+	var opts localcluster.DemoOptions
 	failover := &cobra.Command{
 		Use:   "failover",
 		Short: "Kill the decode worker of a seeded stream after sequence 127 and check the continuation is bit-identical",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return cluster.Failover(cmd.Context(), opts, cmd.OutOrStdout())
+			return localcluster.Failover(cmd.Context(), opts, cmd.OutOrStdout())
 		},
 	}
 	f := failover.Flags()

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
 
 func certDir(t *testing.T) string {
@@ -26,7 +26,7 @@ func certDir(t *testing.T) string {
 }
 
 // startWorker runs `lifeline worker` and returns its Ready line.
-func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...string) (*exec.Cmd, worker.Ready) {
+func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...string) (*exec.Cmd, workerclient.Ready) {
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"worker", "--instance-id", instance, "--generation", fmt.Sprint(gen), "--certs", certs}, extra...)...)
 	out, _ := cmd.StdoutPipe()
@@ -39,9 +39,9 @@ func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...stri
 			cmd.Wait()
 		}
 	})
-	ready := make(chan worker.Ready, 1)
+	ready := make(chan workerclient.Ready, 1)
 	go func() {
-		var r worker.Ready
+		var r workerclient.Ready
 		if json.NewDecoder(bufio.NewReader(out)).Decode(&r) == nil {
 			ready <- r
 		}
@@ -53,10 +53,10 @@ func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...stri
 	case <-time.After(30 * time.Second):
 		t.Fatal("worker never became ready")
 	}
-	return nil, worker.Ready{}
+	return nil, workerclient.Ready{}
 }
 
-func collectFrames(t *testing.T, s *worker.Stream) []*wire.Frame {
+func collectFrames(t *testing.T, s *workerclient.Stream) []*wire.Frame {
 	t.Helper()
 	var fs []*wire.Frame
 	for {
@@ -81,13 +81,13 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 	if ready.Generation != 3 || ready.NumericsID == "" {
 		t.Fatalf("ready line %+v", ready)
 	}
-	tlsConf, err := worker.ClientTLS(certs)
+	tlsConf, err := workerclient.ClientTLS(certs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := worker.Dial(ctx, ready.Addr, tlsConf, "decode-7", 3)
+	c, err := workerclient.Dial(ctx, ready.Addr, tlsConf, "decode-7", 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 		t.Fatalf("empty prompt: %+v", fs)
 	}
 	// A client that expects generation 4 drops generation-3 frames.
-	newer, err := worker.Dial(ctx, ready.Addr, tlsConf, "decode-7", 4)
+	newer, err := workerclient.Dial(ctx, ready.Addr, tlsConf, "decode-7", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,13 +133,13 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 		t.Fatalf("stale generation: %d frames delivered, %d dropped", len(fs), newer.StaleFrames())
 	}
 	// A client with another CA's certificate cannot connect.
-	other, err := worker.ClientTLS(certDir(t))
+	other, err := workerclient.ClientTLS(certDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	short, cancelShort := context.WithTimeout(ctx, 5*time.Second)
 	defer cancelShort()
-	if oc, err := worker.Dial(short, ready.Addr, other, "decode-7", 3); err == nil {
+	if oc, err := workerclient.Dial(short, ready.Addr, other, "decode-7", 3); err == nil {
 		if _, err := oc.Health(short); err == nil {
 			t.Fatal("a client with a foreign certificate was served")
 		}

@@ -1,13 +1,12 @@
 // Package worker serves a reference-engine instance over QUIC with mutual
 // TLS: one bidirectional stream per request, protobuf frames (decode/wire)
-// stamped with the instance id and generation. It also holds the client the
-// frontend and the node agent's canary use.
+// stamped with the instance id and generation. Its client, and the
+// protocol's constants, are in decode/workerclient.
 package worker
 
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,11 +23,13 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
@@ -43,9 +44,6 @@ const (
 	// are published, before the hand-off frame is sent.
 	FailBeforeHandOff = "worker.before-handoff"
 )
-
-// ALPN is the protocol name of the worker endpoint.
-const ALPN = "lifeline-worker/1"
 
 // Options configure one worker process (rank 0 of an instance).
 type Options struct {
@@ -77,24 +75,6 @@ func (o *Options) Validate() error {
 	return o.Engine.Validate()
 }
 
-// Ready is the JSON line a worker prints on stdout once it serves.
-type Ready struct {
-	InstanceID    string `json:"instance_id"`
-	Generation    uint64 `json:"generation"`
-	Addr          string `json:"addr"`
-	Model         string `json:"model"`
-	ModelRevision string `json:"model_revision"`
-	NumericsID    string `json:"numerics_id"`
-	// KVIdentity describes the blocks the worker publishes (nil without a
-	// shared arena): a router that can tokenize the same way computes the
-	// keys of a prompt from it and finds nodes that hold its prefix.
-	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
-}
-
-func quicConfig() *quic.Config {
-	return &quic.Config{MaxIdleTimeout: 10 * time.Second, KeepAlivePeriod: 2 * time.Second, MaxIncomingStreams: 4096}
-}
-
 // Run loads the engine, serves until ctx is done, and prints a Ready line
 // to out once the endpoint accepts connections.
 func Run(ctx context.Context, opts Options, out io.Writer) error {
@@ -105,7 +85,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	tlsConf, err := pki.Load(opts.CertDir, ALPN)
+	tlsConf, err := pki.Load(opts.CertDir, workerclient.ALPN)
 	if err != nil {
 		return err
 	}
@@ -114,14 +94,14 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer e.Close()
-	ln, err := quic.ListenAddr(opts.Listen, tlsConf, quicConfig())
+	ln, err := quic.ListenAddr(opts.Listen, tlsConf, workerclient.QUICConfig())
 	if err != nil {
 		return fmt.Errorf("worker: listen %s: %w", opts.Listen, err)
 	}
 	defer ln.Close()
 	s := &server{opts: opts, engine: e}
 	if opts.KVTransfer != "" {
-		kvTLS, err := rdma.TLS(opts.CertDir)
+		kvTLS, err := transferclient.TLS(opts.CertDir)
 		if err != nil {
 			return err
 		}
@@ -130,7 +110,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	s.generation.Store(opts.Generation)
 	s.accepting.Store(true)
-	ready := Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
+	ready := workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID()}
 	if e.Cache != nil {
 		id := e.Cache.Identity()
@@ -189,7 +169,7 @@ func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Re
 	defer cancel()
 	b := &transferpb.Binding{RequestId: g.RequestId, ModelRevision: s.engine.Model.Revision, DestinationInstance: s.opts.InstanceID,
 		DestinationGeneration: s.generation.Load(), BlockCount: uint32(len(keys)), RequestEpoch: g.RequestEpoch, TransferEpoch: 1}
-	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: kv.KeyBytes(keys), Sources: g.KvSources})
+	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: blockid.KeyBytes(keys), Sources: g.KvSources})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s failed: %v\n", s.opts.InstanceID, len(keys), g.RequestId, err)
 	} else if reply.Error != "" {
@@ -368,6 +348,3 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		}
 	}
 }
-
-// ClientTLS loads the mutual-TLS config a client of workers presents.
-func ClientTLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }

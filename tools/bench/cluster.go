@@ -14,7 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
@@ -28,13 +29,13 @@ type benchCluster struct {
 	socks           []string
 	arenas          []string
 	procs           []*exec.Cmd
-	regs            map[string]agent.Registration
+	regs            map[string]schema.Registration
 }
 
 // startBenchCluster starts the cluster; prefillOn names nodes that also
 // run a small prefill instance.
 func startBenchCluster(slots int, prefillOn ...int) (c *benchCluster, err error) {
-	c = &benchCluster{regs: map[string]agent.Registration{}}
+	c = &benchCluster{regs: map[string]schema.Registration{}}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -86,7 +87,7 @@ func startBenchCluster(slots int, prefillOn ...int) (c *benchCluster, err error)
 		ids = append(ids, fmt.Sprintf("b%d-prefill-small-0", n))
 	}
 	for _, id := range ids {
-		r, err := waitReady(c.cli, agent.InstancesPrefix+id, 0)
+		r, err := waitReady(c.cli, schema.InstancesPrefix+id, 0)
 		if err != nil {
 			return nil, err
 		}
@@ -128,7 +129,7 @@ func (c *benchCluster) sockOf(instance string) string {
 
 // kill SIGKILLs instance's worker and says when.
 func (c *benchCluster) kill(instance string) time.Time {
-	var ws []agent.Worker
+	var ws []controlapi.Worker
 	getJSON(unixClient(c.sockOf(instance)), "/v1/workers", &ws)
 	at := time.Now()
 	for _, w := range ws {

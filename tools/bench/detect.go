@@ -17,7 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
@@ -113,7 +114,7 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 	}()
 	http := unixClient(sock)
 	id := node + "-decode-tiny-0"
-	key := agent.InstancesPrefix + id
+	key := schema.InstancesPrefix + id
 	var gen uint64
 	reaped := 0
 	defer func() {
@@ -128,7 +129,7 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 			return nil, nil, fmt.Errorf("%w; agent log:\n%s", err, log)
 		}
 		gen = reg.Generation
-		var ws []agent.Worker
+		var ws []controlapi.Worker
 		if err := getJSON(http, "/v1/workers", &ws); err != nil || len(ws) != 1 || ws[0].Generation != gen {
 			return nil, nil, fmt.Errorf("workers: %v %v", ws, err)
 		}
@@ -153,7 +154,7 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 		}
 		cancel()
 		// The event follows the deregistration by a few steps: poll for it.
-		var evs []agent.Event
+		var evs []controlapi.Event
 		for deadline := time.Now().Add(5 * time.Second); len(evs) == 0 && time.Now().Before(deadline); {
 			resp, err := http.Get("http://agent/v1/events")
 			if err != nil {
@@ -162,8 +163,8 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-				var e agent.Event
-				if json.Unmarshal([]byte(line), &e) == nil && e.Kind == agent.EventExit && e.Generation == gen {
+				var e controlapi.Event
+				if json.Unmarshal([]byte(line), &e) == nil && e.Kind == controlapi.EventExit && e.Generation == gen {
 					evs = append(evs, e)
 				}
 			}
@@ -182,19 +183,19 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 	return toEvent, toGone, nil
 }
 
-func waitReady(cli *clientv3.Client, key string, after uint64) (agent.Registration, error) {
+func waitReady(cli *clientv3.Client, key string, after uint64) (schema.Registration, error) {
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
 		resp, err := cli.Get(context.Background(), key)
 		if err == nil && len(resp.Kvs) == 1 {
-			var r agent.Registration
+			var r schema.Registration
 			if json.Unmarshal(resp.Kvs[0].Value, &r) == nil && r.Ready && r.Generation > after {
 				return r, nil
 			}
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return agent.Registration{}, fmt.Errorf("%s not ready above generation %d", key, after)
+	return schema.Registration{}, fmt.Errorf("%s not ready above generation %d", key, after)
 }
 
 func unixClient(sock string) *http.Client {

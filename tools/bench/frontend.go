@@ -9,9 +9,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
 
 // runFrontendBench measures, in one run: tokens/s and inter-token latency
@@ -32,11 +33,11 @@ func runFrontendBench(kills int) error {
 
 	// Direct vs through the frontend: the same seeded 256-token stream.
 	const tokens = 256
-	workTLS, _ := worker.ClientTLS(certs)
+	workTLS, _ := workerclient.ClientTLS(certs)
 	r0 := regs["b0-decode-small-0"]
 	direct := func() ([]time.Duration, time.Duration, error) {
 		ctx := context.Background()
-		c, err := worker.Dial(ctx, r0.Addr, workTLS, r0.InstanceID, r0.Generation)
+		c, err := workerclient.Dial(ctx, r0.Addr, workTLS, r0.InstanceID, r0.Generation)
 		if err != nil {
 			return nil, 0, err
 		}
@@ -137,12 +138,12 @@ func runFrontendBench(kills int) error {
 			}
 		}
 		resp.Body.Close()
-		var evs []agent.Event
+		var evs []controlapi.Event
 		r, err := unixClient(cluster.sockOf(victim)).Get("http://agent/v1/events")
 		if err == nil {
 			d := json.NewDecoder(r.Body)
 			for {
-				var e agent.Event
+				var e controlapi.Event
 				if d.Decode(&e) != nil {
 					break
 				}
@@ -151,7 +152,7 @@ func runFrontendBench(kills int) error {
 			r.Body.Close()
 		}
 		for i := len(evs) - 1; i >= 0; i-- {
-			if evs[i].Kind == agent.EventExit && evs[i].InstanceID == victim {
+			if evs[i].Kind == controlapi.EventExit && evs[i].InstanceID == victim {
 				detect = append(detect, evs[i].DetectedAt.Sub(killed))
 				if timeline != nil {
 					at := func(k string) time.Time { return time.Unix(0, timeline[k]) }
@@ -163,7 +164,7 @@ func runFrontendBench(kills int) error {
 			}
 		}
 		if victim != "" {
-			r, err := waitReady(cli, agent.InstancesPrefix+victim, gens[victim])
+			r, err := waitReady(cli, schema.InstancesPrefix+victim, gens[victim])
 			if err != nil {
 				return err
 			}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // runPDBench serves requests with about 1,000 tokens of prompt through a
@@ -61,7 +61,7 @@ func runPDBench(requests int) error {
 		}
 		var copied uint64
 		for _, s := range c.socks {
-			var st agent.Status
+			var st controlapi.Status
 			if err := getJSON(unixClient(s), "/v1/status", &st); err == nil {
 				copied += st.KVTransfer.Stats.BytesPulled
 			}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
@@ -92,7 +92,7 @@ func runRTOBench(kills int) error {
 			if victim == "" {
 				return nil, nil, fmt.Errorf("%s run %d: no worker killed", mode, k)
 			}
-			r, err := waitReady(c.cli, agent.InstancesPrefix+victim, gens[victim])
+			r, err := waitReady(c.cli, schema.InstancesPrefix+victim, gens[victim])
 			if err != nil {
 				return nil, nil, err
 			}

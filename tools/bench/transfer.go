@@ -15,7 +15,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma"
+	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 	"github.com/lifeline-llm/lifeline/shm"
 )
@@ -38,7 +40,7 @@ func runTransferBench() error {
 	if err := pki.Init(certs, nil); err != nil {
 		return err
 	}
-	tlsConf, err := rdma.TLS(certs)
+	tlsConf, err := transferclient.TLS(certs)
 	if err != nil {
 		return err
 	}
@@ -115,7 +117,7 @@ func transferRow(size int, tlsConf *tls.Config) ([7]float64, error) {
 		return dst.owner.Arena().Payload(int(drefs[i].Slot))[:h.PayloadLen], nil
 	}
 	f := &transferpb.Fetch{Binding: &transferpb.Binding{RequestId: "bench", DestinationInstance: "bench", TransferEpoch: 1, BlockCount: uint32(n)},
-		Keys: kv.KeyBytes(keys), Count: uint32(n)}
+		Keys: blockid.KeyBytes(keys), Count: uint32(n)}
 	gbs := func(run func() error) (float64, error) {
 		return median3(func() (float64, error) {
 			start := time.Now()
@@ -197,7 +199,7 @@ func transferRow(size int, tlsConf *tls.Config) ([7]float64, error) {
 	}
 
 	// The transport as agents run it.
-	qln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, rdma.QUICConfig())
+	qln, err := quic.ListenAddr("127.0.0.1:0", tlsConf, transferclient.QUICConfig())
 	if err != nil {
 		return row, err
 	}

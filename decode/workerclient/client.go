@@ -1,4 +1,8 @@
-package worker
+// Package workerclient speaks to worker instances: the protocol's ALPN
+// and QUIC settings, the Ready line a worker prints once it serves, and the
+// client the frontend and the node agent's canary use. It imports none of
+// the engine, so a frontend that dials workers does not link one.
+package workerclient
 
 import (
 	"bufio"
@@ -14,11 +18,13 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
 
 // ErrStaleGeneration is returned when a frame comes from an older
 // generation than the client expects of that instance.
-var ErrStaleGeneration = errors.New("worker: frame from a stale generation")
+var ErrStaleGeneration = errors.New("workerclient: frame from a stale generation")
 
 // Client is a connection to one worker instance at one generation.
 type Client struct {
@@ -32,9 +38,9 @@ type Client struct {
 
 // Dial connects to a worker that must be instanceID at generation.
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
-	conn, err := quic.DialAddr(ctx, addr, tlsConf, quicConfig())
+	conn, err := quic.DialAddr(ctx, addr, tlsConf, QUICConfig())
 	if err != nil {
-		return nil, fmt.Errorf("worker: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
 	}
 	return &Client{conn: conn, instanceID: instanceID, generation: generation}, nil
 }
@@ -61,12 +67,12 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 	st, err := c.conn.OpenStreamSync(octx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("worker: open stream: %w", err)
+		return nil, fmt.Errorf("workerclient: open stream: %w", err)
 	}
 	st.SetWriteDeadline(time.Now().Add(openTimeout))
 	if err := frame.Write(st, req); err != nil {
 		st.CancelWrite(1)
-		return nil, fmt.Errorf("worker: send request: %w", err)
+		return nil, fmt.Errorf("workerclient: send request: %w", err)
 	}
 	st.SetWriteDeadline(time.Time{})
 	st.Close() // done sending; frames come back
@@ -95,7 +101,7 @@ func (c *Client) Health(ctx context.Context) (*wire.HealthReply, error) {
 		return nil, err
 	}
 	if f.Health == nil {
-		return nil, fmt.Errorf("worker: health answer without health")
+		return nil, fmt.Errorf("workerclient: health answer without health")
 	}
 	return f.Health, nil
 }
@@ -114,10 +120,10 @@ func (c *Client) Admin(ctx context.Context, instanceID string, current uint64, a
 		return nil, err
 	}
 	if f.Error != nil {
-		return nil, fmt.Errorf("worker: admin refused: %s", f.Error.Message)
+		return nil, fmt.Errorf("workerclient: admin refused: %s", f.Error.Message)
 	}
 	if f.Health == nil {
-		return nil, fmt.Errorf("worker: admin answer without health")
+		return nil, fmt.Errorf("workerclient: admin answer without health")
 	}
 	return f.Health, nil
 }
@@ -131,7 +137,7 @@ func (s *Stream) Next() (*wire.Frame, error) {
 			if errors.Is(err, io.EOF) {
 				return nil, io.EOF
 			}
-			return nil, fmt.Errorf("worker: stream: %w", err)
+			return nil, fmt.Errorf("workerclient: stream: %w", err)
 		}
 		if f.InstanceId != s.c.instanceID || f.Generation < s.c.generation {
 			s.c.mu.Lock()
@@ -148,3 +154,29 @@ func (s *Stream) Cancel() {
 	s.st.CancelRead(1)
 	s.st.CancelWrite(1)
 }
+
+// ALPN is the protocol name of the worker endpoint.
+const ALPN = "lifeline-worker/1"
+
+// Ready is the JSON line a worker prints on stdout once it serves.
+type Ready struct {
+	InstanceID    string `json:"instance_id"`
+	Generation    uint64 `json:"generation"`
+	Addr          string `json:"addr"`
+	Model         string `json:"model"`
+	ModelRevision string `json:"model_revision"`
+	NumericsID    string `json:"numerics_id"`
+	// KVIdentity describes the blocks the worker publishes (nil without a
+	// shared arena): a router that can tokenize the same way computes the
+	// keys of a prompt from it and finds nodes that hold its prefix.
+	KVIdentity *blockid.Identity `json:"kv_identity,omitempty"`
+}
+
+// QUICConfig is the worker endpoint's QUIC configuration, the same on both
+// ends.
+func QUICConfig() *quic.Config {
+	return &quic.Config{MaxIdleTimeout: 10 * time.Second, KeepAlivePeriod: 2 * time.Second, MaxIncomingStreams: 4096}
+}
+
+// ClientTLS loads the mutual-TLS config a client of workers presents.
+func ClientTLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }

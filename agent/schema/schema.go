@@ -1,6 +1,11 @@
-package agent
+// Package schema is the etcd schema of a Lifeline cluster: the keys node
+// agents write under their leases (instances, nodes, failures,
+// generations) and the JSON records stored at them. Agents write it;
+// frontends, nodectl, benchmarks and tests read it. It imports nothing of
+// the agent, so reading the cluster costs no node machinery.
+package schema
 
-import "github.com/lifeline-llm/lifeline/kv"
+import "github.com/lifeline-llm/lifeline/kv/blockid"
 
 // InstancesPrefix is where ready instances are registered, each under the
 // agent's lease.
@@ -59,7 +64,7 @@ type Registration struct {
 	// ask it to pull blocks for this instance.
 	KVAddr string `json:"kv_addr,omitempty"`
 	// KVIdentity describes the instance's KV blocks (cache-aware routing).
-	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
+	KVIdentity *blockid.Identity `json:"kv_identity,omitempty"`
 }
 
 // Failure is the value of a failure key.

@@ -1,8 +1,8 @@
-// Package cluster is `lifeline up`: one machine's whole Lifeline — an
+// Package localcluster is `lifeline up`: one machine's whole Lifeline — an
 // embedded etcd, certificates, N node agents (each with its own arena,
 // Badger directory and control socket) running decode workers as real
 // processes, and a frontend — started from nothing and stopped cleanly.
-package cluster
+package localcluster
 
 import (
 	"bufio"

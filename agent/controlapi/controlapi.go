@@ -1,0 +1,129 @@
+// Package controlapi is the node agent's control API: the JSON documents
+// its control socket serves (status, workers, events, KV slots) and that
+// nodectl and operators' tools read, with the event kinds and failure
+// classes they carry. It is a leaf, so a client of the socket links none
+// of the agent.
+package controlapi
+
+import "time"
+
+// Failure classes, as events and metrics name them.
+const (
+	ReasonExitCode      = "exit_code"
+	ReasonSignal        = "signal"
+	ReasonOOM           = "oom_kill"
+	ReasonCanaryTimeout = "canary_timeout"
+	ReasonCanaryError   = "canary_error"
+	ReasonGPUXid        = "gpu_xid"
+)
+
+// Event kinds.
+const (
+	EventStarted      = "started"
+	EventReady        = "ready"
+	EventNotReady     = "not_ready"
+	EventExit         = "exit"
+	EventCrashLoop    = "crash_loop"
+	EventLeaseLost    = "lease_lost"
+	EventReregistered = "reregistered"
+	EventAdopted      = "adopted"
+)
+
+// Event is one thing that happened to an instance or the agent.
+type Event struct {
+	Seq        uint64    `json:"seq"`
+	Time       time.Time `json:"time"`
+	Node       string    `json:"node"`
+	Kind       string    `json:"kind"`
+	InstanceID string    `json:"instance_id,omitempty"`
+	Generation uint64    `json:"generation,omitempty"`
+	PID        int       `json:"pid,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+	ExitCode   int       `json:"exit_code,omitempty"`
+	Signal     int       `json:"signal,omitempty"`
+	Detector   string    `json:"detector,omitempty"`
+	// DetectedAt is when the detector saw a death (kernel time for eBPF).
+	DetectedAt time.Time `json:"detected_at,omitzero"`
+	Detail     string    `json:"detail,omitempty"`
+}
+
+// Worker is one entry of `nodectl workers --json`; the keys are stable.
+type Worker struct {
+	InstanceID string `json:"instance_id"`
+	Role       string `json:"role"`
+	Rank       int    `json:"rank"`
+	PID        int    `json:"pid"`
+	Generation uint64 `json:"generation"`
+	Ready      bool   `json:"ready"`
+	LastExit   *Event `json:"last_exit"`
+	// Beyond the documented keys, for humans.
+	State    string `json:"state"`
+	NotReady string `json:"not_ready,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	Restarts int    `json:"restarts"`
+}
+
+// Status is `nodectl status --json`.
+type Status struct {
+	NodeID           string         `json:"node_id"`
+	Detector         string         `json:"detector"`
+	DetectorFallback string         `json:"detector_fallback,omitempty"`
+	Etcd             EtcdStatus     `json:"etcd"`
+	GPU              string         `json:"gpu"`
+	Arena            map[string]any `json:"arena"`
+	Instances        []Worker       `json:"instances"`
+	UptimeSeconds    float64        `json:"uptime_seconds"`
+	KVTransfer       TransferStatus `json:"kv_transfer"`
+}
+
+// TransferStatus is the KV transfer engine as `nodectl status` shows it:
+// the transport in use and why, the endpoint, and the counters.
+type TransferStatus struct {
+	Transport  string        `json:"transport"`
+	Reason     string        `json:"reason"`
+	Devices    []string      `json:"rdma_devices"`
+	Device     string        `json:"rdma_device,omitempty"`
+	VerbsBuilt bool          `json:"verbs_built"`
+	Addr       string        `json:"addr"`
+	Stats      TransferStats `json:"stats"`
+}
+
+// TransferStats are the transfer engine's counters. The agent converts
+// its engine's counters to this type; the conversion fails to compile if
+// the two ever differ.
+type TransferStats struct {
+	FetchesServed   uint64 `json:"fetches_served"`
+	BlocksServed    uint64 `json:"blocks_served"`
+	BytesServed     uint64 `json:"bytes_served"`
+	PullsOK         uint64 `json:"pulls_ok"`
+	PullsFailed     uint64 `json:"pulls_failed"`
+	StaleDropped    uint64 `json:"stale_dropped"`
+	BlocksPulled    uint64 `json:"blocks_pulled"`
+	BytesPulled     uint64 `json:"bytes_pulled"`
+	BlocksLocal     uint64 `json:"blocks_local"`
+	SourceFailures  uint64 `json:"source_failures"`
+	ChecksumErrors  uint64 `json:"checksum_errors"`
+	StagedAborted   uint64 `json:"staged_aborted"`
+	PullsInProgress int64  `json:"pulls_in_progress"`
+}
+
+// EtcdStatus says whether the agent can prove it is routable.
+type EtcdStatus struct {
+	Endpoints     []string `json:"endpoints"`
+	LeaseID       int64    `json:"lease_id"`
+	Routable      bool     `json:"routable"`
+	LastRenewalMs int64    `json:"last_renewal_ms_ago"`
+}
+
+// Slot is one entry of `nodectl kv ls --json`: a KV arena slot that is not
+// free. The agent converts the owner's slot records to this type.
+type Slot struct {
+	Slot       uint32    `json:"slot"`
+	Generation uint64    `json:"generation"`
+	State      string    `json:"state"`
+	Key        string    `json:"key,omitempty"`
+	Writer     string    `json:"writer"`
+	PayloadLen uint32    `json:"payload_len"`
+	Leases     int       `json:"leases"`
+	LastUsed   time.Time `json:"last_used,omitzero"`
+}

@@ -1,0 +1,156 @@
+// Package transferclient dials node agents' KV transfer endpoints: the
+// protocol's ALPN, TLS and QUIC settings, a cache of connections, and the
+// Pull request with which a frontend (or a worker) asks an agent to pull
+// blocks into its node. It imports neither the arena nor the transfer
+// engine, so a frontend that asks for pulls holds no KV machinery.
+package transferclient
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+)
+
+// ALPN is the protocol name of an agent's transfer endpoint.
+const ALPN = "lifeline-kv/1"
+
+// QUICConfig is the transfer endpoint's QUIC configuration: flow-control
+// windows far above a stock connection's (a KV transfer is a bulk copy),
+// and a short idle timeout so a dead peer is noticed quickly.
+func QUICConfig() *quic.Config {
+	return &quic.Config{
+		MaxIdleTimeout: 5 * time.Second, KeepAlivePeriod: time.Second, MaxIncomingStreams: 1024,
+		InitialStreamReceiveWindow: 16 << 20, MaxStreamReceiveWindow: 64 << 20,
+		InitialConnectionReceiveWindow: 64 << 20, MaxConnectionReceiveWindow: 512 << 20,
+	}
+}
+
+// TLS loads the transfer endpoint's mutual-TLS configuration.
+func TLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
+
+// Dialer keeps connections to transfer endpoints, several per address
+// (by index) so that bulk fetches can spread over cores.
+type Dialer struct {
+	TLS *tls.Config
+
+	mu      sync.Mutex
+	conns   map[string]*quic.Conn  // by "addr#index"
+	dialing map[string]*sync.Mutex // one dial per "addr#index" at a time
+}
+
+// NewDialer returns a Dialer that presents tlsConf.
+func NewDialer(tlsConf *tls.Config) *Dialer {
+	return &Dialer{TLS: tlsConf, conns: map[string]*quic.Conn{}, dialing: map[string]*sync.Mutex{}}
+}
+
+// Close closes every cached connection.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for a, c := range d.conns {
+		c.CloseWithError(0, "")
+		delete(d.conns, a)
+	}
+	return nil
+}
+
+// Conn returns the cached connection number index to addr, dialing it
+// when there is none or it is closed.
+func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, error) {
+	key := fmt.Sprintf("%s#%d", addr, index)
+	d.mu.Lock()
+	c := d.conns[key]
+	dial := d.dialing[key]
+	if dial == nil {
+		dial = &sync.Mutex{}
+		d.dialing[key] = dial
+	}
+	d.mu.Unlock()
+	if c != nil && c.Context().Err() == nil {
+		return c, nil
+	}
+	// Streams of one fetch wait for one dial to their connection; other
+	// connections and addresses do not wait at all.
+	dial.Lock()
+	defer dial.Unlock()
+	d.mu.Lock()
+	c = d.conns[key]
+	d.mu.Unlock()
+	if c != nil && c.Context().Err() == nil {
+		return c, nil
+	}
+	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	c, err := quic.DialAddr(dctx, addr, d.TLS, QUICConfig())
+	if err != nil {
+		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
+	}
+	d.mu.Lock()
+	if old := d.conns[key]; old != nil && old != c {
+		old.CloseWithError(0, "")
+	}
+	d.conns[key] = c
+	d.mu.Unlock()
+	return c, nil
+}
+
+// Drop forgets a connection that failed.
+func (d *Dialer) Drop(c *quic.Conn) {
+	d.mu.Lock()
+	for k, v := range d.conns {
+		if v == c {
+			delete(d.conns, k)
+		}
+	}
+	d.mu.Unlock()
+	c.CloseWithError(0, "")
+}
+
+// Stream opens a stream on connection index to addr whose reads and
+// writes end with ctx; stop releases that tie.
+func (d *Dialer) Stream(ctx context.Context, addr string, index int) (st *quic.Stream, c *quic.Conn, stop func() bool, err error) {
+	c, err = d.Conn(ctx, addr, index)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	st, err = c.OpenStreamSync(ctx)
+	if err != nil {
+		d.Drop(c)
+		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, err)
+	}
+	stop = context.AfterFunc(ctx, func() { st.CancelRead(0); st.CancelWrite(0) })
+	return st, c, stop, nil
+}
+
+// Pull asks the agent at addr to pull blocks into its node.
+func (d *Dialer) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*transferpb.PullReply, error) {
+	st, c, stop, err := d.Stream(ctx, addr, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer stop()
+	defer st.Close()
+	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_Pull{Pull: p}}); err != nil {
+		if c.Context().Err() != nil {
+			d.Drop(c)
+		}
+		return nil, err
+	}
+	var reply transferpb.PullReply
+	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
+		if c.Context().Err() != nil {
+			d.Drop(c)
+		}
+		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)
+	}
+	return &reply, nil
+}
