@@ -1,0 +1,147 @@
+// Package proctest is what process tests share: the real binaries, built
+// once per test binary and only when a test asks for them; the tier
+// switch (process tests are not in `go test -short`); and one WaitFor
+// that polls a condition with a deadline instead of sleeping and hoping.
+package proctest
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// build compiles cmd/lifeline and cmd/nodectl into a temporary directory.
+func build() {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		buildErr = fmt.Errorf("proctest: go env GOMOD: %w", err)
+		return
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr != nil {
+		return
+	}
+	for _, name := range []string{"lifeline", "nodectl"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "./cmd/"+name)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("proctest: build %s: %v\n%s", name, err, out)
+			return
+		}
+	}
+}
+
+// Processes marks t as a process test: it is skipped in the -short tier.
+func Processes(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("process test: not in the -short tier")
+	}
+}
+
+func binary(t testing.TB, name string) string {
+	t.Helper()
+	Processes(t)
+	buildOnce.Do(build)
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, name)
+}
+
+// Lifeline returns the path of the lifeline binary, building it on first
+// use. It marks t as a process test.
+func Lifeline(t testing.TB) string { t.Helper(); return binary(t, "lifeline") }
+
+// Nodectl returns the path of the nodectl binary, building it on first use.
+func Nodectl(t testing.TB) string { t.Helper(); return binary(t, "nodectl") }
+
+// Main runs the package's tests and removes the binaries afterwards; call
+// it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// Run runs the lifeline binary with args and returns its output.
+func Run(t testing.TB, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	cmd := exec.Command(Lifeline(t), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err = cmd.Run()
+	return o.String(), e.String(), err
+}
+
+// WaitFor polls cond until it returns true or timeout passes, then fails t
+// with what it waited for and cond's last word. The poll interval starts
+// at 5 ms and doubles up to 100 ms.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() (ok bool, last string)) {
+	t.Helper()
+	if last, ok := Poll(timeout, cond); !ok {
+		t.Fatalf("timed out after %v waiting for %s (last: %s)", timeout, what, last)
+	}
+}
+
+// Poll is WaitFor for callers that must not fail the test from where they
+// run (a goroutine): it reports whether cond came true in time, and cond's
+// last word.
+func Poll(timeout time.Duration, cond func() (ok bool, last string)) (string, bool) {
+	deadline := time.Now().Add(timeout)
+	interval := 5 * time.Millisecond
+	for {
+		ok, last := cond()
+		if ok {
+			return last, true
+		}
+		if time.Now().After(deadline) {
+			return last, false
+		}
+		time.Sleep(interval)
+		interval = min(2*interval, 100*time.Millisecond)
+	}
+}
+
+// Never asserts that cond stays false for d, polling it: the bounded way
+// to show that something did not happen (a negative needs some window;
+// this names it and checks throughout it rather than once at its end).
+func Never(t testing.TB, d time.Duration, what string, cond func() (happened bool, detail string)) {
+	t.Helper()
+	if detail, happened := Poll(d, cond); happened {
+		t.Fatalf("%s happened: %s", what, detail)
+	}
+}
+
+// SyncBuffer is a bytes.Buffer safe for a process writing while a test
+// reads.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
