@@ -186,3 +186,31 @@ func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 	}
 	return tw.Flush()
 }
+
+// GetStatus asks the agent at socket for its status.
+func GetStatus(ctx context.Context, socket string) (controlapi.Status, error) {
+	var st controlapi.Status
+	err := getJSON(ctx, socket, "/v1/status", &st)
+	return st, err
+}
+
+// Events asks the agent at socket for its recent events, oldest first.
+func Events(ctx context.Context, socket string) ([]controlapi.Event, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := get(ctx, socket, "/v1/events")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var evs []controlapi.Event
+	dec := json.NewDecoder(resp.Body)
+	for dec.More() {
+		var e controlapi.Event
+		if err := dec.Decode(&e); err != nil {
+			return evs, fmt.Errorf("agent at %s: events: %w", socket, err)
+		}
+		evs = append(evs, e)
+	}
+	return evs, nil
+}

@@ -45,31 +45,11 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	url, stop, err := demoCluster(ctx, dir, opts.Preset)
 	if err != nil {
 		return err
 	}
-	listen := l.Addr().String()
-	l.Close()
-	cctx, stop := context.WithCancel(ctx)
 	defer stop()
-	upOut := &lineWriter{lines: make(chan string, 64)}
-	done := make(chan error, 1)
-	go func() { done <- Run(cctx, Options{DataDir: dir, Nodes: 2, Preset: opts.Preset, Listen: listen}, upOut) }()
-	defer func() { stop(); <-done }()
-	var url string
-	for url == "" {
-		select {
-		case l := <-upOut.lines:
-			if u, ok := strings.CutPrefix(l, "URL "); ok {
-				url = u
-			}
-		case err := <-done:
-			return fmt.Errorf("demo: lifeline up: %v", err)
-		case <-time.After(120 * time.Second):
-			return fmt.Errorf("demo: lifeline up did not start")
-		}
-	}
 	fmt.Fprintf(out, "cluster up: 2 nodes × 1 %s decode worker, frontend %s\n", opts.Preset, url)
 	temp := 0.9
 	req := client.Request{Model: opts.Preset, Prompt: "Once upon a time, in a small town by the river,", MaxTokens: opts.MaxTokens,
@@ -107,18 +87,7 @@ func Failover(ctx context.Context, opts DemoOptions, out io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("demo: run with failure: %w", err)
 	}
-	if tl := res.LastMigration; tl != nil {
-		at := func(k string) time.Time { return time.Unix(0, tl[k]) }
-		fmt.Fprintf(out, "%8.1f ms  frontend sees the failure (agent's eBPF detection → deregistration → etcd watch); epoch bumped\n", ms(at("failure_seen_unix_ns").Sub(start)))
-		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to continue from\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
-	}
-	for _, t := range got {
-		if t.seq == opts.KillAfter+1 {
-			fmt.Fprintf(out, "%8.1f ms  sequence %d from %s — %.1f ms after the kill\n",
-				ms(t.at.Sub(start)), t.seq, t.instance, ms(t.at.Sub(killedAt)))
-		}
-	}
-	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, res.Migrations)
+	reportMigration(out, opts, start, killedAt, got, res)
 	identical := len(got) == len(reference)
 	for i := 0; identical && i < len(got); i++ {
 		identical = got[i].seq == i+1 && got[i].token == reference[i].token && got[i].text == reference[i].text
@@ -183,4 +152,50 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		}
 		w.buf = w.buf[i+1:]
 	}
+}
+
+// demoCluster runs `lifeline up` with two nodes in dir and returns the
+// frontend's URL once it serves, and how to stop it.
+func demoCluster(ctx context.Context, dir, preset string) (url string, stop func(), err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	listen := l.Addr().String()
+	l.Close()
+	cctx, cancel := context.WithCancel(ctx)
+	upOut := &lineWriter{lines: make(chan string, 64)}
+	done := make(chan error, 1)
+	go func() { done <- Run(cctx, Options{DataDir: dir, Nodes: 2, Preset: preset, Listen: listen}, upOut) }()
+	stop = func() { cancel(); <-done }
+	for {
+		select {
+		case l := <-upOut.lines:
+			if u, ok := strings.CutPrefix(l, "URL "); ok {
+				return u, stop, nil
+			}
+		case err := <-done:
+			cancel()
+			return "", nil, fmt.Errorf("demo: lifeline up: %v", err)
+		case <-time.After(120 * time.Second):
+			stop()
+			return "", nil, fmt.Errorf("demo: lifeline up did not start")
+		}
+	}
+}
+
+// reportMigration prints the failover's timeline.
+func reportMigration(out io.Writer, opts DemoOptions, start, killedAt time.Time, got []demoToken, res client.Result) {
+	if tl := res.LastMigration; tl != nil {
+		at := func(k string) time.Time { return time.Unix(0, tl[k]) }
+		fmt.Fprintf(out, "%8.1f ms  frontend sees the failure (agent's eBPF detection → deregistration → etcd watch); epoch bumped\n", ms(at("failure_seen_unix_ns").Sub(start)))
+		fmt.Fprintf(out, "%8.1f ms  routed; stream opened on the other worker with prompt + %d tokens to continue from\n", ms(at("dispatched_unix_ns").Sub(start)), opts.KillAfter)
+	}
+	for _, t := range got {
+		if t.seq == opts.KillAfter+1 {
+			fmt.Fprintf(out, "%8.1f ms  sequence %d from %s — %.1f ms after the kill\n",
+				ms(t.at.Sub(start)), t.seq, t.instance, ms(t.at.Sub(killedAt)))
+		}
+	}
+	fmt.Fprintf(out, "%8.1f ms  sequence %d, stream complete; migrations: %d\n\n", ms(got[len(got)-1].at.Sub(start)), got[len(got)-1].seq, res.Migrations)
 }

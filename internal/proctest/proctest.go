@@ -6,14 +6,14 @@ package proctest
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 )
 
 var (
@@ -24,22 +24,8 @@ var (
 
 // build compiles cmd/lifeline and cmd/nodectl into a temporary directory.
 func build() {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		buildErr = fmt.Errorf("proctest: go env GOMOD: %w", err)
-		return
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr != nil {
-		return
-	}
-	for _, name := range []string{"lifeline", "nodectl"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(binDir, name), "./cmd/"+name)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("proctest: build %s: %v\n%s", name, err, out)
-			return
-		}
+	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr == nil {
+		_, buildErr = localcluster.Build(binDir)
 	}
 }
 

@@ -2,25 +2,19 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/internal/embedetcd"
-	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 )
 
 // runDetectionBench measures, for the eBPF and pidfd detectors, kill →
@@ -32,37 +26,16 @@ func runDetectionBench(kills int) error {
 		fmt.Printf("skipped: not root (eBPF needs it)\n\n")
 		return nil
 	}
-	dir, err := os.MkdirTemp("", "lifeline-detect")
+	env, err := buildEnv("lifeline-detect")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "lifeline")
-	if out, err := exec.Command("go", "build", "-o", bin, "./cmd/lifeline").CombinedOutput(); err != nil {
-		return fmt.Errorf("build lifeline: %v\n%s", err, out)
-	}
-	certs := filepath.Join(dir, "certs")
-	if err := pki.Init(certs, nil); err != nil {
-		return err
-	}
-	etcd, err := embedetcd.Start(filepath.Join(dir, "etcd"), 0, certs)
-	if err != nil {
-		return err
-	}
-	defer etcd.Close()
-	etcdTLS, err := pki.Load(certs, "h2")
-	if err != nil {
-		return err
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: etcdTLS})
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
+	defer closeEnv(env)
+	cli := env.Client
 
 	fmt.Printf("| path | p50 | p99 | samples |\n|---|---|---|---|\n")
 	for _, det := range []string{"ebpf", "pidfd"} {
-		toEvent, toGone, err := killLoop(dir, bin, certs, etcd.Endpoint, cli, det, kills)
+		toEvent, toGone, err := killLoop(env, det, kills)
 		if err != nil {
 			return fmt.Errorf("%s: %w", det, err)
 		}
@@ -87,32 +60,26 @@ func pct(d []time.Duration, p int) time.Duration {
 	return s[max(0, min(len(s)-1, i-1))].Round(10 * time.Microsecond)
 }
 
-func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string, kills int) (toEvent, toGone []time.Duration, err error) {
+func killLoop(env *localcluster.Env, det string, kills int) (toEvent, toGone []time.Duration, err error) {
 	node := "bench-" + det
-	data := filepath.Join(dir, node)
-	sock := filepath.Join(data, "agent.sock")
-	arena := filepath.Join("/dev/shm", "lifeline-bench-"+node+fmt.Sprint(os.Getpid()))
-	defer os.Remove(arena)
-	cfg, _ := json.Marshal(map[string]any{"node_id": node, "data_dir": data, "socket": sock, "etcd": []string{endpoint}, "etcd_tls": true, "certs": certs,
-		"arena": arena, "arena_slots": 64, "arena_slot_bytes": 8192, "detector": det, "worker_binary": bin,
-		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}}, "canary_idle": "1h",
-		"restart_backoff": "10ms", "restart_backoff_max": "10ms", "crash_loop_limit": 1000, "crash_loop_window": "1s"})
-	os.MkdirAll(data, 0o700)
-	cfgPath := filepath.Join(data, "agent.json")
-	os.WriteFile(cfgPath, cfg, 0o600)
-	cmd := exec.Command(bin, "agent", "--config", cfgPath)
-	logf, _ := os.Create(filepath.Join(data, "agent.log"))
-	defer logf.Close()
-	cmd.Stderr = logf
-	cmd.WaitDelay = time.Second
-	if err := cmd.Start(); err != nil {
+	o := env.NodeOptions(node, filepath.Join(env.Dir, node))
+	o.ArenaSlots, o.Detector = 64, det
+	o.CanaryIdle = agent.Duration(time.Hour)
+	o.RestartBackoff, o.RestartMax = agent.Duration(10*time.Millisecond), agent.Duration(10*time.Millisecond)
+	o.CrashLoopLimit, o.CrashLoopWindow = 1000, agent.Duration(time.Second)
+	n := env.NewNode(o)
+	logf, err := os.Create(filepath.Join(env.Dir, node+".log"))
+	if err != nil {
 		return nil, nil, err
 	}
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		cmd.Wait()
-	}()
-	http := unixClient(sock)
+	defer logf.Close()
+	n.Stderr = logf
+	if err := n.Start(); err != nil {
+		return nil, nil, err
+	}
+	defer n.RemoveArena()
+	defer n.Stop(20 * time.Second)
+	cli, ctx := env.Client, context.Background()
 	id := node + "-decode-tiny-0"
 	key := schema.InstancesPrefix + id
 	var gen uint64
@@ -123,17 +90,19 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 		}
 	}()
 	for k := 0; k < kills; k++ {
-		reg, err := waitReady(cli, key, gen)
+		wctx, cancel := context.WithTimeout(ctx, time.Minute)
+		reg, err := env.WaitRegistration(wctx, id, gen)
+		cancel()
 		if err != nil {
-			log, _ := os.ReadFile(filepath.Join(data, "agent.log"))
+			log, _ := os.ReadFile(logf.Name())
 			return nil, nil, fmt.Errorf("%w; agent log:\n%s", err, log)
 		}
 		gen = reg.Generation
-		var ws []controlapi.Worker
-		if err := getJSON(http, "/v1/workers", &ws); err != nil || len(ws) != 1 || ws[0].Generation != gen {
+		ws, err := n.Workers(ctx)
+		if err != nil || len(ws) != 1 || ws[0].Generation != gen {
 			return nil, nil, fmt.Errorf("workers: %v %v", ws, err)
 		}
-		wctx, cancel := context.WithCancel(context.Background())
+		wctx, cancel = context.WithCancel(ctx)
 		watch := cli.Watch(wctx, key, clientv3.WithRev(0))
 		killed := time.Now()
 		syscall.Kill(ws[0].PID, syscall.SIGKILL)
@@ -156,15 +125,12 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 		// The event follows the deregistration by a few steps: poll for it.
 		var evs []controlapi.Event
 		for deadline := time.Now().Add(5 * time.Second); len(evs) == 0 && time.Now().Before(deadline); {
-			resp, err := http.Get("http://agent/v1/events")
+			all, err := n.Events(ctx)
 			if err != nil {
 				return nil, nil, err
 			}
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-				var e controlapi.Event
-				if json.Unmarshal([]byte(line), &e) == nil && e.Kind == controlapi.EventExit && e.Generation == gen {
+			for _, e := range all {
+				if e.Kind == controlapi.EventExit && e.Generation == gen {
 					evs = append(evs, e)
 				}
 			}
@@ -181,37 +147,6 @@ func killLoop(dir, bin, certs, endpoint string, cli *clientv3.Client, det string
 		toEvent = append(toEvent, evs[0].DetectedAt.Sub(killed))
 	}
 	return toEvent, toGone, nil
-}
-
-func waitReady(cli *clientv3.Client, key string, after uint64) (schema.Registration, error) {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := cli.Get(context.Background(), key)
-		if err == nil && len(resp.Kvs) == 1 {
-			var r schema.Registration
-			if json.Unmarshal(resp.Kvs[0].Value, &r) == nil && r.Ready && r.Generation > after {
-				return r, nil
-			}
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return schema.Registration{}, fmt.Errorf("%s not ready above generation %d", key, after)
-}
-
-func unixClient(sock string) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", sock)
-	}}}
-}
-
-func getJSON(c *http.Client, path string, v any) error {
-	resp, err := c.Get("http://agent" + path)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // leaseExpiry measures the path a detector replaces: a key under a 2 s

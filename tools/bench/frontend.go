@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
-	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
@@ -25,7 +24,7 @@ func runFrontendBench(kills int) error {
 		return err
 	}
 	defer cluster.close()
-	certs, cli, regs := cluster.certs, cluster.cli, cluster.regs
+	certs, regs := cluster.env.Certs, cluster.regs
 	url, err := cluster.frontend()
 	if err != nil {
 		return err
@@ -138,19 +137,7 @@ func runFrontendBench(kills int) error {
 			}
 		}
 		resp.Body.Close()
-		var evs []controlapi.Event
-		r, err := unixClient(cluster.sockOf(victim)).Get("http://agent/v1/events")
-		if err == nil {
-			d := json.NewDecoder(r.Body)
-			for {
-				var e controlapi.Event
-				if d.Decode(&e) != nil {
-					break
-				}
-				evs = append(evs, e)
-			}
-			r.Body.Close()
-		}
+		evs, _ := cluster.nodeOf(victim).Events(context.Background())
 		for i := len(evs) - 1; i >= 0; i-- {
 			if evs[i].Kind == controlapi.EventExit && evs[i].InstanceID == victim {
 				detect = append(detect, evs[i].DetectedAt.Sub(killed))
@@ -164,7 +151,9 @@ func runFrontendBench(kills int) error {
 			}
 		}
 		if victim != "" {
-			r, err := waitReady(cli, schema.InstancesPrefix+victim, gens[victim])
+			wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			r, err := cluster.env.WaitRegistration(wctx, victim, gens[victim])
+			cancel()
 			if err != nil {
 				return err
 			}

@@ -1,13 +1,12 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
-
-	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // runPDBench serves requests with about 1,000 tokens of prompt through a
@@ -15,8 +14,8 @@ import (
 // worker's blocks in place) and across two nodes (the decode node pulls
 // them over QUIC), and reports the hand-off's timeline and bytes moved.
 func runPDBench(requests int) error {
-	const context = 1000
-	fmt.Printf("## Prefill → decode hand-off (small preset, %d-token prompts, %d requests each, medians)\n\n", context, requests)
+	const promptTokens = 1000
+	fmt.Printf("## Prefill → decode hand-off (small preset, %d-token prompts, %d requests each, medians)\n\n", promptTokens, requests)
 	fmt.Printf("| placement | prefill | transfer | decode: dispatch → first token | payload bytes copied between arenas | positions the decode worker reused |\n|---|---|---|---|---|---|\n")
 	for _, place := range []struct {
 		name    string
@@ -34,7 +33,7 @@ func runPDBench(requests int) error {
 		var prefill, transfer, first []time.Duration
 		var reused []float64
 		for k := 0; k < requests; k++ {
-			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("hand-off %d", k), context), "max_tokens": 4, "seed": k})
+			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("hand-off %d", k), promptTokens), "max_tokens": 4, "seed": k})
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
 			if err != nil {
 				c.close()
@@ -60,9 +59,8 @@ func runPDBench(requests int) error {
 			reused = append(reused, out.Lifeline.Reused)
 		}
 		var copied uint64
-		for _, s := range c.socks {
-			var st controlapi.Status
-			if err := getJSON(unixClient(s), "/v1/status", &st); err == nil {
+		for _, n := range c.nodes {
+			if st, err := n.Status(context.Background()); err == nil {
 				copied += st.KVTransfer.Stats.BytesPulled
 			}
 		}

@@ -2,13 +2,13 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
@@ -31,8 +31,8 @@ func longPrompt(tag string, n int) string {
 // client, with the new worker pulling the prefix KV from the dead worker's
 // node (KV reuse) and with a frontend that names no peers (recompute).
 func runRTOBench(kills int) error {
-	const context, killAfter = 2000, 8
-	fmt.Printf("## Request RTO after a decode kill at %d tokens of context (small preset, 2 nodes × 1 worker)\n\n", context)
+	const promptTokens, killAfter = 2000, 8
+	fmt.Printf("## Request RTO after a decode kill at %d tokens of context (small preset, 2 nodes × 1 worker)\n\n", promptTokens)
 	c, err := startBenchCluster(1024)
 	if err != nil {
 		return err
@@ -52,7 +52,7 @@ func runRTOBench(kills int) error {
 	}
 	measure := func(url, mode string) (rto []time.Duration, reused []float64, err error) {
 		for k := 0; k < kills; k++ {
-			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("%s run %d", mode, k), context),
+			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("%s run %d", mode, k), promptTokens),
 				"max_tokens": 24, "seed": k, "stream": true, "ignore_eos": true})
 			resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(string(body)))
 			if err != nil {
@@ -92,7 +92,9 @@ func runRTOBench(kills int) error {
 			if victim == "" {
 				return nil, nil, fmt.Errorf("%s run %d: no worker killed", mode, k)
 			}
-			r, err := waitReady(c.cli, schema.InstancesPrefix+victim, gens[victim])
+			wctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			r, err := c.env.WaitRegistration(wctx, victim, gens[victim])
+			cancel()
 			if err != nil {
 				return nil, nil, err
 			}

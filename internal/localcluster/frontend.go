@@ -1,0 +1,75 @@
+package localcluster
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Frontend is a frontend process of the Env's binary.
+type Frontend struct {
+	// URL is where it serves HTTP.
+	URL    string
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// StartFrontend starts a frontend on this Env's etcd listening on listen
+// with extra flags, copies its log to logTo (when not nil), and returns
+// once it serves, or fails if it exits or takes over a minute.
+func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
+	args := append([]string{"frontend", "--listen", listen, "--etcd", e.Etcd.Endpoint, "--etcd-tls", "--certs", e.Certs}, extra...)
+	cmd := exec.Command(e.Binary, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout = logTo
+	cmd.WaitDelay = time.Second
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("localcluster: start frontend: %w", err)
+	}
+	f := &Frontend{cmd: cmd, exited: make(chan struct{})}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok {
+				addr <- a
+			}
+			if logTo != nil {
+				fmt.Fprintln(logTo, sc.Text())
+			}
+		}
+		cmd.Wait()
+		close(f.exited)
+	}()
+	select {
+	case a := <-addr:
+		f.URL = "http://" + a
+		return f, nil
+	case <-f.exited:
+		return nil, fmt.Errorf("localcluster: the frontend exited before listening")
+	case <-time.After(time.Minute):
+		f.Stop(time.Second)
+		return nil, fmt.Errorf("localcluster: the frontend did not listen within a minute")
+	}
+}
+
+// Exited is closed when the frontend has exited.
+func (f *Frontend) Exited() <-chan struct{} { return f.exited }
+
+// Stop sends SIGTERM and waits up to timeout before killing it.
+func (f *Frontend) Stop(timeout time.Duration) {
+	f.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-f.exited:
+	case <-time.After(timeout):
+		f.cmd.Process.Kill()
+		<-f.exited
+	}
+}
