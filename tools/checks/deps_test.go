@@ -53,9 +53,9 @@ var depRules = []depRule{
 		From: []string{"kv/...", "ebpf/...", "rdma/...", "shm/..."}, Deny: []string{"agent/..."}},
 	{Why: "the arena knows slots, not blocks",
 		From: []string{"shm/..."}, Deny: []string{"kv/..."}},
-	{Why: "libraries never reach up into mains, the local cluster or tools",
-		From: []string{"..."}, Except: []string{"cmd/...", "internal/localcluster/...", "tools/..."},
-		Deny: []string{"cmd/...", "internal/localcluster/...", "tools/..."}},
+	{Why: "libraries never reach up into mains, the local cluster, test helpers or tools",
+		From: []string{"..."}, Except: []string{"cmd/...", "internal/localcluster/...", "internal/proctest", "tools/..."},
+		Deny: []string{"cmd/...", "internal/localcluster/...", "internal/proctest", "tools/..."}},
 }
 
 // match reports whether pkg matches pattern.

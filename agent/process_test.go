@@ -1,10 +1,10 @@
-package main
+package agent_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -13,196 +13,24 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/cgtest"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
-
-type agentNode struct {
-	etcd    *embedetcd.Server
-	cli     *clientv3.Client
-	dir     string
-	socket  string
-	config  string
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	stderr  *syncBuffer
-	arena   string
-	certDir string
-	// wrap, when set, rewrites the agent's command (e.g. to start it in a
-	// cgroup).
-	wrap func(*exec.Cmd) *exec.Cmd
-	// env is added to the agent's (and so its workers') environment.
-	env []string
-}
-
-// startEtcd runs an embedded etcd that requires mutual TLS with the
-// cluster's certificates, and a client of it.
-func startEtcd(t *testing.T, certs string) (*embedetcd.Server, *clientv3.Client) {
-	t.Helper()
-	e, err := embedetcd.Start(t.TempDir(), 0, certs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	tlsConf, err := pki.Load(certs, "h2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second, TLS: tlsConf})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return e, cli
-}
-
-func newAgentNode(t *testing.T, extra map[string]any, wrap ...func(*exec.Cmd) *exec.Cmd) *agentNode {
-	t.Helper()
-	certs := certDir(t)
-	e, cli := startEtcd(t, certs)
-	return startAgentNode(t, &agentNode{etcd: e, cli: cli, certDir: certs}, "n1", extra, wrap...)
-}
-
-// startAgentNode configures and starts the agent of node nodeID on n's
-// etcd and certificates, with its own directory and arena; extra
-// overrides configuration keys ("_env" adds to its environment).
-func startAgentNode(t *testing.T, n *agentNode, nodeID string, extra map[string]any, wrap ...func(*exec.Cmd) *exec.Cmd) *agentNode {
-	t.Helper()
-	n.dir = t.TempDir()
-	f, err := os.CreateTemp("/dev/shm", "lifeline-agent-*")
-	if err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
-	os.Remove(f.Name())
-	n.arena = f.Name()
-	t.Cleanup(func() { os.Remove(n.arena) })
-	n.socket = filepath.Join(n.dir, "agent.sock")
-	cfg := map[string]any{
-		"node_id": nodeID, "data_dir": filepath.Join(n.dir, "data"), "socket": n.socket, "etcd": []string{n.etcd.Endpoint}, "etcd_tls": true,
-		"certs": n.certDir, "arena": n.arena, "arena_slots": 128, "arena_slot_bytes": 8192,
-		"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}},
-		"lease_ttl": "3s", "canary_idle": "1s", "canary_timeout": "1s",
-		"worker_binary": binary,
-	}
-	for k, v := range extra {
-		if k == "_env" {
-			n.env = v.([]string)
-			continue
-		}
-		cfg[k] = v
-	}
-	b, _ := json.Marshal(cfg)
-	n.config = filepath.Join(n.dir, "agent.json")
-	os.WriteFile(n.config, b, 0o600)
-	if len(wrap) > 0 {
-		n.wrap = wrap[0]
-	}
-	n.start(t)
-	return n
-}
-
-func (n *agentNode) start(t *testing.T) {
-	t.Helper()
-	n.cmd = exec.Command(binary, "agent", "--config", n.config)
-	if len(n.env) > 0 {
-		n.cmd.Env = append(os.Environ(), n.env...)
-	}
-	if n.wrap != nil {
-		n.cmd = n.wrap(n.cmd)
-	}
-	n.stderr = &syncBuffer{}
-	n.cmd.Stderr = n.stderr
-	// Workers inherit the agent's stderr and may outlive it (that is the
-	// point of adoption): do not wait for them to close it.
-	n.cmd.WaitDelay = time.Second
-	if err := n.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	n.exited = exited
-	cmd := n.cmd
-	go func() { cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			cmd.Process.Signal(syscall.SIGTERM)
-			<-exited
-		}
-	})
-}
-
-func (n *agentNode) nodectl(t *testing.T, args ...string) string {
-	t.Helper()
-	out, err := exec.Command(nodectlBinary, append([]string{"--socket", n.socket}, args...)...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("nodectl %v: %v\n%s", args, err, out)
-	}
-	return string(out)
-}
-
-// waitRegistration waits for a ready registration of instance at a
-// generation above after.
-func (n *agentNode) waitRegistration(t *testing.T, instance string, after uint64) schema.Registration {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-n.exited:
-			t.Fatalf("agent exited; log:\n%s", n.stderr.String())
-		default:
-		}
-		resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix+instance)
-		if err == nil && len(resp.Kvs) == 1 {
-			var r schema.Registration
-			json.Unmarshal(resp.Kvs[0].Value, &r)
-			if r.Ready && r.Generation > after {
-				return r
-			}
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("no ready registration of %s above generation %d; agent log:\n%s", instance, after, n.stderr.String())
-	return schema.Registration{}
-}
-
-// waitWorkerReady polls nodectl until the (single) worker is ready.
-func (n *agentNode) waitWorkerReady(t *testing.T) controlapi.Worker {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		out, err := exec.Command(nodectlBinary, "--socket", n.socket, "workers", "--json").Output()
-		var ws []controlapi.Worker
-		if err == nil && json.Unmarshal(out, &ws) == nil && len(ws) == 1 && ws[0].Ready {
-			return ws[0]
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("worker never ready; agent log:\n%s", n.stderr.String())
-	return controlapi.Worker{}
-}
-
-func (n *agentNode) workers(t *testing.T) []controlapi.Worker {
-	t.Helper()
-	var ws []controlapi.Worker
-	if err := json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws); err != nil {
-		t.Fatal(err)
-	}
-	return ws
-}
 
 // TestAgentDetectsWorkerKill: SIGKILL a worker. The agent's eBPF detector
 // (as root) sees it, the registration is gone and a failure is announced in
@@ -210,15 +38,15 @@ func (n *agentNode) workers(t *testing.T) []controlapi.Worker {
 // next generation once a canary passed.
 func TestAgentDetectsWorkerKill(t *testing.T) {
 	metricsAddr := freeTCPAddr(t)
-	n := newAgentNode(t, map[string]any{"metrics_listen": metricsAddr})
+	n := clustertest.NewNode(t, func(o *agent.Options) { o.Metrics = metricsAddr })
 	const id = "n1-decode-tiny-0"
-	reg := n.waitRegistration(t, id, 0)
-	ws := n.workers(t)
+	reg := n.WaitRegistration(t, id, 0)
+	ws := n.Workers(t)
 	if len(ws) != 1 || ws[0].PID == 0 || ws[0].Generation != reg.Generation || !ws[0].Ready {
 		t.Fatalf("workers: %+v", ws)
 	}
-	watch := n.cli.Watch(context.Background(), schema.InstancesPrefix+id)
-	failures := n.cli.Watch(context.Background(), schema.FailuresPrefix+id)
+	watch := n.Env.Client.Watch(context.Background(), schema.InstancesPrefix+id)
+	failures := n.Env.Client.Watch(context.Background(), schema.FailuresPrefix+id)
 
 	killed := time.Now()
 	if err := syscall.Kill(ws[0].PID, syscall.SIGKILL); err != nil {
@@ -248,12 +76,12 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 				}
 			}
 		case <-time.After(10 * time.Second):
-			t.Fatalf("no deregistration/announcement within 10s; agent log:\n%s", n.stderr.String())
+			t.Fatalf("no deregistration/announcement within 10s; agent log:\n%s", n.Log.String())
 		}
 	}
 	// Kill → agent event (kernel time of the exit tracepoint).
 	var exitEvent controlapi.Event
-	for _, line := range strings.Split(strings.TrimSpace(n.nodectl(t, "events")), "\n") {
+	for _, line := range strings.Split(strings.TrimSpace(n.Nodectl(t, "events")), "\n") {
 		var e controlapi.Event
 		json.Unmarshal([]byte(line), &e)
 		if e.Kind == controlapi.EventExit && e.InstanceID == id {
@@ -268,11 +96,11 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if d := deleted.Sub(killed); d > 2*time.Second {
 		t.Fatalf("deregistration took %v: that is lease-expiry speed, not detection", d)
 	}
-	next := n.waitRegistration(t, id, reg.Generation)
+	next := n.WaitRegistration(t, id, reg.Generation)
 	if next.Generation != reg.Generation+1 {
 		t.Fatalf("back at generation %d, want %d", next.Generation, reg.Generation+1)
 	}
-	ws = n.workers(t)
+	ws = n.Workers(t)
 	if ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
 	}
@@ -289,12 +117,12 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 		}
 	}
 	// A clean stop takes the workers and the registrations with it.
-	n.cmd.Process.Signal(syscall.SIGTERM)
-	<-n.exited
+	n.Process().Signal(syscall.SIGTERM)
+	<-n.Exited()
 	if err := syscall.Kill(ws[0].PID, 0); err == nil {
 		t.Fatal("worker survived the agent's clean stop")
 	}
-	if resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+	if resp, err := n.Env.Client.Get(context.Background(), schema.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("registrations left after a clean stop: %v %v", resp, err)
 	}
 }
@@ -321,7 +149,7 @@ func TestAgentBadConfig(t *testing.T) {
 	} {
 		p := filepath.Join(dir, "agent.json")
 		os.WriteFile(p, []byte(c.cfg), 0o600)
-		_, errOut, err := run(t, "agent", "--config", p, "--check-config")
+		_, errOut, err := proctest.Run(t, "agent", "--config", p, "--check-config")
 		if err == nil || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "panic") {
 			t.Errorf("%s: err %v, stderr %q (want it to name %q)", c.cfg, err, errOut, c.want)
 		}
@@ -329,27 +157,9 @@ func TestAgentBadConfig(t *testing.T) {
 	good := fmt.Sprintf(`{"node_id": "a", "data_dir": %q, "socket": "s", "etcd": ["127.0.0.1:1"], "certs": "c", "arena": "/dev/shm/x"}`, dir)
 	p := filepath.Join(dir, "good.json")
 	os.WriteFile(p, []byte(good), 0o600)
-	if out, errOut, err := run(t, "agent", "--config", p, "--check-config"); err != nil || !strings.Contains(out, "config OK") {
+	if out, errOut, err := proctest.Run(t, "agent", "--config", p, "--check-config"); err != nil || !strings.Contains(out, "config OK") {
 		t.Fatalf("good config: %v %s %s", err, out, errOut)
 	}
-}
-
-// syncBuffer collects a process's stderr for failure messages.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestAgentRestartAdoptsWorkers: the agent is SIGKILLed while a stream is
@@ -357,12 +167,12 @@ func (s *syncBuffer) String() string {
 // agent adopts it at the same pid and generation instead of restarting
 // it, and still detects its death afterwards.
 func TestAgentRestartAdoptsWorkers(t *testing.T) {
-	n := newAgentNode(t, nil)
+	n := clustertest.NewNode(t)
 	const id = "n1-decode-tiny-0"
-	reg := n.waitRegistration(t, id, 0)
-	before := n.workers(t)[0]
+	reg := n.WaitRegistration(t, id, 0)
+	before := n.Workers(t)[0]
 
-	tlsConf, err := workerclient.ClientTLS(n.certDir)
+	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -380,22 +190,22 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 	if _, err := s.Next(); err != nil {
 		t.Fatal(err)
 	}
-	n.cmd.Process.Kill()
-	<-n.exited
-	n.start(t)
+	n.Process().Kill()
+	<-n.Exited()
+	n.Restart(t)
 	frames := collectFrames(t, s)
 	if last := frames[len(frames)-1]; last.FinishReason != "length" || len(frames) != 480 {
 		t.Fatalf("stream across the agent restart: %d frames, last %+v", len(frames), last)
 	}
-	after := n.waitWorkerReady(t)
-	again := n.waitRegistration(t, id, 0)
+	after := n.WaitWorkerReady(t)
+	again := n.WaitRegistration(t, id, 0)
 	if after.PID != before.PID || after.Generation != before.Generation || again.Generation != reg.Generation {
 		t.Fatalf("restarted agent did not adopt: before %+v, after %+v", before, after)
 	}
 	if err := syscall.Kill(after.PID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	next := n.waitRegistration(t, id, reg.Generation)
+	next := n.WaitRegistration(t, id, reg.Generation)
 	if next.Generation != reg.Generation+1 {
 		t.Fatalf("after the adopted worker died: generation %d", next.Generation)
 	}
@@ -406,41 +216,36 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 // ready within the canary window and is restarted (at generation + 1) after
 // the failure threshold.
 func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "300ms", "canary_timeout": "300ms", "canary_failures": 2})
+	n := clustertest.NewNode(t, func(o *agent.Options) {
+		o.CanaryIdle, o.CanaryTimeout, o.CanaryFailures = agent.Duration(300*time.Millisecond), agent.Duration(300*time.Millisecond), 2
+	})
 	const id = "n1-decode-tiny-0"
-	reg := n.waitRegistration(t, id, 0)
-	w := n.workers(t)[0]
+	reg := n.WaitRegistration(t, id, 0)
+	w := n.Workers(t)[0]
 	stopped := time.Now()
 	if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	defer syscall.Kill(w.PID, syscall.SIGCONT)
 	// Not ready (deregistered) within a few canary windows.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		resp, err := n.cli.Get(context.Background(), schema.InstancesPrefix+id)
-		if err == nil && len(resp.Kvs) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stopped worker still registered after 10s; log:\n%s", n.stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 10*time.Second, "the stopped worker to be deregistered", func() (bool, string) {
+		resp, err := n.Env.Client.Get(context.Background(), schema.InstancesPrefix+id)
+		return err == nil && len(resp.Kvs) == 0, "log:\n" + n.Log.String()
+	})
 	t.Logf("SIGSTOP → not ready after %v", time.Since(stopped))
-	next := n.waitRegistration(t, id, reg.Generation)
-	ws := n.workers(t)
+	next := n.WaitRegistration(t, id, reg.Generation)
+	ws := n.Workers(t)
 	if next.Generation != reg.Generation+1 || ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonCanaryTimeout {
 		t.Fatalf("after the canary threshold: generation %d, last exit %+v", next.Generation, ws[0].LastExit)
 	}
 }
 
 func TestAgentControlSocketBadRequests(t *testing.T) {
-	n := newAgentNode(t, nil)
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
+	n := clustertest.NewNode(t)
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", n.socket)
+		return d.DialContext(ctx, "unix", n.Options.Socket)
 	}}}
 	for _, c := range []struct {
 		method, path string
@@ -463,27 +268,27 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 		}
 	}
 	// Raw garbage on the socket.
-	conn, err := net.Dial("unix", n.socket)
+	conn, err := net.Dial("unix", n.Options.Socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn.Write([]byte("\x00\xff not http at all\r\n\r\n"))
 	conn.Close()
-	if st, err := os.Stat(n.socket); err != nil || st.Mode().Perm() != 0o600 {
+	if st, err := os.Stat(n.Options.Socket); err != nil || st.Mode().Perm() != 0o600 {
 		t.Fatalf("control socket mode: %v %v", st, err)
 	}
 	// Still serving.
-	if out := n.nodectl(t, "status"); !strings.Contains(out, "failure detector") || !strings.Contains(out, "GPU:") {
+	if out := n.Nodectl(t, "status"); !strings.Contains(out, "failure detector") || !strings.Contains(out, "GPU:") {
 		t.Fatalf("status after abuse: %s", out)
 	}
 	// The canary's sequence wrote and published arena blocks? It is short
 	// (under one block), so the arena may be empty; kv ls must answer
 	// either way, as a JSON array.
 	var slots []map[string]any
-	if err := json.Unmarshal([]byte(n.nodectl(t, "kv", "ls", "--json")), &slots); err != nil {
+	if err := json.Unmarshal([]byte(n.Nodectl(t, "kv", "ls", "--json")), &slots); err != nil {
 		t.Fatalf("kv ls --json: %v", err)
 	}
-	if out := n.nodectl(t, "kv", "stats"); !strings.Contains(out, "Slots") {
+	if out := n.Nodectl(t, "kv", "stats"); !strings.Contains(out, "Slots") {
 		t.Fatalf("kv stats: %s", out)
 	}
 }
@@ -494,11 +299,13 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 // when etcd is back every instance is re-registered at a higher generation,
 // by the same process, and serves again.
 func TestAgentEtcdOutage(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"lease_ttl": "2s", "canary_idle": "1h"})
+	n := clustertest.NewNode(t, func(o *agent.Options) {
+		o.LeaseTTL, o.CanaryIdle = agent.Duration(2*time.Second), agent.Duration(time.Hour)
+	})
 	const id = "n1-decode-tiny-0"
-	reg := n.waitRegistration(t, id, 0)
-	pid := n.workers(t)[0].PID
-	tlsConf, _ := workerclient.ClientTLS(n.certDir)
+	reg := n.WaitRegistration(t, id, 0)
+	pid := n.Workers(t)[0].PID
+	tlsConf, _ := workerclient.ClientTLS(n.Env.Certs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	c, err := workerclient.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
@@ -514,52 +321,41 @@ func TestAgentEtcdOutage(t *testing.T) {
 	if _, err := s.Next(); err != nil {
 		t.Fatal(err)
 	}
-	etcdDir, port := n.etcd.Dir(), n.etcd.Port()
-	n.etcd.Close()
+	etcdDir, port := n.Env.Etcd.Dir(), n.Env.Etcd.Port()
+	n.Env.Etcd.Close()
 	down := time.Now()
 	// Not routable after the TTL.
 	var st controlapi.Status
-	for deadline := time.Now().Add(20 * time.Second); ; {
-		json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st)
-		if !st.Etcd.Routable {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("still routable 20s into an etcd outage")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 20*time.Second, "the node to say it is not routable during the etcd outage", func() (bool, string) {
+		st = n.Status(t)
+		return !st.Etcd.Routable, fmt.Sprintf("%+v", st.Etcd)
+	})
 	if st.Etcd.LastRenewalMs < 2000 {
 		t.Fatalf("not routable %dms after its last renewal, before the 2s TTL", st.Etcd.LastRenewalMs)
 	}
 	t.Logf("not routable %v after etcd stopped (%dms after the last renewal)", time.Since(down), st.Etcd.LastRenewalMs)
 	// New work is refused once the agent has fenced the worker.
-	var refused *wire.Frame
-	for deadline := time.Now().Add(10 * time.Second); refused == nil; {
+	proctest.WaitFor(t, 10*time.Second, "a new request to be refused (typed, retryable) during the outage", func() (bool, string) {
 		ns, err := c.Generate(ctx, &wire.Generate{RequestId: "new", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fs := collectFrames(t, ns)
-		if len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_SHUTTING_DOWN && fs[0].Error.GetRetryable() {
-			refused = fs[0]
-		} else if time.Now().After(deadline) {
-			t.Fatalf("new request during the outage: %+v", fs)
-		}
-	}
+		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_SHUTTING_DOWN && fs[0].Error.GetRetryable(), fmt.Sprintf("%+v", fs)
+	})
 	// The in-flight stream is not cut.
 	frames := collectFrames(t, s)
 	if last := frames[len(frames)-1]; last.FinishReason != "length" {
 		t.Fatalf("in-flight stream ended %+v", last)
 	}
 	// etcd returns: re-registered at a higher generation, same process.
-	e2, err := embedetcd.Start(etcdDir, port, n.certDir)
+	e2, err := embedetcd.Start(etcdDir, port, n.Env.Certs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e2.Close)
-	next := n.waitRegistration(t, id, reg.Generation)
-	if w := n.workers(t)[0]; w.PID != pid || next.Generation <= reg.Generation {
+	next := n.WaitRegistration(t, id, reg.Generation)
+	if w := n.Workers(t)[0]; w.PID != pid || next.Generation <= reg.Generation {
 		t.Fatalf("after the outage: pid %d (was %d), generation %d (was %d)", w.PID, pid, next.Generation, reg.Generation)
 	}
 	ns, err := c.Generate(ctx, &wire.Generate{RequestId: "after", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
@@ -582,7 +378,7 @@ func freeTCPAddr(t *testing.T) string {
 }
 
 // TestSystemdUnitVerifies runs systemd's own checker over the unit, pointed
-// at the binary under test. CI (.ci/run sets LIFELINE_CI and installs
+// at the proctest.Lifeline(t) under test. CI (.ci/run sets LIFELINE_CI and installs
 // systemd when it is missing) never skips it; a developer machine without
 // systemd-analyze does.
 func TestSystemdUnitVerifies(t *testing.T) {
@@ -593,12 +389,12 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		}
 		t.Skip("systemd-analyze is not installed on this machine")
 	}
-	unit, err := os.ReadFile("../../deploy/lifeline-agent.service")
+	unit, err := os.ReadFile("../deploy/lifeline-agent.service")
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := filepath.Join(t.TempDir(), "lifeline-agent.service")
-	os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", binary)), 0o644)
+	os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", proctest.Lifeline(t))), 0o644)
 	if out, err := exec.Command(analyze, "verify", p).CombinedOutput(); err != nil {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
@@ -632,19 +428,22 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "flaky-worker")
 	counter := filepath.Join(dir, "starts")
-	os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0)\necho $((n+1)) > %s\n[ $n -lt 5 ] && exit 1\nexec %s \"$@\"\n", counter, counter, binary)), 0o755)
-	n := newAgentNode(t, map[string]any{"worker_binary": script, "restart_backoff": "10ms", "restart_backoff_max": "20ms", "crash_loop_limit": 20})
+	os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0)\necho $((n+1)) > %s\n[ $n -lt 5 ] && exit 1\nexec %s \"$@\"\n", counter, counter, proctest.Lifeline(t))), 0o755)
+	n := clustertest.NewNode(t, func(o *agent.Options) {
+		o.WorkerBinary, o.CrashLoopLimit = script, 20
+		o.RestartBackoff, o.RestartMax = agent.Duration(10*time.Millisecond), agent.Duration(20*time.Millisecond)
+	})
 	const id = "n1-decode-tiny-0"
-	n.waitRegistration(t, id, 0)
-	kvSock := filepath.Join(n.dir, "data", "kv.sock")
-	w := n.waitWorkerReady(t)
-	// Give any stray death report time to be (mis)used.
-	time.Sleep(300 * time.Millisecond)
-	pids := workersOf(t, kvSock)
-	if len(pids) != 1 || pids[0] != w.PID {
-		t.Fatalf("worker processes %v, supervised %d", pids, w.PID)
-	}
-	if again := n.workers(t)[0]; again.PID != w.PID || !again.Ready {
+	n.WaitRegistration(t, id, 0)
+	kvSock := filepath.Join(n.Dir, "data", "kv.sock")
+	w := n.WaitWorkerReady(t)
+	// A stray death report would be (mis)used within moments: watch the
+	// process table for a while.
+	proctest.Never(t, 300*time.Millisecond, "a second or unsupervised worker process", func() (bool, string) {
+		pids := workersOf(t, kvSock)
+		return len(pids) != 1 || pids[0] != w.PID, fmt.Sprintf("worker processes %v, supervised %d", pids, w.PID)
+	})
+	if again := n.Workers(t)[0]; again.PID != w.PID || !again.Ready {
 		t.Fatalf("supervised worker changed: %+v", again)
 	}
 }
@@ -653,25 +452,34 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 // get a new generation; the agent waits for etcd instead of counting it as
 // a crash loop, and the instance comes back when etcd does.
 func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"lease_ttl": "2s", "crash_loop_limit": 2})
+	n := clustertest.NewNode(t, func(o *agent.Options) { o.LeaseTTL, o.CrashLoopLimit = agent.Duration(2*time.Second), 2 })
 	const id = "n1-decode-tiny-0"
-	reg := n.waitRegistration(t, id, 0)
-	pid := n.workers(t)[0].PID
-	etcdDir, port := n.etcd.Dir(), n.etcd.Port()
-	n.etcd.Close()
+	reg := n.WaitRegistration(t, id, 0)
+	pid := n.Workers(t)[0].PID
+	etcdDir, port := n.Env.Etcd.Dir(), n.Env.Etcd.Port()
+	n.Env.Etcd.Close()
 	syscall.Kill(pid, syscall.SIGKILL)
-	// Well past what the crash-loop limit would allow.
-	time.Sleep(5 * time.Second)
-	if w := n.workers(t)[0]; w.State == "crash_loop" {
-		t.Fatalf("etcd outage counted as a crash loop: %+v", w)
-	}
-	e2, err := embedetcd.Start(etcdDir, port, n.certDir)
+	// The agent waits for etcd to give the restart a generation...
+	proctest.WaitFor(t, 10*time.Second, "the instance to wait for etcd", func() (bool, string) {
+		w := n.Workers(t)[0]
+		if w.State == "crash_loop" {
+			t.Fatalf("etcd outage counted as a crash loop: %+v", w)
+		}
+		return w.State == "waiting_for_etcd", fmt.Sprintf("%+v", w)
+	})
+	// ...and keeps waiting, well past what the crash-loop limit (2 exits,
+	// 100 ms backoff) would allow, without counting crashes.
+	proctest.Never(t, 3*time.Second, "the etcd outage counted as a crash loop", func() (bool, string) {
+		w := n.Workers(t)[0]
+		return w.State == "crash_loop", fmt.Sprintf("%+v", w)
+	})
+	e2, err := embedetcd.Start(etcdDir, port, n.Env.Certs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e2.Close)
-	next := n.waitRegistration(t, id, reg.Generation)
-	if w := n.workers(t)[0]; w.PID == pid || w.PID == 0 {
+	next := n.WaitRegistration(t, id, reg.Generation)
+	if w := n.Workers(t)[0]; w.PID == pid || w.PID == 0 {
 		t.Fatalf("instance not restarted after etcd returned: %+v (generation %d)", w, next.Generation)
 	}
 }
@@ -686,47 +494,37 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 		t.Skip("not root: cannot create a memory cgroup")
 	}
 	dir := cgtest.Memory(t, 256<<20)
-	withFailpoint := func(c *exec.Cmd) *exec.Cmd {
-		if c.Env == nil {
-			c.Env = os.Environ()
-		}
-		c.Env = append(c.Env, "LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512")
-		return c
-	}
-	n := newAgentNode(t, map[string]any{"crash_loop_limit": 1, "restart_backoff": "5s", "restart_backoff_max": "5s", "worker_cgroup": dir}, withFailpoint)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		for _, line := range strings.Split(strings.TrimSpace(n.nodectlTry("events")), "\n") {
+	n := clustertest.StartNode(t, clustertest.NewEnv(t), "n1", func(n *localcluster.Node) {
+		n.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512"}
+	}, func(o *agent.Options) {
+		o.CrashLoopLimit, o.WorkerCgroup = 1, dir
+		o.RestartBackoff, o.RestartMax = agent.Duration(5*time.Second), agent.Duration(5*time.Second)
+	})
+	proctest.WaitFor(t, 30*time.Second, "the OOM kill's exit event", func() (bool, string) {
+		for _, line := range strings.Split(strings.TrimSpace(n.NodectlTry(t, "events")), "\n") {
 			var e controlapi.Event
 			if json.Unmarshal([]byte(line), &e) == nil && e.Kind == controlapi.EventExit {
 				if e.Reason != controlapi.ReasonOOM || e.Signal != 9 || e.Detector != "ebpf" {
 					t.Fatalf("OOM kill recorded as %+v", e)
 				}
-				return
+				return true, ""
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no exit event within 30s; agent log:\n%s", n.stderr.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// nodectlTry runs nodectl and returns its output, or "" if it failed.
-func (n *agentNode) nodectlTry(args ...string) string {
-	out, err := exec.Command(nodectlBinary, append([]string{"--socket", n.socket}, args...)...).Output()
-	if err != nil {
-		return ""
-	}
-	return string(out)
+		return false, "agent log:\n" + n.Log.String()
+	})
 }
 
 // TestEtcdRequiresClientCertificates: the embedded etcd refuses clients
 // without a certificate of the cluster CA.
 func TestEtcdRequiresClientCertificates(t *testing.T) {
-	certs := certDir(t)
-	e, _ := startEtcd(t, certs)
-	other, err := pki.Load(certDir(t), "h2") // another cluster's CA
+	certs := clustertest.CertDir(t)
+	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(env.Close)
+	e := env.Etcd
+	other, err := pki.Load(clustertest.CertDir(t), "h2") // another cluster's CA
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -741,5 +539,23 @@ func TestEtcdRequiresClientCertificates(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: etcd answered", name)
 		}
+	}
+}
+
+func TestMain(m *testing.M) { proctest.Main(m) }
+
+// collectFrames reads a worker stream to its end.
+func collectFrames(t *testing.T, s *workerclient.Stream) []*wire.Frame {
+	t.Helper()
+	var fs []*wire.Frame
+	for {
+		f, err := s.Next()
+		if errors.Is(err, io.EOF) {
+			return fs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
 	}
 }

@@ -1,0 +1,229 @@
+// Package clustertest runs local-cluster pieces from tests: an Env with
+// the freshly built binaries, node agents configured with typed options,
+// and frontends, all stopped by t.Cleanup; and the waits and queries
+// process tests share.
+package clustertest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
+)
+
+// NewEnv starts certificates and an embedded etcd in a test directory.
+func NewEnv(t testing.TB) *localcluster.Env {
+	t.Helper()
+	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(env.Close)
+	return env
+}
+
+// Node is a node agent started for a test.
+type Node struct {
+	*localcluster.Node
+	Env *localcluster.Env
+	// Dir is the node's directory (configuration, socket, data).
+	Dir string
+	// Log is the agent's (and its workers') stderr.
+	Log *proctest.SyncBuffer
+}
+
+// Options changes a node's configuration before it starts.
+type Options func(*agent.Options)
+
+// NewNode starts node "n1" on a fresh Env: one tiny decode instance, a
+// 3 s lease and quick canaries, changed by each opt.
+func NewNode(t testing.TB, opts ...Options) *Node {
+	t.Helper()
+	return StartNode(t, NewEnv(t), "n1", nil, opts...)
+}
+
+// Peer starts another node on first's Env; its canaries idle for an hour
+// unless an opt says otherwise.
+func Peer(t testing.TB, first *Node, id string, opts ...Options) *Node {
+	t.Helper()
+	return StartNode(t, first.Env, id, nil, append([]Options{func(o *agent.Options) { o.CanaryIdle = agent.Duration(time.Hour) }}, opts...)...)
+}
+
+// StartNode starts node id on env. prepare, when set, adjusts the process
+// (environment, a wrapper) before it starts.
+func StartNode(t testing.TB, env *localcluster.Env, id string, prepare func(*localcluster.Node), opts ...Options) *Node {
+	t.Helper()
+	dir := t.TempDir()
+	o := env.NodeOptions(id, dir)
+	o.LeaseTTL, o.CanaryIdle, o.CanaryTimeout = agent.Duration(3*time.Second), agent.Duration(time.Second), agent.Duration(time.Second)
+	for _, opt := range opts {
+		opt(&o)
+	}
+	n := &Node{Node: env.NewNode(o), Env: env, Dir: dir}
+	if prepare != nil {
+		prepare(n.Node)
+	}
+	t.Cleanup(n.RemoveArena)
+	n.Restart(t)
+	return n
+}
+
+// Restart starts the agent process again (after it exited) with the same
+// configuration; a cleanup stops it.
+func (n *Node) Restart(t testing.TB) {
+	t.Helper()
+	n.Log = &proctest.SyncBuffer{}
+	n.Stderr = n.Log
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := n.Exited()
+	proc := n.Process()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			proc.Signal(syscall.SIGTERM)
+			<-exited
+		}
+	})
+}
+
+// Nodectl runs the nodectl binary against the node and returns its output.
+func (n *Node) Nodectl(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(proctest.Nodectl(t), append([]string{"--socket", n.Options.Socket}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("nodectl %v: %v\n%s", args, err, out)
+	}
+	return string(out)
+}
+
+// NodectlTry runs nodectl and returns its output, or "" if it failed.
+func (n *Node) NodectlTry(t testing.TB, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(proctest.Nodectl(t), append([]string{"--socket", n.Options.Socket}, args...)...).Output()
+	if err != nil {
+		return ""
+	}
+	return string(out)
+}
+
+// WaitRegistration waits (up to a minute) for a ready registration of
+// instance at a generation above after; it fails at once if the agent
+// exits.
+func (n *Node) WaitRegistration(t testing.TB, instance string, after uint64) schema.Registration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go func() {
+		select {
+		case <-n.Exited():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	r, err := n.Env.WaitRegistration(ctx, instance, after)
+	if err != nil {
+		select {
+		case <-n.Exited():
+			t.Fatalf("agent exited; log:\n%s", n.Log.String())
+		default:
+		}
+		t.Fatalf("%v; agent log:\n%s", err, n.Log.String())
+	}
+	return r
+}
+
+// WaitWorkerReady waits for the node's single worker to be ready.
+func (n *Node) WaitWorkerReady(t testing.TB) controlapi.Worker {
+	t.Helper()
+	var w controlapi.Worker
+	proctest.WaitFor(t, time.Minute, "the worker to be ready", func() (bool, string) {
+		ws, err := n.Node.Workers(context.Background())
+		if err != nil || len(ws) != 1 {
+			return false, fmt.Sprintf("%v %v\nagent log:\n%s", ws, err, n.Log.String())
+		}
+		w = ws[0]
+		return w.Ready, fmt.Sprintf("%+v\nagent log:\n%s", w, n.Log.String())
+	})
+	return w
+}
+
+// Workers is `nodectl workers --json`, through the real binary.
+func (n *Node) Workers(t testing.TB) []controlapi.Worker {
+	t.Helper()
+	var ws []controlapi.Worker
+	if err := json.Unmarshal([]byte(n.Nodectl(t, "workers", "--json")), &ws); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// Status is `nodectl status --json`, through the real binary.
+func (n *Node) Status(t testing.TB) controlapi.Status {
+	t.Helper()
+	var st controlapi.Status
+	if err := json.Unmarshal([]byte(n.Nodectl(t, "status", "--json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// NoOrphans asserts that on every node, once requests are done, no arena
+// slot is being allocated, written or sealed, no lease is held and no pull
+// is in progress (waiting up to 10 s for in-flight cleanup).
+func NoOrphans(t testing.TB, nodes ...*Node) {
+	t.Helper()
+	for _, n := range nodes {
+		proctest.WaitFor(t, 10*time.Second, "node "+n.Options.NodeID+" to hold no orphans", func() (bool, string) {
+			st := n.Status(t)
+			by, _ := st.Arena["by_state"].(map[string]any)
+			leases, _ := st.Arena["leases"].(float64)
+			bad := leases != 0 || st.KVTransfer.Stats.PullsInProgress != 0
+			for _, s := range []string{"WRITING", "SEALED", "ALLOCATED"} {
+				if v, _ := by[s].(float64); v != 0 {
+					bad = true
+				}
+			}
+			return !bad, fmt.Sprintf("arena %v, transfer %+v", st.Arena, st.KVTransfer.Stats)
+		})
+	}
+}
+
+// StartFrontend runs a frontend against the node's etcd and returns its
+// URL; a cleanup stops it.
+func StartFrontend(t testing.TB, n *Node, extra ...string) string {
+	t.Helper()
+	f, err := n.Env.StartFrontend("127.0.0.1:0", nil, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Stop(10 * time.Second) })
+	return f.URL
+}
+
+// Instances is a single instance spec of the tiny preset.
+func Instances(role string, count int) []agent.InstanceSpec {
+	return []agent.InstanceSpec{{Role: role, Preset: "tiny", Count: count}}
+}
+
+// CertDir creates a fresh certificate directory with `lifeline certs init`.
+func CertDir(t testing.TB) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "certs")
+	if _, errOut, err := proctest.Run(t, "certs", "init", "--dir", dir); err != nil {
+		t.Fatalf("certs init: %v %s", err, errOut)
+	}
+	return dir
+}
