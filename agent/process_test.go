@@ -37,8 +37,8 @@ import (
 // etcd without waiting for any lease, and the instance comes back at the
 // next generation once a canary passed.
 func TestAgentDetectsWorkerKill(t *testing.T) {
-	metricsAddr := freeTCPAddr(t)
-	n := clustertest.NewNode(t, func(o *agent.Options) { o.Metrics = metricsAddr })
+	metricsAddr := proctest.FreeTCPAddr(t)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.Metrics = metricsAddr })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
 	ws := n.Workers(t)
@@ -216,7 +216,7 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 // ready within the canary window and is restarted (at generation + 1) after
 // the failure threshold.
 func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *agent.Options) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle, o.CanaryTimeout, o.CanaryFailures = agent.Duration(300*time.Millisecond), agent.Duration(300*time.Millisecond), 2
 	})
 	const id = "n1-decode-tiny-0"
@@ -299,7 +299,7 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 // when etcd is back every instance is re-registered at a higher generation,
 // by the same process, and serves again.
 func TestAgentEtcdOutage(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *agent.Options) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.LeaseTTL, o.CanaryIdle = agent.Duration(2*time.Second), agent.Duration(time.Hour)
 	})
 	const id = "n1-decode-tiny-0"
@@ -367,18 +367,8 @@ func TestAgentEtcdOutage(t *testing.T) {
 	}
 }
 
-func freeTCPAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // TestSystemdUnitVerifies runs systemd's own checker over the unit, pointed
-// at the proctest.Lifeline(t) under test. CI (.ci/run sets LIFELINE_CI and installs
+// at the binary under test. CI (.ci/run sets LIFELINE_CI and installs
 // systemd when it is missing) never skips it; a developer machine without
 // systemd-analyze does.
 func TestSystemdUnitVerifies(t *testing.T) {
@@ -400,26 +390,6 @@ func TestSystemdUnitVerifies(t *testing.T) {
 	}
 }
 
-// workersOf lists the live worker processes whose command line names sock.
-func workersOf(t *testing.T, sock string) []int {
-	t.Helper()
-	var pids []int
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid := 0
-		if _, err := fmt.Sscanf(e.Name(), "%d", &pid); err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err == nil && strings.Contains(string(cmdline), "worker\x00") && strings.Contains(string(cmdline), sock) &&
-			!strings.Contains(string(stat), ") Z ") {
-			pids = append(pids, pid)
-		}
-	}
-	return pids
-}
-
 // TestAgentStaleDeathsNeverOrphanAWorker: a worker that crashes at start a
 // few times in a row (both the detector and the reaper report each death)
 // must leave exactly one supervised worker running, never a second one
@@ -429,7 +399,7 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 	script := filepath.Join(dir, "flaky-worker")
 	counter := filepath.Join(dir, "starts")
 	os.WriteFile(script, []byte(fmt.Sprintf("#!/bin/sh\nn=$(cat %s 2>/dev/null || echo 0)\necho $((n+1)) > %s\n[ $n -lt 5 ] && exit 1\nexec %s \"$@\"\n", counter, counter, proctest.Lifeline(t))), 0o755)
-	n := clustertest.NewNode(t, func(o *agent.Options) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.WorkerBinary, o.CrashLoopLimit = script, 20
 		o.RestartBackoff, o.RestartMax = agent.Duration(10*time.Millisecond), agent.Duration(20*time.Millisecond)
 	})
@@ -440,7 +410,7 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 	// A stray death report would be (mis)used within moments: watch the
 	// process table for a while.
 	proctest.Never(t, 300*time.Millisecond, "a second or unsupervised worker process", func() (bool, string) {
-		pids := workersOf(t, kvSock)
+		pids := proctest.WorkerPIDs(kvSock)
 		return len(pids) != 1 || pids[0] != w.PID, fmt.Sprintf("worker processes %v, supervised %d", pids, w.PID)
 	})
 	if again := n.Workers(t)[0]; again.PID != w.PID || !again.Ready {
@@ -452,7 +422,7 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 // get a new generation; the agent waits for etcd instead of counting it as
 // a crash loop, and the instance comes back when etcd does.
 func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *agent.Options) { o.LeaseTTL, o.CrashLoopLimit = agent.Duration(2*time.Second), 2 })
+	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.LeaseTTL, o.CrashLoopLimit = agent.Duration(2*time.Second), 2 })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
 	pid := n.Workers(t)[0].PID
@@ -494,9 +464,8 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 		t.Skip("not root: cannot create a memory cgroup")
 	}
 	dir := cgtest.Memory(t, 256<<20)
-	n := clustertest.StartNode(t, clustertest.NewEnv(t), "n1", func(n *localcluster.Node) {
-		n.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512"}
-	}, func(o *agent.Options) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512"}
 		o.CrashLoopLimit, o.WorkerCgroup = 1, dir
 		o.RestartBackoff, o.RestartMax = agent.Duration(5*time.Second), agent.Duration(5*time.Second)
 	})

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -16,12 +15,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
@@ -33,19 +34,6 @@ const pdPrompt = "Tell me a story about a dog who found a river near the old mou
 // peerAgent starts another node agent on first's etcd and certificates:
 // another host, as far as Lifeline can tell (its own arena, Badger, KV
 // transfer endpoint and node id). Its canaries are off unless extra says.
-func peerAgent(t *testing.T, first *agentNode, nodeID string, extra map[string]any) *agentNode {
-	t.Helper()
-	extra = maps.Clone(extra)
-	if _, ok := extra["canary_idle"]; !ok {
-		extra["canary_idle"] = "1h"
-	}
-	return startAgentNode(t, &agentNode{etcd: first.etcd, cli: first.cli, certDir: first.certDir}, nodeID, extra)
-}
-
-func instancesOf(role string, count int) []map[string]any {
-	return []map[string]any{{"role": role, "preset": "tiny", "count": count}}
-}
-
 // pdResult is a non-streaming completion's tokens and lifeline object.
 type pdResult struct {
 	text string
@@ -91,7 +79,7 @@ func reference(t *testing.T, maxTokens int) string {
 
 func referenceFor(t *testing.T, preset string, maxTokens int) string {
 	t.Helper()
-	out, errOut, err := run(t, "engine", "generate", "--preset", preset, "--prompt", pdPrompt, "--seed", "11", "--temperature", "0.9",
+	out, errOut, err := proctest.Run(t, "engine", "generate", "--preset", preset, "--prompt", pdPrompt, "--seed", "11", "--temperature", "0.9",
 		"--top-p", "1", "--top-k", "0", "--max-tokens", fmt.Sprint(maxTokens), "--ignore-eos", "--json")
 	if err != nil {
 		t.Fatalf("reference: %v\n%s", err, errOut)
@@ -114,64 +102,21 @@ func pdPromptPositions(t *testing.T) int {
 	return len(ids) + 1
 }
 
-func (n *agentNode) status(t *testing.T) controlapi.Status {
-	t.Helper()
-	var st controlapi.Status
-	if err := json.Unmarshal([]byte(n.nodectl(t, "status", "--json")), &st); err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// noOrphans asserts that no arena slot of n is being written or sealed
-// without a writer and that no lease is held once requests are done.
-func noOrphans(t *testing.T, nodes ...*agentNode) {
-	t.Helper()
-	for _, n := range nodes {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			st := n.status(t)
-			by, _ := st.Arena["by_state"].(map[string]any)
-			leases, _ := st.Arena["leases"].(float64)
-			bad := leases != 0 || st.KVTransfer.Stats.PullsInProgress != 0
-			for _, s := range []string{"WRITING", "SEALED", "ALLOCATED"} {
-				if v, _ := by[s].(float64); v != 0 {
-					bad = true
-				}
-			}
-			if !bad {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node %s leaks: arena %v, transfer %+v", st.NodeID, st.Arena, st.KVTransfer.Stats)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-}
-
-func frontendMetrics(t *testing.T, url string) string {
-	t.Helper()
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return string(b)
-}
-
 // TestPDAcrossNodes: decode on n1, prefill on n2. The prompt is prefilled
 // on n2, its blocks pulled into n1's arena over QUIC, and the decode
 // instance computes only the last partial block; the output is the
 // single-process output. Then on one node (decode and prefill together)
 // the hand-off copies nothing.
 func TestPDAcrossNodes(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
-	url := startFrontend(t, n1)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	want := reference(t, 24)
 	positions := pdPromptPositions(t)
 	blocks := positions / 16
@@ -187,32 +132,34 @@ func TestPDAcrossNodes(t *testing.T) {
 	if r := int(got.ll["kv_reused_positions"].(float64)); r != (positions-1)/16*16 || r == 0 {
 		t.Fatalf("decode reused %d positions of %d", r, positions)
 	}
-	st1 := n1.status(t)
+	st1 := n1.Status(t)
 	if st1.KVTransfer.Stats.BlocksPulled != uint64(blocks) || st1.KVTransfer.Transport != "quic" || st1.KVTransfer.Reason == "" {
 		t.Fatalf("n1 transfer: %+v (want %d blocks pulled)", st1.KVTransfer, blocks)
 	}
-	if st2 := n2.status(t); st2.KVTransfer.Stats.BlocksServed != uint64(blocks) {
+	if st2 := n2.Status(t); st2.KVTransfer.Stats.BlocksServed != uint64(blocks) {
 		t.Fatalf("n2 served %d blocks, want %d", st2.KVTransfer.Stats.BlocksServed, blocks)
 	}
-	m := frontendMetrics(t, url)
+	m := clustertest.Metrics(t, url)
 	for _, w := range []string{`lifeline_frontend_pd_handoffs_total{path="transfer"} 1`, "lifeline_frontend_stale_transfer_completions_total 0"} {
 		if !strings.Contains(m, w) {
 			t.Errorf("metrics lack %q", w)
 		}
 	}
 	// nodectl status says which transport and why.
-	if out := n1.nodectl(t, "status"); !strings.Contains(out, "KV transfer: quic at ") || !strings.Contains(out, "pulled") {
+	if out := n1.Nodectl(t, "status"); !strings.Contains(out, "KV transfer: quic at ") || !strings.Contains(out, "pulled") {
 		t.Errorf("nodectl status:\n%s", out)
 	}
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }
 
 func TestPDSameNodeCopiesNothing(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "instances": []map[string]any{
-		{"role": "decode", "preset": "tiny", "count": 1}, {"role": "prefill", "preset": "tiny", "count": 1}}})
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n.waitRegistration(t, "n1-prefill-tiny-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}, {Role: "prefill", Preset: "tiny", Count: 1}}
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	positions := pdPromptPositions(t)
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
@@ -223,7 +170,7 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 	}
 	// The decode worker read the prefill worker's blocks in its own
 	// mapping of the node's arena: no transfer, no byte copied.
-	if st := n.status(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
+	if st := n.Status(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
 		t.Fatalf("same-node hand-off moved bytes: %+v", st.KVTransfer.Stats)
 	}
 	// Once the node's summary lists the prompt, the same prompt skips the
@@ -239,7 +186,7 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	noOrphans(t, n)
+	clustertest.NoOrphans(t, n)
 }
 
 // TestUpWithPrefill: `lifeline up --nodes 1 --prefill 1` serves through
@@ -253,7 +200,7 @@ func TestUpWithPrefill(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGINT); cmd.Wait() })
-	line := waitLine(t, stdout, "URL ")
+	line := proctest.WaitLine(t, stdout, "URL ")
 	url := strings.TrimSpace(strings.TrimPrefix(line, "URL "))
 	deadline := time.Now().Add(60 * time.Second)
 	for attempt := 0; ; attempt++ {
@@ -284,14 +231,22 @@ func TestUpWithPrefill(t *testing.T) {
 // request is prefilled on the other prefill instance and the client sees
 // no error and the reference output.
 func TestPDPrefillKilledBeforePublish(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "restart_backoff": "5s", "restart_backoff_max": "5s",
-		"_env": []string{"LIFELINE_FAILPOINTS=kv.before-seal=kill"}})
-	n3 := peerAgent(t, n1, "n3", map[string]any{"instances": instancesOf("prefill", 1)})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
-	n3.waitRegistration(t, "n3-prefill-tiny-0", 0)
-	url := startFrontend(t, n1)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+		o.RestartBackoff = agent.Duration(5 * time.Second)
+		o.RestartMax = agent.Duration(5 * time.Second)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=kv.before-seal=kill"}
+	})
+	n3 := clustertest.Peer(t, n1, "n3", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
+	n3.WaitRegistration(t, "n3-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
 		t.Fatal("output differs from the reference after a prefill death")
@@ -299,29 +254,35 @@ func TestPDPrefillKilledBeforePublish(t *testing.T) {
 	if got.ll["pd"] != "transfer" || got.ll["migrations"].(float64) != 0 {
 		t.Fatalf("hand-off: %v", got.ll)
 	}
-	if !strings.Contains(frontendMetrics(t, url), "lifeline_frontend_prefill_failures_total 1") {
+	if !strings.Contains(clustertest.Metrics(t, url), "lifeline_frontend_prefill_failures_total 1") {
 		t.Fatal("the prefill failure was not counted")
 	}
-	st2 := n2.status(t)
+	st2 := n2.Status(t)
 	if by, _ := st2.Arena["by_state"].(map[string]any); by["PUBLISHED"] != nil && by["PUBLISHED"].(float64) != 0 {
 		t.Fatalf("the killed prefill worker left readable blocks: %v", st2.Arena)
 	}
-	if st3 := n3.status(t); st3.KVTransfer.Stats.BlocksServed == 0 {
+	if st3 := n3.Status(t); st3.KVTransfer.Stats.BlocksServed == 0 {
 		t.Fatal("the blocks did not come from the second prefill node")
 	}
-	noOrphans(t, n1, n2, n3)
+	clustertest.NoOrphans(t, n1, n2, n3)
 }
 
 // TestPDPrefillKilledAfterPublish: the prefill worker publishes every block
 // and dies before handing off. Its node's agent still holds the published
 // blocks: the retry pulls them instead of computing them again.
 func TestPDPrefillKilledAfterPublish(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "restart_backoff": "5s", "restart_backoff_max": "5s",
-		"_env": []string{"LIFELINE_FAILPOINTS=" + worker.FailBeforeHandOff + "=kill"}})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
-	url := startFrontend(t, n1)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+		o.RestartBackoff = agent.Duration(5 * time.Second)
+		o.RestartMax = agent.Duration(5 * time.Second)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + worker.FailBeforeHandOff + "=kill"}
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	positions := pdPromptPositions(t)
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
@@ -332,16 +293,16 @@ func TestPDPrefillKilledAfterPublish(t *testing.T) {
 	if got.ll["pd"] != "recompute" || int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
 		t.Fatalf("hand-off: %v", got.ll)
 	}
-	if st := n1.status(t); st.KVTransfer.Stats.BlocksPulled != uint64((positions-1)/16) {
+	if st := n1.Status(t); st.KVTransfer.Stats.BlocksPulled != uint64((positions-1)/16) {
 		t.Fatalf("decode node pulled %d blocks, want %d", st.KVTransfer.Stats.BlocksPulled, (positions-1)/16)
 	}
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }
 
 // prefillOnly asks a prefill instance directly for a prompt's blocks.
-func prefillOnly(t *testing.T, n *agentNode, reg schema.Registration, prompt string) [][]byte {
+func prefillOnly(t *testing.T, n *clustertest.Node, reg schema.Registration, prompt string) [][]byte {
 	t.Helper()
-	tlsConf, err := workerclient.ClientTLS(n.certDir)
+	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,12 +337,17 @@ func prefillOnly(t *testing.T, n *agentNode, reg schema.Registration, prompt str
 // left. A transfer bound to an older generation of the destination is
 // dropped the same way.
 func TestPDLateTransferCompletionDropped(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:1500ms"}})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
-	d := n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	p := n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:1500ms"}
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+	})
+	d := n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	p := n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
 	keys := prefillOnly(t, n2, p, pdPrompt)
-	tlsConf, err := transferclient.TLS(n1.certDir)
+	tlsConf, err := transferclient.TLS(n1.Env.Certs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -408,7 +374,7 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 	}()
 	// Epoch 11 arrives while 10 is held at its commit point.
 	deadline := time.Now().Add(10 * time.Second)
-	for n1.status(t).KVTransfer.Stats.PullsInProgress == 0 {
+	for n1.Status(t).KVTransfer.Stats.PullsInProgress == 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("the first transfer never started")
 		}
@@ -422,12 +388,12 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 	if late == nil || !late.Stale || late.Pulled != 0 || !strings.Contains(late.Error, "stale") {
 		t.Fatalf("late completion of the older epoch: %+v", late)
 	}
-	st := n1.status(t)
+	st := n1.Status(t)
 	by, _ := st.Arena["by_state"].(map[string]any)
 	if st.KVTransfer.Stats.StaleDropped != 2 || by["PUBLISHED"].(float64) != float64(len(keys)) || st.KVTransfer.Stats.StagedAborted != uint64(len(keys)) {
 		t.Fatalf("after the race: transfer %+v, arena %v", st.KVTransfer.Stats, st.Arena)
 	}
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }
 
 // TestPDTransferCutMidway: the source agent stops sending halfway through
@@ -435,27 +401,32 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 // readable on the destination; the decode instance computes the prompt
 // itself and the output is the reference.
 func TestPDTransferCutMidway(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1), "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailSourceMidway + "=pause"}})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
-	url := startFrontend(t, n1)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + rdma.FailSourceMidway + "=pause"}
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	// The prefill worker outlives its killed agent (workers are adopted,
 	// not killed, when an agent dies): stop it with the test.
 	t.Cleanup(func() {
-		for _, pid := range workersOf(t, filepath.Join(n2.dir, "data", "kv.sock")) {
+		for _, pid := range proctest.WorkerPIDs(filepath.Join(n2.Dir, "data", "kv.sock")) {
 			syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
 	go func() {
 		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(n2.stderr.String(), "failpoint "+rdma.FailSourceMidway+" hit") {
+		for !strings.Contains(n2.Log.String(), "failpoint "+rdma.FailSourceMidway+" hit") {
 			if time.Now().After(deadline) {
 				return
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		n2.cmd.Process.Kill()
+		n2.Process().Kill()
 	}()
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
@@ -465,15 +436,15 @@ func TestPDTransferCutMidway(t *testing.T) {
 		t.Fatalf("hand-off: %v", got.ll)
 	}
 	select {
-	case <-n2.exited:
+	case <-n2.Exited():
 	default:
 		t.Fatal("the source agent was never killed")
 	}
-	st := n1.status(t)
+	st := n1.Status(t)
 	if st.KVTransfer.Stats.BlocksPulled != 0 || st.KVTransfer.Stats.StagedAborted == 0 || st.KVTransfer.Stats.PullsFailed != 1 {
 		t.Fatalf("cut transfer: %+v", st.KVTransfer.Stats)
 	}
-	noOrphans(t, n1)
+	clustertest.NoOrphans(t, n1)
 }
 
 // TestPDDecodeKilledReusesKV: the decode worker serving a stream (small
@@ -482,25 +453,32 @@ func TestPDTransferCutMidway(t *testing.T) {
 // from the dead worker's node and computes only the rest: fewer prefill
 // positions than a full recompute, and the reference output.
 func TestPDDecodeKilledReusesKV(t *testing.T) {
-	small := []map[string]any{{"role": "decode", "preset": "small", "count": 1}}
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "instances": small, "arena_slot_bytes": 131072})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": small, "arena_slot_bytes": 131072})
-	n1.waitRegistration(t, "n1-decode-small-0", 0)
-	n2.waitRegistration(t, "n2-decode-small-0", 0)
-	url := startFrontend(t, n1)
+	small := []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = small
+		o.ArenaSlotBytes = 131072
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = small
+		o.ArenaSlotBytes = 131072
+	})
+	n1.WaitRegistration(t, "n1-decode-small-0", 0)
+	n2.WaitRegistration(t, "n2-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	positions := pdPromptPositions(t)
 	const killAt, total = 40, 200
 	body := pdBodyFor("small", total)
 	body["stream"] = true
 	var killed string
-	toks, last := streamCompletion(t, url, body, func(tok sseToken) {
+	toks, last := clustertest.StreamCompletion(t, url, body, func(tok clustertest.Token) {
 		if tok.Seq == killAt && killed == "" {
 			killed = tok.Instance
 			owner := n1
 			if strings.HasPrefix(killed, "n2-") {
 				owner = n2
 			}
-			for _, w := range owner.workers(t) {
+			for _, w := range owner.Workers(t) {
 				if w.InstanceID == killed {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}
@@ -527,26 +505,30 @@ func TestPDDecodeKilledReusesKV(t *testing.T) {
 		t.Fatalf("migration reused %d of %d positions: %v", reused, full, ll)
 	}
 	t.Logf("killed %s at %d; the new worker reused %d of %d positions (recomputed %d)", killed, killAt, reused, full, full-reused)
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }
 
 // TestCacheAwareRouting: the prompt's blocks are published on n2 only;
 // with equal load the router sends the request to n2's decode instance
 // (load-only routing would pick n1, the lower id), which reuses them.
 func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("decode", 1)})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	d2 := n2.waitRegistration(t, "n2-decode-tiny-0", 0)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("decode", 1)
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	d2 := n2.WaitRegistration(t, "n2-decode-tiny-0", 0)
 	if d2.KVIdentity == nil || d2.KVIdentity.BlockSize != 16 {
 		t.Fatalf("registration without KV identity: %+v", d2)
 	}
-	url := startFrontend(t, n1)
+	url := clustertest.StartFrontend(t, n1)
 	keys := prefillOnly(t, n2, d2, pdPrompt)
 	// Wait for n2's summary to list them.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		resp, err := n1.cli.Get(context.Background(), schema.NodesPrefix+"n2")
+		resp, err := n1.Env.Client.Get(context.Background(), schema.NodesPrefix+"n2")
 		var rec schema.NodeRecord
 		if err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && len(rec.Prefixes) >= len(keys) {
 			break
@@ -564,24 +546,29 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 	if int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
 		t.Fatalf("not routed to the cached node: %v", got.ll)
 	}
-	if m := frontendMetrics(t, url); !strings.Contains(m, `lifeline_frontend_cache_aware_routes_total{result="hit"} 1`) {
+	if m := clustertest.Metrics(t, url); !strings.Contains(m, `lifeline_frontend_cache_aware_routes_total{result="hit"} 1`) {
 		t.Fatal("cache hit not counted")
 	}
-	if st := n1.status(t); st.KVTransfer.Stats.PullsOK != 0 {
+	if st := n1.Status(t); st.KVTransfer.Stats.PullsOK != 0 {
 		t.Fatalf("n1 was involved: %+v", st.KVTransfer.Stats)
 	}
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }
 
 // TestPDCancelDuringTransfer: the client goes away while the decode node
 // pulls the prompt's blocks (held at the commit point). The cancel reaches
 // the pull: nothing of it is published, its staged slots are freed.
 func TestPDCancelDuringTransfer(t *testing.T) {
-	n1 := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:2s"}})
-	n2 := peerAgent(t, n1, "n2", map[string]any{"instances": instancesOf("prefill", 1)})
-	n1.waitRegistration(t, "n1-decode-tiny-0", 0)
-	n2.waitRegistration(t, "n2-prefill-tiny-0", 0)
-	url := startFrontend(t, n1)
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:2s"}
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = clustertest.Instances("prefill", 1)
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n1)
 	body := pdBody(24)
 	body["stream"] = true
 	b, _ := json.Marshal(body)
@@ -591,7 +578,7 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 	go func() {
 		// Leave once the pull holds its staged slots.
 		deadline := time.Now().Add(20 * time.Second)
-		for n1.status(t).KVTransfer.Stats.PullsInProgress == 0 && time.Now().Before(deadline) {
+		for n1.Status(t).KVTransfer.Stats.PullsInProgress == 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		cancel()
@@ -602,7 +589,7 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		st := n1.status(t)
+		st := n1.Status(t)
 		by, _ := st.Arena["by_state"].(map[string]any)
 		if st.KVTransfer.Stats.PullsInProgress == 0 && st.KVTransfer.Stats.StagedAborted > 0 {
 			if by["PUBLISHED"] != nil || st.KVTransfer.Stats.BlocksPulled != 0 {
@@ -615,5 +602,5 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	noOrphans(t, n1, n2)
+	clustertest.NoOrphans(t, n1, n2)
 }

@@ -5,10 +5,16 @@
 package proctest
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -130,4 +136,95 @@ func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// WaitLine reads r until a line contains want (up to 30 s) and returns
+// that line; the rest of r is drained in the background.
+func WaitLine(t testing.TB, r io.Reader, want string) string {
+	t.Helper()
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("stream ended before %q", want)
+			}
+			if strings.Contains(l, want) {
+				go func() {
+					for range lines {
+					}
+				}()
+				return l
+			}
+		case <-timeout:
+			t.Fatalf("no line with %q within 30s", want)
+		}
+	}
+}
+
+// FreeTCPAddr returns a loopback address with a port free at the time of
+// the call.
+func FreeTCPAddr(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// ProcessesMentioning lists live (not zombie) processes whose command
+// line contains s, as "pid: command line".
+func ProcessesMentioning(s string) []string {
+	var out []string
+	for _, p := range processes() {
+		if strings.Contains(p.cmdline, s) {
+			out = append(out, fmt.Sprintf("%d: %s", p.pid, strings.ReplaceAll(p.cmdline, "\x00", " ")))
+		}
+	}
+	return out
+}
+
+// WorkerPIDs lists the live worker processes whose command line names
+// sock (a node's KV socket, so the workers of one node).
+func WorkerPIDs(sock string) []int {
+	var pids []int
+	for _, p := range processes() {
+		if strings.Contains(p.cmdline, "worker\x00") && strings.Contains(p.cmdline, sock) {
+			pids = append(pids, p.pid)
+		}
+	}
+	return pids
+}
+
+type process struct {
+	pid     int
+	cmdline string
+}
+
+// processes lists live processes that are not zombies.
+func processes() []process {
+	var out []process
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err == nil && !strings.Contains(string(stat), ") Z ") {
+			out = append(out, process{pid, string(cmdline)})
+		}
+	}
+	return out
 }

@@ -42,37 +42,44 @@ type Node struct {
 	Log *proctest.SyncBuffer
 }
 
-// Options changes a node's configuration before it starts.
-type Options func(*agent.Options)
+// Config is what a test may set of a node before it starts: the agent's
+// options, variables added to its (and its workers') environment, and a
+// wrapper of its command (e.g. to start it in a cgroup).
+type Config struct {
+	agent.Options
+	ExtraEnv []string
+	Wrap     func(*exec.Cmd) *exec.Cmd
+}
+
+// Option changes a node's Config.
+type Option func(*Config)
 
 // NewNode starts node "n1" on a fresh Env: one tiny decode instance, a
 // 3 s lease and quick canaries, changed by each opt.
-func NewNode(t testing.TB, opts ...Options) *Node {
+func NewNode(t testing.TB, opts ...Option) *Node {
 	t.Helper()
-	return StartNode(t, NewEnv(t), "n1", nil, opts...)
+	return StartNode(t, NewEnv(t), "n1", opts...)
 }
 
 // Peer starts another node on first's Env; its canaries idle for an hour
 // unless an opt says otherwise.
-func Peer(t testing.TB, first *Node, id string, opts ...Options) *Node {
+func Peer(t testing.TB, first *Node, id string, opts ...Option) *Node {
 	t.Helper()
-	return StartNode(t, first.Env, id, nil, append([]Options{func(o *agent.Options) { o.CanaryIdle = agent.Duration(time.Hour) }}, opts...)...)
+	return StartNode(t, first.Env, id, append([]Option{func(c *Config) { c.CanaryIdle = agent.Duration(time.Hour) }}, opts...)...)
 }
 
-// StartNode starts node id on env. prepare, when set, adjusts the process
-// (environment, a wrapper) before it starts.
-func StartNode(t testing.TB, env *localcluster.Env, id string, prepare func(*localcluster.Node), opts ...Options) *Node {
+// StartNode starts node id on env: one tiny decode instance, a 3 s lease
+// and quick canaries, changed by each opt.
+func StartNode(t testing.TB, env *localcluster.Env, id string, opts ...Option) *Node {
 	t.Helper()
 	dir := t.TempDir()
-	o := env.NodeOptions(id, dir)
-	o.LeaseTTL, o.CanaryIdle, o.CanaryTimeout = agent.Duration(3*time.Second), agent.Duration(time.Second), agent.Duration(time.Second)
+	c := Config{Options: env.NodeOptions(id, dir)}
+	c.LeaseTTL, c.CanaryIdle, c.CanaryTimeout = agent.Duration(3*time.Second), agent.Duration(time.Second), agent.Duration(time.Second)
 	for _, opt := range opts {
-		opt(&o)
+		opt(&c)
 	}
-	n := &Node{Node: env.NewNode(o), Env: env, Dir: dir}
-	if prepare != nil {
-		prepare(n.Node)
-	}
+	n := &Node{Node: env.NewNode(c.Options), Env: env, Dir: dir}
+	n.ExtraEnv, n.Wrap = c.ExtraEnv, c.Wrap
 	t.Cleanup(n.RemoveArena)
 	n.Restart(t)
 	return n

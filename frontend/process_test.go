@@ -1,4 +1,4 @@
-package main
+package frontend_test
 
 import (
 	"bufio"
@@ -11,9 +11,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -22,100 +20,41 @@ import (
 
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/frontend/client"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
-
-type sseToken struct {
-	Seq      int
-	TokenID  int
-	Text     string
-	Instance string
-}
-
-// startFrontend runs `lifeline frontend` against the node's etcd.
-func startFrontend(t *testing.T, n *agentNode) string {
-	t.Helper()
-	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	line := waitLine(t, stderr, "frontend: listening on")
-	return "http://" + strings.TrimSpace(strings.TrimPrefix(line, "frontend: listening on "))
-}
-
-// streamCompletion posts a streaming request and calls each(token) as SSE
-// events arrive; it returns the tokens and the final chunk.
-func streamCompletion(t *testing.T, url string, body map[string]any, each func(sseToken)) ([]sseToken, map[string]any) {
-	t.Helper()
-	b, _ := json.Marshal(body)
-	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		msg, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %d: %s", resp.StatusCode, msg)
-	}
-	var toks []sseToken
-	var last map[string]any
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices  []struct{ Text string }
-			Lifeline struct {
-				SequenceNo int    `json:"sequence_no"`
-				TokenID    int    `json:"token_id"`
-				InstanceID string `json:"instance_id"`
-			}
-		}
-		json.Unmarshal([]byte(data), &chunk)
-		if chunk.Lifeline.SequenceNo == 0 {
-			json.Unmarshal([]byte(data), &last)
-			continue
-		}
-		tok := sseToken{chunk.Lifeline.SequenceNo, chunk.Lifeline.TokenID, chunk.Choices[0].Text, chunk.Lifeline.InstanceID}
-		toks = append(toks, tok)
-		if each != nil {
-			each(tok)
-		}
-	}
-	return toks, last
-}
 
 // TestFrontendMigratesOnWorkerKill is the article's opening scene: a
 // seeded stream is under way, the decode worker serving it is SIGKILLed,
 // and the client receives the rest from the other worker — same tokens as
 // a run that never failed, contiguous sequence numbers, no duplicate.
 func TestFrontendMigratesOnWorkerKill(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	n.waitRegistration(t, "n1-decode-small-1", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	url := clustertest.StartFrontend(t, n)
 	body := map[string]any{"model": "small", "prompt": "Once upon a time there was a little dog", "max_tokens": 240,
 		"temperature": 0.9, "seed": 9, "stream": true, "ignore_eos": true}
-	want, _ := streamCompletion(t, url, body, nil)
+	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	if len(want) != 240 {
 		t.Fatalf("fault-free run: %d tokens", len(want))
 	}
 	var killed string
 	killedAt := 0
-	got, last := streamCompletion(t, url, body, func(tok sseToken) {
+	got, last := clustertest.StreamCompletion(t, url, body, func(tok clustertest.Token) {
 		if tok.Seq == 30 && killed == "" {
 			killed = tok.Instance
 			killedAt = tok.Seq
 			var ws []controlapi.Worker
-			json.Unmarshal([]byte(n.nodectl(t, "workers", "--json")), &ws)
+			json.Unmarshal([]byte(n.Nodectl(t, "workers", "--json")), &ws)
 			for _, w := range ws {
 				if w.InstanceID == killed {
 					syscall.Kill(w.PID, syscall.SIGKILL)
@@ -160,9 +99,11 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 }
 
 func TestFrontendBadInput(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	for _, c := range []struct {
 		body string
 		code int
@@ -255,58 +196,30 @@ func TestFrontendBadInput(t *testing.T) {
 	}
 }
 
-// readSSE reads tokens from an SSE body until stop returns true or the
-// stream ends.
-func readSSE(t *testing.T, r io.Reader, stop func(sseToken) bool) []sseToken {
-	t.Helper()
-	var toks []sseToken
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices  []struct{ Text string }
-			Lifeline struct {
-				SequenceNo int `json:"sequence_no"`
-				TokenID    int `json:"token_id"`
-			}
-		}
-		json.Unmarshal([]byte(data), &chunk)
-		if chunk.Lifeline.SequenceNo == 0 {
-			continue
-		}
-		tok := sseToken{Seq: chunk.Lifeline.SequenceNo, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text}
-		toks = append(toks, tok)
-		if stop != nil && stop(tok) {
-			break
-		}
-	}
-	return toks
-}
-
 // TestFrontendResume: a client that asked for a resumable stream drops its
 // connection after 20 tokens and comes back with Last-Event-ID (and
 // another with starting_after): it gets exactly the rest, identical to an
 // uninterrupted run. Resume tokens are checked.
 func TestFrontendResume(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	body := map[string]any{"model": "small", "prompt": "The old river", "max_tokens": 150, "temperature": 0.9, "seed": 4,
 		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": true}}
-	want, _ := streamCompletion(t, url, body, nil)
+	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
 	}
 	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
-	first := readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 20 })
+	first := clustertest.ReadSSE(t, resp.Body, func(tok clustertest.Token) bool { return tok.Seq == 20 })
 	resp.Body.Close() // the client's connection drops
-	resume := func(after string, query string, tok string) (*http.Response, []sseToken) {
+	resume := func(after string, query string, tok string) (*http.Response, []clustertest.Token) {
 		req, _ := http.NewRequest("GET", url+"/v1/streams/"+id+query, nil)
 		if after != "" {
 			req.Header.Set("Last-Event-ID", after)
@@ -320,7 +233,7 @@ func TestFrontendResume(t *testing.T) {
 		if resp.StatusCode != 200 {
 			return resp, nil
 		}
-		return resp, readSSE(t, resp.Body, nil)
+		return resp, clustertest.ReadSSE(t, resp.Body, nil)
 	}
 	_, rest := resume("20", "", token)
 	got := append(first, rest...)
@@ -353,10 +266,13 @@ func TestFrontendResume(t *testing.T) {
 // client goes away is cancelled — its worker stops — and DELETE cancels a
 // resumable one.
 func TestFrontendDisconnectCancels(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	check := func(id, token string) string {
 		req, _ := http.NewRequest("GET", url+"/v1/streams/"+id+"?starting_after=0", nil)
 		req.Header.Set("Authorization", "Bearer "+token)
@@ -374,7 +290,7 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
-	readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 5 })
+	clustertest.ReadSSE(t, resp.Body, func(tok clustertest.Token) bool { return tok.Seq == 5 })
 	resp.Body.Close()
 	if out := check(id, token); !strings.Contains(out, `"type":"cancelled"`) || strings.Count(out, "\nid: ") >= 899 {
 		t.Fatalf("a plain stream whose client left was not cancelled: %d events, %q", strings.Count(out, "\nid: "), out[max(0, len(out)-200):])
@@ -384,7 +300,7 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 		t.Fatal(err)
 	}
 	id, token = resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
-	readSSE(t, resp.Body, func(tok sseToken) bool { return tok.Seq == 5 })
+	clustertest.ReadSSE(t, resp.Body, func(tok clustertest.Token) bool { return tok.Seq == 5 })
 	resp.Body.Close()
 	req, _ := http.NewRequest("DELETE", url+"/v1/streams/"+id, nil)
 	req.Header.Set("Authorization", "Bearer "+token)
@@ -398,95 +314,24 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 	}
 }
 
-// TestUpServesAndStopsCleanly: `lifeline up` from nothing in a temporary
-// directory serves a streaming request through its frontend and, on
-// Ctrl-C, stops without leaving a process behind.
-func TestUpServesAndStopsCleanly(t *testing.T) {
-	dir := t.TempDir()
-	up := exec.Command(binary, "up", "--data-dir", dir, "--nodes", "2", "--preset", "tiny", "--listen", freeTCPAddr(t))
-	out, _ := up.StdoutPipe()
-	up.Stderr = os.Stderr
-	if err := up.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { up.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			up.Process.Kill()
-			<-exited
-		}
-	})
-	url := strings.TrimPrefix(waitLine(t, out, "URL http://"), "URL ")
-	// Both nodes' workers come up; the frontend routes to a ready one.
-	var toks []sseToken
-	for deadline := time.Now().Add(60 * time.Second); ; {
-		b := `{"model":"tiny","prompt":"hello there","max_tokens":12,"seed":3,"stream":true,"ignore_eos":true}`
-		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(b))
-		if err == nil && resp.StatusCode == 200 {
-			toks = readSSE(t, resp.Body, nil)
-			resp.Body.Close()
-			break
-		}
-		if resp != nil {
-			resp.Body.Close()
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lifeline up never served: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if len(toks) != 12 {
-		t.Fatalf("%d tokens through lifeline up", len(toks))
-	}
-	up.Process.Signal(syscall.SIGINT)
-	select {
-	case <-exited:
-	case <-time.After(60 * time.Second):
-		t.Fatal("lifeline up did not stop within 60s of Ctrl-C")
-	}
-	if left := processesMentioning(dir); len(left) > 0 {
-		t.Fatalf("processes left behind: %v", left)
-	}
-}
-
-// processesMentioning lists live processes whose command line contains s.
-func processesMentioning(s string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err == nil && strings.Contains(string(cmdline), s) && !strings.Contains(string(stat), ") Z ") {
-			out = append(out, e.Name()+": "+strings.ReplaceAll(string(cmdline), "\x00", " "))
-		}
-	}
-	return out
-}
-
-// TestDemoFailover runs `lifeline demo failover` as a user would.
-func TestDemoFailover(t *testing.T) {
-	out, errOut, err := run(t, "demo", "failover", "--preset", "small", "--kill-after", "60", "--max-tokens", "200", "--seed", "5")
-	if err != nil || !strings.Contains(out, "bit-identical: yes") || !strings.Contains(out, "migrations: 1") {
-		t.Fatalf("demo failover: %v\n%s\n%s", err, out, errOut)
-	}
-	t.Log("\n" + out)
-}
-
 // TestFrontendThirtyKillPoints kills the serving worker at 30 seeded random
 // points of 30 streams, at temperature 0 and 0.9: every stream's tokens
 // equal its fault-free run, with contiguous sequence numbers and nothing
 // delivered twice.
 func TestFrontendThirtyKillPoints(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "restart_backoff": "50ms", "restart_backoff_max": "100ms", "crash_loop_limit": 100,
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.RestartBackoff = agent.Duration(50 * time.Millisecond)
+		o.RestartMax = agent.Duration(100 * time.Millisecond)
+		o.CrashLoopLimit = 100
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
+		o.ArenaSlotBytes = 131072
+	})
 	gens := map[string]uint64{}
 	for _, id := range []string{"n1-decode-small-0", "n1-decode-small-1"} {
-		gens[id] = n.waitRegistration(t, id, 0).Generation
+		gens[id] = n.WaitRegistration(t, id, 0).Generation
 	}
-	url := startFrontend(t, n)
+	url := clustertest.StartFrontend(t, n)
 	rng := rand.New(rand.NewPCG(30, 2026))
 	for i := 0; i < 30; i++ {
 		temp := 0.0
@@ -495,13 +340,13 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 		}
 		body := map[string]any{"model": "small", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": 120,
 			"temperature": temp, "top_p": 0.95, "seed": i, "stream": true, "ignore_eos": true}
-		want, _ := streamCompletion(t, url, body, nil)
+		want, _ := clustertest.StreamCompletion(t, url, body, nil)
 		k := 3 + rng.IntN(110)
 		var victim string
-		got, _ := streamCompletion(t, url, body, func(tok sseToken) {
+		got, _ := clustertest.StreamCompletion(t, url, body, func(tok clustertest.Token) {
 			if tok.Seq == k && victim == "" {
 				victim = tok.Instance
-				for _, w := range n.workers(t) {
+				for _, w := range n.Workers(t) {
 					if w.InstanceID == victim {
 						syscall.Kill(w.PID, syscall.SIGKILL)
 					}
@@ -517,7 +362,7 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 			}
 		}
 		// Wait for the killed instance to be back before the next kill.
-		gens[victim] = n.waitRegistration(t, victim, gens[victim]).Generation
+		gens[victim] = n.WaitRegistration(t, victim, gens[victim]).Generation
 	}
 }
 
@@ -546,10 +391,13 @@ func (c *cuttingConn) Read(p []byte) (int, error) {
 // number, drops duplicates, and ends with exactly the uninterrupted run.
 // lifeline generate (the CLI over the same client) prints the same text.
 func TestClientResumesAfterBrokenConnections(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	temp := 0.9
 	req := client.Request{Model: "small", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
 	var want []client.Token
@@ -580,7 +428,7 @@ func TestClientResumesAfterBrokenConnections(t *testing.T) {
 			t.Fatalf("token %d: %+v, want %+v", i+1, got[i], want[i])
 		}
 	}
-	out, errOut, err := run(t, "generate", "--url", url, "--model", "small", "--max-tokens", "160", "--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
+	out, errOut, err := proctest.Run(t, "generate", "--url", url, "--model", "small", "--max-tokens", "160", "--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
 	var text strings.Builder
 	for _, tok := range want {
 		text.WriteString(tok.Text)
@@ -595,28 +443,30 @@ func TestClientResumesAfterBrokenConnections(t *testing.T) {
 // (ALPN) with an Alt-Svc advertisement, and over HTTP/3 on the same port;
 // without it, cleartext HTTP/2 with prior knowledge works too.
 func TestFrontendProtocols(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
-	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir, "--tls")
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	cmd := exec.Command(proctest.Lifeline(t), "frontend", "--listen", "127.0.0.1:0", "--etcd", n.Env.Etcd.Endpoint, "--etcd-tls", "--certs", n.Env.Certs, "--tls")
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	addr := strings.TrimSpace(strings.TrimPrefix(waitLine(t, stderr, "frontend: listening on"), "frontend: listening on "))
-	caTLS, err := pki.Load(n.certDir, "h2")
+	addr := strings.TrimSpace(strings.TrimPrefix(proctest.WaitLine(t, stderr, "frontend: listening on"), "frontend: listening on "))
+	caTLS, err := pki.Load(n.Env.Certs, "h2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	roots := &tls.Config{RootCAs: caTLS.RootCAs, ServerName: "localhost"}
 	body := `{"model":"tiny","prompt":"hello","max_tokens":10,"seed":2,"stream":true,"ignore_eos":true}`
-	post := func(c *http.Client, url string) (*http.Response, []sseToken) {
+	post := func(c *http.Client, url string) (*http.Response, []clustertest.Token) {
 		resp, err := c.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer resp.Body.Close()
-		return resp, readSSE(t, resp.Body, nil)
+		return resp, clustertest.ReadSSE(t, resp.Body, nil)
 	}
 	h2 := &http.Client{Transport: &http.Transport{TLSClientConfig: roots, ForceAttemptHTTP2: true}}
 	r2, t2 := post(h2, "https://"+addr)
@@ -635,7 +485,7 @@ func TestFrontendProtocols(t *testing.T) {
 		}
 	}
 	// Cleartext HTTP/2 with prior knowledge on a plain frontend.
-	plain := startFrontend(t, n)
+	plain := clustertest.StartFrontend(t, n)
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	h2c := &http.Client{Transport: &http.Transport{Protocols: &protos}}
@@ -649,17 +499,20 @@ func TestFrontendProtocols(t *testing.T) {
 // running sequence, no queue); a second request is refused at once with
 // 429, Retry-After and the overloaded type, not queued and not hung.
 func TestFrontendOverloadIs429(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 1, "max_running": 1, "max_queued": 0}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1, MaxRunning: 1, MaxQueued: 0}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	long, err := http.Post(url+"/v1/completions", "application/json",
 		strings.NewReader(`{"model":"small","prompt":"a long one","max_tokens":600,"stream":true,"ignore_eos":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer long.Body.Close()
-	readSSE(t, long.Body, func(tok sseToken) bool { return tok.Seq == 2 })
+	clustertest.ReadSSE(t, long.Body, func(tok clustertest.Token) bool { return tok.Seq == 2 })
 	start := time.Now()
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"small","prompt":"x","max_tokens":5}`))
 	if err != nil {
@@ -679,10 +532,13 @@ func TestFrontendOverloadIs429(t *testing.T) {
 // the request's previous epoch before the real ones, as a zombie of an
 // older attempt would. It never reaches the client, and is counted.
 func TestFrontendDropsOldEpochFrames(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "_env": []string{"LIFELINE_FAILPOINTS=worker.stale-frame=error"}})
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
-	url := startFrontend(t, n)
-	toks, _ := streamCompletion(t, url, map[string]any{"model": "tiny", "prompt": "hello", "max_tokens": 20, "seed": 1, "stream": true, "ignore_eos": true}, nil)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.stale-frame=error"}
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n)
+	toks, _ := clustertest.StreamCompletion(t, url, map[string]any{"model": "tiny", "prompt": "hello", "max_tokens": 20, "seed": 1, "stream": true, "ignore_eos": true}, nil)
 	if len(toks) != 20 {
 		t.Fatalf("%d tokens", len(toks))
 	}
@@ -706,12 +562,18 @@ func TestFrontendDropsOldEpochFrames(t *testing.T) {
 // killed; after the budget of 3 migrations the client gets a typed
 // migration_exhausted error, promptly, not a hang.
 func TestFrontendMigrationExhausted(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h", "restart_backoff": "5s", "restart_backoff_max": "5s",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 4}}, "arena_slot_bytes": 131072, "arena_slots": 512})
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.RestartBackoff = agent.Duration(5 * time.Second)
+		o.RestartMax = agent.Duration(5 * time.Second)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 4}}
+		o.ArenaSlotBytes = 131072
+		o.ArenaSlots = 512
+	})
 	for i := 0; i < 4; i++ {
-		n.waitRegistration(t, fmt.Sprintf("n1-decode-small-%d", i), 0)
+		n.WaitRegistration(t, fmt.Sprintf("n1-decode-small-%d", i), 0)
 	}
-	url := startFrontend(t, n)
+	url := clustertest.StartFrontend(t, n)
 	b, _ := json.Marshal(map[string]any{"model": "small", "prompt": "doomed", "max_tokens": 900, "seed": 1, "stream": true, "ignore_eos": true})
 	start := time.Now()
 	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
@@ -735,7 +597,7 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 		json.Unmarshal([]byte(data), &c)
 		if id := c.Lifeline.InstanceID; id != "" && !killed[id] {
 			killed[id] = true
-			for _, w := range n.workers(t) {
+			for _, w := range n.Workers(t) {
 				if w.InstanceID == id {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}
@@ -757,11 +619,14 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 // worker is killed as soon as it is dispatched still gets the whole
 // answer, equal to a fault-free run's.
 func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h",
-		"instances": []map[string]any{{"role": "decode", "preset": "small", "count": 2}}, "arena_slot_bytes": 131072})
-	n.waitRegistration(t, "n1-decode-small-0", 0)
-	n.waitRegistration(t, "n1-decode-small-1", 0)
-	cmd := exec.Command(binary, "frontend", "--listen", "127.0.0.1:0", "--etcd", n.etcd.Endpoint, "--etcd-tls", "--certs", n.certDir)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
+		o.ArenaSlotBytes = 131072
+	})
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	cmd := exec.Command(proctest.Lifeline(t), "frontend", "--listen", "127.0.0.1:0", "--etcd", n.Env.Etcd.Endpoint, "--etcd-tls", "--certs", n.Env.Certs)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -807,7 +672,7 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 			InstanceID string `json:"instance_id"`
 		}
 		if json.Unmarshal([]byte(<-lines), &l) == nil && l.Msg == "dispatch" {
-			for _, w := range n.workers(t) {
+			for _, w := range n.Workers(t) {
 				if w.InstanceID == l.InstanceID {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}
@@ -834,9 +699,11 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 // generated ends with a typed deadline_exceeded (504 before anything was
 // streamed), quickly; a bad timeout is a 400.
 func TestFrontendDeadline(t *testing.T) {
-	n := newAgentNode(t, map[string]any{"canary_idle": "1h"})
-	n.waitRegistration(t, "n1-decode-tiny-0", 0)
-	url := startFrontend(t, n)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	url := clustertest.StartFrontend(t, n)
 	for _, c := range []struct {
 		name   string
 		body   string
@@ -870,3 +737,5 @@ func TestFrontendDeadline(t *testing.T) {
 		t.Fatalf("negative timeout: %d", resp.StatusCode)
 	}
 }
+
+func TestMain(m *testing.M) { proctest.Main(m) }
