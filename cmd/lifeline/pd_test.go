@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
@@ -175,17 +176,10 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 	}
 	// Once the node's summary lists the prompt, the same prompt skips the
 	// prefill instance: the decode node already holds it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	proctest.WaitFor(t, 10*time.Second, "a cached prompt to skip the prefill instance", func() (bool, string) {
 		again := complete(t, url, pdBody(24))
-		if again.ll["pd"] == nil && int(again.ll["kv_reused_positions"].(float64)) == (positions-1)/16*16 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a cached prompt still went through the prefill instance: %v", again.ll)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return again.ll["pd"] == nil && int(again.ll["kv_reused_positions"].(float64)) == (positions-1)/16*16, fmt.Sprint(again.ll)
+	})
 	clustertest.NoOrphans(t, n)
 }
 
@@ -193,7 +187,7 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 // P/D.
 func TestUpWithPrefill(t *testing.T) {
 	dir := t.TempDir()
-	cmd := exec.Command(binary, "up", "--data-dir", dir, "--nodes", "1", "--prefill", "1", "--preset", "tiny", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(proctest.Lifeline(t), "up", "--data-dir", dir, "--nodes", "1", "--prefill", "1", "--preset", "tiny", "--listen", "127.0.0.1:0")
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
@@ -202,28 +196,24 @@ func TestUpWithPrefill(t *testing.T) {
 	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGINT); cmd.Wait() })
 	line := proctest.WaitLine(t, stdout, "URL ")
 	url := strings.TrimSpace(strings.TrimPrefix(line, "URL "))
-	deadline := time.Now().Add(60 * time.Second)
-	for attempt := 0; ; attempt++ {
+	attempt := 0
+	proctest.WaitFor(t, time.Minute, "lifeline up --prefill 1 to serve through P/D", func() (bool, string) {
 		// A new prompt each time: a prompt the decode node already holds
 		// is served without a prefill.
+		attempt++
 		body := pdBody(8)
 		body["prompt"] = fmt.Sprintf("Attempt %d. %s", attempt, pdPrompt)
 		b, _ := json.Marshal(body)
 		resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
-		if err == nil {
-			raw, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			var out struct{ Lifeline map[string]any }
-			json.Unmarshal(raw, &out)
-			if resp.StatusCode == 200 && out.Lifeline["pd"] == "same_node" {
-				break
-			}
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("lifeline up --prefill 1 never served through P/D (last error %v)", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var out struct{ Lifeline map[string]any }
+		json.Unmarshal(raw, &out)
+		return resp.StatusCode == 200 && out.Lifeline["pd"] == "same_node", string(raw)
+	})
 }
 
 // TestPDPrefillKilledBeforePublish: the first prefill instance dies as it
@@ -373,13 +363,9 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 		older <- r
 	}()
 	// Epoch 11 arrives while 10 is held at its commit point.
-	deadline := time.Now().Add(10 * time.Second)
-	for n1.Status(t).KVTransfer.Stats.PullsInProgress == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the first transfer never started")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 10*time.Second, "the first transfer to start", func() (bool, string) {
+		return n1.Status(t).KVTransfer.Stats.PullsInProgress != 0, ""
+	})
 	newer, err := q.Pull(ctx, d.KVAddr, bind(11, d.Generation))
 	if err != nil || newer.Error != "" || newer.Pulled != uint32(len(keys)) {
 		t.Fatalf("newer transfer: %+v %v", newer, err)
@@ -419,14 +405,11 @@ func TestPDTransferCutMidway(t *testing.T) {
 		}
 	})
 	go func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for !strings.Contains(n2.Log.String(), "failpoint "+rdma.FailSourceMidway+" hit") {
-			if time.Now().After(deadline) {
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
+		if _, hit := proctest.Poll(30*time.Second, func() (bool, string) {
+			return strings.Contains(n2.Log.String(), "failpoint "+rdma.FailSourceMidway+" hit"), ""
+		}); hit {
+			n2.Process().Kill()
 		}
-		n2.Process().Kill()
 	}()
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
@@ -526,18 +509,11 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 	url := clustertest.StartFrontend(t, n1)
 	keys := prefillOnly(t, n2, d2, pdPrompt)
 	// Wait for n2's summary to list them.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	proctest.WaitFor(t, 10*time.Second, "n2's prefix summary to list the prompt", func() (bool, string) {
 		resp, err := n1.Env.Client.Get(context.Background(), schema.NodesPrefix+"n2")
 		var rec schema.NodeRecord
-		if err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && len(rec.Prefixes) >= len(keys) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("n2's prefix summary never listed the prompt")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err == nil && len(resp.Kvs) == 1 && json.Unmarshal(resp.Kvs[0].Value, &rec) == nil && len(rec.Prefixes) >= len(keys), fmt.Sprint(len(rec.Prefixes))
+	})
 	got := complete(t, url, pdBody(24))
 	if got.text != reference(t, 24) {
 		t.Fatal("output differs from the reference")
@@ -576,31 +552,25 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 	req, _ := http.NewRequestWithContext(ctx, "POST", url+"/v1/completions", bytes.NewReader(b))
 	req.Header.Set("Content-Type", "application/json")
 	go func() {
-		// Leave once the pull holds its staged slots.
-		deadline := time.Now().Add(20 * time.Second)
-		for n1.Status(t).KVTransfer.Stats.PullsInProgress == 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
+		// Leave once the pull holds its staged slots. No t here: this is
+		// not the test's goroutine.
+		proctest.Poll(20*time.Second, func() (bool, string) {
+			st, err := n1.Node.Status(context.Background())
+			return err == nil && st.KVTransfer.Stats.PullsInProgress != 0, ""
+		})
 		cancel()
 	}()
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		resp.Body.Close()
 		t.Fatalf("the request was answered (%d) before the transfer finished", resp.StatusCode)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := n1.Status(t)
-		by, _ := st.Arena["by_state"].(map[string]any)
-		if st.KVTransfer.Stats.PullsInProgress == 0 && st.KVTransfer.Stats.StagedAborted > 0 {
-			if by["PUBLISHED"] != nil || st.KVTransfer.Stats.BlocksPulled != 0 {
-				t.Fatalf("a cancelled transfer published blocks: %v, %+v", st.Arena, st.KVTransfer.Stats)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the cancel never reached the pull: %+v", st.KVTransfer.Stats)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var st controlapi.Status
+	proctest.WaitFor(t, 10*time.Second, "the cancel to reach the pull", func() (bool, string) {
+		st = n1.Status(t)
+		return st.KVTransfer.Stats.PullsInProgress == 0 && st.KVTransfer.Stats.StagedAborted > 0, fmt.Sprintf("%+v", st.KVTransfer.Stats)
+	})
+	if by, _ := st.Arena["by_state"].(map[string]any); by["PUBLISHED"] != nil || st.KVTransfer.Stats.BlocksPulled != 0 {
+		t.Fatalf("a cancelled transfer published blocks: %v, %+v", st.Arena, st.KVTransfer.Stats)
 	}
 	clustertest.NoOrphans(t, n1, n2)
 }
