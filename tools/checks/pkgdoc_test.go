@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// TestEveryPackageHasADocComment enforces STYLE.md: each package says what
+// TestEveryPackageHasADocComment: each package says what
 // it is for in one package comment.
 func TestEveryPackageHasADocComment(t *testing.T) {
 	root := filepath.Join("..", "..")
