@@ -27,11 +27,42 @@ func (s *Scheduler) Step() (bool, error) {
 		s.mu.Unlock()
 		return false, nil
 	}
+	b := s.planLocked()
+	s.mu.Unlock()
+
+	// Unlocked: nobody else touches the batch's sequences until inFlight
+	// is cleared (Cancel waits for it).
+	err := s.model.Forward(&s.ws, s.store, b.in)
+	var ids []int
+	if err == nil {
+		for _, seq := range b.seqs {
+			s.publish(seq)
+		}
+		ids = s.sampleAll(b.sampled)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.stepDone.Broadcast()
+	return true, s.commitLocked(b, ids, err)
+}
+
+// stepBatch is the work of one step.
+type stepBatch struct {
+	in []model.Input
+	// seqs are the sequences computed, marked inFlight; sampled are those
+	// whose last position is in the batch, in the order of their logits.
+	seqs, sampled []*sequence
+}
+
+// planLocked fills one step's token budget, highest priority first: a
+// prefill longer than the budget left is cut into a chunk, and a sequence
+// whose last token is in the batch gets its logits computed for sampling.
+func (s *Scheduler) planLocked() stepBatch {
 	order := slices.Clone(s.running)
 	slices.SortStableFunc(order, func(a, b *sequence) int { return a.req.Priority.rank() - b.req.Priority.rank() })
 	budget := s.limits.MaxStepTokens
-	var in []model.Input
-	var batch, sampled []*sequence
+	var b stepBatch
 	vocab := s.model.Config.VocabSize
 	for _, seq := range order {
 		if budget == 0 {
@@ -47,75 +78,72 @@ func (s *Scheduler) Step() (bool, error) {
 					seq.logits = make([]float32, vocab)
 				}
 				inp.Logits = seq.logits
-				sampled = append(sampled, seq)
+				b.sampled = append(b.sampled, seq)
 			}
-			in = append(in, inp)
+			b.in = append(b.in, inp)
 		}
 		seq.computed += chunk
 		seq.inFlight = true
-		batch = append(batch, seq)
+		b.seqs = append(b.seqs, seq)
 	}
-	s.mu.Unlock()
+	return b
+}
 
-	// Unlocked: nobody else touches the batch's sequences until inFlight
-	// is cleared (Cancel waits for it).
-	err := s.model.Forward(&s.ws, s.store, in)
-	var ids []int
-	if err == nil {
-		for _, seq := range batch {
-			s.publish(seq)
-		}
-		ids = s.sampleAll(sampled)
-	}
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	defer s.stepDone.Broadcast()
-	for _, seq := range batch {
+// commitLocked ends the step of b: a failed forward pass (err) ends the
+// whole batch; otherwise cancellations asked for during the step take
+// effect, finished prefills end, and every sampled token ids[i] is
+// delivered.
+func (s *Scheduler) commitLocked(b stepBatch, ids []int, err error) error {
+	for _, seq := range b.seqs {
 		seq.inFlight = false
 	}
 	if err != nil {
 		s.stepErrors++
-		for _, seq := range batch {
+		for _, seq := range b.seqs {
 			s.finishLocked(seq, Finish{Reason: FinishError, Err: err})
 		}
-		return true, fmt.Errorf("sched: step: %w", err)
+		return fmt.Errorf("sched: step: %w", err)
 	}
-	for _, seq := range batch {
+	for _, seq := range b.seqs {
 		if seq.cancelled {
 			s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
 		}
 	}
-	for _, seq := range batch {
+	for _, seq := range b.seqs {
 		if seq.req.PrefillOnly && !seq.finished && seq.computed == len(seq.tokens) {
 			s.finishLocked(seq, Finish{Reason: FinishPrefilled})
 		}
 	}
-	for i, seq := range sampled {
-		if seq.finished {
-			continue
-		}
-		r := &seq.req
-		pos := seq.nOutput + 1
-		id := ids[i]
-		seq.tokens = append(seq.tokens, id)
-		seq.nOutput++
-		s.generated++
-		tok := Token{SequenceNo: pos, ID: id}
-		if r.KeepLogits {
-			tok.Logits = slices.Clone(seq.logits)
-		}
-		stop := slices.Contains(r.StopTokens, id)
-		tok.Last = stop || seq.nOutput >= r.MaxTokens
-		more := r.OnToken(tok)
-		switch {
-		case stop || !more:
-			s.finishLocked(seq, Finish{Reason: FinishStop})
-		case seq.nOutput >= r.MaxTokens:
-			s.finishLocked(seq, Finish{Reason: FinishLength})
+	for i, seq := range b.sampled {
+		if !seq.finished {
+			s.deliverLocked(seq, ids[i])
 		}
 	}
-	return true, nil
+	return nil
+}
+
+// deliverLocked appends the sampled token id to seq, hands it to OnToken,
+// and ends seq on a stop token, when OnToken declines more, or when its
+// budget is spent.
+func (s *Scheduler) deliverLocked(seq *sequence, id int) {
+	r := &seq.req
+	pos := seq.nOutput + 1
+	seq.tokens = append(seq.tokens, id)
+	seq.nOutput++
+	s.generated++
+	tok := Token{SequenceNo: pos, ID: id}
+	if r.KeepLogits {
+		tok.Logits = slices.Clone(seq.logits)
+	}
+	stop := slices.Contains(r.StopTokens, id)
+	tok.Last = stop || seq.nOutput >= r.MaxTokens
+	more := r.OnToken(tok)
+	switch {
+	case stop || !more:
+		s.finishLocked(seq, Finish{Reason: FinishStop})
+	case seq.nOutput >= r.MaxTokens:
+		s.finishLocked(seq, Finish{Reason: FinishLength})
+	}
 }
 
 // sampleAll picks the next token of every sequence. Sampling is a pure
