@@ -81,8 +81,30 @@ func grow(s []float32, n int) []float32 {
 // Forward computes the inputs of one batch: it writes each position's keys
 // and values into its KV block and fills the requested logits.
 func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
-	c := m.Config
 	layout := store.Layout()
+	if err := m.checkInputs(layout, in); err != nil {
+		return err
+	}
+	if len(in) == 0 {
+		return nil
+	}
+	ws.reserve(m.Config, len(in))
+	dim := m.Config.Dim
+	for t, inp := range in {
+		copy(ws.x[t*dim:(t+1)*dim], m.W.Embedding[inp.Token*dim:(inp.Token+1)*dim])
+	}
+	for l := range m.W.Layers {
+		m.attentionBlock(ws, store, layout, in, l)
+		m.feedForward(ws, l, len(in))
+	}
+	m.outputHead(ws, in)
+	return nil
+}
+
+// checkInputs rejects a store of another layout and any input outside the
+// model's vocabulary, context or the input's block table.
+func (m *Model) checkInputs(layout kvcache.Layout, in []Input) error {
+	c := m.Config
 	if layout != m.KVLayout(layout.BlockSize) {
 		return fmt.Errorf("%w: store layout %s does not match model layout %s", ErrBadInput, layout, m.KVLayout(layout.BlockSize))
 	}
@@ -99,10 +121,11 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 			return fmt.Errorf("%w: input %d: logits buffer of %d, want %d", ErrBadInput, i, len(t.Logits), c.VocabSize)
 		}
 	}
-	T := len(in)
-	if T == 0 {
-		return nil
-	}
+	return nil
+}
+
+// reserve sizes the per-layer activations for T positions.
+func (ws *Workspace) reserve(c Config, T int) {
 	dim, kvDim, hidden := c.Dim, c.KVDim(), c.HiddenDim
 	ws.x = grow(ws.x, T*dim)
 	ws.xb = grow(ws.xb, T*dim)
@@ -112,42 +135,57 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 	ws.att = grow(ws.att, T*dim)
 	ws.hb = grow(ws.hb, T*hidden)
 	ws.hb2 = grow(ws.hb2, T*hidden)
+}
+
+// attentionBlock is the attention half of layer l: it writes every input's
+// rotated key and value into its KV block, then adds the attention output
+// to the residual stream ws.x.
+func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcache.Layout, in []Input, l int) {
+	c := m.Config
+	lw := &m.W.Layers[l]
+	T, dim, kvDim, bs := len(in), c.Dim, c.KVDim(), layout.BlockSize
 	x, xb := ws.x, ws.xb
-
+	for t := 0; t < T; t++ {
+		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
+	}
+	matmul.MatMul(ws.q, xb, T, lw.Wq, dim, dim)
+	matmul.MatMul(ws.k, xb, T, lw.Wk, kvDim, dim)
+	matmul.MatMul(ws.v, xb, T, lw.Wv, kvDim, dim)
 	for t, inp := range in {
-		copy(x[t*dim:(t+1)*dim], m.W.Embedding[inp.Token*dim:(inp.Token+1)*dim])
+		m.rope(ws.q[t*dim:(t+1)*dim], inp.Pos)
+		m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
+		blk := store.Block(inp.Blocks[inp.Pos/bs])
+		slot := inp.Pos % bs
+		copy(blk[layout.KeyOffset(l, slot):][:kvDim], ws.k[t*kvDim:(t+1)*kvDim])
+		copy(blk[layout.ValueOffset(l, slot):][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
 	}
-	for l := range m.W.Layers {
-		lw := &m.W.Layers[l]
-		for t := 0; t < T; t++ {
-			rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
-		}
-		matmul.MatMul(ws.q, xb, T, lw.Wq, dim, dim)
-		matmul.MatMul(ws.k, xb, T, lw.Wk, kvDim, dim)
-		matmul.MatMul(ws.v, xb, T, lw.Wv, kvDim, dim)
-		for t, inp := range in {
-			m.rope(ws.q[t*dim:(t+1)*dim], inp.Pos)
-			m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
-			blk := store.Block(inp.Blocks[inp.Pos/bs])
-			slot := inp.Pos % bs
-			copy(blk[layout.KeyOffset(l, slot):][:kvDim], ws.k[t*kvDim:(t+1)*kvDim])
-			copy(blk[layout.ValueOffset(l, slot):][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
-		}
-		m.attention(ws, store, in, l)
-		matmul.MatMul(xb, ws.att, T, lw.Wo, dim, dim)
-		addInto(x, xb)
+	m.attention(ws, store, in, l)
+	matmul.MatMul(xb, ws.att, T, lw.Wo, dim, dim)
+	addInto(x, xb)
+}
 
-		for t := 0; t < T; t++ {
-			rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
-		}
-		matmul.MatMul(ws.hb, xb, T, lw.W1, hidden, dim)
-		matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
-		parallelChunks(len(ws.hb), 1<<13, func(lo, hi int) { swiglu(ws.hb[lo:hi], ws.hb2[lo:hi]) })
-		matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
-		addInto(x, xb)
+// feedForward is the SwiGLU half of layer l over T positions; it adds its
+// output to the residual stream ws.x.
+func (m *Model) feedForward(ws *Workspace, l, T int) {
+	c := m.Config
+	lw := &m.W.Layers[l]
+	dim, hidden := c.Dim, c.HiddenDim
+	x, xb := ws.x, ws.xb
+	for t := 0; t < T; t++ {
+		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
 	}
+	matmul.MatMul(ws.hb, xb, T, lw.W1, hidden, dim)
+	matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
+	parallelChunks(len(ws.hb), 1<<13, func(lo, hi int) { swiglu(ws.hb[lo:hi], ws.hb2[lo:hi]) })
+	matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
+	addInto(x, xb)
+}
 
-	// The output head is the widest product: run it only where asked.
+// outputHead fills the logits of the inputs that asked for them. It is the
+// widest product, so it runs only on those rows.
+func (m *Model) outputHead(ws *Workspace, in []Input) {
+	c := m.Config
+	dim := c.Dim
 	nl := 0
 	for _, inp := range in {
 		if inp.Logits != nil {
@@ -155,14 +193,14 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 		}
 	}
 	if nl == 0 {
-		return nil
+		return
 	}
 	ws.logitsIn = grow(ws.logitsIn, nl*dim)
 	ws.logitsOut = grow(ws.logitsOut, nl*c.VocabSize)
 	j := 0
 	for t, inp := range in {
 		if inp.Logits != nil {
-			rmsnorm(ws.logitsIn[j*dim:(j+1)*dim], x[t*dim:(t+1)*dim], m.W.FinalNorm, c.NormEps)
+			rmsnorm(ws.logitsIn[j*dim:(j+1)*dim], ws.x[t*dim:(t+1)*dim], m.W.FinalNorm, c.NormEps)
 			j++
 		}
 	}
@@ -178,7 +216,6 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 		}
 		j++
 	}
-	return nil
 }
 
 // swiglu sets a[i] = silu(a[i]) * b[i].

@@ -93,57 +93,100 @@ func orderKey(logit float64, id int) uint64 {
 // position, given the logits of that position and the output tokens before
 // it. The result depends only on its arguments.
 func (s *Sampler) Sample(logits []float32, p Params, history []int, position uint64) int {
+	l := s.widen(logits)
+	if (p.FrequencyPenalty != 0 || p.PresencePenalty != 0) && len(history) > 0 {
+		s.penalize(l, p, history)
+	}
+	if p.Temperature == 0 {
+		return argmax(l)
+	}
+	if p.TopK == 0 && (p.TopP == 0 || p.TopP == 1) {
+		return drawAll(l, p, position)
+	}
+	c := s.ranked(l)
+	if p.TopK > 0 && p.TopK < len(c) {
+		c = c[:p.TopK]
+	}
+	sum := weigh(c, p.Temperature)
+	if p.TopP > 0 && p.TopP < 1 {
+		c, sum = nucleus(c, sum, p.TopP)
+	}
+	u := Uniform(p.Seed, position) * sum
+	var cum float64
+	for i := range c {
+		cum += c[i].prob
+		if u < cum {
+			return c[i].id
+		}
+	}
+	return c[len(c)-1].id
+}
+
+// widen copies logits into the float64 scratch buffer.
+func (s *Sampler) widen(logits []float32) []float64 {
 	l := s.logits[:0]
 	for _, v := range logits {
 		l = append(l, float64(v))
 	}
 	s.logits = l
-	if (p.FrequencyPenalty != 0 || p.PresencePenalty != 0) && len(history) > 0 {
-		if s.counts == nil {
-			s.counts = make(map[int]int)
-		}
-		clear(s.counts)
-		for _, id := range history {
-			s.counts[id]++
-		}
-		for id, n := range s.counts {
-			if id >= 0 && id < len(l) {
-				l[id] -= float64(n)*p.FrequencyPenalty + p.PresencePenalty
-			}
+	return l
+}
+
+// penalize lowers each logit by the frequency and presence penalties of
+// its token's occurrences in history.
+func (s *Sampler) penalize(l []float64, p Params, history []int) {
+	if s.counts == nil {
+		s.counts = make(map[int]int)
+	}
+	clear(s.counts)
+	for _, id := range history {
+		s.counts[id]++
+	}
+	for id, n := range s.counts {
+		if id >= 0 && id < len(l) {
+			l[id] -= float64(n)*p.FrequencyPenalty + p.PresencePenalty
 		}
 	}
-	if p.Temperature == 0 {
-		best := 0
-		for i, v := range l {
-			if v > l[best] {
-				best = i
-			}
+}
+
+// argmax is the greedy pick: the highest logit, lowest id on ties.
+func argmax(l []float64) int {
+	best := 0
+	for i, v := range l {
+		if v > l[best] {
+			best = i
 		}
-		return best
 	}
-	if p.TopK == 0 && (p.TopP == 0 || p.TopP == 1) {
-		// Nothing is cut off: draw over the ids in order, no sort needed.
-		top := l[0]
-		for _, v := range l {
-			top = max(top, v)
-		}
-		var sum float64
-		for i, v := range l {
-			l[i] = math.Exp((v - top) / p.Temperature)
-			sum += l[i]
-		}
-		u := Uniform(p.Seed, position) * sum
-		var cum float64
-		for i, w := range l {
-			cum += w
-			if u < cum {
-				return i
-			}
-		}
-		return len(l) - 1
+	return best
+}
+
+// drawAll draws over every id in id order when nothing is cut off, so no
+// sort is needed. It overwrites l with the unnormalised weights.
+func drawAll(l []float64, p Params, position uint64) int {
+	top := l[0]
+	for _, v := range l {
+		top = max(top, v)
 	}
-	// Most likely first, lowest id first among equals: a total order, so
-	// the cut-offs below never depend on sort stability.
+	var sum float64
+	for i, v := range l {
+		l[i] = math.Exp((v - top) / p.Temperature)
+		sum += l[i]
+	}
+	u := Uniform(p.Seed, position) * sum
+	var cum float64
+	for i, w := range l {
+		cum += w
+		if u < cum {
+			return i
+		}
+	}
+	return len(l) - 1
+}
+
+// ranked returns every id as a candidate, most likely first and lowest id
+// first among equals: a total order, so the cut-offs never depend on sort
+// stability.
+func (s *Sampler) ranked(l []float64) []candidate {
 	s.keys = s.keys[:0]
 	for id, v := range l {
 		s.keys = append(s.keys, orderKey(v, id))
@@ -155,39 +198,38 @@ func (s *Sampler) Sample(logits []float32, p Params, history []int, position uin
 		c = append(c, candidate{id: id, logit: l[id]})
 	}
 	s.cand = c
-	if p.TopK > 0 && p.TopK < len(c) {
-		c = c[:p.TopK]
-	}
+	return c
+}
+
+// weigh sets each candidate's unnormalised probability at temperature and
+// returns their sum.
+func weigh(c []candidate, temperature float64) float64 {
 	top := c[0].logit
 	for i := range c {
 		top = max(top, c[i].logit)
 	}
 	var sum float64
 	for i := range c {
-		c[i].prob = math.Exp((c[i].logit - top) / p.Temperature)
+		c[i].prob = math.Exp((c[i].logit - top) / temperature)
 		sum += c[i].prob
 	}
-	if p.TopP > 0 && p.TopP < 1 {
-		var cum float64
-		for i := range c {
-			cum += c[i].prob / sum
-			if cum >= p.TopP {
-				c = c[:i+1]
-				break
-			}
-		}
-		sum = 0
-		for i := range c {
-			sum += c[i].prob
-		}
-	}
-	u := Uniform(p.Seed, position) * sum
+	return sum
+}
+
+// nucleus keeps the shortest ranked prefix of c whose probability reaches
+// topP and returns it with its unnormalised sum.
+func nucleus(c []candidate, sum, topP float64) ([]candidate, float64) {
 	var cum float64
 	for i := range c {
-		cum += c[i].prob
-		if u < cum {
-			return c[i].id
+		cum += c[i].prob / sum
+		if cum >= topP {
+			c = c[:i+1]
+			break
 		}
 	}
-	return c[len(c)-1].id
+	sum = 0
+	for i := range c {
+		sum += c[i].prob
+	}
+	return c, sum
 }

@@ -1,0 +1,178 @@
+package sched
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sample"
+)
+
+// Step admits what fits and runs one forward pass over the running
+// sequences. It reports whether there was anything to do. The scheduler's
+// lock is not held during the forward pass and sampling, so Submit, Stats
+// and Cancel of sequences outside the batch answer at once; Cancel of a
+// sequence inside the batch waits for the step to end, because its blocks
+// are being written.
+func (s *Scheduler) Step() (bool, error) {
+	s.stepMu.Lock()
+	defer s.stepMu.Unlock()
+
+	s.mu.Lock()
+	s.revalidateLocked()
+	s.admitLocked()
+	if len(s.running) == 0 {
+		s.mu.Unlock()
+		return false, nil
+	}
+	b := s.planLocked()
+	s.mu.Unlock()
+
+	// Unlocked: nobody else touches the batch's sequences until inFlight
+	// is cleared (Cancel waits for it).
+	err := s.model.Forward(&s.ws, s.store, b.in)
+	var ids []int
+	if err == nil {
+		for _, seq := range b.seqs {
+			s.publish(seq)
+		}
+		ids = s.sampleAll(b.sampled)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.stepDone.Broadcast()
+	return true, s.commitLocked(b, ids, err)
+}
+
+// stepBatch is the work of one step.
+type stepBatch struct {
+	in []model.Input
+	// seqs are the sequences computed, marked inFlight; sampled are those
+	// whose last position is in the batch, in the order of their logits.
+	seqs, sampled []*sequence
+}
+
+// planLocked fills one step's token budget, highest priority first: a
+// prefill longer than the budget left is cut into a chunk, and a sequence
+// whose last token is in the batch gets its logits computed for sampling.
+func (s *Scheduler) planLocked() stepBatch {
+	order := slices.Clone(s.running)
+	slices.SortStableFunc(order, func(a, b *sequence) int { return a.req.Priority.rank() - b.req.Priority.rank() })
+	budget := s.limits.MaxStepTokens
+	var b stepBatch
+	vocab := s.model.Config.VocabSize
+	for _, seq := range order {
+		if budget == 0 {
+			break
+		}
+		remaining := len(seq.tokens) - seq.computed
+		chunk := min(remaining, budget)
+		budget -= chunk
+		for p := seq.computed; p < seq.computed+chunk; p++ {
+			inp := model.Input{Token: seq.tokens[p], Pos: p, Blocks: seq.blocks}
+			if p == len(seq.tokens)-1 && !seq.req.PrefillOnly {
+				if seq.logits == nil {
+					seq.logits = make([]float32, vocab)
+				}
+				inp.Logits = seq.logits
+				b.sampled = append(b.sampled, seq)
+			}
+			b.in = append(b.in, inp)
+		}
+		seq.computed += chunk
+		seq.inFlight = true
+		b.seqs = append(b.seqs, seq)
+	}
+	return b
+}
+
+// commitLocked ends the step of b: a failed forward pass (err) ends the
+// whole batch; otherwise cancellations asked for during the step take
+// effect, finished prefills end, and every sampled token ids[i] is
+// delivered.
+func (s *Scheduler) commitLocked(b stepBatch, ids []int, err error) error {
+	for _, seq := range b.seqs {
+		seq.inFlight = false
+	}
+	if err != nil {
+		s.stepErrors++
+		for _, seq := range b.seqs {
+			s.finishLocked(seq, Finish{Reason: FinishError, Err: err})
+		}
+		return fmt.Errorf("sched: step: %w", err)
+	}
+	for _, seq := range b.seqs {
+		if seq.cancelled {
+			s.finishLocked(seq, Finish{Reason: FinishCancelled, Err: ErrCancelled})
+		}
+	}
+	for _, seq := range b.seqs {
+		if seq.req.PrefillOnly && !seq.finished && seq.computed == len(seq.tokens) {
+			s.finishLocked(seq, Finish{Reason: FinishPrefilled})
+		}
+	}
+	for i, seq := range b.sampled {
+		if !seq.finished {
+			s.deliverLocked(seq, ids[i])
+		}
+	}
+	return nil
+}
+
+// deliverLocked appends the sampled token id to seq, hands it to OnToken,
+// and ends seq on a stop token, when OnToken declines more, or when its
+// budget is spent.
+func (s *Scheduler) deliverLocked(seq *sequence, id int) {
+	r := &seq.req
+	pos := seq.nOutput + 1
+	seq.tokens = append(seq.tokens, id)
+	seq.nOutput++
+	s.generated++
+	tok := Token{SequenceNo: pos, ID: id}
+	if r.KeepLogits {
+		tok.Logits = slices.Clone(seq.logits)
+	}
+	stop := slices.Contains(r.StopTokens, id)
+	tok.Last = stop || seq.nOutput >= r.MaxTokens
+	more := r.OnToken(tok)
+	switch {
+	case stop || !more:
+		s.finishLocked(seq, Finish{Reason: FinishStop})
+	case seq.nOutput >= r.MaxTokens:
+		s.finishLocked(seq, Finish{Reason: FinishLength})
+	}
+}
+
+// sampleAll picks the next token of every sequence. Sampling is a pure
+// function of its inputs, so the sequences are split across goroutines.
+func (s *Scheduler) sampleAll(seqs []*sequence) []int {
+	ids := make([]int, len(seqs))
+	workers := min(runtime.GOMAXPROCS(0), (len(seqs)+3)/4)
+	for len(s.samplers) < workers {
+		s.samplers = append(s.samplers, new(sample.Sampler))
+	}
+	sampleFrom := func(w int) {
+		for i := w; i < len(seqs); i += workers {
+			seq := seqs[i]
+			r := &seq.req
+			ids[i] = s.samplers[w].Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(seq.nOutput+1))
+		}
+	}
+	if workers == 1 {
+		sampleFrom(0) // small batches: no goroutine per step
+		return ids
+	}
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sampleFrom(w)
+		}()
+	}
+	wg.Wait()
+	return ids
+}
