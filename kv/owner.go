@@ -100,6 +100,13 @@ type Owner struct {
 	arena *shm.Arena
 	db    *badger.DB
 
+	// mu guards the slots and sessions, and is held across each manifest
+	// write: a slot's in-memory state changes before its manifest is
+	// durable and is put back if the write fails, and a freed slot must
+	// not be reused before its manifest's delete lands. Releasing mu
+	// during the write would show those in-between states to every other
+	// operation (the sweeper, a retry, a lease) and let a late delete
+	// erase the next block's manifest.
 	mu         sync.Mutex
 	slots      []slot
 	free       []uint32

@@ -158,9 +158,7 @@ func TestProtocolAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &Client{conn: c}
-	cl.r, cl.w = newBufReader(c), newBufWriter(c)
-	if _, err := cl.roundTripLocked(allocReq(1)); !errors.Is(err, ErrUnknownSession) {
+	if _, err := newWire(c).roundTrip(context.Background(), allocReq(1), 5*time.Second); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("allocate before hello: %v", err)
 	}
 	c.Close()
@@ -180,11 +178,11 @@ func TestProtocolAbuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	refs, _ := client.Allocate(1)
-	if _, err := client.call(sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
+	refs, _ := client.Allocate(context.Background(), 1)
+	if _, err := client.call(context.Background(), sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("short key: %v", err)
 	}
-	if _, err := client.Allocate(1 << 20); !errors.Is(err, ErrBadRequest) {
+	if _, err := client.Allocate(context.Background(), 1<<20); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("huge allocation: %v", err)
 	}
 	if st := o.Stats(); st.SlotsInUse != 1 {
@@ -211,12 +209,12 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	refs, _ := client.Allocate(2)
+	refs, _ := client.Allocate(context.Background(), 2)
 	a := o.Arena()
 	copy(a.Payload(int(refs[0].Slot)), "abcdefgh")
 	r := refs[0]
 	r.PayloadLen, r.Checksum = 8, shm.Checksum([]byte("abcdefgh"))
-	if err := client.Seal(r, BlockKey{5}, BlockKey{}); err != nil {
+	if err := client.Seal(context.Background(), r, BlockKey{5}, BlockKey{}); err != nil {
 		t.Fatal(err)
 	}
 	stop() // the owner goes away; the arena and manifests stay
@@ -224,10 +222,10 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 	defer stop()
 	// The next call finds its session unknown, re-attaches both blocks and
 	// goes on: the sealed one publishes.
-	if err := client.Publish(r); err != nil {
+	if err := client.Publish(context.Background(), r); err != nil {
 		t.Fatalf("publish after owner restart: %v", err)
 	}
-	if err := client.Abort(refs[1]); err != nil {
+	if err := client.Abort(context.Background(), refs[1]); err != nil {
 		t.Fatalf("abort after owner restart: %v", err)
 	}
 	if st := o.Stats(); st.ByState["PUBLISHED"] != 1 || st.SlotsInUse != 1 {

@@ -107,7 +107,7 @@ func (n *kvNode) startOwner(t *testing.T, env ...string) {
 
 func (n *kvNode) stats(t *testing.T) *kvpb.Stats {
 	t.Helper()
-	st, err := kv.NewAdminClient(n.socket).Stats()
+	st, err := kv.NewAdminClient(n.socket).Stats(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func kill9(t *testing.T, cmd *exec.Cmd) {
 
 func readable(t *testing.T, n *kvNode) int {
 	t.Helper()
-	c, err := kv.NewAdminClient(n.socket).Lookup(promptKeys(t))
+	c, err := kv.NewAdminClient(n.socket).Lookup(t.Context(), promptKeys(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +203,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 		t.Fatalf("%d blocks of a killed writer are readable", got)
 	}
 	// The agent reports the death: everything comes back at once.
-	reclaimed, err := kv.NewAdminClient(n.socket).WriterDead(kv.Writer{Instance: "decode-1", Gen: 1})
+	reclaimed, err := kv.NewAdminClient(n.socket).WriterDead(t.Context(), kv.Writer{Instance: "decode-1", Gen: 1})
 	if err != nil || reclaimed != writing {
 		t.Fatalf("writer-dead reclaimed %d of %d: %v", reclaimed, writing, err)
 	}
@@ -340,12 +340,12 @@ func publishedSlotOf(t *testing.T, n *kvNode, i int) int {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	refs, err := c.Acquire(keys[:i+1])
+	refs, err := c.Acquire(t.Context(), keys[:i+1])
 	if err != nil || len(refs) != i+1 {
 		t.Fatalf("probe acquire: %v %v", refs, err)
 	}
 	for _, r := range refs {
-		c.Release(r)
+		c.Release(t.Context(), r)
 	}
 	return int(refs[i].Slot)
 }
