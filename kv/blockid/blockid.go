@@ -36,9 +36,9 @@ type Identity struct {
 	// RopeTheta is the positional parameter; RoPE tables differ otherwise.
 	RopeTheta float64
 	BlockSize int
-	// NumericsID names the kernels that computed the block. It is not in
-	// DESIGN.md's list, but blocks from other kernels can differ in the
-	// last bit, which would break bit-exact continuation.
+	// NumericsID names the kernels that computed the block: blocks from
+	// other kernels can differ in the last bit, which would break
+	// bit-exact continuation.
 	NumericsID string
 }
 
