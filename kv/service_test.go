@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -30,17 +32,14 @@ func serveOwner(t *testing.T, slots int, ttl time.Duration) (*Owner, string) {
 		<-done
 		o.Close()
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
+	proctest.WaitFor(t, 10*time.Second, "the owner socket to come up", func() (bool, string) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("owner socket never came up")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		c.Close()
+		return true, ""
+	})
 	return o, sock
 }
 
@@ -278,13 +277,13 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 	}()
 	waitGoroutines := func(max int) {
-		deadline := time.Now().Add(10 * time.Second)
-		for runtime.NumGoroutine() > max {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Fatalf("%d goroutines, want at most %d:\n%s", runtime.NumGoroutine(), max, buf[:runtime.Stack(buf, true)])
-			}
-			time.Sleep(5 * time.Millisecond)
+		last, ok := proctest.Poll(10*time.Second, func() (bool, string) {
+			n := runtime.NumGoroutine()
+			return n <= max, fmt.Sprintf("%d goroutines, want at most %d", n, max)
+		})
+		if !ok {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%s:\n%s", last, buf[:runtime.Stack(buf, true)])
 		}
 	}
 	// The still-connected client's keepalive goroutine is the one allowed
@@ -355,13 +354,9 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 	cancel()
 	<-done
 	o.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for cache.Valid(id) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never gave up its blocks")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 10*time.Second, "the client to give up its blocks", func() (bool, string) {
+		return !cache.Valid(id), "the block is still valid"
+	})
 	if elapsed := time.Since(stopped); elapsed > 300*time.Millisecond {
 		t.Logf("fenced %v after the owner stopped (lease TTL 300ms)", elapsed)
 	}
