@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -33,6 +34,9 @@ type CacheStats struct {
 // blocks are arena slots (BlockID = slot), K/V are written straight into
 // the mapping, and full blocks are published for reuse by any process on
 // the node. It implements kvcache.Store and kvcache.Sharing.
+//
+// Those interfaces take no context: the cache calls the owner with
+// context.Background(), each round trip bounded by the client's timeout.
 type Cache struct {
 	client   *Client
 	arena    *shm.Arena
@@ -163,7 +167,7 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 	if full {
 		return 0, kvcache.ErrNoFreeBlocks
 	}
-	refs, err := c.client.Allocate(1)
+	refs, err := c.client.Allocate(context.Background(), 1)
 	if errors.Is(err, ErrOwnerUnavailable) {
 		// Degrade to private memory: this block will not be shared.
 		c.mu.Lock()
@@ -210,9 +214,9 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 	}
 	var err error
 	if b.shared {
-		err = c.client.Release(b.ref)
+		err = c.client.Release(context.Background(), b.ref)
 	} else {
-		err = c.client.Abort(b.ref)
+		err = c.client.Abort(context.Background(), b.ref)
 	}
 	if err != nil {
 		// The owner reclaims it when our lease ends; nothing else to do.
@@ -272,7 +276,7 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		fail()
 		return
 	}
-	if err := c.client.Seal(ref, key, parent); err != nil {
+	if err := c.client.Seal(context.Background(), ref, key, parent); err != nil {
 		fail()
 		return
 	}
@@ -280,7 +284,7 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		fail()
 		return
 	}
-	if err := c.client.Publish(ref); err != nil {
+	if err := c.client.Publish(context.Background(), ref); err != nil {
 		fail()
 		return
 	}
@@ -303,7 +307,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 		return nil
 	}
 	keys := c.identity.Chain(tokens, maxBlocks)
-	refs, err := c.client.Acquire(keys)
+	refs, err := c.client.Acquire(context.Background(), keys)
 	if err != nil {
 		c.mu.Lock()
 		c.stats.AcquireFailed++
@@ -328,7 +332,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 			c.arena.State(int(r.Slot)) == shm.SlotPublished && shm.Checksum(c.payload(id)) == r.Checksum
 		if !ok {
 			if !dup {
-				c.client.ReportCorrupt(r)
+				c.client.ReportCorrupt(context.Background(), r)
 				c.mu.Lock()
 				c.stats.CorruptOnRead++
 				c.mu.Unlock()
@@ -342,7 +346,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 				keep := ours && held.shared && !held.lost && held.ref.Gen == rest.Gen
 				c.mu.Unlock()
 				if !keep {
-					c.client.Release(rest)
+					c.client.Release(context.Background(), rest)
 				}
 			}
 			break

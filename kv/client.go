@@ -1,17 +1,13 @@
 package kv
 
 import (
-	"bufio"
 	"context"
 	"errors"
-	"fmt"
 	"maps"
-	"net"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
@@ -31,11 +27,15 @@ type Client struct {
 	socket string
 	writer Writer
 
+	// line is the right to use conn: a one-token semaphore, so that
+	// round trips go one at a time on the connection (the protocol answers
+	// in order) and a caller waiting its turn can give up when its ctx
+	// ends. It is never held together with mu across I/O: state reads and
+	// the keepalive goroutine do not wait on the owner.
+	line chan struct{}
+	conn *wire // guarded by line; nil when not connected
+
 	mu     sync.Mutex
-	conn   net.Conn
-	r      *bufio.Reader
-	w      *bufio.Writer
-	nextID uint64
 	hello  *kvpb.HelloReply
 	owned  map[uint32]Ref
 	leased map[uint32]Ref
@@ -44,21 +44,27 @@ type Client struct {
 	// the last acknowledged renewal plus the TTL, less a margin.
 	validUntil time.Time
 
-	stop      chan struct{}
+	stop      context.CancelFunc // ends the keepalive goroutine
 	done      chan struct{}
 	closeOnce sync.Once
 }
 
 // Dial connects to the owner's socket as writer and starts keepalives.
+// ctx bounds the connection and hello; the keepalives run until Close.
 func Dial(ctx context.Context, socket string, w Writer) (*Client, error) {
-	c := &Client{socket: socket, writer: w, owned: map[uint32]Ref{}, leased: map[uint32]Ref{}, stop: make(chan struct{}), done: make(chan struct{})}
-	c.mu.Lock()
-	err := c.connectLocked(ctx)
-	c.mu.Unlock()
+	c := &Client{socket: socket, writer: w, line: make(chan struct{}, 1), owned: map[uint32]Ref{}, leased: map[uint32]Ref{},
+		done: make(chan struct{})}
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	err := c.connect(ctx)
+	c.release()
 	if err != nil {
 		return nil, err
 	}
-	go c.keepAlive()
+	kctx, stop := context.WithCancel(context.Background())
+	c.stop = stop
+	go c.keepAlive(kctx)
 	return c, nil
 }
 
@@ -70,50 +76,65 @@ func (c *Client) OnLost(f func([]Ref)) {
 	c.mu.Unlock()
 }
 
+// ttl is the owner's lease TTL. The caller holds mu.
 func (c *Client) ttl() time.Duration {
 	if c.hello == nil {
-		return 3 * time.Second
+		return defaultTTL
 	}
 	return time.Duration(c.hello.LeaseTtlMs) * time.Millisecond
 }
 
 // margin is how long before the owner could expire us we stop trusting
-// our blocks: enough for a step in flight to notice at its end.
+// our blocks: enough for a step in flight to notice at its end. The
+// caller holds mu.
 func (c *Client) margin() time.Duration { return c.ttl() / 3 }
 
-// connectLocked dials and says hello, re-attaching what we hold. Blocks the
-// owner does not confirm are returned as lost.
-func (c *Client) connectLocked(ctx context.Context) error {
-	lost, err := c.helloLocked(ctx)
-	if len(lost) > 0 {
-		c.reportLostLocked(lost)
+// rtt bounds one round trip on the main connection.
+func (c *Client) rtt() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return rttFor(c.ttl())
+}
+
+// acquire takes the line, or gives up when ctx ends.
+func (c *Client) acquire(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
 	}
+	select {
+	case c.line <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *Client) release() { <-c.line }
+
+// connect dials and says hello, re-attaching what we hold. Blocks the
+// owner does not confirm are reported lost. The caller holds the line.
+func (c *Client) connect(ctx context.Context) error {
+	expired, unconfirmed, err := c.sayHello(ctx)
+	c.reportLost(expired)
+	c.reportLost(unconfirmed)
 	return err
 }
 
-func (c *Client) helloLocked(ctx context.Context) ([]Ref, error) {
+// sayHello opens a new connection and session. expired are the blocks
+// not offered for re-attachment because our lease may have ended;
+// unconfirmed those the owner did not re-attach. The caller holds the
+// line.
+func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err error) {
 	if c.conn != nil {
-		c.conn.Close()
+		c.conn.close()
 		c.conn = nil
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", c.socket)
+	w, err := dialWire(ctx, c.socket, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrOwnerUnavailable, err)
+		return nil, nil, err
 	}
-	c.conn, c.r, c.w = conn, bufio.NewReader(conn), bufio.NewWriter(conn)
-	var owned, leased []Ref
-	if time.Now().Before(c.validUntil) || c.validUntil.IsZero() {
-		owned = slices.Collect(maps.Values(c.owned))
-		leased = slices.Collect(maps.Values(c.leased))
-	} else {
-		// Our lease may already have ended at the owner: what we held is
-		// not ours to re-attach.
-		lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
-		clear(c.owned)
-		clear(c.leased)
-		defer func() { c.reportLostLocked(lost) }()
-	}
+	c.conn = w
+	owned, leased, expired := c.held()
 	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen}
 	for _, r := range owned {
 		hello.Owned = append(hello.Owned, toPB(r))
@@ -122,158 +143,106 @@ func (c *Client) helloLocked(ctx context.Context) ([]Ref, error) {
 		hello.Leased = append(hello.Leased, toPB(r))
 	}
 	sent := time.Now()
-	resp, err := c.roundTripLocked(&kvpb.Request{Op: &kvpb.Request_Hello{Hello: hello}})
+	resp, err := w.roundTrip(ctx, &kvpb.Request{Op: &kvpb.Request_Hello{Hello: hello}}, c.rtt())
 	if err != nil {
-		if c.conn != nil {
-			c.conn.Close()
-			c.conn = nil
-		}
-		return nil, err
+		w.close()
+		c.conn = nil
+		return expired, nil, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.hello = resp.Hello
 	c.validUntil = sent.Add(c.ttl() - c.margin())
-	var lost []Ref
-	for i, r := range owned {
-		if i >= len(resp.Hello.OwnedOk) || !resp.Hello.OwnedOk[i] {
-			delete(c.owned, r.Slot)
-			lost = append(lost, r)
-		}
-	}
-	for i, r := range leased {
-		if i >= len(resp.Hello.LeasedOk) || !resp.Hello.LeasedOk[i] {
-			delete(c.leased, r.Slot)
-			lost = append(lost, r)
-		}
-	}
-	return lost, nil
+	unconfirmed = forgetUnconfirmed(c.owned, owned, resp.Hello.OwnedOk)
+	unconfirmed = append(unconfirmed, forgetUnconfirmed(c.leased, leased, resp.Hello.LeasedOk)...)
+	return expired, unconfirmed, nil
 }
 
-// reportLostLocked calls OnLost without the lock.
-func (c *Client) reportLostLocked(lost []Ref) {
-	if len(lost) == 0 || c.onLost == nil {
+// held snapshots what a hello should re-attach. If our lease may already
+// have ended at the owner, what we held is not ours to re-attach: it is
+// forgotten and returned as expired.
+func (c *Client) held() (owned, leased, expired []Ref) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Now().Before(c.validUntil) || c.validUntil.IsZero() {
+		return slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased)), nil
+	}
+	return nil, nil, c.forgetAllLocked()
+}
+
+// forgetAllLocked drops every block we hold and returns them.
+func (c *Client) forgetAllLocked() []Ref {
+	lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
+	clear(c.owned)
+	clear(c.leased)
+	return lost
+}
+
+// forgetUnconfirmed removes from held the offered refs the owner did not
+// confirm (ok[i] false or missing) and returns them. A ref given up
+// meanwhile (an Abort or Release waiting for the line) is not reported.
+func forgetUnconfirmed(held map[uint32]Ref, offered []Ref, ok []bool) []Ref {
+	var lost []Ref
+	for i, r := range offered {
+		if i < len(ok) && ok[i] {
+			continue
+		}
+		if cur, still := held[r.Slot]; still && cur == r {
+			delete(held, r.Slot)
+			lost = append(lost, r)
+		}
+	}
+	return lost
+}
+
+// reportLost calls OnLost, without any lock held.
+func (c *Client) reportLost(lost []Ref) {
+	if len(lost) == 0 {
 		return
 	}
+	c.mu.Lock()
 	f := c.onLost
 	c.mu.Unlock()
-	f(lost)
-	c.mu.Lock()
-}
-
-func (c *Client) rtt() time.Duration { return min(5*time.Second, c.ttl()/2) }
-
-func (c *Client) roundTripLocked(req *kvpb.Request) (*kvpb.Response, error) {
-	if c.conn == nil {
-		return nil, ErrOwnerUnavailable
+	if f != nil {
+		f(lost)
 	}
-	c.nextID++
-	req.Id = c.nextID
-	c.conn.SetDeadline(time.Now().Add(c.rtt()))
-	if err := frame.Write(c.w, req); err != nil {
-		return nil, c.brokenLocked(err)
-	}
-	if err := c.w.Flush(); err != nil {
-		return nil, c.brokenLocked(err)
-	}
-	var resp kvpb.Response
-	if err := frame.Read(c.r, &resp); err != nil {
-		return nil, c.brokenLocked(err)
-	}
-	if resp.Id != req.Id {
-		return nil, c.brokenLocked(fmt.Errorf("response %d to request %d", resp.Id, req.Id))
-	}
-	if resp.Code != kvpb.Code_OK {
-		return nil, &RemoteError{Code: resp.Code, Message: resp.Message}
-	}
-	return &resp, nil
-}
-
-func (c *Client) brokenLocked(err error) error {
-	c.conn.Close()
-	c.conn = nil
-	return fmt.Errorf("%w: %v", ErrOwnerUnavailable, err)
 }
 
 // call sends one request, reconnecting once if the connection is gone.
-func (c *Client) call(req *kvpb.Request) (*kvpb.Response, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (c *Client) call(ctx context.Context, req *kvpb.Request) (*kvpb.Response, error) {
+	if err := c.acquire(ctx); err != nil {
+		return nil, err
+	}
+	defer c.release()
 	if c.conn == nil {
-		if err := c.connectLocked(context.Background()); err != nil {
+		if err := c.connect(ctx); err != nil {
 			return nil, err
 		}
 	}
-	resp, err := c.roundTripLocked(req)
-	if errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrOwnerUnavailable) {
+	resp, err := c.roundTrip(ctx, req)
+	if (errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrOwnerUnavailable)) && ctx.Err() == nil {
 		// The owner restarted, the connection broke, or our lease lapsed:
 		// reconnect, re-attach what we hold, and retry once. Seal and
 		// Publish are idempotent at the owner; a retried Allocate whose
 		// first copy did land leaks its slots until that session expires.
-		if err := c.connectLocked(context.Background()); err != nil {
+		if err := c.connect(ctx); err != nil {
 			return nil, err
 		}
-		resp, err = c.roundTripLocked(req)
+		resp, err = c.roundTrip(ctx, req)
 	}
 	return resp, err
 }
 
-// keepAlive renews the session on its own connection, so that a slow call
-// on the main one never delays a renewal, and fences the client when
-// renewals stop being acknowledged.
-func (c *Client) keepAlive() {
-	defer close(c.done)
-	c.mu.Lock()
-	ttl := c.ttl()
-	c.mu.Unlock()
-	t := time.NewTicker(max(ttl/6, 5*time.Millisecond))
-	defer t.Stop()
-	var conn net.Conn
-	defer func() {
-		if conn != nil {
-			conn.Close()
-		}
-	}()
-	for {
-		select {
-		case <-c.stop:
-			return
-		case <-t.C:
-		}
-		c.mu.Lock()
-		session := c.hello.GetSession()
-		deadline := c.validUntil
-		c.mu.Unlock()
-		sent := time.Now()
-		err := func() error {
-			if conn == nil {
-				var err error
-				if conn, err = net.DialTimeout("unix", c.socket, ttl/3); err != nil {
-					conn = nil
-					return err
-				}
-			}
-			kc := &Client{conn: conn, r: bufio.NewReader(conn), w: bufio.NewWriter(conn), hello: &kvpb.HelloReply{LeaseTtlMs: uint64(ttl.Milliseconds())}}
-			_, err := kc.roundTripLocked(&kvpb.Request{Op: &kvpb.Request_KeepAlive{KeepAlive: &kvpb.KeepAlive{Session: session}}})
-			if kc.conn == nil {
-				conn = nil
-			}
-			return err
-		}()
-		c.mu.Lock()
-		switch {
-		case err == nil && c.hello.GetSession() == session:
-			c.validUntil = sent.Add(ttl - c.margin())
-		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
-			// The session is gone or may be: give everything up now and
-			// start a new session.
-			lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
-			clear(c.owned)
-			clear(c.leased)
-			c.validUntil = time.Time{}
-			c.reportLostLocked(lost)
-			c.connectLocked(context.Background())
-		}
-		c.mu.Unlock()
+// roundTrip sends req on the main connection. The caller holds the line.
+func (c *Client) roundTrip(ctx context.Context, req *kvpb.Request) (*kvpb.Response, error) {
+	if c.conn == nil {
+		return nil, ErrOwnerUnavailable
 	}
+	resp, err := c.conn.roundTrip(ctx, req, c.rtt())
+	if c.conn.closed {
+		c.conn = nil
+	}
+	return resp, err
 }
 
 // Close stops keepalives and closes the connection. Blocks still owned or
@@ -281,14 +250,14 @@ func (c *Client) keepAlive() {
 // a prompt hand-back. Close may be called more than once.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
-		close(c.stop)
+		c.stop()
 		<-c.done
-		c.mu.Lock()
-		defer c.mu.Unlock()
+		c.line <- struct{}{} // a call in flight finishes first
 		if c.conn != nil {
-			c.conn.Close()
+			c.conn.close()
 			c.conn = nil
 		}
+		c.release()
 	})
 	return nil
 }
@@ -298,8 +267,8 @@ func (c *Client) ArenaPath() string { c.mu.Lock(); defer c.mu.Unlock(); return c
 func (c *Client) PayloadSize() int  { c.mu.Lock(); defer c.mu.Unlock(); return int(c.hello.PayloadSize) }
 
 // Allocate gets n slots in WRITING state.
-func (c *Client) Allocate(n int) ([]Ref, error) {
-	resp, err := c.call(&kvpb.Request{Op: &kvpb.Request_Allocate{Allocate: &kvpb.Allocate{Count: uint32(n)}}})
+func (c *Client) Allocate(ctx context.Context, n int) ([]Ref, error) {
+	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Allocate{Allocate: &kvpb.Allocate{Count: uint32(n)}}})
 	if err != nil {
 		return nil, err
 	}
@@ -313,14 +282,14 @@ func (c *Client) Allocate(n int) ([]Ref, error) {
 }
 
 // Seal records the block written in r's slot under key.
-func (c *Client) Seal(r Ref, key, parent BlockKey) error {
-	_, err := c.call(&kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: toPB(r), Key: key[:], Parent: parent[:]}}})
+func (c *Client) Seal(ctx context.Context, r Ref, key, parent BlockKey) error {
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: toPB(r), Key: key[:], Parent: parent[:]}}})
 	return err
 }
 
 // Publish makes a sealed block readable; the client then holds a lease on it.
-func (c *Client) Publish(r Ref) error {
-	_, err := c.call(&kvpb.Request{Op: &kvpb.Request_Publish{Publish: &kvpb.Publish{Ref: toPB(r)}}})
+func (c *Client) Publish(ctx context.Context, r Ref) error {
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Publish{Publish: &kvpb.Publish{Ref: toPB(r)}}})
 	if err == nil {
 		c.mu.Lock()
 		delete(c.owned, r.Slot)
@@ -331,19 +300,19 @@ func (c *Client) Publish(r Ref) error {
 }
 
 // Abort discards a block the client writes.
-func (c *Client) Abort(r Ref) error {
+func (c *Client) Abort(ctx context.Context, r Ref) error {
 	c.mu.Lock()
 	delete(c.owned, r.Slot)
 	c.mu.Unlock()
-	_, err := c.call(&kvpb.Request{Op: &kvpb.Request_Abort{Abort: &kvpb.Abort{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Abort{Abort: &kvpb.Abort{Ref: toPB(r)}}})
 	return err
 }
 
 func keysToPB(keys []BlockKey) *kvpb.Keys { return &kvpb.Keys{Keys: blockid.KeyBytes(keys)} }
 
 // Acquire leases the longest published prefix of keys.
-func (c *Client) Acquire(keys []BlockKey) ([]Ref, error) {
-	resp, err := c.call(&kvpb.Request{Op: &kvpb.Request_Acquire{Acquire: keysToPB(keys)}})
+func (c *Client) Acquire(ctx context.Context, keys []BlockKey) ([]Ref, error) {
+	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Acquire{Acquire: keysToPB(keys)}})
 	if err != nil {
 		return nil, err
 	}
@@ -357,8 +326,8 @@ func (c *Client) Acquire(keys []BlockKey) ([]Ref, error) {
 }
 
 // Lookup counts the published leading keys.
-func (c *Client) Lookup(keys []BlockKey) (int, error) {
-	resp, err := c.call(&kvpb.Request{Op: &kvpb.Request_Lookup{Lookup: keysToPB(keys)}})
+func (c *Client) Lookup(ctx context.Context, keys []BlockKey) (int, error) {
+	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Lookup{Lookup: keysToPB(keys)}})
 	if err != nil {
 		return 0, err
 	}
@@ -366,78 +335,25 @@ func (c *Client) Lookup(keys []BlockKey) (int, error) {
 }
 
 // Release drops a lease.
-func (c *Client) Release(r Ref) error {
+func (c *Client) Release(ctx context.Context, r Ref) error {
 	c.mu.Lock()
 	delete(c.leased, r.Slot)
 	c.mu.Unlock()
-	_, err := c.call(&kvpb.Request{Op: &kvpb.Request_Release{Release: &kvpb.RefOnly{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Release{Release: &kvpb.RefOnly{Ref: toPB(r)}}})
 	return err
 }
 
 // Delete compare-and-deletes a published block.
-func (c *Client) Delete(r Ref) error {
-	_, err := c.call(&kvpb.Request{Op: &kvpb.Request_Delete{Delete: &kvpb.RefOnly{Ref: toPB(r)}}})
+func (c *Client) Delete(ctx context.Context, r Ref) error {
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Delete{Delete: &kvpb.RefOnly{Ref: toPB(r)}}})
 	return err
 }
 
 // ReportCorrupt tells the owner a block did not verify.
-func (c *Client) ReportCorrupt(r Ref) (bool, error) {
-	resp, err := c.call(&kvpb.Request{Op: &kvpb.Request_ReportCorrupt{ReportCorrupt: &kvpb.RefOnly{Ref: toPB(r)}}})
+func (c *Client) ReportCorrupt(ctx context.Context, r Ref) (bool, error) {
+	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_ReportCorrupt{ReportCorrupt: &kvpb.RefOnly{Ref: toPB(r)}}})
 	if err != nil {
 		return false, err
 	}
 	return resp.Dropped, nil
-}
-
-// AdminClient talks to the owner without a session: stats, sweeps and
-// writer deaths (the agent's and operators' operations).
-type AdminClient struct{ socket string }
-
-// NewAdminClient returns a client for socket; each call is one connection.
-func NewAdminClient(socket string) *AdminClient { return &AdminClient{socket: socket} }
-
-func (a *AdminClient) call(req *kvpb.Request) (*kvpb.Response, error) {
-	conn, err := net.DialTimeout("unix", a.socket, 5*time.Second)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrOwnerUnavailable, err)
-	}
-	defer conn.Close()
-	c := &Client{conn: conn, r: bufio.NewReader(conn), w: bufio.NewWriter(conn)}
-	return c.roundTripLocked(req)
-}
-
-// Stats returns the owner's counts and counters.
-func (a *AdminClient) Stats() (*kvpb.Stats, error) {
-	resp, err := a.call(&kvpb.Request{Op: &kvpb.Request_Stats{Stats: &kvpb.Empty{}}})
-	if err != nil {
-		return nil, err
-	}
-	return resp.Stats, nil
-}
-
-// WriterDead reports a writer's death and returns how many blocks went.
-func (a *AdminClient) WriterDead(w Writer) (int, error) {
-	resp, err := a.call(&kvpb.Request{Op: &kvpb.Request_WriterDead{WriterDead: &kvpb.WriterDead{InstanceId: w.Instance, Generation: w.Gen}}})
-	if err != nil {
-		return 0, err
-	}
-	return int(resp.Count), nil
-}
-
-// Sweep runs one sweep now.
-func (a *AdminClient) Sweep() (int, error) {
-	resp, err := a.call(&kvpb.Request{Op: &kvpb.Request_Sweep{Sweep: &kvpb.Empty{}}})
-	if err != nil {
-		return 0, err
-	}
-	return int(resp.Count), nil
-}
-
-// Lookup counts the published leading keys.
-func (a *AdminClient) Lookup(keys []BlockKey) (int, error) {
-	resp, err := a.call(&kvpb.Request{Op: &kvpb.Request_Lookup{Lookup: keysToPB(keys)}})
-	if err != nil {
-		return 0, err
-	}
-	return int(resp.Count), nil
 }

@@ -67,6 +67,14 @@ func fromPB(r *kvpb.Ref) Ref {
 	return Ref{Slot: r.Slot, Gen: r.Gen, Checksum: r.Checksum, PayloadLen: r.PayloadLen}
 }
 
+func refsToPB(rs []Ref) []*kvpb.Ref {
+	var out []*kvpb.Ref
+	for _, r := range rs {
+		out = append(out, toPB(r))
+	}
+	return out
+}
+
 func refsFromPB(rs []*kvpb.Ref) []Ref {
 	out := make([]Ref, len(rs))
 	for i, r := range rs {
@@ -188,97 +196,83 @@ func serveConn(o *Owner, c net.Conn) {
 	}
 }
 
+// handle answers one request on a connection whose session is *sid.
 func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
 	resp := &kvpb.Response{}
-	fail := func(err error) *kvpb.Response {
+	err := needsHello(*sid, req)
+	if err == nil {
+		err = dispatch(o, sid, req, resp)
+	}
+	if err != nil {
+		// Handlers set the answer's fields only on success.
 		resp.Code, resp.Message = codeOf(err), err.Error()
-		return resp
 	}
-	if _, ok := req.Op.(*kvpb.Request_Hello); !ok && *sid == 0 {
-		switch req.Op.(type) {
-		case *kvpb.Request_Stats, *kvpb.Request_WriterDead, *kvpb.Request_Sweep, *kvpb.Request_Lookup, *kvpb.Request_Delete, *kvpb.Request_KeepAlive:
-			// Session-free operations for operators and the agent.
-		default:
-			return fail(fmt.Errorf("%w: send hello first", ErrUnknownSession))
-		}
+	return resp
+}
+
+// needsHello refuses a session operation on a connection that has not
+// said hello.
+func needsHello(sid SessionID, req *kvpb.Request) error {
+	if sid != 0 {
+		return nil
 	}
+	switch req.Op.(type) {
+	case *kvpb.Request_Hello:
+	case *kvpb.Request_Stats, *kvpb.Request_WriterDead, *kvpb.Request_Sweep, *kvpb.Request_Lookup, *kvpb.Request_Delete, *kvpb.Request_KeepAlive:
+		// Session-free operations for operators and the agent.
+	default:
+		return fmt.Errorf("%w: send hello first", ErrUnknownSession)
+	}
+	return nil
+}
+
+// dispatch runs the request's operation and fills in resp.
+func dispatch(o *Owner, sid *SessionID, req *kvpb.Request, resp *kvpb.Response) error {
 	switch op := req.Op.(type) {
 	case *kvpb.Request_Hello:
-		h := op.Hello
-		id, ownedOK, leasedOK, err := o.Hello(Writer{h.InstanceId, h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
-		if err != nil {
-			return fail(err)
-		}
-		*sid = id
-		g := o.Arena().Geometry()
-		resp.Hello = &kvpb.HelloReply{Session: uint64(id), ArenaPath: o.Arena().Path(), Slots: uint32(g.Slots),
-			PayloadSize: uint64(g.PayloadSize), LeaseTtlMs: uint64(o.LeaseTTL().Milliseconds()), OwnedOk: ownedOK, LeasedOk: leasedOK}
+		return handleHello(o, sid, op.Hello, resp)
 	case *kvpb.Request_KeepAlive:
 		target := *sid
 		if op.KeepAlive.GetSession() != 0 {
 			target = SessionID(op.KeepAlive.GetSession())
 		}
-		if err := o.KeepAlive(target); err != nil {
-			return fail(err)
-		}
+		return o.KeepAlive(target)
 	case *kvpb.Request_Allocate:
 		refs, err := o.Allocate(*sid, int(op.Allocate.Count))
-		if err != nil {
-			return fail(err)
+		if err == nil {
+			resp.Refs = refsToPB(refs)
 		}
-		for _, r := range refs {
-			resp.Refs = append(resp.Refs, toPB(r))
-		}
+		return err
 	case *kvpb.Request_Seal:
-		key, err := keyFromBytes(op.Seal.Key)
-		if err != nil {
-			return fail(err)
-		}
-		parent, err := keyFromBytes(op.Seal.Parent)
-		if err != nil {
-			return fail(err)
-		}
-		if err := o.Seal(*sid, fromPB(op.Seal.Ref), key, parent); err != nil {
-			return fail(err)
-		}
+		return handleSeal(o, *sid, op.Seal)
 	case *kvpb.Request_Publish:
-		if err := o.Publish(*sid, fromPB(op.Publish.Ref)); err != nil {
-			return fail(err)
-		}
+		return o.Publish(*sid, fromPB(op.Publish.Ref))
 	case *kvpb.Request_Abort:
-		if err := o.Abort(*sid, fromPB(op.Abort.Ref)); err != nil {
-			return fail(err)
-		}
+		return o.Abort(*sid, fromPB(op.Abort.Ref))
 	case *kvpb.Request_Acquire:
-		keys, err := keysFromPB(op.Acquire)
-		if err != nil {
-			return fail(err)
-		}
-		refs, err := o.Acquire(*sid, keys)
-		if err != nil {
-			return fail(err)
-		}
-		for _, r := range refs {
-			resp.Refs = append(resp.Refs, toPB(r))
-		}
+		return handleAcquire(o, *sid, op.Acquire, resp)
+	case *kvpb.Request_Release:
+		return o.Release(*sid, fromPB(op.Release.Ref))
+	default:
+		return dispatchAdmin(o, req, resp)
+	}
+}
+
+// dispatchAdmin runs the operations that need no session.
+func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
+	switch op := req.Op.(type) {
 	case *kvpb.Request_Lookup:
 		keys, err := keysFromPB(op.Lookup)
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		resp.Count = uint32(o.Lookup(keys))
-	case *kvpb.Request_Release:
-		if err := o.Release(*sid, fromPB(op.Release.Ref)); err != nil {
-			return fail(err)
-		}
 	case *kvpb.Request_Delete:
-		if err := o.Delete(fromPB(op.Delete.Ref)); err != nil {
-			return fail(err)
-		}
+		return o.Delete(fromPB(op.Delete.Ref))
 	case *kvpb.Request_ReportCorrupt:
 		dropped, err := o.ReportCorrupt(fromPB(op.ReportCorrupt.Ref))
 		if err != nil {
-			return fail(err)
+			return err
 		}
 		resp.Dropped = dropped
 	case *kvpb.Request_WriterDead:
@@ -289,9 +283,47 @@ func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
 	case *kvpb.Request_Stats:
 		resp.Stats = statsToPB(o.Stats())
 	default:
-		return fail(fmt.Errorf("%w: unknown operation", ErrBadRequest))
+		return fmt.Errorf("%w: unknown operation", ErrBadRequest)
 	}
-	return resp
+	return nil
+}
+
+// handleHello opens the connection's session.
+func handleHello(o *Owner, sid *SessionID, h *kvpb.Hello, resp *kvpb.Response) error {
+	id, ownedOK, leasedOK, err := o.Hello(Writer{h.InstanceId, h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
+	if err != nil {
+		return err
+	}
+	*sid = id
+	g := o.Arena().Geometry()
+	resp.Hello = &kvpb.HelloReply{Session: uint64(id), ArenaPath: o.Arena().Path(), Slots: uint32(g.Slots),
+		PayloadSize: uint64(g.PayloadSize), LeaseTtlMs: uint64(o.LeaseTTL().Milliseconds()), OwnedOk: ownedOK, LeasedOk: leasedOK}
+	return nil
+}
+
+func handleSeal(o *Owner, sid SessionID, s *kvpb.Seal) error {
+	key, err := keyFromBytes(s.Key)
+	if err != nil {
+		return err
+	}
+	parent, err := keyFromBytes(s.Parent)
+	if err != nil {
+		return err
+	}
+	return o.Seal(sid, fromPB(s.Ref), key, parent)
+}
+
+func handleAcquire(o *Owner, sid SessionID, ks *kvpb.Keys, resp *kvpb.Response) error {
+	keys, err := keysFromPB(ks)
+	if err != nil {
+		return err
+	}
+	refs, err := o.Acquire(sid, keys)
+	if err != nil {
+		return err
+	}
+	resp.Refs = refsToPB(refs)
+	return nil
 }
 
 func statsToPB(s Stats) *kvpb.Stats {

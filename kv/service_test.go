@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -30,17 +32,14 @@ func serveOwner(t *testing.T, slots int, ttl time.Duration) (*Owner, string) {
 		<-done
 		o.Close()
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("unix", sock); err == nil {
-			c.Close()
-			break
+	proctest.WaitFor(t, 10*time.Second, "the owner socket to come up", func() (bool, string) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			return false, err.Error()
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("owner socket never came up")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		c.Close()
+		return true, ""
+	})
 	return o, sock
 }
 
@@ -158,9 +157,7 @@ func TestProtocolAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &Client{conn: c}
-	cl.r, cl.w = newBufReader(c), newBufWriter(c)
-	if _, err := cl.roundTripLocked(allocReq(1)); !errors.Is(err, ErrUnknownSession) {
+	if _, err := newWire(c).roundTrip(context.Background(), allocReq(1), 5*time.Second); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("allocate before hello: %v", err)
 	}
 	c.Close()
@@ -180,11 +177,11 @@ func TestProtocolAbuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	refs, _ := client.Allocate(1)
-	if _, err := client.call(sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
+	refs, _ := client.Allocate(context.Background(), 1)
+	if _, err := client.call(context.Background(), sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("short key: %v", err)
 	}
-	if _, err := client.Allocate(1 << 20); !errors.Is(err, ErrBadRequest) {
+	if _, err := client.Allocate(context.Background(), 1<<20); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("huge allocation: %v", err)
 	}
 	if st := o.Stats(); st.SlotsInUse != 1 {
@@ -211,12 +208,12 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	refs, _ := client.Allocate(2)
+	refs, _ := client.Allocate(context.Background(), 2)
 	a := o.Arena()
 	copy(a.Payload(int(refs[0].Slot)), "abcdefgh")
 	r := refs[0]
 	r.PayloadLen, r.Checksum = 8, shm.Checksum([]byte("abcdefgh"))
-	if err := client.Seal(r, BlockKey{5}, BlockKey{}); err != nil {
+	if err := client.Seal(context.Background(), r, BlockKey{5}, BlockKey{}); err != nil {
 		t.Fatal(err)
 	}
 	stop() // the owner goes away; the arena and manifests stay
@@ -224,10 +221,10 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 	defer stop()
 	// The next call finds its session unknown, re-attaches both blocks and
 	// goes on: the sealed one publishes.
-	if err := client.Publish(r); err != nil {
+	if err := client.Publish(context.Background(), r); err != nil {
 		t.Fatalf("publish after owner restart: %v", err)
 	}
-	if err := client.Abort(refs[1]); err != nil {
+	if err := client.Abort(context.Background(), refs[1]); err != nil {
 		t.Fatalf("abort after owner restart: %v", err)
 	}
 	if st := o.Stats(); st.ByState["PUBLISHED"] != 1 || st.SlotsInUse != 1 {
@@ -280,13 +277,13 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 	}()
 	waitGoroutines := func(max int) {
-		deadline := time.Now().Add(10 * time.Second)
-		for runtime.NumGoroutine() > max {
-			if time.Now().After(deadline) {
-				buf := make([]byte, 1<<16)
-				t.Fatalf("%d goroutines, want at most %d:\n%s", runtime.NumGoroutine(), max, buf[:runtime.Stack(buf, true)])
-			}
-			time.Sleep(5 * time.Millisecond)
+		last, ok := proctest.Poll(10*time.Second, func() (bool, string) {
+			n := runtime.NumGoroutine()
+			return n <= max, fmt.Sprintf("%d goroutines, want at most %d", n, max)
+		})
+		if !ok {
+			buf := make([]byte, 1<<16)
+			t.Fatalf("%s:\n%s", last, buf[:runtime.Stack(buf, true)])
 		}
 	}
 	// The still-connected client's keepalive goroutine is the one allowed
@@ -357,13 +354,9 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 	cancel()
 	<-done
 	o.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for cache.Valid(id) {
-		if time.Now().After(deadline) {
-			t.Fatal("the client never gave up its blocks")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 10*time.Second, "the client to give up its blocks", func() (bool, string) {
+		return !cache.Valid(id), "the block is still valid"
+	})
 	if elapsed := time.Since(stopped); elapsed > 300*time.Millisecond {
 		t.Logf("fenced %v after the owner stopped (lease TTL 300ms)", elapsed)
 	}

@@ -1,6 +1,6 @@
 // Package rdma is the KV transfer engine: it moves published KV blocks
-// from one node's arena to another's under a transfer binding (DESIGN.md,
-// "Transfer binding"). One Transport interface has two implementations:
+// from one node's arena to another's under a transfer binding (see
+// transferpb.Binding). One Transport interface has two implementations:
 // QUIC between node agents (the default, tested here) and RDMA verbs
 // (build tag rdma; it compiles against libibverbs but these machines have
 // no RDMA hardware, so it has never run).
@@ -24,7 +24,6 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
-	"github.com/lifeline-llm/lifeline/shm"
 )
 
 // Failpoints of the transfer engine.
@@ -317,160 +316,4 @@ func validBinding(b *transferpb.Binding) error {
 		return fmt.Errorf("%w: transfer epoch 0", ErrBadTransfer)
 	}
 	return nil
-}
-
-// Pull makes the chain's blocks published in this node's arena: the
-// destination side. Blocks already published here are kept; the rest is
-// fetched from the first source that holds them, staged in WRITING slots,
-// verified, and published only if the binding is still current once all
-// arrived. The reply's binding is the request's, for the caller to match.
-func (e *Engine) Pull(ctx context.Context, p *transferpb.Pull) *transferpb.PullReply {
-	reply := &transferpb.PullReply{Binding: p.Binding}
-	fail := func(err error) *transferpb.PullReply {
-		if errors.Is(err, ErrStale) {
-			e.staleDropped.Add(1)
-			reply.Stale = true
-		} else {
-			e.pullsFailed.Add(1)
-		}
-		reply.Error = err.Error()
-		return reply
-	}
-	if err := validBinding(p.Binding); err != nil {
-		return fail(err)
-	}
-	keys, err := Keys(p.Keys)
-	if err != nil {
-		return fail(err)
-	}
-	b := p.Binding
-	if uint64(b.FirstBlock)+uint64(b.BlockCount) > uint64(len(keys)) {
-		return fail(fmt.Errorf("%w: block range [%d, %d+%d) of a chain of %d", ErrBadTransfer, b.FirstBlock, b.FirstBlock, b.BlockCount, len(keys)))
-	}
-	keys = keys[:b.FirstBlock+b.BlockCount]
-	if len(p.Sources) > MaxSources {
-		return fail(fmt.Errorf("%w: %d sources (at most %d)", ErrBadTransfer, len(p.Sources), MaxSources))
-	}
-	if err := e.admit(b); err != nil {
-		return fail(err)
-	}
-	e.inProgress.Add(1)
-	defer e.inProgress.Add(-1)
-	ctx, cancel := context.WithTimeout(ctx, PullDeadline)
-	defer cancel()
-	sid, end, err := e.session("transfer/"+b.DestinationInstance, b.DestinationGeneration, cancel)
-	if err != nil {
-		return fail(err)
-	}
-	defer end()
-	// Lease the chain's prefix already here, so that allocating room for
-	// the rest cannot evict it.
-	held, err := e.owner.Acquire(sid, keys)
-	if err != nil {
-		return fail(err)
-	}
-	local := len(held)
-	reply.Local = uint32(local)
-	e.blocksLocal.Add(uint64(local))
-	if local >= len(keys) {
-		e.pullsOK.Add(1)
-		return reply
-	}
-	need := len(keys) - local
-	refs, err := e.owner.Allocate(sid, need)
-	if err != nil {
-		return fail(err)
-	}
-	staged := refs
-	abortAll := func() {
-		for _, r := range staged {
-			if e.owner.Abort(sid, r) == nil {
-				e.stagedAborted.Add(1)
-			}
-		}
-		staged = nil
-	}
-	defer abortAll()
-	arena := e.owner.Arena()
-	got := 0
-	var lastErr error = ErrNoSource
-	for _, src := range p.Sources {
-		if ctx.Err() != nil {
-			break
-		}
-		f := &transferpb.Fetch{Binding: b, Keys: p.Keys[:len(keys)], First: uint32(local), Count: uint32(need)}
-		n, err := e.transport.Fetch(ctx, src, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
-			switch {
-			case i < 0 || i >= need:
-				return nil, fmt.Errorf("%w: block %d of %d", ErrBadTransfer, i, need)
-			case string(h.Key) != string(keys[local+i][:]):
-				return nil, fmt.Errorf("%w: block %d arrived under another key", ErrBadTransfer, local+i)
-			case int(h.PayloadLen) > arena.Geometry().PayloadSize:
-				return nil, fmt.Errorf("%w: block %d has %d bytes, slots hold %d", ErrBadTransfer, local+i, h.PayloadLen, arena.Geometry().PayloadSize)
-			}
-			refs[i].Checksum, refs[i].PayloadLen = h.Checksum, h.PayloadLen
-			return arena.Payload(int(refs[i].Slot))[:h.PayloadLen], nil
-		})
-		if err == nil {
-			for i := 0; i < n; i++ {
-				if shm.Checksum(arena.Payload(int(refs[i].Slot))[:refs[i].PayloadLen]) != refs[i].Checksum {
-					e.checksumErrors.Add(1)
-					err = fmt.Errorf("%w: block %d from %s does not match its checksum", ErrBadTransfer, local+i, src)
-					break
-				}
-			}
-		}
-		if err != nil || n == 0 {
-			if err == nil {
-				err = fmt.Errorf("%w: %s holds none of them", ErrNoSource, src)
-			}
-			e.sourceFailures.Add(1)
-			lastErr = err
-			continue
-		}
-		got, reply.Source = n, src
-		break
-	}
-	if got == 0 {
-		return fail(lastErr)
-	}
-	failpoint.Hit(FailBeforeCommit)
-	if err := e.current(b); err != nil {
-		return fail(err)
-	}
-	if ctx.Err() != nil {
-		// Cancelled, past the deadline, or the session was lost: its
-		// slots may not be ours any more.
-		return fail(fmt.Errorf("rdma: pull ended before commit: %w", context.Cause(ctx)))
-	}
-	// Every byte arrived and verified, and the binding holds: seal and
-	// publish in chain order, in one manifest batch. A block someone else
-	// published meanwhile is dropped (the published one is identical by
-	// key).
-	parents := make([]kv.BlockKey, got)
-	for i := range parents {
-		if local+i > 0 {
-			parents[i] = keys[local+i-1]
-		}
-	}
-	// Every payload was checked against its checksum above.
-	dup, err := e.owner.SealPublish(sid, refs[:got], keys[local:local+got], parents, true)
-	if err != nil {
-		return fail(fmt.Errorf("rdma: publish blocks %d..%d: %w", local, local+got-1, err))
-	}
-	var bytes uint64
-	var dups []kv.Ref
-	for i := 0; i < got; i++ {
-		if dup[i] {
-			dups = append(dups, refs[i])
-			continue
-		}
-		bytes += uint64(refs[i].PayloadLen)
-	}
-	staged = append(dups, refs[got:]...) // published ones are no longer ours to abort
-	reply.Pulled, reply.Bytes = uint32(got), bytes
-	e.pullsOK.Add(1)
-	e.blocksPulled.Add(uint64(got))
-	e.bytesPulled.Add(bytes)
-	return reply
 }

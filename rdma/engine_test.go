@@ -18,6 +18,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
@@ -437,13 +438,10 @@ func TestPullCancelReleasesSlots(t *testing.T) {
 		done <- dst.engine.Pull(ctx, &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{hung}})
 	}()
 	// Wait until the pull holds its staged slots.
-	deadline := time.Now().Add(10 * time.Second)
-	for dst.owner.Stats().ByState["WRITING"] != len(keys) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the pull never staged its slots: %+v", dst.owner.Stats())
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	proctest.WaitFor(t, 10*time.Second, "the pull to stage its slots", func() (bool, string) {
+		st := dst.owner.Stats()
+		return st.ByState["WRITING"] == len(keys), fmt.Sprintf("%+v", st)
+	})
 	cancel()
 	select {
 	case r := <-done:

@@ -214,6 +214,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/quic-go/quic-go"
+
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
@@ -349,7 +351,7 @@ func (t *verbs) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 }
 
 func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
-	q, err := t.dev.newQP(int(min(f.Count, 256))+1, false)
+	q, err := t.dev.newQP(int(min(f.Count, maxReadsInFlight))+1, false)
 	if err != nil {
 		return 0, err
 	}
@@ -360,56 +362,58 @@ func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 	}
 	defer stop()
 	defer st.Close()
-	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_VerbsFetch{VerbsFetch: &transferpb.VerbsFetch{Fetch: f, Endpoint: t.dev.endpoint(q)}}}); err != nil {
+	offer, err := t.requestOffer(st, f, q)
+	if err != nil {
 		return 0, err
-	}
-	br := bufio.NewReader(&stallStream{Stream: st, stall: t.ctrl.Stall})
-	var offer transferpb.VerbsOffer
-	if err := frame.Read(br, &offer); err != nil {
-		return 0, readErr(err)
-	}
-	if offer.Error != "" {
-		return 0, fmt.Errorf("rdma: source: %s", offer.Error)
-	}
-	if len(offer.Blocks) > int(f.Count) {
-		return 0, fmt.Errorf("%w: source offers %d of %d blocks", ErrBadTransfer, len(offer.Blocks), f.Count)
 	}
 	if err := t.dev.connect(q, offer.Endpoint); err != nil {
 		return 0, err
 	}
-	outstanding := 0
-	wait := func(until int) error {
-		deadline := time.Now().Add(t.ctrl.Stall)
-		for outstanding > until {
-			var id C.uint64_t
-			var status C.int
-			switch rc := C.ll_poll(q, &id, &status); {
-			case rc < 0:
-				return fmt.Errorf("rdma: poll completion queue: %d", int(rc))
-			case rc == 0:
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				if time.Now().After(deadline) {
-					return fmt.Errorf("rdma: source stalled: no completion for %v", t.ctrl.Stall)
-				}
-				time.Sleep(20 * time.Microsecond)
-			case status != C.IBV_WC_SUCCESS:
-				return fmt.Errorf("rdma: read of block %d failed: %s", uint64(id), C.GoString(C.ibv_wc_status_str(uint32(status))))
-			default:
-				outstanding--
-				deadline = time.Now().Add(t.ctrl.Stall)
-			}
-		}
-		return nil
+	if err := t.readBlocks(ctx, q, offer, into); err != nil {
+		return 0, err
 	}
+	if err := frame.Write(st, &transferpb.VerbsDone{Read: uint32(len(offer.Blocks))}); err != nil {
+		return 0, err
+	}
+	return len(offer.Blocks), nil
+}
+
+// maxReadsInFlight bounds the RDMA READs one fetch has posted and not yet
+// seen complete.
+const maxReadsInFlight = 256
+
+// requestOffer sends the fetch and our queue pair on the control stream
+// and reads the source's offer: its queue pair and where each block lies.
+func (t *verbs) requestOffer(st *quic.Stream, f *transferpb.Fetch, q *C.ll_qp) (*transferpb.VerbsOffer, error) {
+	req := &transferpb.VerbsFetch{Fetch: f, Endpoint: t.dev.endpoint(q)}
+	if err := frame.Write(st, &transferpb.Request{Op: &transferpb.Request_VerbsFetch{VerbsFetch: req}}); err != nil {
+		return nil, err
+	}
+	br := bufio.NewReader(&stallStream{Stream: st, stall: t.ctrl.Stall})
+	var offer transferpb.VerbsOffer
+	if err := frame.Read(br, &offer); err != nil {
+		return nil, readErr(err)
+	}
+	if offer.Error != "" {
+		return nil, fmt.Errorf("rdma: source: %s", offer.Error)
+	}
+	if len(offer.Blocks) > int(f.Count) {
+		return nil, fmt.Errorf("%w: source offers %d of %d blocks", ErrBadTransfer, len(offer.Blocks), f.Count)
+	}
+	return &offer, nil
+}
+
+// readBlocks posts one RDMA READ per offered block, straight into the
+// buffer into gives for it, and waits until every read completed.
+func (t *verbs) readBlocks(ctx context.Context, q *C.ll_qp, offer *transferpb.VerbsOffer, into func(int, *transferpb.BlockHeader) ([]byte, error)) error {
+	cq := completions{ctx: ctx, q: q, stall: t.ctrl.Stall}
 	for i, b := range offer.Blocks {
 		if b.Header == nil || b.Header.Index != uint32(i) {
-			return 0, fmt.Errorf("%w: block %d out of order", ErrBadTransfer, i)
+			return fmt.Errorf("%w: block %d out of order", ErrBadTransfer, i)
 		}
 		buf, err := into(i, b.Header)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		if len(buf) == 0 {
 			continue
@@ -417,25 +421,56 @@ func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 		laddr := uintptr(unsafe.Pointer(&buf[0]))
 		if laddr < t.dev.base || laddr+uintptr(len(buf)) > t.dev.base+t.dev.size {
 			// A local matter, not the source's: QUIC can still do it.
-			return 0, fmt.Errorf("rdma: block %d's buffer lies outside the registered arena", i)
+			return fmt.Errorf("rdma: block %d's buffer lies outside the registered arena", i)
 		}
-		if outstanding >= 256 {
-			if err := wait(outstanding - 1); err != nil {
-				return 0, err
+		if cq.outstanding >= maxReadsInFlight {
+			if err := cq.wait(cq.outstanding - 1); err != nil {
+				return err
 			}
 		}
 		if rc := C.ll_read(&t.dev.d, q, C.uint64_t(laddr), C.uint32_t(len(buf)), C.uint64_t(b.Addr), C.uint32_t(offer.Rkey), C.uint64_t(i)); rc != 0 {
-			return 0, fmt.Errorf("rdma: post read of block %d: errno %d", i, int(rc))
+			return fmt.Errorf("rdma: post read of block %d: errno %d", i, int(rc))
 		}
-		outstanding++
+		cq.outstanding++
 	}
-	if err := wait(0); err != nil {
-		return 0, err
+	return cq.wait(0)
+}
+
+// completions counts the reads posted on a queue pair and waits for them.
+type completions struct {
+	ctx         context.Context
+	q           *C.ll_qp
+	stall       time.Duration
+	outstanding int
+}
+
+// wait polls the completion queue until at most until reads are
+// outstanding. A read that fails, ctx ending, or no completion for the
+// stall time ends the wait with an error.
+func (c *completions) wait(until int) error {
+	deadline := time.Now().Add(c.stall)
+	for c.outstanding > until {
+		var id C.uint64_t
+		var status C.int
+		switch rc := C.ll_poll(c.q, &id, &status); {
+		case rc < 0:
+			return fmt.Errorf("rdma: poll completion queue: %d", int(rc))
+		case rc == 0:
+			if c.ctx.Err() != nil {
+				return c.ctx.Err()
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("rdma: source stalled: no completion for %v", c.stall)
+			}
+			time.Sleep(20 * time.Microsecond)
+		case status != C.IBV_WC_SUCCESS:
+			return fmt.Errorf("rdma: read of block %d failed: %s", uint64(id), C.GoString(C.ibv_wc_status_str(uint32(status))))
+		default:
+			c.outstanding--
+			deadline = time.Now().Add(c.stall)
+		}
 	}
-	if err := frame.Write(st, &transferpb.VerbsDone{Read: uint32(len(offer.Blocks))}); err != nil {
-		return 0, err
-	}
-	return len(offer.Blocks), nil
+	return nil
 }
 
 // serve is the source side: lease the blocks, offer where they lie, and

@@ -38,7 +38,7 @@ func kvCmd() *cobra.Command {
 		Short: "Print slot counts by state and the owner's counters as JSON",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := kv.NewAdminClient(socket).Stats()
+			st, err := kv.NewAdminClient(socket).Stats(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -51,7 +51,7 @@ func kvCmd() *cobra.Command {
 		Short: "Report a writer's death: reclaim its unpublished blocks and leases now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := kv.NewAdminClient(socket).WriterDead(w)
+			n, err := kv.NewAdminClient(socket).WriterDead(cmd.Context(), w)
 			if err != nil {
 				return err
 			}
@@ -66,7 +66,7 @@ func kvCmd() *cobra.Command {
 		Short: "Run one mark-and-sweep pass now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := kv.NewAdminClient(socket).Sweep()
+			n, err := kv.NewAdminClient(socket).Sweep(cmd.Context())
 			if err != nil {
 				return err
 			}

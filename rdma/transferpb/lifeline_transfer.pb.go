@@ -21,9 +21,11 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// Binding names one KV transfer (DESIGN.md, "Transfer binding"). A
-// completion whose binding is not the destination's current one for the
-// request is dropped and counted.
+// Binding names one KV transfer: the request and model revision, the
+// source and destination instances at their generations, the blocks, and
+// the epochs that order the request's transfers. A completion whose
+// binding is not the destination's current one for the request is
+// dropped and counted.
 type Binding struct {
 	state                 protoimpl.MessageState `protogen:"open.v1"`
 	RequestId             string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`

@@ -137,7 +137,7 @@ func runKVBench() error {
 	const lookups = 50
 	lookup := timeIt(func() {
 		for i := 0; i < lookups; i++ {
-			found, _ = client.Lookup(lookupKeys.Chain(tokens[:2048], -1))
+			found, _ = client.Lookup(context.Background(), lookupKeys.Chain(tokens[:2048], -1))
 		}
 	}) / lookups
 

@@ -1,7 +1,8 @@
-package main
+package kv_test
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -16,15 +17,17 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
-// These tests run the real binaries: `lifeline kv serve` owns the arena and
-// `lifeline engine generate --kv-socket` processes write and read it. The
-// test itself plays the node agent (reporting writer deaths) and the
-// operator (stats), through the owner's socket.
+// These process tests run the real binaries: `lifeline kv serve` owns the
+// arena and `lifeline engine generate --kv-socket` processes write and
+// read it. The test itself plays the node agent (reporting writer deaths)
+// and the operator (stats), through the owner's socket. Each test has a
+// node of its own, so they run in parallel.
 
 const kvPrompt = "Tell me a story about a dog who found a river near the old mountain road, then went home to the family and ate some bread with the old man"
 
@@ -35,8 +38,11 @@ type kvNode struct {
 	owner              *exec.Cmd
 }
 
+// newKVNode starts an owner with an arena in /dev/shm and its socket and
+// manifests in a temporary directory.
 func newKVNode(t *testing.T, ttl time.Duration) *kvNode {
 	t.Helper()
+	proctest.Processes(t)
 	dir := t.TempDir()
 	f, err := os.CreateTemp("/dev/shm", "lifeline-proc-*")
 	if err != nil {
@@ -91,7 +97,7 @@ func waitLine(t *testing.T, r io.Reader, want string) string {
 func (n *kvNode) startOwner(t *testing.T, env ...string) {
 	t.Helper()
 	layout := kvcache.NewLayout(2, 32, 16) // the tiny preset
-	cmd := exec.Command(binary, "kv", "serve", "--socket", n.socket, "--arena", n.arena, "--db", filepath.Join(n.dir, "db"),
+	cmd := exec.Command(proctest.Lifeline(t), "kv", "serve", "--socket", n.socket, "--arena", n.arena, "--db", filepath.Join(n.dir, "db"),
 		"--slots", fmt.Sprint(n.slots), "--slot-bytes", fmt.Sprint(layout.BlockBytes()), "--lease-ttl", n.ttl.String())
 	cmd.Env = append(os.Environ(), env...)
 	stderr, err := cmd.StderrPipe()
@@ -107,7 +113,7 @@ func (n *kvNode) startOwner(t *testing.T, env ...string) {
 
 func (n *kvNode) stats(t *testing.T) *kvpb.Stats {
 	t.Helper()
-	st, err := kv.NewAdminClient(n.socket).Stats()
+	st, err := kv.NewAdminClient(n.socket).Stats(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,17 +123,12 @@ func (n *kvNode) stats(t *testing.T) *kvpb.Stats {
 // waitStats polls the owner until cond holds, failing after a deadline.
 func (n *kvNode) waitStats(t *testing.T, what string, cond func(*kvpb.Stats) bool) *kvpb.Stats {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		st := n.stats(t)
-		if cond(st) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: never happened; owner stats %v", what, st)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	var st *kvpb.Stats
+	proctest.WaitFor(t, 20*time.Second, what, func() (bool, string) {
+		st = n.stats(t)
+		return cond(st), fmt.Sprintf("owner stats %v", st)
+	})
+	return st
 }
 
 func (n *kvNode) generateArgs(instance string, extra ...string) []string {
@@ -153,7 +154,7 @@ func promptKeys(t *testing.T) []kv.BlockKey {
 // blocks in whatever state fp leaves them.
 func (n *kvNode) startPausedWriter(t *testing.T, instance, fp string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(binary, n.generateArgs(instance)...)
+	cmd := exec.Command(proctest.Lifeline(t), n.generateArgs(instance)...)
 	cmd.Env = append(os.Environ(), "LIFELINE_FAILPOINTS="+fp+"=pause")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -182,7 +183,7 @@ func kill9(t *testing.T, cmd *exec.Cmd) {
 
 func readable(t *testing.T, n *kvNode) int {
 	t.Helper()
-	c, err := kv.NewAdminClient(n.socket).Lookup(promptKeys(t))
+	c, err := kv.NewAdminClient(n.socket).Lookup(t.Context(), promptKeys(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,6 +191,7 @@ func readable(t *testing.T, n *kvNode) int {
 }
 
 func TestKVWriterKilledWhileWriting(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 30*time.Second) // long TTL: only the death report can reclaim
 	before := n.stats(t)
 	w := n.startPausedWriter(t, "decode-1", kv.FailBeforeSeal)
@@ -203,7 +205,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 		t.Fatalf("%d blocks of a killed writer are readable", got)
 	}
 	// The agent reports the death: everything comes back at once.
-	reclaimed, err := kv.NewAdminClient(n.socket).WriterDead(kv.Writer{Instance: "decode-1", Gen: 1})
+	reclaimed, err := kv.NewAdminClient(n.socket).WriterDead(t.Context(), kv.Writer{Instance: "decode-1", Gen: 1})
 	if err != nil || reclaimed != writing {
 		t.Fatalf("writer-dead reclaimed %d of %d: %v", reclaimed, writing, err)
 	}
@@ -214,6 +216,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 }
 
 func TestKVWriterKilledBetweenSealAndPublish(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 1*time.Second)
 	w := n.startPausedWriter(t, "decode-2", kv.FailBeforePublish)
 	if st := n.stats(t); st.ByState["SEALED"] != 1 || st.ByState["PUBLISHED"] != 0 {
@@ -241,14 +244,14 @@ type genResult struct {
 
 func runGenerate(t *testing.T, args ...string) genResult {
 	t.Helper()
-	out, errOut, err := run(t, args...)
+	out, errOut, err := proctest.Run(t, args...)
 	if err != nil {
 		t.Fatalf("%v: %v\n%s", args, err, errOut)
 	}
 	var r genResult
 	r.lines = parseLines(t, out)
 	if i := strings.LastIndex(errOut, `{"generated"`); i >= 0 {
-		if err := jsonUnmarshal(errOut[i:], &r.stats); err != nil {
+		if err := json.Unmarshal([]byte(strings.TrimSpace(errOut[i:])), &r.stats); err != nil {
 			t.Fatalf("stats %q: %v", errOut[i:], err)
 		}
 	}
@@ -261,6 +264,7 @@ func runGenerate(t *testing.T, args ...string) genResult {
 // continuation after k generated tokens — what migration sends — reuses the
 // blocks that hold generated tokens too.
 func TestKVArenaEngineMatchesPrivateAndReuses(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 3*time.Second)
 	private := runGenerate(t, "engine", "generate", "--preset", "tiny", "--prompt", kvPrompt, "--seed", "5", "--max-tokens", "24", "--ignore-eos", "--json")
 	first := runGenerate(t, n.generateArgs("decode-a")...)
@@ -293,6 +297,21 @@ func TestKVArenaEngineMatchesPrivateAndReuses(t *testing.T) {
 	}
 }
 
+// parseLines decodes the JSON token lines of `engine generate --json`.
+func parseLines(t *testing.T, out string) []decode.TokenLine {
+	t.Helper()
+	var lines []decode.TokenLine
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var l decode.TokenLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
 func promptKeysTokens(t *testing.T) []int {
 	tok := tokenizer.NewBuiltin()
 	ids, _ := tok.Encode(kvPrompt)
@@ -303,6 +322,7 @@ func promptKeysTokens(t *testing.T) []int {
 // block's payload in the arena; the next reader's checksum catches it, the
 // owner drops it, and the reader recomputes to the same tokens.
 func TestKVCorruptPublishedBlockDetectedOnRead(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 3*time.Second)
 	first := runGenerate(t, n.generateArgs("decode-a")...)
 	slot := publishedSlotOf(t, n, 0)
@@ -340,12 +360,12 @@ func publishedSlotOf(t *testing.T, n *kvNode, i int) int {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	refs, err := c.Acquire(keys[:i+1])
+	refs, err := c.Acquire(t.Context(), keys[:i+1])
 	if err != nil || len(refs) != i+1 {
 		t.Fatalf("probe acquire: %v %v", refs, err)
 	}
 	for _, r := range refs {
-		c.Release(r)
+		c.Release(t.Context(), r)
 	}
 	return int(refs[i].Slot)
 }
@@ -356,6 +376,7 @@ func publishedSlotOf(t *testing.T, n *kvNode, i int) int {
 // keeps the half-written ones unreadable, and reclaims them once their
 // writer is gone and the grace passes.
 func TestKVOwnerKilledAndRestarted(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 1*time.Second)
 	first := runGenerate(t, n.generateArgs("decode-a")...)
 	published := int(n.stats(t).ByState["PUBLISHED"])
@@ -391,6 +412,7 @@ func TestKVOwnerKilledAndRestarted(t *testing.T) {
 }
 
 func TestKVServeBadFlags(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string
@@ -402,13 +424,13 @@ func TestKVServeBadFlags(t *testing.T) {
 	} {
 		dir := t.TempDir()
 		args := append([]string{"kv", "serve", "--socket", filepath.Join(dir, "s"), "--arena", filepath.Join(dir, "arena"), "--db", filepath.Join(dir, "db")}, c.args...)
-		_, errOut, err := run(t, args...)
+		_, errOut, err := proctest.Run(t, args...)
 		if err == nil || !strings.Contains(errOut, c.want) || strings.Contains(errOut, "panic") {
 			t.Errorf("%v: err %v, stderr %q", c.args, err, errOut)
 		}
 	}
 	// A writer pointed at no owner fails clearly.
-	_, errOut, err := run(t, "engine", "generate", "--prompt", "hi", "--kv-socket", "/nonexistent/kv.sock", "--instance-id", "x")
+	_, errOut, err := proctest.Run(t, "engine", "generate", "--prompt", "hi", "--kv-socket", "/nonexistent/kv.sock", "--instance-id", "x")
 	if err == nil || !strings.Contains(errOut, "owner unavailable") {
 		t.Errorf("no owner: err %v, stderr %q", err, errOut)
 	}
@@ -419,6 +441,7 @@ func TestKVServeBadFlags(t *testing.T) {
 // follows. The writer carries on without it (private memory) and finishes;
 // the restarted owner completes the publish, and the block is reused.
 func TestKVOwnerKilledBetweenManifestAndHeader(t *testing.T) {
+	t.Parallel()
 	n := newKVNode(t, 1*time.Second)
 	n.owner.Process.Kill()
 	n.owner.Wait()

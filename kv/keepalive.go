@@ -1,0 +1,83 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/kv/kvpb"
+)
+
+// keepAlive renews the session on its own connection, so that a slow call
+// on the main one never delays a renewal, and fences the client when
+// renewals stop being acknowledged. It runs until ctx ends (Close).
+func (c *Client) keepAlive(ctx context.Context) {
+	defer close(c.done)
+	c.mu.Lock()
+	ttl := c.ttl()
+	c.mu.Unlock()
+	t := time.NewTicker(max(ttl/6, 5*time.Millisecond))
+	defer t.Stop()
+	var w *wire
+	defer func() {
+		if w != nil {
+			w.close()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		c.mu.Lock()
+		session := c.hello.GetSession()
+		deadline := c.validUntil
+		c.mu.Unlock()
+		sent := time.Now()
+		var err error
+		w, err = c.renew(ctx, w, session, ttl)
+		c.mu.Lock()
+		switch {
+		case err == nil && c.hello.GetSession() == session:
+			c.validUntil = sent.Add(ttl - c.margin())
+			c.mu.Unlock()
+		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
+			// The session is gone or may be: give everything up now and
+			// start a new session.
+			lost := c.forgetAllLocked()
+			c.validUntil = time.Time{}
+			c.mu.Unlock()
+			c.reportLost(lost)
+			c.reconnect(ctx)
+		default:
+			c.mu.Unlock()
+		}
+	}
+}
+
+// renew sends one keepalive for session on w, dialing a new connection if
+// w is nil, and returns the connection to use next time (nil once broken).
+func (c *Client) renew(ctx context.Context, w *wire, session uint64, ttl time.Duration) (*wire, error) {
+	if w == nil {
+		var err error
+		if w, err = dialWire(ctx, c.socket, ttl/3); err != nil {
+			return nil, err
+		}
+	}
+	_, err := w.roundTrip(ctx, &kvpb.Request{Op: &kvpb.Request_KeepAlive{KeepAlive: &kvpb.KeepAlive{Session: session}}}, rttFor(ttl))
+	if w.closed {
+		return nil, err
+	}
+	return w, err
+}
+
+// reconnect opens a new session on the main connection once the line is
+// free; a failure is left for the next call to retry.
+func (c *Client) reconnect(ctx context.Context) {
+	if c.acquire(ctx) != nil {
+		return
+	}
+	defer c.release()
+	c.connect(ctx)
+}
