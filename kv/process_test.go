@@ -1,10 +1,8 @@
 package kv_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -62,38 +60,6 @@ func newKVNode(t *testing.T, ttl time.Duration) *kvNode {
 	return n
 }
 
-// waitLine reads r until a line contains want or the deadline passes; the
-// rest of r is drained in the background.
-func waitLine(t *testing.T, r io.Reader, want string) string {
-	t.Helper()
-	lines := make(chan string)
-	go func() {
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-	}()
-	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case l, ok := <-lines:
-			if !ok {
-				t.Fatalf("stream ended before %q", want)
-			}
-			if strings.Contains(l, want) {
-				go func() {
-					for range lines {
-					}
-				}()
-				return l
-			}
-		case <-timeout:
-			t.Fatalf("no line with %q within 30s", want)
-		}
-	}
-}
-
 func (n *kvNode) startOwner(t *testing.T, env ...string) {
 	t.Helper()
 	layout := kvcache.NewLayout(2, 32, 16) // the tiny preset
@@ -108,7 +74,7 @@ func (n *kvNode) startOwner(t *testing.T, env ...string) {
 		t.Fatal(err)
 	}
 	n.owner = cmd
-	waitLine(t, stderr, "kv: serving")
+	proctest.WaitLine(t, stderr, "kv: serving")
 }
 
 func (n *kvNode) stats(t *testing.T) *kvpb.Stats {
@@ -169,7 +135,7 @@ func (n *kvNode) startPausedWriter(t *testing.T, instance, fp string) *exec.Cmd 
 			cmd.Wait()
 		}
 	})
-	waitLine(t, stderr, "failpoint "+fp+" hit")
+	proctest.WaitLine(t, stderr, "failpoint "+fp+" hit")
 	return cmd
 }
 
@@ -300,16 +266,7 @@ func TestKVArenaEngineMatchesPrivateAndReuses(t *testing.T) {
 // parseLines decodes the JSON token lines of `engine generate --json`.
 func parseLines(t *testing.T, out string) []decode.TokenLine {
 	t.Helper()
-	var lines []decode.TokenLine
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		var l decode.TokenLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		lines = append(lines, l)
-	}
-	return lines
+	return proctest.JSONLines[decode.TokenLine](t, out)
 }
 
 func promptKeysTokens(t *testing.T) []int {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // TestServeLlama2CCheckpoint writes a model.bin and tokenizer.bin the way
@@ -48,7 +49,7 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 	}
 	tf.Close()
 
-	out, errOut, err := run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(),
+	out, errOut, err := proctest.Run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(),
 		"--prompt", "The water", "--seed", "3", "--max-tokens", "12", "--ignore-eos", "--json")
 	if err != nil {
 		t.Fatalf("%v: %s", err, errOut)
@@ -59,7 +60,7 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 	// A truncated checkpoint is refused with a clear error.
 	data, _ := os.ReadFile(mf.Name())
 	os.WriteFile(mf.Name(), data[:len(data)/2], 0o600)
-	_, errOut, err = run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(), "--prompt", "x")
+	_, errOut, err = proctest.Run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(), "--prompt", "x")
 	if err == nil || !strings.Contains(errOut, "malformed llama2.c checkpoint") {
 		t.Fatalf("truncated checkpoint: err %v, stderr %q", err, errOut)
 	}

@@ -1,63 +1,21 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"unicode/utf8"
 
 	"github.com/lifeline-llm/lifeline/decode"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
-var binary, nodectlBinary string
+func TestMain(m *testing.M) { proctest.Main(m) }
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "lifeline-bin")
-	if err != nil {
-		panic(err)
-	}
-	binary = filepath.Join(dir, "lifeline")
-	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build lifeline: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	nodectlBinary = filepath.Join(dir, "nodectl")
-	if out, err := exec.Command("go", "build", "-o", nodectlBinary, "../nodectl").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build nodectl: %v\n%s", err, out)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
-
-func run(t *testing.T, args ...string) (stdout, stderr string, err error) {
-	t.Helper()
-	cmd := exec.Command(binary, args...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err = cmd.Run()
-	return o.String(), e.String(), err
-}
-
+// parseLines decodes the JSON token lines of `engine generate --json`.
 func parseLines(t *testing.T, out string) []decode.TokenLine {
 	t.Helper()
-	var lines []decode.TokenLine
-	sc := bufio.NewScanner(strings.NewReader(out))
-	for sc.Scan() {
-		var l decode.TokenLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("line %q: %v", sc.Text(), err)
-		}
-		lines = append(lines, l)
-	}
-	return lines
+	return proctest.JSONLines[decode.TokenLine](t, out)
 }
 
 // TestGenerateContinuesAfterPrefix runs the real binary twice: once whole,
@@ -66,7 +24,7 @@ func parseLines(t *testing.T, out string) []decode.TokenLine {
 func TestGenerateContinuesAfterPrefix(t *testing.T) {
 	args := []string{"engine", "generate", "--preset", "tiny", "--prompt", "Once upon a time", "--seed", "42",
 		"--temperature", "0.9", "--top-p", "0.9", "--top-k", "40", "--max-tokens", "30", "--ignore-eos", "--json"}
-	out, errOut, err := run(t, args...)
+	out, errOut, err := proctest.Run(t, args...)
 	if err != nil {
 		t.Fatalf("%v: %s", err, errOut)
 	}
@@ -84,7 +42,7 @@ func TestGenerateContinuesAfterPrefix(t *testing.T) {
 		for _, l := range full[:k] {
 			ids = append(ids, fmt.Sprint(l.TokenID))
 		}
-		out, errOut, err := run(t, append(args, "--prefix-tokens", strings.Join(ids, ","))...)
+		out, errOut, err := proctest.Run(t, append(args, "--prefix-tokens", strings.Join(ids, ","))...)
 		if err != nil {
 			t.Fatalf("k=%d: %v: %s", k, err, errOut)
 		}
@@ -94,7 +52,7 @@ func TestGenerateContinuesAfterPrefix(t *testing.T) {
 		}
 	}
 	// Plain text is the concatenation of the JSON texts.
-	plain, _, err := run(t, args[:len(args)-1]...)
+	plain, _, err := proctest.Run(t, args[:len(args)-1]...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +79,7 @@ func TestGenerateBadInput(t *testing.T) {
 		{[]string{"--prompt", "hi", "--temperature", "-2"}, "temperature"},
 		{[]string{"--prompt", "hi", "--model", "/nonexistent/model.bin", "--tokenizer", "/nonexistent/t.bin"}, "no such file"},
 	} {
-		_, errOut, err := run(t, append([]string{"engine", "generate"}, c.args...)...)
+		_, errOut, err := proctest.Run(t, append([]string{"engine", "generate"}, c.args...)...)
 		if err == nil {
 			t.Errorf("%v: exit 0", c.args)
 			continue
@@ -131,5 +89,3 @@ func TestGenerateBadInput(t *testing.T) {
 		}
 	}
 }
-
-func jsonUnmarshal(s string, v any) error { return json.Unmarshal([]byte(strings.TrimSpace(s)), v) }

@@ -8,27 +8,19 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
-
-func certDir(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(t.TempDir(), "certs")
-	if _, errOut, err := run(t, "certs", "init", "--dir", dir); err != nil {
-		t.Fatalf("certs init: %v %s", err, errOut)
-	}
-	return dir
-}
 
 // startWorker runs `lifeline worker` and returns its Ready line.
 func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...string) (*exec.Cmd, workerclient.Ready) {
 	t.Helper()
-	cmd := exec.Command(binary, append([]string{"worker", "--instance-id", instance, "--generation", fmt.Sprint(gen), "--certs", certs}, extra...)...)
+	cmd := exec.Command(proctest.Lifeline(t), append([]string{"worker", "--instance-id", instance, "--generation", fmt.Sprint(gen), "--certs", certs}, extra...)...)
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -76,7 +68,7 @@ func collectFrames(t *testing.T, s *workerclient.Stream) []*wire.Frame {
 // a client with an unknown certificate is refused; frames of an older
 // generation than the client expects are dropped and counted.
 func TestWorkerServesOverMutualTLS(t *testing.T) {
-	certs := certDir(t)
+	certs := clustertest.CertDir(t)
 	_, ready := startWorker(t, certs, "decode-7", 3)
 	if ready.Generation != 3 || ready.NumericsID == "" {
 		t.Fatalf("ready line %+v", ready)
@@ -102,7 +94,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	frames := collectFrames(t, s)
-	out, _, err := run(t, "engine", "generate", "--preset", "tiny", "--prompt", "Once upon a time", "--seed", "42",
+	out, _, err := proctest.Run(t, "engine", "generate", "--preset", "tiny", "--prompt", "Once upon a time", "--seed", "42",
 		"--temperature", "0.9", "--top-p", "0.9", "--top-k", "40", "--max-tokens", "30", "--ignore-eos", "--json")
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +125,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 		t.Fatalf("stale generation: %d frames delivered, %d dropped", len(fs), newer.StaleFrames())
 	}
 	// A client with another CA's certificate cannot connect.
-	other, err := workerclient.ClientTLS(certDir(t))
+	other, err := workerclient.ClientTLS(clustertest.CertDir(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -89,23 +87,4 @@ func (e *Env) WaitRegistration(ctx context.Context, instance string, after uint6
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-// Build compiles cmd/lifeline and cmd/nodectl of the module the current
-// directory is in into dir, for benchmarks and tests that run the real
-// binaries; it returns the lifeline binary's path.
-func Build(dir string) (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
-		return "", fmt.Errorf("localcluster: not inside the module (go env GOMOD: %q, %v)", out, err)
-	}
-	root := filepath.Dir(strings.TrimSpace(string(out)))
-	for _, name := range []string{"lifeline", "nodectl"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return "", fmt.Errorf("localcluster: build %s: %v\n%s", name, err, out)
-		}
-	}
-	return filepath.Join(dir, "lifeline"), nil
 }

@@ -7,6 +7,7 @@ package proctest
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -19,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/binaries"
 )
 
 var (
@@ -31,7 +32,7 @@ var (
 // build compiles cmd/lifeline and cmd/nodectl into a temporary directory.
 func build() {
 	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr == nil {
-		_, buildErr = localcluster.Build(binDir)
+		_, buildErr = binaries.Build(binDir)
 	}
 }
 
@@ -227,4 +228,20 @@ func processes() []process {
 		}
 	}
 	return out
+}
+
+// JSONLines decodes out, one JSON value of type T per line (the output of
+// `lifeline engine generate --json`, of `nodectl events`).
+func JSONLines[T any](t testing.TB, out string) []T {
+	t.Helper()
+	var vs []T
+	sc := bufio.NewScanner(strings.NewReader(out))
+	for sc.Scan() {
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			t.Fatalf("line %q: %v", sc.Text(), err)
+		}
+		vs = append(vs, v)
+	}
+	return vs
 }

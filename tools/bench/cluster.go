@@ -11,6 +11,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/binaries"
 )
 
 // benchCluster is two node agents (b0, b1) with one small decode worker
@@ -29,7 +30,7 @@ func buildEnv(prefix string) (*localcluster.Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	bin, err := localcluster.Build(dir)
+	bin, err := binaries.Build(dir)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
