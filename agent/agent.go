@@ -94,7 +94,8 @@ type instance struct {
 
 // Run starts the agent and blocks until ctx is done, then stops the
 // workers and deregisters. Subsystems start in order, each on what the
-// ones before it opened, and stop in the reverse order.
+// ones before it opened; their deferred closes run in reverse, and Run
+// returns only once every goroutine it started has.
 func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	opts.Defaults()
 	if err := opts.Validate(); err != nil {

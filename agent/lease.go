@@ -87,7 +87,7 @@ func (a *Agent) keepLease(ctx context.Context) {
 				if expired {
 					break alive
 				}
-				a.registerAll(ctx) // refresh load figures
+				a.registerAll(ctx) // load figures, and the node record's stamp
 				for state, n := range a.kvOwner.Stats().ByState {
 					a.metrics.slots.WithLabelValues(state).Set(float64(n))
 				}
