@@ -1,13 +1,18 @@
 package agent
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/dgraph-io/badger/v4"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/ebpf"
 	"github.com/lifeline-llm/lifeline/kv"
 )
 
@@ -92,4 +97,83 @@ func (a *Agent) adoptable(instance string) (*workerRecord, bool) {
 		return nil, false
 	}
 	return &r, true
+}
+
+// adopt supervises a worker a previous agent process started, at its
+// generation, until it dies. It is not our child: only the detector can
+// report its death, and the agent leaves it running when it stops itself,
+// as it found it.
+func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
+	p, err := os.FindProcess(rec.PID)
+	if err != nil {
+		return
+	}
+	detected := make(chan ebpf.Exit, 1)
+	a.mu.Lock()
+	a.byPID[rec.PID] = detected
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.byPID, rec.PID)
+		a.mu.Unlock()
+	}()
+	if err := a.detector.Watch(rec.PID); err != nil {
+		a.log.Warn("cannot watch adopted worker", "instance_id", inst.id, "pid", rec.PID, "err", err)
+		return
+	}
+	// It may have died between the check and the watch.
+	if st, err := processStartTime(rec.PID); err != nil || st != rec.StartTime {
+		a.detector.Unwatch(rec.PID)
+		return
+	}
+	a.adopted(ctx, inst, rec)
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	a.track(func() { a.canaryLoop(wctx, inst, rec.Generation, p) })
+	select {
+	case ex := <-detected:
+		a.mu.Lock()
+		gen := inst.gen
+		a.mu.Unlock()
+		a.onDeath(inst, gen, ex)
+	case <-ctx.Done():
+		stopAdopted(p, rec)
+	}
+}
+
+// adopted takes over rec's worker as inst's. A worker the previous agent
+// fenced (lost lease) comes back as a new endpoint: a new generation, and
+// accepting again. Otherwise it keeps its generation.
+func (a *Agent) adopted(ctx context.Context, inst *instance, rec *workerRecord) {
+	a.mu.Lock()
+	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
+	inst.kvIdentity = rec.KVIdentity
+	if inst.kvGen == 0 {
+		inst.kvGen = rec.Generation
+	}
+	inst.state, inst.ready, inst.notReady = "running", false, "adopted; canary pending"
+	a.mu.Unlock()
+	if h, err := a.health(ctx, inst); err == nil && !h.Accepting {
+		a.reregisterOne(ctx, inst)
+	}
+	a.emit(controlapi.Event{Kind: controlapi.EventAdopted, InstanceID: inst.id, Generation: rec.Generation, PID: rec.PID})
+	a.log.Info("adopted running worker", "instance_id", inst.id, "generation", rec.Generation, "pid", rec.PID)
+}
+
+// stopAdopted stops an adopted worker on a clean agent stop (a SIGKILLed
+// agent stops nothing, which is what adoption is for). The dispatcher is
+// gone by now: it watches the process itself.
+func stopAdopted(p *os.Process, rec *workerRecord) {
+	p.Signal(syscall.SIGTERM)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if st, err := processStartTime(rec.PID); err != nil || st != rec.StartTime {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.Kill()
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

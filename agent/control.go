@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
@@ -83,7 +82,7 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 
 // serveControl answers nodectl on a unix socket that only the agent's user
 // can reach.
-func (a *Agent) serveControl(ctx context.Context, wg *sync.WaitGroup) (*http.Server, error) {
+func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 	if err := os.MkdirAll(filepath.Dir(a.opts.Socket), 0o755); err != nil {
 		return nil, err
 	}
@@ -114,17 +113,15 @@ func (a *Agent) serveControl(ctx context.Context, wg *sync.WaitGroup) (*http.Ser
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	a.track(func() {
 		<-ctx.Done()
 		srv.Close()
-	}()
-	go func() {
+	})
+	a.track(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("control socket", "err", err)
 		}
-	}()
+	})
 	return srv, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // ErrNoGPU matches every reason the GPU checker cannot run (no library, no
@@ -106,4 +108,32 @@ func (g *gpuChecker) close() {
 	g.closed = true
 	g.set.Free()
 	nvml.Shutdown()
+}
+
+// startGPU watches the node's GPUs for critical errors, when it has any;
+// without, the agent runs without GPU checks and says why.
+func (a *Agent) startGPU(ctx context.Context) {
+	if a.gpu, a.gpuErr = newGPUChecker(); a.gpuErr != nil {
+		a.log.Info("GPU health checks off", "reason", a.gpuErr)
+		return
+	}
+	a.track(func() {
+		a.gpu.run(ctx, a.onGPUEvent)
+		a.gpu.close()
+	})
+}
+
+// onGPUEvent marks every instance not ready on a critical GPU error. The
+// reference engine runs on CPU, so there is no device-to-instance mapping
+// yet: a GPU engine will narrow this to the instances on that device.
+func (a *Agent) onGPUEvent(e gpuEvent) {
+	a.mu.Lock()
+	a.gpuFault = true
+	for _, inst := range a.instances {
+		inst.ready, inst.notReady = false, controlapi.ReasonGPUXid
+	}
+	a.mu.Unlock()
+	a.emit(controlapi.Event{Kind: controlapi.EventNotReady, Reason: controlapi.ReasonGPUXid, Detail: fmt.Sprintf("device %d: %s %d", e.Device, e.Kind, e.XID)})
+	a.log.Error("critical GPU error", "failure_reason", controlapi.ReasonGPUXid, "device", e.Device, "kind", e.Kind, "xid", e.XID, "recovery_action", "not ready")
+	a.registerAll(context.Background())
 }

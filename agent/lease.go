@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"time"
@@ -10,10 +9,29 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
-	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
+
+// startEtcd connects to etcd (mutual TLS when configured) and starts
+// holding the agent's lease.
+func (a *Agent) startEtcd(ctx context.Context) error {
+	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second}
+	if a.opts.EtcdTLS {
+		var err error
+		if ecfg.TLS, err = pki.Load(a.opts.CertDir, "h2"); err != nil {
+			return fmt.Errorf("agent: etcd_tls: %w", err)
+		}
+	}
+	cli, err := clientv3.New(ecfg)
+	if err != nil {
+		return fmt.Errorf("agent: etcd: %w", err)
+	}
+	a.etcd = cli
+	a.track(func() { a.keepLease(ctx) })
+	return nil
+}
 
 // keepLease holds the agent's etcd lease and keeps every ready instance
 // registered under it. When renewals fail for longer than the TTL the
@@ -69,7 +87,7 @@ func (a *Agent) keepLease(ctx context.Context) {
 				if expired {
 					break alive
 				}
-				a.registerAll(ctx) // refresh load figures
+				a.registerAll(ctx) // load figures, and the node record's stamp
 				for state, n := range a.kvOwner.Stats().ByState {
 					a.metrics.slots.WithLabelValues(state).Set(float64(n))
 				}
@@ -85,45 +103,6 @@ func (a *Agent) keepLease(ctx context.Context) {
 		a.log.Warn("etcd lease lost", "recovery_action", "workers stop accepting; re-register when etcd answers")
 		a.fenceAll(ctx)
 	}
-}
-
-// registerAll writes the registration of every ready instance and removes
-// those that are not ready.
-func (a *Agent) registerAll(ctx context.Context) {
-	a.regMu.Lock()
-	defer a.regMu.Unlock()
-	a.mu.Lock()
-	lease := a.lease
-	var puts []schema.Registration
-	var dels []string
-	for _, inst := range a.instances {
-		if inst.ready && inst.pid != 0 {
-			puts = append(puts, a.registrationLocked(inst))
-		} else {
-			dels = append(dels, inst.id)
-		}
-	}
-	a.mu.Unlock()
-	if lease == 0 {
-		return
-	}
-	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	node, _ := json.Marshal(a.nodeRecord())
-	a.etcd.Put(rctx, schema.NodesPrefix+a.opts.NodeID, string(node), clientv3.WithLease(lease))
-	for _, r := range puts {
-		b, _ := json.Marshal(r)
-		a.etcd.Put(rctx, schema.InstancesPrefix+r.InstanceID, string(b), clientv3.WithLease(lease))
-	}
-	for _, id := range dels {
-		a.etcd.Delete(rctx, schema.InstancesPrefix+id)
-	}
-}
-
-func (a *Agent) registrationLocked(inst *instance) schema.Registration {
-	return schema.Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
-		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready,
-		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr, KVIdentity: inst.kvIdentity}
 }
 
 // routable reports whether the agent can prove its lease is live.

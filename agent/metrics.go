@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -22,6 +21,9 @@ type metrics struct {
 	orphans     prometheus.Counter
 	slots       *prometheus.GaugeVec
 	staleGen    prometheus.Counter
+	// etcdWriteErrors counts failed etcd writes by operation (register,
+	// deregister, announce_failure).
+	etcdWriteErrors *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -37,11 +39,17 @@ func newMetrics() *metrics {
 	m.orphans = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_orphan_blocks_reclaimed_total", Help: "KV blocks of dead writers reclaimed."})
 	m.slots = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lifeline_agent_arena_slots", Help: "Arena slots by state."}, []string{"state"})
 	m.staleGen = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_stale_generation_rejects_total", Help: "Frames from an older generation than expected, dropped."})
-	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen)
+	m.etcdWriteErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_agent_etcd_write_errors_total",
+		Help: "etcd writes that failed, by operation (register, deregister, announce_failure)."}, []string{"op"})
+	for _, op := range []string{opRegister, opDeregister, opAnnounceFailure} {
+		m.etcdWriteErrors.WithLabelValues(op) // every operation is exported, at zero
+	}
+	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen, m.etcdWriteErrors)
 	return m
 }
 
-func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
+// serveMetrics serves /metrics, /livez and /readyz until ctx is done.
+func (a *Agent) serveMetrics(ctx context.Context) error {
 	ln, err := net.Listen("tcp", a.opts.Metrics)
 	if err != nil {
 		return err
@@ -51,16 +59,14 @@ func (a *Agent) serveMetrics(ctx context.Context, wg *sync.WaitGroup) error {
 	mux.HandleFunc("/livez", a.handleLivez)
 	mux.HandleFunc("/readyz", a.handleReadyz)
 	srv := &http.Server{Handler: mux}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	a.track(func() {
 		<-ctx.Done()
 		srv.Close()
-	}()
-	go func() {
+	})
+	a.track(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			a.log.Error("metrics server", "err", err)
 		}
-	}()
+	})
 	return nil
 }

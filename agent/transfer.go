@@ -8,8 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
@@ -23,7 +21,7 @@ import (
 // startTransfer opens the node's KV transfer endpoint: peers fetch this
 // node's published blocks from it, and frontends ask it to pull blocks
 // for one of this node's instances.
-func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
+func (a *Agent) startTransfer(ctx context.Context) error {
 	a.transport = rdma.Discover()
 	a.log.Info("KV transfer transport", "transport", a.transport.Transport, "reason", a.transport.Reason)
 	tlsConf, err := transferclient.TLS(a.opts.CertDir)
@@ -64,15 +62,13 @@ func (a *Agent) startTransfer(ctx context.Context, wg *sync.WaitGroup) error {
 	if a.opts.TransferAdvertise != "" {
 		a.kvAddr = a.opts.TransferAdvertise
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	a.track(func() {
 		defer closer()
-		go func() { <-ctx.Done(); ln.Close() }()
+		a.track(func() { <-ctx.Done(); ln.Close() })
 		if err := a.transfer.Serve(ctx, ln); err != nil {
 			a.log.Error("KV transfer endpoint stopped", "err", err)
 		}
-	}()
+	})
 	return nil
 }
 
@@ -109,9 +105,9 @@ func (a *Agent) registerTransferMetrics() {
 }
 
 // nodeRecord describes the node for routers: where to pull its blocks and
-// which prefixes it holds.
+// which prefixes it holds. The registrar stamps it when it writes it.
 func (a *Agent) nodeRecord() schema.NodeRecord {
-	r := schema.NodeRecord{Node: a.opts.NodeID, KVAddr: a.kvAddr, Transport: a.transport.Transport, UpdatedUnixNano: time.Now().UnixNano()}
+	r := schema.NodeRecord{Node: a.opts.NodeID, KVAddr: a.kvAddr, Transport: a.transport.Transport}
 	for _, k := range a.kvOwner.PublishedKeys(schema.MaxSummaryKeys) {
 		r.Prefixes = append(r.Prefixes, hex.EncodeToString(k[:8]))
 	}

@@ -68,41 +68,53 @@ func Command() *cobra.Command {
 	var socket string
 	root := &cobra.Command{Use: "nodectl", Short: "Inspect a Lifeline node", SilenceUsage: true, SilenceErrors: true}
 	root.PersistentFlags().StringVar(&socket, "socket", DefaultSocket, "the agent's control socket")
+	root.AddCommand(statusCmd(&socket), workersCmd(&socket), eventsCmd(&socket), kvCmd(&socket))
+	return root
+}
 
+// statusCmd is `nodectl status`.
+func statusCmd(socket *string) *cobra.Command {
 	var asJSON bool
-	status := &cobra.Command{Use: "status", Short: "Detectors, etcd, lease, arena and instances", Args: cobra.NoArgs,
+	cmd := &cobra.Command{Use: "status", Short: "Detectors, etcd, lease, arena and instances", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var st controlapi.Status
-			if err := getJSON(cmd.Context(), socket, "/v1/status", &st); err != nil {
+			if err := getJSON(cmd.Context(), *socket, "/v1/status", &st); err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
 			if asJSON {
-				return json.NewEncoder(out).Encode(st)
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(st)
 			}
-			fmt.Fprintf(out, "node %s, up %.0fs\n", st.NodeID, st.UptimeSeconds)
-			fmt.Fprintf(out, "failure detector: %s", st.Detector)
-			if st.DetectorFallback != "" {
-				fmt.Fprintf(out, " (eBPF unavailable: %s)", st.DetectorFallback)
-			}
-			fmt.Fprintf(out, "\nGPU: %s", st.GPU)
-			fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
-			fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
-			kt := st.KVTransfer
-			fmt.Fprintf(out, "KV transfer: %s at %s (%s); pulled %d blocks / %d bytes, served %d, stale dropped %d\n",
-				kt.Transport, kt.Addr, kt.Reason, kt.Stats.BlocksPulled, kt.Stats.BytesPulled, kt.Stats.BlocksServed, kt.Stats.StaleDropped)
-			return printWorkers(out, st.Instances)
+			return printStatus(cmd.OutOrStdout(), st)
 		}}
-	status.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
 
-	var workersJSON bool
-	workers := &cobra.Command{Use: "workers", Short: "Supervised worker processes", Args: cobra.NoArgs,
+func printStatus(out io.Writer, st controlapi.Status) error {
+	fmt.Fprintf(out, "node %s, up %.0fs\n", st.NodeID, st.UptimeSeconds)
+	fmt.Fprintf(out, "failure detector: %s", st.Detector)
+	if st.DetectorFallback != "" {
+		fmt.Fprintf(out, " (eBPF unavailable: %s)", st.DetectorFallback)
+	}
+	fmt.Fprintf(out, "\nGPU: %s", st.GPU)
+	fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
+	fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
+	kt := st.KVTransfer
+	fmt.Fprintf(out, "KV transfer: %s at %s (%s); pulled %d blocks / %d bytes, served %d, stale dropped %d\n",
+		kt.Transport, kt.Addr, kt.Reason, kt.Stats.BlocksPulled, kt.Stats.BytesPulled, kt.Stats.BlocksServed, kt.Stats.StaleDropped)
+	return printWorkers(out, st.Instances)
+}
+
+// workersCmd is `nodectl workers`.
+func workersCmd(socket *string) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{Use: "workers", Short: "Supervised worker processes", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ws, err := Workers(cmd.Context(), socket)
+			ws, err := Workers(cmd.Context(), *socket)
 			if err != nil {
 				return err
 			}
-			if workersJSON {
+			if asJSON {
 				if ws == nil {
 					ws = []controlapi.Worker{}
 				}
@@ -110,16 +122,20 @@ func Command() *cobra.Command {
 			}
 			return printWorkers(cmd.OutOrStdout(), ws)
 		}}
-	workers.Flags().BoolVar(&workersJSON, "json", false, `print a JSON array of {"instance_id","role","rank","pid","generation","ready","last_exit"}`)
+	cmd.Flags().BoolVar(&asJSON, "json", false, `print a JSON array of {"instance_id","role","rank","pid","generation","ready","last_exit"}`)
+	return cmd
+}
 
+// eventsCmd is `nodectl events`.
+func eventsCmd(socket *string) *cobra.Command {
 	var follow bool
-	events := &cobra.Command{Use: "events", Short: "Recent events as JSON lines", Args: cobra.NoArgs,
+	cmd := &cobra.Command{Use: "events", Short: "Recent events as JSON lines", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path := "/v1/events"
 			if follow {
 				path += "?follow=1"
 			}
-			resp, err := get(cmd.Context(), socket, path)
+			resp, err := get(cmd.Context(), *socket, path)
 			if err != nil {
 				return err
 			}
@@ -133,25 +149,39 @@ func Command() *cobra.Command {
 			}
 			return sc.Err()
 		}}
-	events.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	cmd.Flags().BoolVar(&follow, "follow", false, "keep printing new events")
+	return cmd
+}
 
-	kvCmd := &cobra.Command{Use: "kv", Short: "The node's KV arena"}
-	kvCmd.AddCommand(&cobra.Command{Use: "stats", Short: "Slots by state and counters (JSON)", Args: cobra.NoArgs,
+// kvCmd is `nodectl kv` and its subcommands.
+func kvCmd(socket *string) *cobra.Command {
+	cmd := &cobra.Command{Use: "kv", Short: "The node's KV arena"}
+	cmd.AddCommand(kvStatsCmd(socket), kvLsCmd(socket))
+	return cmd
+}
+
+// kvStatsCmd is `nodectl kv stats`.
+func kvStatsCmd(socket *string) *cobra.Command {
+	return &cobra.Command{Use: "stats", Short: "Slots by state and counters (JSON)", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var v map[string]any
-			if err := getJSON(cmd.Context(), socket, "/v1/kv/stats", &v); err != nil {
+			if err := getJSON(cmd.Context(), *socket, "/v1/kv/stats", &v); err != nil {
 				return err
 			}
 			return json.NewEncoder(cmd.OutOrStdout()).Encode(v)
-		}})
-	var lsJSON bool
-	ls := &cobra.Command{Use: "ls", Short: "Slots that are not free: state, generation, key, writer, leases", Args: cobra.NoArgs,
+		}}
+}
+
+// kvLsCmd is `nodectl kv ls`.
+func kvLsCmd(socket *string) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{Use: "ls", Short: "Slots that are not free: state, generation, key, writer, leases", Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var slots []controlapi.Slot
-			if err := getJSON(cmd.Context(), socket, "/v1/kv/ls", &slots); err != nil {
+			if err := getJSON(cmd.Context(), *socket, "/v1/kv/ls", &slots); err != nil {
 				return err
 			}
-			if lsJSON {
+			if asJSON {
 				if slots == nil {
 					slots = []controlapi.Slot{}
 				}
@@ -164,10 +194,8 @@ func Command() *cobra.Command {
 			}
 			return tw.Flush()
 		}}
-	ls.Flags().BoolVar(&lsJSON, "json", false, "print a JSON array")
-	kvCmd.AddCommand(ls)
-	root.AddCommand(status, workers, events, kvCmd)
-	return root
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return cmd
 }
 
 func printWorkers(out io.Writer, ws []controlapi.Worker) error {

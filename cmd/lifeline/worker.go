@@ -1,44 +1,45 @@
 package main
 
 import (
+	"context"
+	"io"
+
 	"github.com/spf13/cobra"
 
+	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/worker"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
-func workerCmd() *cobra.Command {
-	var (
-		opts                  worker.Options
-		maxRunning, maxQueued int
-	)
+func workerCmd() *cobra.Command { return newWorkerCmd(worker.Run) }
+
+// newWorkerCmd is `lifeline worker` running run: its flags are the ones
+// the node agent builds a worker's command line from.
+func newWorkerCmd(run func(context.Context, worker.Options, io.Writer) error) *cobra.Command {
+	var args workerclient.Args
 	cmd := &cobra.Command{
-		Use:   "worker",
+		Use:   workerclient.Command,
 		Short: "Serve one engine instance over QUIC (started by the node agent)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if maxRunning > 0 {
-				opts.Engine.Limits = sched.Limits{MaxRunning: maxRunning, MaxQueued: maxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}
-			}
-			return worker.Run(cmd.Context(), opts, cmd.OutOrStdout())
+			return run(cmd.Context(), workerOptions(args), cmd.OutOrStdout())
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&opts.InstanceID, "instance-id", "", "instance id")
-	f.Uint64Var(&opts.Generation, "generation", 0, "instance generation, stamped on every frame")
-	f.StringVar(&opts.Role, "role", "decode", "decode, prefill or both")
-	f.StringVar(&opts.Listen, "listen", "127.0.0.1:0", "UDP address of the QUIC endpoint")
-	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
-	f.StringVar(&opts.Engine.Preset, "preset", "tiny", "synthetic model preset")
-	f.Uint64Var(&opts.Engine.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
-	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin")
-	f.StringVar(&opts.Engine.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
-	f.StringVar(&opts.Engine.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
-	f.StringVar(&opts.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")
-	f.IntVar(&maxRunning, "max-running", 0, "hard limit on running sequences (0: default)")
-	f.IntVar(&maxQueued, "max-queued", 0, "hard limit on queued requests (0: default, or none when max-running is set)")
+	args.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// workerOptions is the worker's configuration from its command line.
+func workerOptions(a workerclient.Args) worker.Options {
+	o := worker.Options{InstanceID: a.InstanceID, Generation: a.Generation, Role: a.Role, Listen: a.Listen, CertDir: a.CertDir,
+		KVTransfer: a.KVTransfer, Engine: decode.Options{Preset: a.Preset, WeightSeed: a.WeightSeed, ModelPath: a.ModelPath,
+			TokenizerPath: a.TokenizerPath, KVSocket: a.KVSocket}}
+	if a.MaxRunning > 0 {
+		o.Engine.Limits = sched.Limits{MaxRunning: a.MaxRunning, MaxQueued: a.MaxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}
+	}
+	return o
 }
 
 func certsCmd() *cobra.Command {

@@ -1,0 +1,63 @@
+package workerclient
+
+import "github.com/spf13/pflag"
+
+// Command is the lifeline subcommand that runs one worker.
+const Command = "worker"
+
+// Args is a worker's command line: the flags of `lifeline worker`. The
+// node agent builds a worker's argv from it with Argv and the worker
+// command defines its flags with AddFlags, so a flag renamed, added or
+// retyped changes on both sides at once.
+type Args struct {
+	InstanceID string
+	Generation uint64
+	Role       string
+	Listen     string
+	CertDir    string
+	// Preset and WeightSeed pick a synthetic model; ModelPath and
+	// TokenizerPath a llama2.c checkpoint instead.
+	Preset        string
+	WeightSeed    uint64
+	ModelPath     string
+	TokenizerPath string
+	// KVSocket is the node's KV arena owner; KVTransfer the node agent's
+	// transfer endpoint.
+	KVSocket   string
+	KVTransfer string
+	// MaxRunning and MaxQueued are the scheduler's hard limits (0: the
+	// engine's defaults).
+	MaxRunning int
+	MaxQueued  int
+}
+
+// AddFlags defines the worker's flags on fs, bound to a's fields, and
+// sets those fields to the flags' defaults.
+func (a *Args) AddFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&a.InstanceID, "instance-id", "", "instance id")
+	fs.Uint64Var(&a.Generation, "generation", 0, "instance generation, stamped on every frame")
+	fs.StringVar(&a.Role, "role", "decode", "decode, prefill or both")
+	fs.StringVar(&a.Listen, "listen", "127.0.0.1:0", "UDP address of the QUIC endpoint")
+	fs.StringVar(&a.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	fs.StringVar(&a.Preset, "preset", "tiny", "synthetic model preset")
+	fs.Uint64Var(&a.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
+	fs.StringVar(&a.ModelPath, "model", "", "llama2.c model.bin")
+	fs.StringVar(&a.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
+	fs.StringVar(&a.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
+	fs.StringVar(&a.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")
+	fs.IntVar(&a.MaxRunning, "max-running", 0, "hard limit on running sequences (0: default)")
+	fs.IntVar(&a.MaxQueued, "max-queued", 0, "hard limit on queued requests (0: default, or none when max-running is set)")
+}
+
+// Argv is the command line, after the subcommand, that parses back to a:
+// every flag AddFlags defines, as --name=value. Every flag is explicit,
+// so a worker binary with other defaults still gets exactly a.
+func (a Args) Argv() []string {
+	var bound Args
+	fs := pflag.NewFlagSet(Command, pflag.ContinueOnError)
+	bound.AddFlags(fs)
+	bound = a // the flags point into bound: they now read a's values
+	var argv []string
+	fs.VisitAll(func(f *pflag.Flag) { argv = append(argv, "--"+f.Name+"="+f.Value.String()) })
+	return argv
+}
