@@ -299,6 +299,7 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 // when etcd is back every instance is re-registered at a higher generation,
 // by the same process, and serves again.
 func TestAgentEtcdOutage(t *testing.T) {
+	t.Parallel() // mostly waits out etcd outages and dial timeouts
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.LeaseTTL, o.CanaryIdle = agent.Duration(2*time.Second), agent.Duration(time.Hour)
 	})
@@ -422,6 +423,7 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 // get a new generation; the agent waits for etcd instead of counting it as
 // a crash loop, and the instance comes back when etcd does.
 func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
+	t.Parallel() // mostly waits out etcd outages and dial timeouts
 	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.LeaseTTL, o.CrashLoopLimit = agent.Duration(2*time.Second), 2 })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
@@ -486,6 +488,7 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 // TestEtcdRequiresClientCertificates: the embedded etcd refuses clients
 // without a certificate of the cluster CA.
 func TestEtcdRequiresClientCertificates(t *testing.T) {
+	t.Parallel() // mostly waits out etcd outages and dial timeouts
 	certs := clustertest.CertDir(t)
 	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), certs)
 	if err != nil {
