@@ -159,12 +159,12 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	if flusher != nil {
 		flusher.Flush()
 	}
-	gone = !st.stream(req.Context(), sw, flusher, from)
+	gone = !st.writeFrom(req.Context(), sw, flusher, from)
 }
 
-// stream writes the log after sequence number from as it grows, then its
+// writeFrom writes the log after sequence number from as it grows, then its
 // end; false when the client went away first.
-func (st *stream) stream(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
+func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
 	next := from + 1
 	for {
 		toks, done, r, changed := st.snapshot(next - 1)
