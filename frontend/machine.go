@@ -189,6 +189,28 @@ func (r *Request) OnTransferred(epoch, transferEpoch uint64, now time.Time) []Ac
 	return r.dispatchDecode()
 }
 
+// OnPulled: the decode node pulled the prompt's blocks, bytes of them,
+// for (epoch, transferEpoch). Like OnTransferred; when it counts, the
+// hand-off's path is "transfer".
+func (r *Request) OnPulled(epoch, transferEpoch, bytes uint64, now time.Time) []Action {
+	acts := r.OnTransferred(epoch, transferEpoch, now)
+	if len(acts) > 0 {
+		r.PD, r.TransferBytes = "transfer", bytes
+	}
+	return acts
+}
+
+// OnPullFailed: the decode node could not pull the blocks for (epoch,
+// transferEpoch). Like OnTransferred; when it counts, the hand-off's path
+// is "transfer_failed" and the decode instance computes what it lacks.
+func (r *Request) OnPullFailed(epoch, transferEpoch uint64, now time.Time) []Action {
+	acts := r.OnTransferred(epoch, transferEpoch, now)
+	if len(acts) > 0 {
+		r.PD = "transfer_failed"
+	}
+	return acts
+}
+
 func (r *Request) dispatchDecode() []Action {
 	prefix := make([]int, len(r.Output))
 	for i, t := range r.Output {

@@ -365,3 +365,34 @@ func TestDeadlineEndsAnyState(t *testing.T) {
 		t.Fatal("a failed request failed again")
 	}
 }
+
+// TestPullOutcome: the current transfer's answer sets the hand-off's path
+// (and the bytes pulled); a stale one changes nothing and is counted.
+func TestPullOutcome(t *testing.T) {
+	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
+	transferring := func() (*Request, Transfer) {
+		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		route, _ := has[Route](r.Start(t0))
+		r.RoutedPD(route.Epoch, d, p, t0)
+		tr, ok := has[Transfer](r.OnPrefilled(r.Epoch, KVRef{From: p, Node: "n2", Keys: [][]byte{make([]byte, 32)}}, false, t0))
+		if !ok {
+			t.Fatal("no transfer")
+		}
+		return r, tr
+	}
+	r, tr := transferring()
+	if acts := r.OnPulled(r.Epoch, tr.TransferEpoch+1, 4096, t0); len(acts) != 0 || r.StaleTransfers != 1 || r.PD != "" || r.TransferBytes != 0 {
+		t.Fatalf("stale pull: %v, pd %q, bytes %d", acts, r.PD, r.TransferBytes)
+	}
+	if dis, ok := has[Dispatch](r.OnPulled(r.Epoch, tr.TransferEpoch, 4096, t0)); !ok || dis.To != d || r.PD != "transfer" || r.TransferBytes != 4096 {
+		t.Fatalf("pull: %+v, pd %q, bytes %d", dis, r.PD, r.TransferBytes)
+	}
+
+	r, tr = transferring()
+	if acts := r.OnPullFailed(r.Epoch-1, tr.TransferEpoch, t0); len(acts) != 0 || r.PD != "" {
+		t.Fatalf("stale failure: %v, pd %q", acts, r.PD)
+	}
+	if dis, ok := has[Dispatch](r.OnPullFailed(r.Epoch, tr.TransferEpoch, t0)); !ok || dis.To != d || r.PD != "transfer_failed" || r.TransferBytes != 0 {
+		t.Fatalf("failed pull: %+v, pd %q", dis, r.PD)
+	}
+}

@@ -1,10 +1,11 @@
 // Package frontend is the client-facing side of Lifeline: the request
-// state machine and token log, the migrator, the router, and (to come) the
+// state machine and token log, the migrator, the router, and the
 // OpenAI-compatible HTTP/SSE and HTTP/3 API with resume.
 //
 // The state machine, migrator and router are pure logic, driven by events
 // and an injected clock, in the manner of etcd's raft: the network code
-// feeds them and carries out the actions they return.
+// (each request's run) feeds them and carries out the actions they return.
+// The stream's wire format is package frontend/sse.
 package frontend
 
 import (
@@ -13,7 +14,7 @@ import (
 	"time"
 )
 
-// State is a request's state (DESIGN.md, "Request state machine").
+// State is a request's state in the request state machine.
 type State int
 
 const (
@@ -96,7 +97,7 @@ type Policy struct {
 	PrefillPerToken time.Duration
 }
 
-// DefaultPolicy is DESIGN.md's defaults.
+// DefaultPolicy is the recovery policy unless configured otherwise.
 var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, PrefillPerToken: 2 * time.Millisecond}
 
 // Request is one request's state and token log. The prompt and committed
@@ -143,10 +144,6 @@ type Request struct {
 	ReusedPositions int
 	PD              string
 	TransferBytes   uint64
-	// The hand-off's timeline: the prefill (sent → blocks published and
-	// keys back), the transfer (pull asked → answered; zero on one node),
-	// and decode (dispatched → first token).
-	PrefillTime, TransferTime, DecodeFirstToken time.Duration
 }
 
 // NewRequest admits a request at epoch 1.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/kv/blockid"
@@ -35,12 +36,14 @@ type Instance struct {
 }
 
 // Router picks instances. It keeps its last view when the registry is
-// unreachable; Replace reconciles from a full read.
+// unreachable; Replace reconciles from a full read. It is safe for
+// concurrent use: the registry watch updates it while requests pick.
 type Router struct {
 	// SuppressFor is how long an instance that failed a request is avoided
-	// by every request of this frontend (default 5 s).
+	// by every request of this frontend (default 5 s). Set it before use.
 	SuppressFor time.Duration
 
+	mu         sync.Mutex
 	instances  map[string]Instance
 	suppressed map[string]suppression
 	nodes      map[string]Node
@@ -55,13 +58,24 @@ type Node struct {
 	Updated  time.Time
 }
 
-// UpdateNode records a node (a watch put); RemoveNode drops it (its
-// agent's lease ended).
-func (rt *Router) UpdateNode(n Node)      { rt.nodes[n.Name] = n }
-func (rt *Router) RemoveNode(name string) { delete(rt.nodes, name) }
+// UpdateNode records a node (a watch put).
+func (rt *Router) UpdateNode(n Node) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.nodes[n.Name] = n
+}
+
+// RemoveNode drops a node (its agent's lease ended).
+func (rt *Router) RemoveNode(name string) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	delete(rt.nodes, name)
+}
 
 // ReplaceNodes reconciles the nodes with a full read.
 func (rt *Router) ReplaceNodes(all []Node) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	rt.nodes = map[string]Node{}
 	for _, n := range all {
 		rt.nodes[n.Name] = n
@@ -84,6 +98,12 @@ func NewRouter() *Router {
 // Update records a registration (a watch put). An older generation than
 // the one known is ignored: registrations only move forward.
 func (rt *Router) Update(in Instance) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.update(in)
+}
+
+func (rt *Router) update(in Instance) {
 	if cur, ok := rt.instances[in.ID]; ok && cur.Generation > in.Generation {
 		return
 	}
@@ -91,20 +111,91 @@ func (rt *Router) Update(in Instance) {
 }
 
 // Remove drops an instance (a watch delete or a failure announcement).
-func (rt *Router) Remove(id string) { delete(rt.instances, id) }
+func (rt *Router) Remove(id string) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	delete(rt.instances, id)
+}
 
 // Replace reconciles with a full read of the registry.
 func (rt *Router) Replace(all []Instance) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	rt.instances = map[string]Instance{}
 	for _, in := range all {
-		rt.Update(in)
+		rt.update(in)
 	}
 }
 
 // Suppress avoids an endpoint (instance id at generations up to gen)
 // locally for SuppressFor.
 func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.suppress(id, gen, now)
+}
+
+func (rt *Router) suppress(id string, gen uint64, now time.Time) {
 	rt.suppressed[id] = suppression{gen: gen, until: now.Add(rt.SuppressFor)}
+}
+
+// Fail applies a failure of instance id at generations up to gen (0: the
+// generation known): the instance is dropped unless a newer generation
+// replaced it, and the endpoint is suppressed. It returns the generation
+// it applied, so that a late notice about an older generation never
+// touches the newer one.
+func (rt *Router) Fail(id string, gen uint64, now time.Time) uint64 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	cur, known := rt.instances[id]
+	if gen == 0 {
+		gen = cur.Generation
+	}
+	if known && cur.Generation <= gen {
+		delete(rt.instances, id)
+	}
+	rt.suppress(id, gen, now)
+	return gen
+}
+
+// Instance is the registration of instance id, if it is registered.
+func (rt *Router) Instance(id string) (Instance, bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	in, ok := rt.instances[id]
+	return in, ok
+}
+
+// NodeOf is the node of instance id ("" when it is not registered).
+func (rt *Router) NodeOf(id string) string {
+	in, _ := rt.Instance(id)
+	return in.Node
+}
+
+// HasModel reports whether any registered instance serves model.
+func (rt *Router) HasModel(model string) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for _, in := range rt.instances {
+		if in.Model == model {
+			return true
+		}
+	}
+	return false
+}
+
+// ReadyModels lists the models that a ready instance serves, sorted.
+func (rt *Router) ReadyModels() []string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var models []string
+	for _, in := range rt.instances {
+		if in.Ready && !slices.Contains(models, in.Model) {
+			models = append(models, in.Model)
+		}
+	}
+	slices.Sort(models)
+	return models
 }
 
 // Pick chooses a ready, not draining, not suppressed, not excluded
@@ -112,6 +203,8 @@ func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
 // first, so that a migrated request continues bit-exact where possible;
 // then the least outstanding work; then the lowest id, for determinism.
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	return rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, nil)
 }
 
@@ -127,6 +220,12 @@ const LoadWeight = 64
 // CachedBlocks counts the leading keys that node's summary lists; fresh is
 // false when the node has no summary younger than SummaryMaxAge.
 func (rt *Router) CachedBlocks(node string, keys []blockid.BlockKey, now time.Time) (n int, fresh bool) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.cachedBlocks(node, keys, now)
+}
+
+func (rt *Router) cachedBlocks(node string, keys []blockid.BlockKey, now time.Time) (n int, fresh bool) {
 	nd, ok := rt.nodes[node]
 	if !ok || nd.Prefixes == nil || now.Sub(nd.Updated) > SummaryMaxAge {
 		return 0, false
@@ -145,9 +244,12 @@ func (rt *Router) CachedBlocks(node string, keys []blockid.BlockKey, now time.Ti
 // cannot be computed). An instance's score is its node's cached positions
 // minus LoadWeight per outstanding sequence; stale or missing summaries
 // score 0, which is load-only routing. It returns the pick, its cached
-// blocks, and whether any summary was used.
+// blocks, and whether any summary was used. keysFor runs under the
+// router's lock: it must not call the router.
 func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map[string]bool, now time.Time,
 	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	cached := map[string]int{}
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
@@ -158,8 +260,10 @@ func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map
 // PickPrefill chooses a prefill instance with the given numerics the same
 // way: the node holding the longest prefix of the prompt (a shared system
 // prompt is not computed again), weighted against load; keysFor may be
-// nil (load only).
+// nil (load only). keysFor runs under the router's lock.
 func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time, keysFor func(Instance) []blockid.BlockKey) (Instance, error) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	var score func(Instance) int
 	if keysFor != nil {
 		score = rt.cacheScore(keysFor, now, func(Instance, int) {})
@@ -176,7 +280,7 @@ func (rt *Router) cacheScore(keysFor func(Instance) []blockid.BlockKey, now time
 		if keys == nil || in.KVIdentity == nil {
 			return -in.Outstanding * LoadWeight
 		}
-		n, fresh := rt.CachedBlocks(in.Node, keys, now)
+		n, fresh := rt.cachedBlocks(in.Node, keys, now)
 		if fresh {
 			seen(in, n)
 		}
@@ -186,6 +290,8 @@ func (rt *Router) cacheScore(keysFor func(Instance) []blockid.BlockKey, now time
 
 // HasPrefill reports whether any prefill instance of the model is known.
 func (rt *Router) HasPrefill(model string) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	for _, in := range rt.instances {
 		if in.Role == "prefill" && in.Model == model {
 			return true
@@ -198,6 +304,8 @@ func (rt *Router) HasPrefill(model string) bool {
 // hold a lease): first those of the given nodes, in order, then the rest
 // by name; never the node skip (the destination looks there itself).
 func (rt *Router) KVSources(first []string, skip string) []string {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
 	seen := map[string]bool{skip: true}
 	var out []string
 	add := func(name string) {
@@ -220,6 +328,7 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 	return out
 }
 
+// pick runs under rt.mu.
 func (rt *Router) pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
 	var cands []Instance
 	for id, in := range rt.instances {

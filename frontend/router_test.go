@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,4 +92,99 @@ func TestCacheAwareRouting(t *testing.T) {
 	if p, _ := rt.PickPrefill("m", "", "", nil, t0, nil); p.ID != "p" {
 		t.Fatalf("load-only prefill pick: %s", p.ID)
 	}
+}
+
+// TestRouterAccessors: what run code reads of the router, and a failure
+// notice's generation rule: a notice about an older generation never
+// removes the newer one that replaced it, and 0 means the known one.
+func TestRouterAccessors(t *testing.T) {
+	rt := NewRouter()
+	rt.Update(Instance{ID: "a", Generation: 2, Node: "n1", Model: "m", Ready: true})
+	rt.Update(Instance{ID: "b", Generation: 1, Node: "n2", Model: "other"})
+	if in, ok := rt.Instance("a"); !ok || in.Node != "n1" || in.Generation != 2 {
+		t.Fatalf("instance a: %+v %v", in, ok)
+	}
+	if _, ok := rt.Instance("zz"); ok || rt.NodeOf("zz") != "" || rt.NodeOf("b") != "n2" {
+		t.Fatal("unknown instance or node")
+	}
+	if !rt.HasModel("other") || rt.HasModel("none") || fmt.Sprint(rt.ReadyModels()) != "[m]" {
+		t.Fatalf("models %v", rt.ReadyModels())
+	}
+	if gen := rt.Fail("a", 1, t0); gen != 1 {
+		t.Fatalf("applied generation %d", gen)
+	}
+	if _, ok := rt.Instance("a"); !ok {
+		t.Fatal("a notice about generation 1 removed generation 2")
+	}
+	if gen := rt.Fail("a", 0, t0); gen != 2 {
+		t.Fatalf("applied generation %d", gen)
+	}
+	if _, ok := rt.Instance("a"); ok {
+		t.Fatal("failed instance still routed to")
+	}
+	// Suppressed at generation 2: a re-registration at 2 is not picked, one
+	// at 3 is.
+	rt.Update(Instance{ID: "a", Generation: 2, Node: "n1", Model: "m", Ready: true})
+	if _, err := rt.Pick("m", "", "", nil, t0); err == nil {
+		t.Fatal("suppressed endpoint picked")
+	}
+	rt.Update(Instance{ID: "a", Generation: 3, Node: "n1", Model: "m", Ready: true})
+	if in, err := rt.Pick("m", "", "", nil, t0); err != nil || in.Generation != 3 {
+		t.Fatalf("restarted instance: %+v %v", in, err)
+	}
+}
+
+// TestRouterConcurrentUse: the registry watch writes while requests pick
+// and read (run with -race).
+func TestRouterConcurrentUse(t *testing.T) {
+	rt := NewRouter()
+	id := &blockid.Identity{BlockSize: 16}
+	keys := keyChain(4)
+	done := make(chan struct{})
+	var writers, readers sync.WaitGroup
+	writers.Add(1)
+	go func() {
+		defer writers.Done()
+		for i := range 500 {
+			name := fmt.Sprint("i", i%7)
+			rt.Update(Instance{ID: name, Generation: uint64(i), Node: fmt.Sprint("n", i%3), Model: "m", Ready: true, Role: []string{"decode", "prefill"}[i%2], KVIdentity: id})
+			rt.UpdateNode(Node{Name: fmt.Sprint("n", i%3), KVAddr: "x:1", Prefixes: summary(keys[:i%4]), Updated: t0})
+			switch i % 50 {
+			case 10:
+				rt.Fail(name, 0, t0)
+			case 20:
+				rt.RemoveNode("n1")
+			case 30:
+				rt.Replace([]Instance{{ID: "i0", Model: "m", Ready: true}})
+				rt.ReplaceNodes(nil)
+			case 40:
+				rt.Remove(name)
+			}
+		}
+	}()
+	for range 3 {
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				rt.PickCached("m", "", "", nil, t0, func(Instance) []blockid.BlockKey { return keys })
+				rt.PickPrefill("m", "", "", nil, t0, func(Instance) []blockid.BlockKey { return keys })
+				rt.Instance("i1")
+				rt.NodeOf("i2")
+				rt.HasModel("m")
+				rt.HasPrefill("m")
+				rt.ReadyModels()
+				rt.KVSources([]string{"n0"}, rt.NodeOf("i3"))
+				rt.CachedBlocks("n2", keys, t0)
+			}
+		}()
+	}
+	writers.Wait()
+	close(done)
+	readers.Wait()
 }

@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +18,6 @@ import (
 	"github.com/quic-go/quic-go/http3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
@@ -59,16 +57,18 @@ type Server struct {
 	// kv asks agents to pull KV blocks (P/D hand-offs).
 	kv *transferclient.Dialer
 
+	keys    resumeKeys
+	ctx     context.Context // the server's: requests run under it
+	metrics *metrics
+	// router has its own lock.
+	router *Router
+
 	mu      sync.Mutex
-	router  *Router
 	addrs   map[string]string // instance id → QUIC address
 	clients map[Endpoint]*workerclient.Client
 	active  map[string]map[*run]struct{} // instance id → runs on it
 	nextID  uint64
 	streams map[string]*stream
-	keys    resumeKeys
-	ctx     context.Context
-	metrics *metrics
 }
 
 func (s *Server) resumeWindow() time.Duration {
@@ -156,8 +156,35 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 }
 
 // Run serves until ctx is done. It writes "frontend: listening on ADDR"
-// to log once it accepts connections.
+// to ready once it accepts connections.
 func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) error {
+	s, err := newServer(opts, log)
+	if err != nil {
+		return err
+	}
+	defer s.close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.ctx = ctx
+	// Serve only with a view of the registry: one full read first.
+	rev, err := s.firstSync(ctx, 30*time.Second)
+	if err != nil {
+		return fmt.Errorf("frontend: read the registry: %w", err)
+	}
+	go s.watch(ctx, rev)
+	ln, err := net.Listen("tcp", s.opts.Listen)
+	if err != nil {
+		return fmt.Errorf("frontend: listen %s: %w", s.opts.Listen, err)
+	}
+	if !s.opts.TLS {
+		return s.serveCleartext(ctx, ln, ready)
+	}
+	return s.serveTLS(ctx, ln, ready)
+}
+
+// newServer sets up a server's clients: of workers, of agents' KV
+// transfer endpoints, and of etcd. close releases them.
+func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	if opts.Policy == (Policy{}) {
 		opts.Policy = DefaultPolicy
 	}
@@ -165,39 +192,31 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
-		return fmt.Errorf("frontend: certs: %w", err)
+		return nil, fmt.Errorf("frontend: certs: %w", err)
 	}
-	s.kv = transferclient.NewDialer(kvTLS)
-	defer s.kv.Close()
 	if s.workTLS, err = workerclient.ClientTLS(opts.CertDir); err != nil {
-		return fmt.Errorf("frontend: certs: %w", err)
+		return nil, fmt.Errorf("frontend: certs: %w", err)
 	}
 	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
 	if opts.EtcdTLS {
 		if ecfg.TLS, err = pki.Load(opts.CertDir, "h2"); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	if s.etcd, err = clientv3.New(ecfg); err != nil {
-		return fmt.Errorf("frontend: etcd: %w", err)
+		return nil, fmt.Errorf("frontend: etcd: %w", err)
 	}
-	defer s.etcd.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	s.ctx = ctx
-	// Serve only with a view of the registry: one full read first.
-	rev, err := s.sync(ctx)
-	for deadline := time.Now().Add(30 * time.Second); err != nil && time.Now().Before(deadline); rev, err = s.sync(ctx) {
-		time.Sleep(200 * time.Millisecond)
-	}
-	if err != nil {
-		return fmt.Errorf("frontend: read the registry: %w", err)
-	}
-	go s.watch(ctx, rev)
-	ln, err := net.Listen("tcp", opts.Listen)
-	if err != nil {
-		return fmt.Errorf("frontend: listen %s: %w", opts.Listen, err)
-	}
+	s.kv = transferclient.NewDialer(kvTLS)
+	return s, nil
+}
+
+func (s *Server) close() {
+	s.etcd.Close()
+	s.kv.Close()
+}
+
+// handler routes the API.
+func (s *Server) handler() *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
@@ -205,23 +224,31 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	var handler http.Handler = mux
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	if !opts.TLS {
-		srv.Protocols = new(http.Protocols)
-		srv.Protocols.SetHTTP1(true)
-		srv.Protocols.SetUnencryptedHTTP2(true)
-		go func() { <-ctx.Done(); srv.Close() }()
-		fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
+	return mux
+}
+
+// serveCleartext serves plain HTTP/1.1 and cleartext HTTP/2 (prior
+// knowledge) on ln until ctx ends.
+func (s *Server) serveCleartext(ctx context.Context, ln net.Listener, ready io.Writer) error {
+	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
+	srv.Protocols = new(http.Protocols)
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go func() { <-ctx.Done(); srv.Close() }()
+	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
 	}
-	// HTTPS on TCP (HTTP/2 negotiated by ALPN) and HTTP/3 on the same UDP
-	// port. Clients of the API are not components: no client certificate.
-	base, err := pki.Load(opts.CertDir, "h2")
+	return nil
+}
+
+// serveTLS serves HTTPS on ln (HTTP/2 negotiated by ALPN) and HTTP/3 on
+// the same UDP port, advertised with Alt-Svc, until ctx ends. Clients of
+// the API are not components: no client certificate.
+func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer) error {
+	base, err := pki.Load(s.opts.CertDir, "h2")
 	if err != nil {
+		ln.Close()
 		return err
 	}
 	tcpTLS := base.Clone()
@@ -234,13 +261,13 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		ln.Close()
 		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
 	}
+	mux := s.handler()
 	h3 := &http3.Server{Handler: mux, TLSConfig: quicTLS}
 	altSvc := fmt.Sprintf(`h3=":%d"; ma=86400`, port)
-	srv.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: tcpTLS, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Alt-Svc", altSvc)
 		mux.ServeHTTP(w, r)
-	})
-	srv.TLSConfig = tcpTLS
+	})}
 	go func() { <-ctx.Done(); srv.Close(); h3.Close(); udp.Close() }()
 	go h3.Serve(udp)
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
@@ -250,155 +277,85 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	return nil
 }
 
-// watch keeps the router in line with the registry: a full read, then the
-// watch; failure announcements fail the streams on that instance at once.
-// sync replaces the router's view with a full read and returns its revision.
-func (s *Server) sync(ctx context.Context) (int64, error) {
-	gctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	resp, err := s.etcd.Get(gctx, schema.InstancesPrefix, clientv3.WithPrefix())
+func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) { s.serve(w, req, false) }
+
+func (s *Server) handleChat(w http.ResponseWriter, req *http.Request) { s.serve(w, req, true) }
+
+// serve answers a completion or chat completion request: whole, or
+// streamed from the moment a worker takes it.
+func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
+	body, err := decodeCompletion(req, chat)
 	if err != nil {
-		return 0, err
+		writeError(w, http.StatusBadRequest, ErrInvalidRequest, err.Error())
+		return
 	}
-	nodes, err := s.etcd.Get(gctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
-	if err != nil {
-		return 0, err
+	if !s.router.HasModel(body.Model) {
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, fmt.Sprintf("model: %q is not served here", body.Model))
+		return
 	}
-	var all []Instance
-	var allNodes []Node
-	for _, kv := range nodes.Kvs {
-		if n, ok := decodeNode(kv.Value); ok {
-			allNodes = append(allNodes, n)
-		}
+	st := s.start(body, chat, resumable(body, req))
+	w.Header().Set("Lifeline-Request-Id", st.id)
+	w.Header().Set("Lifeline-Resume-Token", s.keys.Issue(st.id, time.Now().Add(s.resumeWindow()+time.Hour)))
+	if !body.Stream {
+		s.writeWhole(w, req, st)
+		return
 	}
+	// Answer with an HTTP status while nothing is streamed yet: a request
+	// no worker took ends as a plain 4xx/5xx.
+	rerr, ok := st.awaitStart(req.Context())
+	switch {
+	case !ok:
+		return
+	case rerr != nil:
+		writeRequestError(w, rerr)
+		return
+	}
+	s.follow(w, req, st, 0, true)
+}
+
+// start admits a request and runs it. The request lives on the server,
+// not on the connection that made it: a resumable one survives its
+// client's disconnect.
+func (s *Server) start(body CompletionRequest, chat, resumable bool) *stream {
 	s.mu.Lock()
-	for _, kv := range resp.Kvs {
-		if in, addr, ok := decodeRegistration(kv.Value); ok {
-			all = append(all, in)
-			s.addrs[in.ID] = addr
-		}
-	}
-	s.router.Replace(all)
-	s.router.ReplaceNodes(allNodes)
+	s.nextID++
+	id := fmt.Sprintf("cmpl-%d-%d", time.Now().UnixNano(), s.nextID)
 	s.mu.Unlock()
-	return resp.Header.Revision, nil
-}
-
-func (s *Server) watch(ctx context.Context, rev int64) {
-	for first := true; ctx.Err() == nil; first = false {
-		if !first {
-			var err error
-			if rev, err = s.sync(ctx); err != nil {
-				time.Sleep(200 * time.Millisecond)
-				continue // keep the last snapshot while etcd is unreachable
-			}
-		}
-		wctx, wcancel := context.WithCancel(ctx)
-		insts := s.etcd.Watch(wctx, schema.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		fails := s.etcd.Watch(wctx, schema.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-		nodes := s.etcd.Watch(wctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				wcancel()
-				return
-			case wr, ok := <-insts:
-				if !ok || wr.Err() != nil {
-					break loop
-				}
-				for _, ev := range wr.Events {
-					id := strings.TrimPrefix(string(ev.Kv.Key), schema.InstancesPrefix)
-					if ev.Type == clientv3.EventTypeDelete {
-						s.instanceGone(id, 0, "deregistered")
-						continue
-					}
-					if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
-						s.mu.Lock()
-						s.router.Update(in)
-						s.addrs[in.ID] = addr
-						s.mu.Unlock()
-					}
-				}
-			case nr, ok := <-nodes:
-				if !ok || nr.Err() != nil {
-					break loop
-				}
-				s.mu.Lock()
-				for _, ev := range nr.Events {
-					if ev.Type == clientv3.EventTypeDelete {
-						s.router.RemoveNode(strings.TrimPrefix(string(ev.Kv.Key), schema.NodesPrefix))
-					} else if n, ok := decodeNode(ev.Kv.Value); ok {
-						s.router.UpdateNode(n)
-					}
-				}
-				s.mu.Unlock()
-			case fr, ok := <-fails:
-				if !ok || fr.Err() != nil {
-					break loop
-				}
-				for _, ev := range fr.Events {
-					if ev.Type == clientv3.EventTypePut {
-						var f schema.Failure
-						if json.Unmarshal(ev.Kv.Value, &f) == nil {
-							s.instanceGone(f.InstanceID, f.Generation, "worker died: "+f.Reason)
-						}
-					}
-				}
-			}
-		}
-		wcancel()
+	now := time.Now()
+	var deadline time.Time
+	if body.TimeoutMs > 0 {
+		deadline = now.Add(time.Duration(body.TimeoutMs) * time.Millisecond)
 	}
-}
-
-func decodeNode(b []byte) (Node, bool) {
-	var r schema.NodeRecord
-	if json.Unmarshal(b, &r) != nil || r.Node == "" {
-		return Node{}, false
-	}
-	n := Node{Name: r.Node, KVAddr: r.KVAddr, Prefixes: make(map[string]bool, len(r.Prefixes)), Updated: time.Unix(0, r.UpdatedUnixNano)}
-	for _, p := range r.Prefixes {
-		n.Prefixes[p] = true
-	}
-	return n, true
-}
-
-func decodeRegistration(b []byte) (Instance, string, bool) {
-	var r schema.Registration
-	if json.Unmarshal(b, &r) != nil || r.InstanceID == "" {
-		return Instance{}, "", false
-	}
-	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
-		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr, KVIdentity: r.KVIdentity}, r.Addr, true
-}
-
-// instanceGone removes an instance and fails every stream on it now,
-// without waiting for the stream itself to notice.
-// A failure names a generation: a late notice about an older generation
-// never touches the newer one that replaced it.
-func (s *Server) instanceGone(id string, gen uint64, reason string) {
+	// The prompt's length in tokens is not known here; estimate it for the
+	// deadline check from its bytes.
+	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now)
+	rctx, cancel := context.WithCancel(s.ctx)
+	st := newStream(id, body, chat, resumable, cancel)
 	s.mu.Lock()
-	cur, known := s.router.instances[id]
-	if gen == 0 {
-		gen = cur.Generation
-	}
-	if known && cur.Generation <= gen {
-		s.router.Remove(id)
-	}
-	s.router.Suppress(id, gen, time.Now())
-	var runs []*run
-	for r := range s.active[id] {
-		runs = append(runs, r)
-	}
-	for ep, c := range s.clients {
-		if ep.InstanceID == id && ep.Generation <= gen {
-			c.Close()
-			delete(s.clients, ep)
-		}
-	}
+	s.streams[id] = st
 	s.mu.Unlock()
-	for _, r := range runs {
-		r.notify(event{failed: true, instance: id, gen: gen, reason: reason})
+	go newRun(s, r, body, st).loop(rctx)
+	return st
+}
+
+// track makes announcements of the failure of any of the instances ids
+// reach x; untrack stops them all.
+func (s *Server) track(x *run, ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if s.active[id] == nil {
+			s.active[id] = map[*run]struct{}{}
+		}
+		s.active[id][x] = struct{}{}
+	}
+}
+
+func (s *Server) untrack(x *run) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, runs := range s.active {
+		delete(runs, x)
 	}
 }
 
@@ -411,18 +368,6 @@ func (s *Server) dropClient(ep Endpoint) {
 		c.Close()
 		delete(s.clients, ep)
 	}
-}
-
-// knownModel reports whether any registered instance serves model.
-func (s *Server) knownModel(model string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, in := range s.router.instances {
-		if in.Model == model {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *Server) client(ctx context.Context, ep Endpoint) (*workerclient.Client, error) {
@@ -450,32 +395,9 @@ func (s *Server) client(ctx context.Context, ep Endpoint) (*workerclient.Client,
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
-	s.mu.Lock()
-	seen := map[string]bool{}
-	var data []map[string]any
-	for _, in := range s.router.instances {
-		if in.Ready && !seen[in.Model] {
-			seen[in.Model] = true
-			data = append(data, map[string]any{"id": in.Model, "object": "model", "owned_by": "lifeline"})
-		}
-	}
-	s.mu.Unlock()
-	if data == nil {
-		data = []map[string]any{}
+	data := []map[string]any{}
+	for _, m := range s.router.ReadyModels() {
+		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "lifeline"})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(v)
-}
-
-// writeError writes the OpenAI error shape with a stable type.
-func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {
-	if typ == ErrOverloaded {
-		w.Header().Set("Retry-After", "1")
-	}
-	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": typ}})
 }

@@ -5,7 +5,6 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -17,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
 // Error is a typed error the frontend returned (OpenAI shape).
@@ -133,43 +134,25 @@ func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (Resul
 // the end chunk's result at the end of the stream, or an error if the stream
 // broke before its end (io.ErrUnexpectedEOF) or ended with a typed error.
 func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	rd := sse.NewReader(body)
 	var res Result
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		if data == "[DONE]" {
+	for {
+		ev, err := rd.Next()
+		switch {
+		case err == io.EOF: // [DONE]
 			return res, nil
+		case err != nil:
+			return Result{}, err
+		case ev.Error != nil:
+			return Result{}, &Error{Status: http.StatusOK, Type: ev.Error.Type, Message: ev.Error.Message}
 		}
-		var chunk struct {
-			Choices []struct {
-				Text         string
-				FinishReason *string `json:"finish_reason"`
-			}
-			Lifeline struct {
-				SequenceNo    int              `json:"sequence_no"`
-				TokenID       int              `json:"token_id"`
-				InstanceID    string           `json:"instance_id"`
-				Migrations    int              `json:"migrations"`
-				LastMigration map[string]int64 `json:"last_migration"`
-			}
-			Error *struct{ Type, Message string }
+		c := ev.Chunk
+		if f := c.Finish(); f != "" {
+			res.FinishReason = f
 		}
-		if err := json.Unmarshal([]byte(data), &chunk); err != nil {
-			return Result{}, fmt.Errorf("lifeline: bad event %q: %w", data, err)
-		}
-		if chunk.Error != nil {
-			return Result{}, &Error{Status: http.StatusOK, Type: chunk.Error.Type, Message: chunk.Error.Message}
-		}
-		if len(chunk.Choices) > 0 && chunk.Choices[0].FinishReason != nil {
-			res.FinishReason = *chunk.Choices[0].FinishReason
-		}
-		seq := chunk.Lifeline.SequenceNo
+		seq := c.Lifeline.SequenceNo
 		if seq == 0 {
-			res.Migrations, res.LastMigration = chunk.Lifeline.Migrations, chunk.Lifeline.LastMigration
+			res.Migrations, res.LastMigration = c.Lifeline.Migrations, c.Lifeline.LastMigration
 			continue // the end chunk
 		}
 		if seq <= *last {
@@ -179,12 +162,8 @@ func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
 			return Result{}, fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
 		}
 		*last = seq
-		each(Token{SequenceNo: seq, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text, Instance: chunk.Lifeline.InstanceID})
+		each(Token{SequenceNo: seq, TokenID: c.Lifeline.TokenID, Text: c.Content(), Instance: c.Lifeline.InstanceID})
 	}
-	if err := sc.Err(); err != nil {
-		return Result{}, err
-	}
-	return Result{}, io.ErrUnexpectedEOF
 }
 
 func readError(resp *http.Response) error {

@@ -1,0 +1,310 @@
+package frontend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+)
+
+// This file holds the run's calls out: to the router, and to workers and
+// agents. Answers that take a while come back to the run loop as events.
+
+// tokenize encodes the prompt with the built-in tokenizer once per
+// request, for prefixKeys.
+func (x *run) tokenize() {
+	if x.promptTokens != nil {
+		return
+	}
+	tok := tokenizer.NewBuiltin()
+	ids, err := tok.Encode(x.body.Prompt)
+	if err != nil {
+		x.promptTokens = []int{}
+		return
+	}
+	x.promptTokens = append([]int{tok.BOS()}, ids...)
+}
+
+func (x *run) route(a Route) []Action {
+	rt := x.s.router
+	x.tokenize() // before the router's lock: a long prompt takes a while
+	prefer := ""
+	if prev, ok := rt.Instance(x.on); ok {
+		prefer = prev.NumericsID
+	}
+	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, a.Exclude, time.Now(), x.prefixKeys)
+	if err != nil {
+		return x.r.NoRoute(a.Epoch, x.overloaded)
+	}
+	x.obs.routed(cached, used)
+	d := Endpoint{in.ID, in.Generation}
+	if p, ok := x.pickPrefill(in, cached, a.Exclude); ok {
+		return x.r.RoutedPD(a.Epoch, d, p, time.Now())
+	}
+	if x.r.Received() == 0 && rt.HasPrefill(x.body.Model) {
+		x.obs.handOff("no_prefill")
+	}
+	return x.r.Routed(a.Epoch, d, time.Now())
+}
+
+// pickPrefill splits prefill from decode on d while nothing is generated
+// yet and a prefill instance with d's numerics is there — unless d's node
+// already holds the whole prompt (cached blocks of it).
+func (x *run) pickPrefill(d Instance, cached int, exclude map[string]bool) (Endpoint, bool) {
+	keys := x.prefixKeys(d)
+	whole := len(keys) > 0 && cached >= len(keys)
+	if x.r.Received() > 0 || x.r.PrefillFailures >= MaxPrefillAttempts || whole {
+		return Endpoint{}, false
+	}
+	p, err := x.s.router.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, exclude, time.Now(), x.prefixKeys)
+	if err != nil {
+		return Endpoint{}, false
+	}
+	return Endpoint{p.ID, p.Generation}, true
+}
+
+// prefixKeys are the block keys of prompt ‖ received tokens under in's KV
+// identity, when this frontend tokenizes the way in does (the built-in
+// tokenizer); nil otherwise, and routing for in is by load only. The
+// router calls it under its lock.
+func (x *run) prefixKeys(in Instance) []blockid.BlockKey {
+	id := in.KVIdentity
+	if id == nil || id.BlockSize <= 0 || id.TokenizerHash != tokenizer.NewBuiltin().Hash() {
+		return nil
+	}
+	if keys, ok := x.keys[*id]; ok && x.keysAt == x.r.Received() {
+		return keys
+	}
+	if x.keysAt != x.r.Received() {
+		x.keys, x.keysAt = map[blockid.Identity][]blockid.BlockKey{}, x.r.Received()
+	}
+	if len(x.promptTokens) == 0 {
+		return nil // route tokenizes before it takes the router's lock
+	}
+	tokens := slices.Clone(x.promptTokens)
+	for _, t := range x.r.Output {
+		tokens = append(tokens, t.ID)
+	}
+	keys := id.Chain(tokens, (len(tokens)-1)/id.BlockSize)
+	x.keys[*id] = keys
+	return keys
+}
+
+func (x *run) routePrefill(a RoutePrefill) []Action {
+	rt := x.s.router
+	d, _ := rt.Instance(x.r.Endpoint.InstanceID)
+	p, err := rt.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclude, time.Now(), x.prefixKeys)
+	if err != nil {
+		x.obs.handOff("no_prefill")
+	}
+	return x.r.PrefillRouted(a.Epoch, Endpoint{p.ID, p.Generation}, err == nil, time.Now())
+}
+
+// endPrefill cancels the prefill call to at, if one is open.
+func (x *run) endPrefill(at Endpoint) {
+	if cancel, ok := x.prefills[at]; ok {
+		cancel()
+		delete(x.prefills, at)
+	}
+}
+
+// nodeOf is the node of an instance this run used or the router knows
+// ("" if neither): a dead instance leaves the router, not this run.
+func (x *run) nodeOf(id string) string {
+	if n, ok := x.nodes[id]; ok {
+		return n
+	}
+	n := x.s.router.NodeOf(id)
+	if n != "" {
+		x.nodes[id] = n
+	}
+	return n
+}
+
+// epochCtx is the context of every worker call of epoch; CancelWorker
+// for the epoch ends them all.
+func (x *run) epochCtx(ctx context.Context, epoch uint64) context.Context {
+	c, cancel := context.WithCancel(ctx)
+	if prev, ok := x.streams[epoch]; ok {
+		x.streams[epoch] = func() { prev(); cancel() }
+	} else {
+		x.streams[epoch] = cancel
+	}
+	return c
+}
+
+// generateRequest is the worker request of this run at epoch.
+func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
+	p := make([]int32, len(prefix))
+	for i, t := range prefix {
+		p[i] = int32(t)
+	}
+	b := x.body
+	g := &wire.Generate{RequestId: x.r.ID, RequestEpoch: epoch, Prompt: b.Prompt, PrefixTokens: p, MaxTokens: int32(x.r.MaxTokens),
+		TopK: int32(b.TopK), Seed: b.Seed, Stop: b.Stop, IgnoreEos: b.IgnoreEOS, FrequencyPenalty: b.FrequencyPenalty, PresencePenalty: b.PresencePenalty,
+		Temperature: 1, TopP: 1}
+	if b.Temperature != nil {
+		g.Temperature = *b.Temperature
+	}
+	if b.TopP != nil {
+		g.TopP = *b.TopP
+	}
+	return g
+}
+
+// prefill sends the prompt to the prefill instance; its hand-off (or
+// failure) comes back as an event.
+func (x *run) prefill(ctx context.Context, a Prefill) []Action {
+	s, rt := x.s, x.s.router
+	failed := func(err error) []Action { return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error()) }
+	c, err := s.client(ctx, a.At)
+	if err != nil {
+		return failed(err)
+	}
+	g := x.generateRequest(a.Epoch, nil)
+	g.PrefillOnly = true
+	if len(x.prefillNodes) > 0 {
+		// An earlier prefill instance died: what it published on its
+		// node is pulled, not computed again.
+		g.KvSources = rt.KVSources(x.prefillNodes, rt.NodeOf(a.At.InstanceID))
+	}
+	// A prefill has its own cancel (a failed one is abandoned while the
+	// epoch goes on), under the epoch's.
+	pctx, cancel := context.WithCancel(x.epochCtx(ctx, a.Epoch))
+	x.prefills[a.At] = cancel
+	st, err := c.Generate(pctx, g)
+	if err != nil {
+		return failed(err)
+	}
+	p, _ := rt.Instance(a.At.InstanceID)
+	kv := KVRef{From: a.At, Node: x.nodeOf(a.At.InstanceID), KVAddr: p.KVAddr}
+	// Announcements of either instance's death reach this run: the
+	// decode instance is chosen already, and may die while P works.
+	s.track(x, a.At.InstanceID, x.r.Endpoint.InstanceID)
+	go x.awaitHandOff(pctx, st, a.Epoch, kv)
+	return nil
+}
+
+// awaitHandOff reads a prefill stream to its hand-off (the keys of the
+// blocks published, completing kv) or failure, and delivers it.
+func (x *run) awaitHandOff(ctx context.Context, st *workerclient.Stream, epoch uint64, kv KVRef) {
+	res := &prefillResult{at: kv.From}
+	for {
+		f, err := st.Next()
+		switch {
+		case err != nil && errors.Is(err, io.EOF):
+			res.err = fmt.Errorf("prefill stream ended without a hand-off")
+		case err != nil:
+			res.err = err
+		case f.Error != nil:
+			res.err = fmt.Errorf("prefill: %s", f.Error.Message)
+		case f.FinishReason == "prefilled":
+			kv.Keys = f.KvKeys
+			res.kv = kv
+		case f.FinishReason != "":
+			res.err = fmt.Errorf("prefill ended with %q", f.FinishReason)
+		default:
+			continue
+		}
+		if ctx.Err() == nil {
+			x.deliver(ctx, event{epoch: epoch, prefill: res})
+		}
+		return
+	}
+}
+
+// TransferTimeout bounds a P/D hand-off's pull.
+const TransferTimeout = 5 * time.Second
+
+// transfer asks the decode instance's node to pull the prompt's blocks
+// from the prefill node; the answer comes back as an event.
+func (x *run) transfer(ctx context.Context, a Transfer) {
+	s := x.s
+	d, _ := s.router.Instance(a.To.InstanceID)
+	sources := s.router.KVSources([]string{a.KV.Node}, d.Node)
+	b := &transferpb.Binding{RequestId: x.r.ID, ModelRevision: d.ModelRevision, SourceInstance: a.KV.From.InstanceID,
+		SourceGeneration: a.KV.From.Generation, DestinationInstance: a.To.InstanceID, DestinationGeneration: a.To.Generation,
+		FirstBlock: 0, BlockCount: uint32(len(a.KV.Keys)), RequestEpoch: a.Epoch, TransferEpoch: a.TransferEpoch}
+	tctx := x.epochCtx(ctx, a.Epoch)
+	go func() {
+		// Past TransferTimeout the decode instance computes the prompt
+		// itself; the cancel also frees the pull's staged slots.
+		pctx, cancel := context.WithTimeoutCause(tctx, TransferTimeout, fmt.Errorf("no answer within %v", TransferTimeout))
+		defer cancel()
+		res := &transferResult{transferEpoch: a.TransferEpoch}
+		if d.KVAddr == "" {
+			res.err = fmt.Errorf("decode node %s has no KV transfer endpoint", d.Node)
+		} else {
+			res.reply, res.err = s.kv.Pull(pctx, d.KVAddr, &transferpb.Pull{Binding: b, Keys: a.KV.Keys, Sources: sources})
+			if res.err != nil && pctx.Err() != nil && tctx.Err() == nil {
+				res.err = fmt.Errorf("kv transfer: %w", context.Cause(pctx))
+			}
+		}
+		if tctx.Err() == nil {
+			x.deliver(tctx, event{epoch: a.Epoch, transfer: res})
+		}
+	}()
+}
+
+func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
+	s, rt := x.s, x.s.router
+	// Pick only returns ready instances; this counts any that the view
+	// marked not ready between the pick and the send.
+	if in, ok := rt.Instance(d.To.InstanceID); ok && !in.Ready {
+		x.obs.notReadyRouted()
+	}
+	c, err := s.client(ctx, d.To)
+	if err != nil {
+		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
+	g := x.generateRequest(d.Epoch, d.Prefix)
+	if (len(d.Prefix) > 0 || len(x.prefillNodes) > 0) && !s.opts.NoKVPull {
+		// A migration, or a prefill instance died: the blocks of prompt ‖
+		// prefix may be published on the node of the instance that failed
+		// (its agent outlives it) or of a prefill instance; the new worker
+		// pulls what its node lacks.
+		first := append([]string{x.nodeOf(x.on), x.nodeOf(x.lastPrefill)}, x.prefillNodes...)
+		g.KvSources = rt.KVSources(first, rt.NodeOf(d.To.InstanceID))
+	}
+	sctx := x.epochCtx(ctx, d.Epoch)
+	st, err := c.Generate(sctx, g)
+	if err != nil {
+		s.dropClient(d.To)
+		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
+	x.taken[d.Epoch] = true
+	x.on = d.To.InstanceID
+	x.nodeOf(x.on)
+	s.track(x, x.on)
+	go x.readFrames(sctx, st, d.Epoch, d.To)
+	return nil
+}
+
+// readFrames delivers a decode stream's frames until its finish, or its
+// failure.
+func (x *run) readFrames(ctx context.Context, st *workerclient.Stream, epoch uint64, to Endpoint) {
+	for {
+		f, err := st.Next()
+		if err != nil {
+			if ctx.Err() == nil {
+				if errors.Is(err, io.EOF) {
+					err = fmt.Errorf("worker stream ended without a finish")
+				}
+				x.deliver(ctx, event{epoch: epoch, err: err})
+			}
+			return
+		}
+		x.deliver(ctx, event{epoch: epoch, frame: f, from: to})
+		if f.FinishReason != "" {
+			return
+		}
+	}
+}

@@ -1,0 +1,81 @@
+package frontend
+
+import (
+	"log/slog"
+	"time"
+)
+
+// observer logs and counts what one request's interpreter does; it
+// decides nothing.
+type observer struct {
+	log *slog.Logger
+	m   *metrics
+	r   *Request
+}
+
+func (o observer) migrating(reason string) {
+	r := o.r
+	o.log.Warn("migrating", "request_id", r.ID, "request_epoch", r.Epoch, "attempt", r.Migrations,
+		"sequence_no", r.Received(), "failure_reason", reason, "recovery_action", "re-prefill elsewhere")
+	o.m.migrations.WithLabelValues("attempt").Inc()
+}
+
+func (o observer) recovered(took time.Duration) {
+	o.m.migrations.WithLabelValues("success").Inc()
+	o.m.migrationTime.Observe(took.Seconds())
+}
+
+// routed counts a routing decision by whether the chosen node's prefix
+// summary was used, and held some of the request.
+func (o observer) routed(cached int, used bool) {
+	switch {
+	case cached > 0:
+		o.m.cacheRoutes.WithLabelValues("hit").Inc()
+	case used:
+		o.m.cacheRoutes.WithLabelValues("miss").Inc()
+	default:
+		o.m.cacheRoutes.WithLabelValues("load_only").Inc()
+	}
+}
+
+// notReadyRouted counts a request sent to an instance that the view
+// marked not ready between the pick and the send.
+func (o observer) notReadyRouted() { o.m.notReadyRouted.Inc() }
+
+func (o observer) dispatch(d Dispatch) {
+	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
+		"generation", d.To.Generation, "sequence_no", len(d.Prefix))
+	o.m.replayedPrefill.Add(float64(len(d.Prefix)))
+}
+
+func (o observer) prefill(p Prefill) {
+	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation)
+}
+
+func (o observer) prefillFailed() { o.m.prefillFailures.Inc() }
+
+// handOff counts a prefill/decode hand-off by its path.
+func (o observer) handOff(path string) { o.m.pd.WithLabelValues(path).Inc() }
+
+func (o observer) transfer(t Transfer) {
+	o.log.Info("kv transfer", "request_id", o.r.ID, "request_epoch", t.Epoch, "transfer_epoch", t.TransferEpoch,
+		"instance_id", t.To.InstanceID, "from_node", t.KV.Node, "blocks", len(t.KV.Keys))
+}
+
+func (o observer) transferFailed(why string) {
+	o.log.Warn("kv transfer failed; decode recomputes", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "err", why)
+	o.handOff("transfer_failed")
+}
+
+func (o observer) transferred(bytes uint64) {
+	o.handOff("transfer")
+	o.m.transferBytes.Add(float64(bytes))
+}
+
+func (o observer) finished() {
+	r := o.r
+	if r.Err != nil {
+		o.log.Warn("request failed", "request_id", r.ID, "request_epoch", r.Epoch, "failure_reason", r.Err.Type, "attempt", r.Migrations)
+	}
+	o.m.settle(r)
+}

@@ -1,0 +1,210 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
+)
+
+// The registry watch keeps the router in line with etcd: instances'
+// registrations, nodes' records, and failure announcements, which fail the
+// streams on that instance at once.
+
+// syncTimeout bounds one full read of the registry; syncRetry spaces
+// attempts while etcd is unreachable.
+const (
+	syncTimeout = 5 * time.Second
+	syncRetry   = 200 * time.Millisecond
+)
+
+// firstSync reads the registry until it succeeds, for up to wait: a
+// frontend serves only with a view of it.
+func (s *Server) firstSync(ctx context.Context, wait time.Duration) (int64, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		rev, err := s.sync(ctx)
+		if err == nil || !time.Now().Before(deadline) {
+			return rev, err
+		}
+		if err := sleep(ctx, syncRetry); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// sync replaces the router's view with a full read and returns its revision.
+func (s *Server) sync(ctx context.Context) (int64, error) {
+	gctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	resp, err := s.etcd.Get(gctx, schema.InstancesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	nodes, err := s.etcd.Get(gctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision))
+	if err != nil {
+		return 0, err
+	}
+	var all []Instance
+	var allNodes []Node
+	for _, kv := range nodes.Kvs {
+		if n, ok := decodeNode(kv.Value); ok {
+			allNodes = append(allNodes, n)
+		}
+	}
+	s.mu.Lock()
+	for _, kv := range resp.Kvs {
+		if in, addr, ok := decodeRegistration(kv.Value); ok {
+			all = append(all, in)
+			s.addrs[in.ID] = addr
+		}
+	}
+	s.mu.Unlock()
+	s.router.Replace(all)
+	s.router.ReplaceNodes(allNodes)
+	return resp.Header.Revision, nil
+}
+
+// watch follows the registry from rev until ctx ends; when a watch breaks
+// it reads the registry afresh and watches on from there, keeping the last
+// view while etcd is unreachable.
+func (s *Server) watch(ctx context.Context, rev int64) {
+	for first := true; ctx.Err() == nil; first = false {
+		if !first {
+			var err error
+			if rev, err = s.sync(ctx); err != nil {
+				sleep(ctx, syncRetry)
+				continue
+			}
+		}
+		s.watchFrom(ctx, rev)
+	}
+}
+
+// watchFrom applies the registry's changes after rev until one of its
+// watches breaks or ctx ends.
+func (s *Server) watchFrom(ctx context.Context, rev int64) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	insts := s.etcd.Watch(wctx, schema.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	fails := s.etcd.Watch(wctx, schema.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	nodes := s.etcd.Watch(wctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case wr, ok := <-insts:
+			if !ok || wr.Err() != nil {
+				return
+			}
+			s.applyInstances(wr.Events)
+		case nr, ok := <-nodes:
+			if !ok || nr.Err() != nil {
+				return
+			}
+			s.applyNodes(nr.Events)
+		case fr, ok := <-fails:
+			if !ok || fr.Err() != nil {
+				return
+			}
+			s.applyFailures(fr.Events)
+		}
+	}
+}
+
+func (s *Server) applyInstances(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		id := strings.TrimPrefix(string(ev.Kv.Key), schema.InstancesPrefix)
+		if ev.Type == clientv3.EventTypeDelete {
+			s.instanceGone(id, 0, "deregistered")
+			continue
+		}
+		if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
+			s.mu.Lock()
+			s.addrs[in.ID] = addr
+			s.mu.Unlock()
+			s.router.Update(in)
+		}
+	}
+}
+
+func (s *Server) applyNodes(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypeDelete {
+			s.router.RemoveNode(strings.TrimPrefix(string(ev.Kv.Key), schema.NodesPrefix))
+		} else if n, ok := decodeNode(ev.Kv.Value); ok {
+			s.router.UpdateNode(n)
+		}
+	}
+}
+
+func (s *Server) applyFailures(evs []*clientv3.Event) {
+	for _, ev := range evs {
+		if ev.Type == clientv3.EventTypePut {
+			var f schema.Failure
+			if json.Unmarshal(ev.Kv.Value, &f) == nil {
+				s.instanceGone(f.InstanceID, f.Generation, "worker died: "+f.Reason)
+			}
+		}
+	}
+}
+
+func decodeNode(b []byte) (Node, bool) {
+	var r schema.NodeRecord
+	if json.Unmarshal(b, &r) != nil || r.Node == "" {
+		return Node{}, false
+	}
+	n := Node{Name: r.Node, KVAddr: r.KVAddr, Prefixes: make(map[string]bool, len(r.Prefixes)), Updated: time.Unix(0, r.UpdatedUnixNano)}
+	for _, p := range r.Prefixes {
+		n.Prefixes[p] = true
+	}
+	return n, true
+}
+
+func decodeRegistration(b []byte) (Instance, string, bool) {
+	var r schema.Registration
+	if json.Unmarshal(b, &r) != nil || r.InstanceID == "" {
+		return Instance{}, "", false
+	}
+	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
+		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr, KVIdentity: r.KVIdentity}, r.Addr, true
+}
+
+// instanceGone removes an instance and fails every stream on it now,
+// without waiting for the stream itself to notice. A failure names a
+// generation: a late notice about an older generation never touches the
+// newer one that replaced it.
+func (s *Server) instanceGone(id string, gen uint64, reason string) {
+	gen = s.router.Fail(id, gen, time.Now())
+	s.mu.Lock()
+	var runs []*run
+	for r := range s.active[id] {
+		runs = append(runs, r)
+	}
+	for ep, c := range s.clients {
+		if ep.InstanceID == id && ep.Generation <= gen {
+			c.Close()
+			delete(s.clients, ep)
+		}
+	}
+	s.mu.Unlock()
+	for _, r := range runs {
+		r.notify(event{failed: true, instance: id, gen: gen, reason: reason})
+	}
+}
+
+// sleep waits for d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,337 @@
+package frontend
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
+	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+)
+
+// event is what a request's run loop waits on.
+type event struct {
+	epoch    uint64
+	frame    *wire.Frame
+	from     Endpoint // the instance and generation the frame's stream was opened to
+	err      error    // the worker stream broke
+	failed   bool     // the instance was announced dead
+	instance string
+	gen      uint64 // the generation that died
+	reason   string
+	// P/D: a prefill's hand-off or failure, a transfer's answer.
+	prefill  *prefillResult
+	transfer *transferResult
+}
+
+type prefillResult struct {
+	at  Endpoint
+	kv  KVRef
+	err error
+}
+
+type transferResult struct {
+	transferEpoch uint64
+	reply         *transferpb.PullReply
+	err           error
+}
+
+// run interprets one request's state machine: it carries out the actions
+// the machine returns and feeds the machine what comes back (frames,
+// failures, hand-offs, timers). It decides nothing itself.
+type run struct {
+	s      *Server
+	r      *Request
+	body   CompletionRequest
+	st     *stream
+	events chan event
+	obs    observer
+	tl     timeline
+	// cancelled is set once the request's context ended (the client
+	// cancelled it, or the server stops).
+	cancelled bool
+	// overloaded is set once a worker refused the request as overloaded.
+	overloaded  bool
+	lastFailure string
+	// streams cancels every worker call of each epoch (prefill, transfer,
+	// decode); taken records the epochs whose decode stream opened.
+	streams map[uint64]context.CancelFunc
+	taken   map[uint64]bool
+	on      string // instance currently serving
+	// lastPrefill is the prefill instance that handed off last;
+	// prefillNodes the nodes of prefill instances that failed this
+	// request (they may have published blocks before dying).
+	lastPrefill  string
+	prefillNodes []string
+	nodes        map[string]string // instance id → node, of instances used
+	prefills     map[Endpoint]context.CancelFunc
+	// promptTokens is the prompt under the built-in tokenizer (BOS
+	// first; empty if it cannot be encoded); keys memoises prefixKeys per
+	// KV identity, for keysAt received tokens.
+	promptTokens []int
+	keys         map[blockid.Identity][]blockid.BlockKey
+	keysAt       int
+}
+
+func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
+	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r},
+		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
+		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
+}
+
+// notify hands an announcement to the run loop without blocking the
+// registry watcher; a lost announcement is caught by the stall timeout.
+func (x *run) notify(e event) {
+	select {
+	case x.events <- e:
+	default:
+	}
+}
+
+// deliver hands a worker frame to the run loop, waiting while it is busy:
+// a frame is never dropped. ctx is the worker stream's.
+func (x *run) deliver(ctx context.Context, e event) {
+	select {
+	case x.events <- e:
+	case <-ctx.Done():
+	}
+}
+
+// loop drives the request's state machine until it ends.
+func (x *run) loop(ctx context.Context) {
+	defer x.cancelAll()
+	acts := x.r.Start(time.Now())
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var deadline <-chan time.Time
+	if !x.r.Deadline.IsZero() {
+		t := time.NewTimer(time.Until(x.r.Deadline))
+		defer t.Stop()
+		deadline = t.C
+	}
+	for !x.execAll(ctx, acts) {
+		select {
+		case <-ctx.Done():
+			acts = x.onCancel()
+		case e := <-x.events:
+			acts = x.handle(e, time.Now())
+		case <-deadline:
+			acts = x.r.OnDeadline(time.Now())
+		case <-tick.C:
+			acts = x.r.Tick(time.Now())
+			x.s.reapIdle(x.st)
+		}
+	}
+}
+
+// execAll carries out acts, and the actions they lead to, in order; true
+// once the request has finished.
+func (x *run) execAll(ctx context.Context, acts []Action) bool {
+	for len(acts) > 0 {
+		a := acts[0]
+		acts = acts[1:]
+		if _, ok := a.(Finish); ok {
+			x.finish()
+			return true
+		}
+		acts = append(acts, x.exec(ctx, a)...)
+	}
+	return false
+}
+
+// exec carries out one action; what it returns comes from the machine.
+func (x *run) exec(ctx context.Context, a Action) []Action {
+	switch a := a.(type) {
+	case Route:
+		return x.execRoute(a)
+	case Dispatch:
+		return x.execDispatch(ctx, a)
+	case Deliver:
+		x.execDeliver(a)
+	case Prefill:
+		x.tl.markPrefillSent(time.Now())
+		x.obs.prefill(a)
+		return x.prefill(ctx, a)
+	case PrefillFailed:
+		x.execPrefillFailed(a)
+	case RoutePrefill:
+		return x.routePrefill(a)
+	case Transfer:
+		x.tl.markTransferSent(time.Now())
+		x.obs.transfer(a)
+		x.transfer(ctx, a)
+	case CancelWorker:
+		if c, ok := x.streams[a.Epoch]; ok {
+			c()
+			delete(x.streams, a.Epoch)
+		}
+	}
+	return nil
+}
+
+func (x *run) execRoute(a Route) []Action {
+	if x.r.State == Migrating {
+		x.obs.migrating(x.lastFailure)
+		x.tl.migrating(time.Now())
+	}
+	acts := x.route(a)
+	if x.r.State == Prefilling {
+		x.tl.markRouted(time.Now())
+	}
+	return acts
+}
+
+func (x *run) execDispatch(ctx context.Context, d Dispatch) []Action {
+	x.obs.dispatch(d)
+	x.tl.markDecodeSent(time.Now())
+	acts := x.dispatch(ctx, d)
+	if x.taken[d.Epoch] {
+		x.st.taken()
+	}
+	x.tl.markDispatched(time.Now())
+	return acts
+}
+
+func (x *run) execDeliver(d Deliver) {
+	x.overloaded = false
+	now := time.Now()
+	if x.r.PD != "" && len(x.r.Output) == len(d.Tokens) {
+		x.tl.markFirstToken(now)
+	}
+	if took, ok := x.tl.markRecovered(now); ok {
+		x.obs.recovered(took)
+	}
+	x.st.append(d.Tokens)
+}
+
+// execPrefillFailed ends a failed prefill instance's part. Every way one
+// fails (stream error, death announcement, stall) ends up here once.
+func (x *run) execPrefillFailed(a PrefillFailed) {
+	x.obs.prefillFailed()
+	x.prefillNodes = append(x.prefillNodes, x.nodeOf(a.At.InstanceID))
+	x.endPrefill(a.At)
+	x.s.dropClient(a.At)
+}
+
+func (x *run) finish() {
+	x.obs.finished()
+	x.st.finish(x.r, x.summary())
+	x.s.forgetLater(x.st)
+}
+
+// summary is the lifeline object of the request's end.
+func (x *run) summary() sse.Lifeline {
+	r := x.r
+	l := sse.Lifeline{RequestID: r.ID, Migrations: r.Migrations, KVReusedPositions: r.ReusedPositions, LastMigration: x.tl.lastMigration()}
+	if r.PD != "" {
+		l.PD, l.KVTransferBytes, l.PDTimelineMs = r.PD, r.TransferBytes, x.tl.pdMs()
+	}
+	return l
+}
+
+// onCancel: the request's context ended. The first time the request is
+// cancelled; afterwards the cancel is confirmed.
+func (x *run) onCancel() []Action {
+	if x.cancelled {
+		return x.r.CancelDone()
+	}
+	x.cancelled = true
+	return append(x.r.Cancel(), x.r.CancelDone()...)
+}
+
+// handle feeds an event to the machine.
+func (x *run) handle(e event, now time.Time) []Action {
+	switch {
+	case e.failed:
+		return x.onAnnouncedFailure(e, now)
+	case e.prefill != nil:
+		return x.onPrefillResult(e.epoch, e.prefill, now)
+	case e.transfer != nil:
+		return x.onTransferResult(e.epoch, e.transfer, now)
+	case e.err != nil:
+		x.lastFailure = e.err.Error()
+		return x.r.OnWorkerFailed(e.epoch, e.err.Error(), true, now)
+	case e.frame.Error != nil:
+		return x.onWorkerError(e.epoch, e.frame.Error, now)
+	}
+	f := e.frame
+	return x.r.OnFrame(Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
+		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
+}
+
+// onAnnouncedFailure: the registry announced an instance's death; it
+// fails this request's prefill or decode instance if it is that endpoint
+// (at that generation or an older one).
+func (x *run) onAnnouncedFailure(e event, now time.Time) []Action {
+	r := x.r
+	x.lastFailure = e.reason
+	var acts []Action
+	if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
+		acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
+	}
+	if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
+		acts = append(acts, r.OnWorkerFailed(r.Epoch, e.reason, true, now)...)
+	}
+	return acts
+}
+
+func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) []Action {
+	if res.err != nil {
+		x.lastFailure = res.err.Error()
+		x.endPrefill(res.at) // a stale one too
+		return x.r.OnPrefillFailed(epoch, res.at, res.err.Error())
+	}
+	acts := x.r.OnPrefilled(epoch, res.kv, res.kv.Node == x.nodeOf(x.r.Endpoint.InstanceID), now)
+	if len(acts) > 0 { // accepted: the hand-off of the current prefill
+		x.endPrefill(res.at)
+		x.lastPrefill = res.at.InstanceID
+		x.tl.markPrefilled(time.Now())
+		if _, ok := acts[0].(Dispatch); ok {
+			x.obs.handOff(x.r.PD)
+		}
+	}
+	return acts
+}
+
+// onTransferResult: the decode node answered a pull. The current one's
+// answer is timed and counted, a stale one only counted by the machine.
+func (x *run) onTransferResult(epoch uint64, tr *transferResult, now time.Time) []Action {
+	if tr.err != nil || tr.reply.Error != "" {
+		why := fmt.Sprint(tr.err)
+		if tr.err == nil {
+			why = tr.reply.Error
+		}
+		acts := x.r.OnPullFailed(epoch, tr.transferEpoch, now)
+		if len(acts) > 0 {
+			x.tl.markTransferred(time.Now())
+			x.obs.transferFailed(why)
+		}
+		return acts
+	}
+	acts := x.r.OnPulled(epoch, tr.transferEpoch, tr.reply.Bytes, now)
+	if len(acts) > 0 {
+		x.tl.markTransferred(time.Now())
+		x.obs.transferred(tr.reply.Bytes)
+	}
+	return acts
+}
+
+// onWorkerError: the worker answered with a typed error.
+func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action {
+	if e.Code == wire.Code_OVERLOADED && x.r.Received() == 0 {
+		// Busy, not broken: try elsewhere without spending the migration
+		// budget, and answer 429 if every instance is.
+		x.overloaded = true
+		return x.r.OnOverloaded(epoch)
+	}
+	return x.r.OnWorkerFailed(epoch, e.Message, e.Retryable, now)
+}
+
+func (x *run) cancelAll() {
+	for _, c := range x.streams {
+		c()
+	}
+	x.s.untrack(x)
+}

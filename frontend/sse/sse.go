@@ -1,0 +1,208 @@
+// Package sse is the wire format of a Lifeline frontend's streamed
+// completions: the chunk every event carries, a writer that encodes a
+// stream the way the frontend sends it, and a reader that parses one back.
+// It depends on the standard library only, so that clients, benchmarks and
+// tests read streams without linking the frontend.
+//
+// A stream is a comment (a keepalive), then one event per token whose id
+// is the token's sequence number (what Last-Event-ID resumes after), then
+// either an end chunk (no id, the finish reason and the request's summary)
+// or an error event, then the data [DONE].
+package sse
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strconv"
+)
+
+// Done is the data of the event that ends a stream.
+const Done = "[DONE]"
+
+// Chunk is one streamed piece of a completion, in the OpenAI completion
+// or chat shape, with Lifeline's own object.
+type Chunk struct {
+	ID     string `json:"id"`
+	Object string `json:"object"` // "text_completion" or "chat.completion.chunk"
+	Model  string `json:"model"`
+	// Choices is one choice: the frontend streams no alternatives.
+	Choices  [1]Choice `json:"choices"`
+	Lifeline Lifeline  `json:"lifeline"`
+}
+
+// Choice is a chunk's text (completions) or delta (chat).
+type Choice struct {
+	Index        int     `json:"index"`
+	Text         *string `json:"text,omitempty"`  // completions
+	Delta        *Delta  `json:"delta,omitempty"` // chat
+	FinishReason *string `json:"finish_reason"`   // null until the end chunk
+}
+
+// Delta is a chat chunk's piece of the assistant's message.
+type Delta struct {
+	Content string `json:"content,omitempty"`
+}
+
+// Content is the chunk's text in either shape.
+func (c *Chunk) Content() string {
+	switch ch := c.Choices[0]; {
+	case ch.Text != nil:
+		return *ch.Text
+	case ch.Delta != nil:
+		return ch.Delta.Content
+	}
+	return ""
+}
+
+// Finish is the chunk's finish reason ("" until the end chunk).
+func (c *Chunk) Finish() string {
+	if f := c.Choices[0].FinishReason; f != nil {
+		return *f
+	}
+	return ""
+}
+
+// Lifeline is a chunk's "lifeline" object. A token's chunk carries the
+// token fields (SequenceNo ≥ 1); the end chunk carries the summary fields
+// instead (SequenceNo 0). Each shape is encoded with exactly its own
+// fields, zero or not, as clients may test for a field's presence.
+type Lifeline struct {
+	RequestID string `json:"request_id"`
+
+	// A token's chunk.
+	SequenceNo int    `json:"sequence_no"`
+	TokenID    int    `json:"token_id"`
+	InstanceID string `json:"instance_id"`
+
+	// The end chunk: how many times the request moved to another worker,
+	// and how much of its KV was reused instead of computed.
+	Migrations        int `json:"migrations"`
+	KVReusedPositions int `json:"kv_reused_positions"`
+	// PD is the prefill/decode hand-off's path ("" when the request was
+	// not split); only then are the transfer's bytes and the hand-off's
+	// timeline (milliseconds by step: prefill, transfer,
+	// decode_first_token) sent.
+	PD              string             `json:"pd"`
+	KVTransferBytes uint64             `json:"kv_transfer_bytes"`
+	PDTimelineMs    map[string]float64 `json:"pd_timeline_ms"`
+	// LastMigration is the timeline of the request's last migration (unix
+	// nanoseconds by step: failure_seen, routed, dispatched, first_token),
+	// nil when it never moved.
+	LastMigration map[string]int64 `json:"last_migration"`
+}
+
+// The encoded shapes of Lifeline, in the order the frontend sends their
+// fields.
+type (
+	tokenLifeline struct {
+		RequestID  string `json:"request_id"`
+		SequenceNo int    `json:"sequence_no"`
+		TokenID    int    `json:"token_id"`
+		InstanceID string `json:"instance_id"`
+	}
+	endLifeline struct {
+		RequestID         string           `json:"request_id"`
+		Migrations        int              `json:"migrations"`
+		KVReusedPositions int              `json:"kv_reused_positions"`
+		LastMigration     map[string]int64 `json:"last_migration,omitempty"`
+	}
+	pdLifeline struct {
+		endLifeline
+		PD              string             `json:"pd"`
+		KVTransferBytes uint64             `json:"kv_transfer_bytes"`
+		PDTimelineMs    map[string]float64 `json:"pd_timeline_ms"`
+	}
+)
+
+// MarshalJSON encodes the token shape or the end shape.
+func (l Lifeline) MarshalJSON() ([]byte, error) {
+	if l.SequenceNo > 0 {
+		return json.Marshal(tokenLifeline{RequestID: l.RequestID, SequenceNo: l.SequenceNo, TokenID: l.TokenID, InstanceID: l.InstanceID})
+	}
+	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration}
+	if l.PD == "" {
+		return json.Marshal(end)
+	}
+	return json.Marshal(pdLifeline{endLifeline: end, PD: l.PD, KVTransferBytes: l.KVTransferBytes, PDTimelineMs: l.PDTimelineMs})
+}
+
+// Error is the object of the event that ends a failed stream: the
+// frontend's typed error (OpenAI shape).
+type Error struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+}
+
+func (e *Error) Error() string { return e.Type + ": " + e.Message }
+
+// errorEvent is the data of an error event.
+type errorEvent struct {
+	Error Error `json:"error"`
+}
+
+// Writer encodes a stream's events onto w, one Write per event. Flushing
+// is the caller's.
+type Writer struct {
+	w   io.Writer
+	buf bytes.Buffer
+	enc *json.Encoder
+}
+
+// NewWriter returns a writer of events onto w.
+func NewWriter(w io.Writer) *Writer {
+	sw := &Writer{w: w}
+	sw.enc = json.NewEncoder(&sw.buf)
+	return sw
+}
+
+// WriteComment writes a comment, which readers skip: a keepalive, or the
+// first bytes that put a stream's headers on the wire.
+func (w *Writer) WriteComment(text string) error {
+	w.buf.Reset()
+	w.buf.WriteString(": ")
+	w.buf.WriteString(text)
+	w.buf.WriteString("\n\n")
+	return w.flush()
+}
+
+// WriteChunk writes c as one event; a token's chunk has its sequence
+// number as the event's id.
+func (w *Writer) WriteChunk(c *Chunk) error {
+	w.buf.Reset()
+	if seq := c.Lifeline.SequenceNo; seq > 0 {
+		w.buf.WriteString("id: ")
+		w.buf.WriteString(strconv.Itoa(seq))
+		w.buf.WriteByte('\n')
+	}
+	return w.data(c)
+}
+
+// WriteError writes the event that ends a failed stream.
+func (w *Writer) WriteError(e Error) error {
+	w.buf.Reset()
+	return w.data(errorEvent{Error: e})
+}
+
+// WriteDone writes the event that ends a stream.
+func (w *Writer) WriteDone() error {
+	w.buf.Reset()
+	w.buf.WriteString("data: " + Done + "\n\n")
+	return w.flush()
+}
+
+// data appends a data line holding v, and the blank line that ends the
+// event, and writes the event.
+func (w *Writer) data(v any) error {
+	w.buf.WriteString("data: ")
+	if err := w.enc.Encode(v); err != nil { // one line: JSON has no raw newlines
+		return err
+	}
+	w.buf.WriteByte('\n')
+	return w.flush()
+}
+
+func (w *Writer) flush() error {
+	_, err := w.w.Write(w.buf.Bytes())
+	return err
+}

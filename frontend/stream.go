@@ -1,0 +1,283 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+)
+
+// stream is a request's token log as clients see it: every committed
+// token, kept for resume, and a signal for the writers that follow it.
+type stream struct {
+	id        string
+	body      CompletionRequest
+	chat      bool
+	resumable bool
+
+	mu     sync.Mutex
+	tokens []Token
+	done   bool
+	r      *Request     // read under mu once done
+	end    sse.Lifeline // the request's summary, set once done
+	// dispatched is closed once a worker has taken the request.
+	dispatched     chan struct{}
+	dispatchedOnce sync.Once
+	changed        chan struct{}
+	watchers       int
+	idleAt         time.Time // when the last watcher left
+	cancel         context.CancelFunc
+}
+
+func newStream(id string, body CompletionRequest, chat, resumable bool, cancel context.CancelFunc) *stream {
+	return &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel, dispatched: make(chan struct{})}
+}
+
+func (st *stream) append(toks []Token) {
+	st.mu.Lock()
+	st.tokens = append(st.tokens, toks...)
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
+}
+
+// taken records that a worker has taken the request.
+func (st *stream) taken() { st.dispatchedOnce.Do(func() { close(st.dispatched) }) }
+
+// clientGone: a client that was waiting (not following) left. A plain
+// request is cancelled; a resumable one runs on and, with nobody
+// following it, is reaped after the resume window like any other.
+func (st *stream) clientGone() {
+	if !st.resumable {
+		st.cancel()
+		return
+	}
+	st.mu.Lock()
+	if st.watchers == 0 {
+		st.idleAt = time.Now()
+	}
+	st.mu.Unlock()
+}
+
+// finish ends the log: r is the finished request, end its summary.
+func (st *stream) finish(r *Request, end sse.Lifeline) {
+	st.mu.Lock()
+	st.done, st.r, st.end = true, r, end
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
+}
+
+// watch counts a writer following the stream; the returned func ends it
+// and reports whether the stream was done by then.
+func (st *stream) watch() (unwatch func() (done bool)) {
+	st.mu.Lock()
+	st.watchers++
+	st.mu.Unlock()
+	return func() bool {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		st.watchers--
+		st.idleAt = time.Now()
+		return st.done
+	}
+}
+
+// state is whether the log is done (and the request then), and the signal
+// of its next change.
+func (st *stream) state() (done bool, r *Request, changed chan struct{}) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.done, st.r, st.changed
+}
+
+// snapshot is the log after sequence number after: the tokens, whether it
+// is done (and the request then), and the signal of its next change.
+func (st *stream) snapshot(after int) (toks []Token, done bool, r *Request, changed chan struct{}) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	toks = append([]Token(nil), st.tokens[min(after, len(st.tokens)):]...)
+	return toks, st.done, st.r, st.changed
+}
+
+// awaitStart waits until a worker has taken the request, or it ended, or
+// the client left (false; the client's leaving is handled). A request
+// that ended before streaming anything returns its error, to be answered
+// with an HTTP status.
+func (st *stream) awaitStart(ctx context.Context) (*RequestError, bool) {
+	for {
+		done, r, changed := st.state()
+		if done && r.Err != nil && len(r.Output) == 0 {
+			return r.Err, true
+		}
+		if done {
+			return nil, true
+		}
+		select {
+		case <-st.dispatched:
+			return nil, true
+		case <-changed:
+		case <-ctx.Done():
+			st.clientGone()
+			return nil, false
+		}
+	}
+}
+
+// follow writes the stream's tokens after sequence number from, then its
+// end. When the client that made a request that did not ask to be
+// resumable (owner) goes away, the request is cancelled.
+func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, from int, owner bool) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	unwatch := st.watch()
+	// gone is set when the client went away (a failed write or its
+	// context): the request context may not be cancelled yet at that point.
+	gone := false
+	defer func() {
+		done := unwatch()
+		// A plain request lives as long as the connection that made it;
+		// followers that resumed it do not keep it alive.
+		if !done && !st.resumable && owner && (gone || req.Context().Err() != nil) {
+			st.cancel()
+		}
+	}()
+	// Send the headers (request id, resume token) before the first token:
+	// a client cut off during the prefill can still resume.
+	w.WriteHeader(http.StatusOK)
+	flusher, _ := w.(http.Flusher)
+	sw := sse.NewWriter(w)
+	if err := sw.WriteComment("lifeline"); err != nil {
+		gone = true
+		return
+	}
+	if flusher != nil {
+		flusher.Flush()
+	}
+	gone = !st.writeFrom(req.Context(), sw, flusher, from)
+}
+
+// writeFrom writes the log after sequence number from as it grows, then its
+// end; false when the client went away first.
+func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
+	next := from + 1
+	for {
+		toks, done, r, changed := st.snapshot(next - 1)
+		for _, t := range toks {
+			c := st.chunk(t.Text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
+			if err := sw.WriteChunk(&c); err != nil {
+				return false
+			}
+			next = t.SequenceNo + 1
+		}
+		if flusher != nil && len(toks) > 0 {
+			flusher.Flush()
+		}
+		if done {
+			st.writeEnd(sw, flusher, r)
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// chunk is one streamed piece in the completion or chat shape; finish is
+// nil until the end chunk.
+func (st *stream) chunk(text string, finish *string, ll sse.Lifeline) sse.Chunk {
+	c := sse.Chunk{ID: st.id, Object: "text_completion", Model: st.body.Model, Lifeline: ll}
+	c.Choices[0].FinishReason = finish
+	if st.chat {
+		c.Object = "chat.completion.chunk"
+		c.Choices[0].Delta = &sse.Delta{Content: text}
+	} else {
+		c.Choices[0].Text = &text
+	}
+	return c
+}
+
+// writeEnd ends a stream whose headers are sent: an error event or the
+// final chunk, then [DONE].
+func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
+	if r.Err != nil {
+		sw.WriteError(sse.Error{Message: r.Err.Message, Type: string(r.Err.Type)})
+	} else {
+		c := st.chunk("", &r.FinishReason, st.end)
+		sw.WriteChunk(&c)
+	}
+	sw.WriteDone()
+	if flusher != nil {
+		flusher.Flush()
+	}
+}
+
+// writeWhole answers a request that did not ask to be streamed, once it
+// has ended.
+func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream) {
+	defer st.watch()()
+	for {
+		done, r, changed := st.state()
+		if done {
+			st.writeCompletion(w, r)
+			return
+		}
+		select {
+		case <-changed:
+		case <-req.Context().Done():
+			st.clientGone()
+			return
+		}
+	}
+}
+
+// writeCompletion writes a finished request as one response in the
+// completion or chat shape.
+func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
+	if r.Err != nil {
+		writeRequestError(w, r.Err)
+		return
+	}
+	var text strings.Builder
+	for _, t := range r.Output {
+		text.WriteString(t.Text)
+	}
+	ll := wholeLifeline{Lifeline: st.end, Tokens: len(r.Output)}
+	usage := map[string]any{"completion_tokens": len(r.Output)}
+	if st.chat {
+		writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "chat.completion", "model": st.body.Model, "usage": usage,
+			"choices":  []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()}, "finish_reason": r.FinishReason}},
+			"lifeline": ll})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": st.body.Model, "usage": usage,
+		"choices":  []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}},
+		"lifeline": ll})
+}
+
+// wholeLifeline is the lifeline object of a whole (not streamed)
+// response: the end chunk's summary without the migration timeline, and
+// the number of tokens.
+type wholeLifeline struct {
+	sse.Lifeline
+	Tokens int
+}
+
+func (l wholeLifeline) MarshalJSON() ([]byte, error) {
+	end := l.Lifeline
+	end.LastMigration = nil
+	b, err := json.Marshal(end)
+	if err != nil {
+		return nil, err
+	}
+	// b is an object with a request_id at least: the count goes before
+	// its closing brace.
+	return append(b[:len(b)-1], `,"tokens":`+strconv.Itoa(l.Tokens)+`}`...), nil
+}
