@@ -23,6 +23,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/frontend/client"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
@@ -162,25 +163,17 @@ func TestFrontendBadInput(t *testing.T) {
 	}
 	var streamed strings.Builder
 	finish := ""
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
+	for rd := sse.NewReader(resp.Body); ; {
+		ev, err := rd.Next()
+		if err == io.EOF {
+			break
 		}
-		var c struct {
-			Object  string
-			Choices []struct {
-				Delta        struct{ Content string }
-				FinishReason *string `json:"finish_reason"`
-			}
+		if err != nil || ev.Chunk == nil || ev.Chunk.Object != "chat.completion.chunk" || ev.Chunk.Choices[0].Delta == nil {
+			t.Fatalf("chat chunk %s: %v", ev.Data, err)
 		}
-		if err := json.Unmarshal([]byte(data), &c); err != nil || c.Object != "chat.completion.chunk" || len(c.Choices) != 1 {
-			t.Fatalf("chat chunk %s: %v", data, err)
-		}
-		streamed.WriteString(c.Choices[0].Delta.Content)
-		if c.Choices[0].FinishReason != nil {
-			finish = *c.Choices[0].FinishReason
+		streamed.WriteString(ev.Chunk.Content())
+		if f := ev.Chunk.Finish(); f != "" {
+			finish = f
 		}
 	}
 	resp.Body.Close()
@@ -583,19 +576,16 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 	defer resp.Body.Close()
 	killed := map[string]bool{}
 	var final string
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
+	for rd := sse.NewReader(resp.Body); ; {
+		ev, err := rd.Next()
+		if err != nil {
+			break
 		}
-		var c struct {
-			Lifeline struct {
-				InstanceID string `json:"instance_id"`
-			}
+		data, id := string(ev.Data), ""
+		if ev.Chunk != nil {
+			id = ev.Chunk.Lifeline.InstanceID
 		}
-		json.Unmarshal([]byte(data), &c)
-		if id := c.Lifeline.InstanceID; id != "" && !killed[id] {
+		if id != "" && !killed[id] {
 			killed[id] = true
 			for _, w := range n.Workers(t) {
 				if w.InstanceID == id {

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -12,6 +10,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
 // runFrontendBench measures, in one run: tokens/s and inter-token latency
@@ -68,9 +67,12 @@ func runFrontendBench(kills int) error {
 		defer resp.Body.Close()
 		var gaps []time.Duration
 		last := start
-		rd := bufio.NewScanner(resp.Body)
-		for rd.Scan() {
-			if strings.HasPrefix(rd.Text(), "id: ") {
+		for rd := sse.NewReader(resp.Body); ; {
+			ev, err := rd.Next()
+			if err != nil {
+				break
+			}
+			if ev.ID != "" {
 				gaps = append(gaps, time.Since(last))
 				last = time.Now()
 			}
@@ -111,26 +113,21 @@ func runFrontendBench(kills int) error {
 		var killed time.Time
 		victim := ""
 		var timeline map[string]int64
-		rd := bufio.NewScanner(resp.Body)
-		for rd.Scan() {
-			data, ok := strings.CutPrefix(rd.Text(), "data: ")
-			if !ok || data == "[DONE]" {
+		for rd := sse.NewReader(resp.Body); ; {
+			ev, err := rd.Next()
+			if err != nil {
+				break
+			}
+			if ev.Chunk == nil {
 				continue
 			}
-			var c struct {
-				Lifeline struct {
-					SequenceNo    int              `json:"sequence_no"`
-					InstanceID    string           `json:"instance_id"`
-					LastMigration map[string]int64 `json:"last_migration"`
-				}
+			l := ev.Chunk.Lifeline
+			if l.LastMigration != nil {
+				timeline = l.LastMigration
 			}
-			json.Unmarshal([]byte(data), &c)
-			if c.Lifeline.LastMigration != nil {
-				timeline = c.Lifeline.LastMigration
-			}
-			switch c.Lifeline.SequenceNo {
+			switch l.SequenceNo {
 			case 64:
-				victim = c.Lifeline.InstanceID
+				victim = l.InstanceID
 				killed = cluster.kill(victim)
 			case 65:
 				rto = append(rto, time.Since(killed))

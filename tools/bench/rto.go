@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
 // longPrompt is a distinct prompt of about n tokens (built-in tokenizer).
@@ -60,31 +60,24 @@ func runRTOBench(kills int) error {
 			}
 			var killed time.Time
 			victim := ""
-			rd := bufio.NewScanner(resp.Body)
-			rd.Buffer(make([]byte, 1<<20), 1<<20)
-			for rd.Scan() {
-				data, ok := strings.CutPrefix(rd.Text(), "data: ")
-				if !ok || data == "[DONE]" {
+			for rd := sse.NewReader(resp.Body); ; {
+				ev, err := rd.Next()
+				if err != nil {
+					break
+				}
+				if ev.Chunk == nil {
 					continue
 				}
-				var ch struct {
-					Lifeline struct {
-						SequenceNo int     `json:"sequence_no"`
-						InstanceID string  `json:"instance_id"`
-						Reused     float64 `json:"kv_reused_positions"`
-						Migrations int     `json:"migrations"`
-					}
-				}
-				json.Unmarshal([]byte(data), &ch)
-				switch ch.Lifeline.SequenceNo {
+				l := ev.Chunk.Lifeline
+				switch l.SequenceNo {
 				case killAfter:
-					victim = ch.Lifeline.InstanceID
+					victim = l.InstanceID
 					killed = c.kill(victim)
 				case killAfter + 1:
 					rto = append(rto, time.Since(killed))
 				case 0:
-					if ch.Lifeline.Migrations > 0 {
-						reused = append(reused, ch.Lifeline.Reused)
+					if l.Migrations > 0 {
+						reused = append(reused, float64(l.KVReusedPositions))
 					}
 				}
 			}

@@ -44,7 +44,7 @@ var depRules = []depRule{
 		From: []string{"agent/nodectl", "cmd/nodectl"}, Deny: nodeMachinery},
 	{Why: "contracts are leaves: importing a schema, a client or block names costs no machinery",
 		From: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/workerclient", "decode/wire",
-			"rdma/transferclient", "rdma/transferpb", "kv/kvpb"},
+			"rdma/transferclient", "rdma/transferpb", "kv/kvpb", "frontend/sse"},
 		Deny:  []string{"..."},
 		Allow: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/wire", "rdma/transferpb", "internal/frame", "internal/pki"}},
 	{Why: "the engine and worker sit below the agent and the frontend",

@@ -1,13 +1,13 @@
 package clustertest
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
-	"strings"
 	"testing"
+
+	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
 // Token is one streamed token as a test sees it.
@@ -32,34 +32,13 @@ func StreamCompletion(t testing.TB, url string, body map[string]any, each func(T
 		msg, _ := io.ReadAll(resp.Body)
 		t.Fatalf("status %d: %s", resp.StatusCode, msg)
 	}
-	var toks []Token
 	var last map[string]any
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
-		data, ok := strings.CutPrefix(line, "data: ")
-		if !ok || data == "[DONE]" {
-			continue
-		}
-		var chunk struct {
-			Choices  []struct{ Text string }
-			Lifeline struct {
-				SequenceNo int    `json:"sequence_no"`
-				TokenID    int    `json:"token_id"`
-				InstanceID string `json:"instance_id"`
-			}
-		}
-		json.Unmarshal([]byte(data), &chunk)
-		if chunk.Lifeline.SequenceNo == 0 {
-			json.Unmarshal([]byte(data), &last)
-			continue
-		}
-		tok := Token{chunk.Lifeline.SequenceNo, chunk.Lifeline.TokenID, chunk.Choices[0].Text, chunk.Lifeline.InstanceID}
-		toks = append(toks, tok)
+	toks := readTokens(resp.Body, func(tok Token) bool {
 		if each != nil {
 			each(tok)
 		}
-	}
+		return false
+	}, func(ev sse.Event) { json.Unmarshal(ev.Data, &last) })
 	return toks, last
 }
 
@@ -67,31 +46,34 @@ func StreamCompletion(t testing.TB, url string, body map[string]any, each func(T
 // stream ends.
 func ReadSSE(t testing.TB, r io.Reader, stop func(Token) bool) []Token {
 	t.Helper()
+	return readTokens(r, stop, nil)
+}
+
+// readTokens reads SSE events with the frontend's own reader: token
+// chunks go to each (which ends the reading by returning true), any other
+// event to other. It stops at the end of the stream or at the first error
+// (a cut connection).
+func readTokens(r io.Reader, each func(Token) bool, other func(sse.Event)) []Token {
 	var toks []Token
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		data, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || data == "[DONE]" {
-			continue
+	rd := sse.NewReader(r)
+	for {
+		ev, err := rd.Next()
+		if err != nil {
+			return toks
 		}
-		var chunk struct {
-			Choices  []struct{ Text string }
-			Lifeline struct {
-				SequenceNo int `json:"sequence_no"`
-				TokenID    int `json:"token_id"`
+		if ev.Chunk == nil || ev.Chunk.Lifeline.SequenceNo == 0 {
+			if other != nil {
+				other(ev)
 			}
-		}
-		json.Unmarshal([]byte(data), &chunk)
-		if chunk.Lifeline.SequenceNo == 0 {
 			continue
 		}
-		tok := Token{Seq: chunk.Lifeline.SequenceNo, TokenID: chunk.Lifeline.TokenID, Text: chunk.Choices[0].Text}
+		l := ev.Chunk.Lifeline
+		tok := Token{Seq: l.SequenceNo, TokenID: l.TokenID, Text: ev.Chunk.Content(), Instance: l.InstanceID}
 		toks = append(toks, tok)
-		if stop != nil && stop(tok) {
-			break
+		if each != nil && each(tok) {
+			return toks
 		}
 	}
-	return toks
 }
 
 // Metrics returns the frontend's Prometheus metrics page.
