@@ -7,7 +7,7 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run engine-demo test race bench fuzz generate lint rdma clean
+.PHONY: all build run engine-demo test test-short race bench fuzz generate lint rdma clean
 
 all: build
 
@@ -26,6 +26,10 @@ engine-demo:
 # Unit, integration (real binaries as processes) and determinism tests.
 test:
 	$(GO) test -count=1 -timeout 10m ./...
+
+# The fast tier: everything but the process tests.
+test-short:
+	$(GO) test -short -count=1 ./...
 
 # The same tests under the race detector (needs a C compiler).
 race:
