@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -193,7 +192,7 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 	n.Process().Kill()
 	<-n.Exited()
 	n.Restart(t)
-	frames := collectFrames(t, s)
+	frames := clustertest.CollectFrames(t, s)
 	if last := frames[len(frames)-1]; last.FinishReason != "length" || len(frames) != 480 {
 		t.Fatalf("stream across the agent restart: %d frames, last %+v", len(frames), last)
 	}
@@ -341,11 +340,11 @@ func TestAgentEtcdOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		fs := collectFrames(t, ns)
+		fs := clustertest.CollectFrames(t, ns)
 		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_SHUTTING_DOWN && fs[0].Error.GetRetryable(), fmt.Sprintf("%+v", fs)
 	})
 	// The in-flight stream is not cut.
-	frames := collectFrames(t, s)
+	frames := clustertest.CollectFrames(t, s)
 	if last := frames[len(frames)-1]; last.FinishReason != "length" {
 		t.Fatalf("in-flight stream ended %+v", last)
 	}
@@ -363,7 +362,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs := collectFrames(t, ns); len(fs) != 4 || fs[0].Generation != next.Generation {
+	if fs := clustertest.CollectFrames(t, ns); len(fs) != 4 || fs[0].Generation != next.Generation {
 		t.Fatalf("after re-registration: %+v", fs)
 	}
 }
@@ -515,19 +514,3 @@ func TestEtcdRequiresClientCertificates(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { proctest.Main(m) }
-
-// collectFrames reads a worker stream to its end.
-func collectFrames(t *testing.T, s *workerclient.Stream) []*wire.Frame {
-	t.Helper()
-	var fs []*wire.Frame
-	for {
-		f, err := s.Next()
-		if errors.Is(err, io.EOF) {
-			return fs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs = append(fs, f)
-	}
-}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -48,21 +47,6 @@ func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...stri
 	return nil, workerclient.Ready{}
 }
 
-func collectFrames(t *testing.T, s *workerclient.Stream) []*wire.Frame {
-	t.Helper()
-	var fs []*wire.Frame
-	for {
-		f, err := s.Next()
-		if errors.Is(err, io.EOF) {
-			return fs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs = append(fs, f)
-	}
-}
-
 // TestWorkerServesOverMutualTLS: the worker process streams the same
 // tokens as the engine command, stamped with its instance and generation;
 // a client with an unknown certificate is refused; frames of an older
@@ -93,7 +77,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frames := collectFrames(t, s)
+	frames := clustertest.CollectFrames(t, s)
 	out, _, err := proctest.Run(t, "engine", "generate", "--preset", "tiny", "--prompt", "Once upon a time", "--seed", "42",
 		"--temperature", "0.9", "--top-p", "0.9", "--top-k", "40", "--max-tokens", "30", "--ignore-eos", "--json")
 	if err != nil {
@@ -111,7 +95,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 	}
 	// Bad input is a typed error frame, and the worker keeps serving.
 	s, _ = c.Generate(ctx, &wire.Generate{RequestId: "bad", Prompt: "", MaxTokens: 5})
-	if fs := collectFrames(t, s); len(fs) != 1 || fs[0].Error.GetCode() != wire.Code_INVALID_REQUEST {
+	if fs := clustertest.CollectFrames(t, s); len(fs) != 1 || fs[0].Error.GetCode() != wire.Code_INVALID_REQUEST {
 		t.Fatalf("empty prompt: %+v", fs)
 	}
 	// A client that expects generation 4 drops generation-3 frames.
@@ -121,7 +105,7 @@ func TestWorkerServesOverMutualTLS(t *testing.T) {
 	}
 	defer newer.Close()
 	s, _ = newer.Generate(ctx, &wire.Generate{RequestId: "r2", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
-	if fs := collectFrames(t, s); len(fs) != 0 || newer.StaleFrames() != 4 {
+	if fs := clustertest.CollectFrames(t, s); len(fs) != 0 || newer.StaleFrames() != 4 {
 		t.Fatalf("stale generation: %d frames delivered, %d dropped", len(fs), newer.StaleFrames())
 	}
 	// A client with another CA's certificate cannot connect.

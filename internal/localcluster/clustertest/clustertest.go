@@ -7,7 +7,9 @@ package clustertest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"syscall"
@@ -17,6 +19,8 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -233,4 +237,20 @@ func CertDir(t testing.TB) string {
 		t.Fatalf("certs init: %v %s", err, errOut)
 	}
 	return dir
+}
+
+// CollectFrames reads a worker stream to its end.
+func CollectFrames(t testing.TB, s *workerclient.Stream) []*wire.Frame {
+	t.Helper()
+	var fs []*wire.Frame
+	for {
+		f, err := s.Next()
+		if errors.Is(err, io.EOF) {
+			return fs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs = append(fs, f)
+	}
 }
