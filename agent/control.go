@@ -41,9 +41,8 @@ func (a *Agent) status() controlapi.Status {
 	a.mu.Lock()
 	st.Etcd = controlapi.EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
 	a.mu.Unlock()
-	tr := a.transport
-	st.KVTransfer = controlapi.TransferStatus{Transport: tr.Transport, Reason: tr.Reason, Devices: tr.Devices, Device: tr.Device,
-		VerbsBuilt: tr.VerbsBuilt, Addr: a.kvAddr, Stats: controlapi.TransferStats(a.transfer.Stats())}
+	st.KVTransfer = controlapi.TransferStatus{TransportStatus: controlapi.TransportStatus(a.transport), Addr: a.kvAddr,
+		Stats: controlapi.TransferStats(a.transfer.Stats())}
 	ks := a.kvOwner.Stats()
 	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
 		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects}

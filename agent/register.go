@@ -19,6 +19,11 @@ import (
 // between (canary results, GPU faults) leave an unchanged record alone.
 const nodeRefresh = 500 * time.Millisecond
 
+// resync is how often a refresh writes every key again, changed or not:
+// a key changed behind the agent's back (an operator's etcdctl, an etcd
+// restore) is repaired within it.
+const resync = 10 * time.Second
+
 // maxTxnOps is etcd's default limit on the operations of one transaction
 // (--max-txn-ops). More changes than that go in consecutive transactions.
 const maxTxnOps = 128
@@ -27,6 +32,8 @@ const maxTxnOps = 128
 // so that a refresh sends only what changed. Agent.regMu guards it.
 type registrar struct {
 	lease clientv3.LeaseID // the lease the remembered writes were under
+	// since is when the memory was last cleared.
+	since time.Time
 	// written is the last successful write of each key; a key that is not
 	// here is unknown and is written by the next refresh.
 	written map[string]written
@@ -51,11 +58,11 @@ type regWrite struct {
 
 // changes returns the writes that bring etcd from what was last written
 // to want (a write per instance key) and the node record node (stamped
-// now when written). Under a new lease nothing written before stands:
-// every key counts as changed.
+// now when written). Under a new lease nothing written before stands, nor
+// after resync: every key counts as changed.
 func (r *registrar) changes(lease clientv3.LeaseID, want []regWrite, nodeKey string, node schema.NodeRecord, now time.Time) []regWrite {
-	if lease != r.lease || r.written == nil {
-		r.lease, r.written = lease, map[string]written{}
+	if lease != r.lease || r.written == nil || now.Sub(r.since) >= resync {
+		r.lease, r.written, r.since = lease, map[string]written{}, now
 	}
 	var out []regWrite
 	for _, w := range want {
@@ -111,14 +118,17 @@ func ops(ws []regWrite, lease clientv3.LeaseID) []clientv3.Op {
 // It is sent after a.mu is released but under regMu, so that it can never
 // land after a death's deregistration; a failed one is sent again by the
 // next refresh.
-func (a *Agent) registerAll(ctx context.Context) {
+func (a *Agent) registerAll(ctx context.Context) { a.registerAt(ctx, time.Now()) }
+
+// registerAt is registerAll at the time now.
+func (a *Agent) registerAt(ctx context.Context, now time.Time) {
 	a.regMu.Lock()
 	defer a.regMu.Unlock()
 	lease, want := a.registrations()
 	if lease == 0 {
 		return
 	}
-	writes := a.reg.changes(lease, want, schema.NodesPrefix+a.opts.NodeID, a.nodeRecord(), time.Now())
+	writes := a.reg.changes(lease, want, schema.NodesPrefix+a.opts.NodeID, a.nodeRecord(), now)
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	for len(writes) > 0 {

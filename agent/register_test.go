@@ -72,8 +72,19 @@ func TestRegistrarSendsOnlyChanges(t *testing.T) {
 	}
 
 	// A new lease: every key again, whatever was written under the old one.
-	if k := keysOf(r.changes(2, afterDeath, nodeKey, node, t1)); len(k) != 3 {
+	fresh := r.changes(2, afterDeath, nodeKey, node, t1)
+	if k := keysOf(fresh); len(k) != 3 {
 		t.Fatalf("under a new lease the refresh writes %v, want every key", k)
+	}
+	r.wrote(fresh)
+
+	// Every resync, every key again: what was changed behind the agent's
+	// back is repaired.
+	if k := keysOf(r.changes(2, afterDeath, nodeKey, node, t1.Add(resync-time.Millisecond))); len(k) != 1 || k[0] != nodeKey {
+		t.Fatalf("before the resync the refresh writes %v, want the stale node record alone", k)
+	}
+	if k := keysOf(r.changes(2, afterDeath, nodeKey, node, t1.Add(resync))); len(k) != 3 {
+		t.Fatalf("at the resync the refresh writes %v, want every key", k)
 	}
 }
 
@@ -145,8 +156,11 @@ func TestRegisterAllOneTransactionOfChanges(t *testing.T) {
 		return &r
 	}
 
+	// A fixed clock: a refresh is a function of what changed, not of how
+	// long the test took.
+	now := time.Now()
 	before := revision()
-	a.registerAll(ctx)
+	a.registerAt(ctx, now)
 	if r := registration("n1-decode-tiny-0"); r == nil || r.Generation != 3 {
 		t.Fatalf("ready instance registered as %+v", r)
 	}
@@ -157,7 +171,7 @@ func TestRegisterAllOneTransactionOfChanges(t *testing.T) {
 		t.Fatalf("first refresh took revisions %d..%d, want one transaction", before, rev)
 	}
 
-	a.registerAll(ctx)
+	a.registerAt(ctx, now)
 	if rev := revision(); rev != before+1 {
 		t.Fatalf("a refresh with nothing changed wrote (revision %d, was %d)", rev, before+1)
 	}
@@ -166,7 +180,7 @@ func TestRegisterAllOneTransactionOfChanges(t *testing.T) {
 	a.instances["n1-decode-tiny-0"].running = 2
 	a.instances["n1-decode-tiny-1"].ready, a.instances["n1-decode-tiny-1"].pid = true, 101
 	a.mu.Unlock()
-	a.registerAll(ctx)
+	a.registerAt(ctx, now)
 	if rev := revision(); rev != before+2 {
 		t.Fatalf("two changed instances took revisions %d..%d, want one transaction", before+1, rev)
 	}
@@ -179,7 +193,7 @@ func TestRegisterAllOneTransactionOfChanges(t *testing.T) {
 	last := a.reg.written[nodeKey]
 	last.at = last.at.Add(-nodeRefresh)
 	a.reg.written[nodeKey] = last
-	a.registerAll(ctx)
+	a.registerAt(ctx, now)
 	resp, err := cli.Get(ctx, nodeKey)
 	if err != nil || len(resp.Kvs) != 1 || resp.Kvs[0].ModRevision != before+3 {
 		t.Fatalf("stale node record not refreshed: %v %v", resp, err)
@@ -190,7 +204,7 @@ func TestRegisterAllOneTransactionOfChanges(t *testing.T) {
 
 	// A new lease: everything again, under it.
 	a.lease = grant(t, cli)
-	a.registerAll(ctx)
+	a.registerAt(ctx, now)
 	for _, id := range []string{"n1-decode-tiny-0", "n1-decode-tiny-1"} {
 		if r := registration(id); r == nil {
 			t.Fatalf("%s not registered again under the new lease", id)

@@ -57,7 +57,7 @@ func Dial(ctx context.Context, socket string, w Writer) (*Client, error) {
 	if err := c.acquire(ctx); err != nil {
 		return nil, err
 	}
-	err := c.connect(ctx)
+	_, err := c.connect(ctx) // a new client holds nothing to lose
 	c.release()
 	if err != nil {
 		return nil, err
@@ -69,7 +69,8 @@ func Dial(ctx context.Context, socket string, w Writer) (*Client, error) {
 }
 
 // OnLost registers the function told about blocks the client had to give
-// up (their slots may be reused). It runs without the client's lock held.
+// up (their slots may be reused). It runs with nothing of the client held,
+// so it may call the client.
 func (c *Client) OnLost(f func([]Ref)) {
 	c.mu.Lock()
 	c.onLost = f
@@ -111,13 +112,13 @@ func (c *Client) acquire(ctx context.Context) error {
 
 func (c *Client) release() { <-c.line }
 
-// connect dials and says hello, re-attaching what we hold. Blocks the
-// owner does not confirm are reported lost. The caller holds the line.
-func (c *Client) connect(ctx context.Context) error {
+// connect dials and says hello, re-attaching what we hold. It returns
+// the blocks the owner did not confirm, for the caller to report with
+// reportLost once it has released the line (OnLost may call the client).
+// The caller holds the line.
+func (c *Client) connect(ctx context.Context) (lost []Ref, err error) {
 	expired, unconfirmed, err := c.sayHello(ctx)
-	c.reportLost(expired)
-	c.reportLost(unconfirmed)
-	return err
+	return append(expired, unconfirmed...), err
 }
 
 // sayHello opens a new connection and session. expired are the blocks
@@ -195,7 +196,7 @@ func forgetUnconfirmed(held map[uint32]Ref, offered []Ref, ok []bool) []Ref {
 	return lost
 }
 
-// reportLost calls OnLost, without any lock held.
+// reportLost calls OnLost, without the line or the lock held.
 func (c *Client) reportLost(lost []Ref) {
 	if len(lost) == 0 {
 		return
@@ -213,9 +214,14 @@ func (c *Client) call(ctx context.Context, req *kvpb.Request) (*kvpb.Response, e
 	if err := c.acquire(ctx); err != nil {
 		return nil, err
 	}
-	defer c.release()
+	var lost []Ref
+	defer func() {
+		c.release()
+		c.reportLost(lost)
+	}()
 	if c.conn == nil {
-		if err := c.connect(ctx); err != nil {
+		var err error
+		if lost, err = c.connect(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -225,7 +231,10 @@ func (c *Client) call(ctx context.Context, req *kvpb.Request) (*kvpb.Response, e
 		// reconnect, re-attach what we hold, and retry once. Seal and
 		// Publish are idempotent at the owner; a retried Allocate whose
 		// first copy did land leaks its slots until that session expires.
-		if err := c.connect(ctx); err != nil {
+		var again []Ref
+		again, err = c.connect(ctx)
+		lost = append(lost, again...)
+		if err != nil {
 			return nil, err
 		}
 		resp, err = c.roundTrip(ctx, req)

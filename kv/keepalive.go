@@ -78,6 +78,7 @@ func (c *Client) reconnect(ctx context.Context) {
 	if c.acquire(ctx) != nil {
 		return
 	}
-	defer c.release()
-	c.connect(ctx)
+	lost, _ := c.connect(ctx)
+	c.release()
+	c.reportLost(lost)
 }

@@ -182,8 +182,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 }
 
 func TestKVWriterKilledBetweenSealAndPublish(t *testing.T) {
-	t.Parallel()
-	n := newKVNode(t, 1*time.Second)
+	n := newKVNode(t, 1*time.Second) // serial: a 1 s lease leaves no room for a loaded machine
 	w := n.startPausedWriter(t, "decode-2", kv.FailBeforePublish)
 	if st := n.stats(t); st.ByState["SEALED"] != 1 || st.ByState["PUBLISHED"] != 0 {
 		t.Fatalf("paused before publish: %v", st)
@@ -333,8 +332,7 @@ func publishedSlotOf(t *testing.T, n *kvNode, i int) int {
 // keeps the half-written ones unreadable, and reclaims them once their
 // writer is gone and the grace passes.
 func TestKVOwnerKilledAndRestarted(t *testing.T) {
-	t.Parallel()
-	n := newKVNode(t, 1*time.Second)
+	n := newKVNode(t, 1*time.Second) // serial: a 1 s lease leaves no room for a loaded machine
 	first := runGenerate(t, n.generateArgs("decode-a")...)
 	published := int(n.stats(t).ByState["PUBLISHED"])
 	paused := n.startPausedWriter(t, "decode-p", kv.FailBeforeSeal)
@@ -398,8 +396,7 @@ func TestKVServeBadFlags(t *testing.T) {
 // follows. The writer carries on without it (private memory) and finishes;
 // the restarted owner completes the publish, and the block is reused.
 func TestKVOwnerKilledBetweenManifestAndHeader(t *testing.T) {
-	t.Parallel()
-	n := newKVNode(t, 1*time.Second)
+	n := newKVNode(t, 1*time.Second) // serial: a 1 s lease leaves no room for a loaded machine
 	n.owner.Process.Kill()
 	n.owner.Wait()
 	n.startOwner(t, "LIFELINE_FAILPOINTS="+kv.FailOwnerAfterPublishManifest+"=kill")

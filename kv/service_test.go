@@ -378,3 +378,55 @@ func waitServing(t *testing.T, sock string) {
 		t.Fatal(err)
 	}
 }
+
+// TestOnLostMayCallTheClient: an owner that comes back without our blocks
+// (another arena) makes the next call report them lost; OnLost runs with
+// nothing of the client held, so it may call the client itself.
+func TestOnLostMayCallTheClient(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "kv.sock")
+	serve := func(env *ownerEnv) func() {
+		env.opts.Now = nil
+		env.opts.Geometry.PayloadSize = 64
+		o := env.open(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- Serve(ctx, o, sock) }()
+		waitServing(t, sock)
+		return func() { cancel(); <-done; o.Close() }
+	}
+	stop := serve(newOwnerEnv(t, 8))
+	client, err := Dial(context.Background(), sock, Writer{"w", 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	refs, err := client.Allocate(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	defer serve(newOwnerEnv(t, 8))()
+	lost := make(chan []Ref, 1)
+	client.OnLost(func(rs []Ref) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := client.Allocate(ctx, 1) // calls the client from the callback
+		if err != nil {
+			t.Errorf("a call from OnLost: %v", err)
+		}
+		lost <- rs
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := client.Allocate(ctx, 1); err != nil {
+		t.Fatalf("allocate after the owner lost our blocks: %v", err)
+	}
+	select {
+	case rs := <-lost:
+		if len(rs) != 1 || rs[0] != refs[0] {
+			t.Fatalf("reported lost %v, want %v", rs, refs)
+		}
+	case <-ctx.Done():
+		t.Fatal("OnLost never returned: it could not call the client")
+	}
+}

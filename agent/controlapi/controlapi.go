@@ -79,13 +79,20 @@ type Status struct {
 // TransferStatus is the KV transfer engine as `nodectl status` shows it:
 // the transport in use and why, the endpoint, and the counters.
 type TransferStatus struct {
-	Transport  string        `json:"transport"`
-	Reason     string        `json:"reason"`
-	Devices    []string      `json:"rdma_devices"`
-	Device     string        `json:"rdma_device,omitempty"`
-	VerbsBuilt bool          `json:"verbs_built"`
-	Addr       string        `json:"addr"`
-	Stats      TransferStats `json:"stats"`
+	TransportStatus
+	Addr  string        `json:"addr"`
+	Stats TransferStats `json:"stats"`
+}
+
+// TransportStatus is the KV transport in use and why. The agent converts
+// its engine's status to this type; the conversion fails to compile if
+// the two ever differ.
+type TransportStatus struct {
+	Transport  string   `json:"transport"`
+	Reason     string   `json:"reason"`
+	Devices    []string `json:"rdma_devices"`
+	Device     string   `json:"rdma_device,omitempty"`
+	VerbsBuilt bool     `json:"verbs_built"`
 }
 
 // TransferStats are the transfer engine's counters. The agent converts

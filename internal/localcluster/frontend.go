@@ -12,16 +12,17 @@ import (
 
 // Frontend is a frontend process of the Env's binary.
 type Frontend struct {
-	// URL is where it serves HTTP.
+	// URL is where it serves HTTP, once Ready is closed.
 	URL    string
 	cmd    *exec.Cmd
+	ready  chan struct{}
 	exited chan struct{}
 }
 
-// StartFrontend starts a frontend on this Env's etcd listening on listen
-// with extra flags, copies its log to logTo (when not nil), and returns
-// once it serves, or fails if it exits or takes over a minute.
-func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
+// LaunchFrontend starts a frontend on this Env's etcd listening on listen
+// with extra flags, copies its log to logTo (when not nil), and returns at
+// once: Ready is closed when it serves (URL is set then).
+func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
 	args := append([]string{"frontend", "--listen", listen, "--etcd", e.Etcd.Endpoint, "--etcd-tls", "--certs", e.Certs}, extra...)
 	cmd := exec.Command(e.Binary, args...)
 	stderr, err := cmd.StderrPipe()
@@ -33,13 +34,13 @@ func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*F
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("localcluster: start frontend: %w", err)
 	}
-	f := &Frontend{cmd: cmd, exited: make(chan struct{})}
-	addr := make(chan string, 1)
+	f := &Frontend{cmd: cmd, ready: make(chan struct{}), exited: make(chan struct{})}
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok {
-				addr <- a
+			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok && f.URL == "" {
+				f.URL = "http://" + a
+				close(f.ready)
 			}
 			if logTo != nil {
 				fmt.Fprintln(logTo, sc.Text())
@@ -48,9 +49,18 @@ func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*F
 		cmd.Wait()
 		close(f.exited)
 	}()
+	return f, nil
+}
+
+// StartFrontend is LaunchFrontend that returns once the frontend serves,
+// or fails if it exits or takes over a minute.
+func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
+	f, err := e.LaunchFrontend(listen, logTo, extra...)
+	if err != nil {
+		return nil, err
+	}
 	select {
-	case a := <-addr:
-		f.URL = "http://" + a
+	case <-f.ready:
 		return f, nil
 	case <-f.exited:
 		return nil, fmt.Errorf("localcluster: the frontend exited before listening")
@@ -59,6 +69,9 @@ func (e *Env) StartFrontend(listen string, logTo io.Writer, extra ...string) (*F
 		return nil, fmt.Errorf("localcluster: the frontend did not listen within a minute")
 	}
 }
+
+// Ready is closed once the frontend serves.
+func (f *Frontend) Ready() <-chan struct{} { return f.ready }
 
 // Exited is closed when the frontend has exited.
 func (f *Frontend) Exited() <-chan struct{} { return f.exited }

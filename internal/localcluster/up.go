@@ -50,22 +50,18 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := u.startNodes(opts); err != nil {
 		return err
 	}
-	started := make(chan error, 1)
-	go func() {
-		f, err := env.StartFrontend(opts.Listen, u.log)
-		u.frontend = f
-		started <- err
-	}()
+	if u.frontend, err = env.LaunchFrontend(opts.Listen, u.log); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
 	select {
-	case err := <-started:
-		if err != nil {
-			return fmt.Errorf("up: %w; see %s", err, u.log.Name())
-		}
+	case <-u.frontend.Ready():
+	case <-u.frontend.Exited():
+		return fmt.Errorf("up: the frontend exited while starting; see %s", u.log.Name())
 	case name := <-u.died:
-		<-started
 		return fmt.Errorf("up: %s exited while starting; see %s", name, u.log.Name())
+	case <-time.After(time.Minute):
+		return fmt.Errorf("up: the frontend did not start within a minute; see %s", u.log.Name())
 	case <-ctx.Done():
-		<-started
 		return nil
 	}
 	u.watch(u.frontend.Exited(), "frontend")
