@@ -40,7 +40,7 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.Metrics = metricsAddr })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
-	ws := n.Workers(t)
+	ws := n.NodectlWorkers(t)
 	if len(ws) != 1 || ws[0].PID == 0 || ws[0].Generation != reg.Generation || !ws[0].Ready {
 		t.Fatalf("workers: %+v", ws)
 	}
@@ -99,7 +99,7 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if next.Generation != reg.Generation+1 {
 		t.Fatalf("back at generation %d, want %d", next.Generation, reg.Generation+1)
 	}
-	ws = n.Workers(t)
+	ws = n.NodectlWorkers(t)
 	if ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
 	}
@@ -169,7 +169,7 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 	n := clustertest.NewNode(t)
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
-	before := n.Workers(t)[0]
+	before := n.NodectlWorkers(t)[0]
 
 	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
 	if err != nil {
@@ -220,7 +220,7 @@ func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
 	})
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
-	w := n.Workers(t)[0]
+	w := n.NodectlWorkers(t)[0]
 	stopped := time.Now()
 	if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
 	})
 	t.Logf("SIGSTOP → not ready after %v", time.Since(stopped))
 	next := n.WaitRegistration(t, id, reg.Generation)
-	ws := n.Workers(t)
+	ws := n.NodectlWorkers(t)
 	if next.Generation != reg.Generation+1 || ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonCanaryTimeout {
 		t.Fatalf("after the canary threshold: generation %d, last exit %+v", next.Generation, ws[0].LastExit)
 	}
@@ -304,7 +304,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 	})
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
-	pid := n.Workers(t)[0].PID
+	pid := n.NodectlWorkers(t)[0].PID
 	tlsConf, _ := workerclient.ClientTLS(n.Env.Certs)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -327,7 +327,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 	// Not routable after the TTL.
 	var st controlapi.Status
 	proctest.WaitFor(t, 20*time.Second, "the node to say it is not routable during the etcd outage", func() (bool, string) {
-		st = n.Status(t)
+		st = n.NodectlStatus(t)
 		return !st.Etcd.Routable, fmt.Sprintf("%+v", st.Etcd)
 	})
 	if st.Etcd.LastRenewalMs < 2000 {
@@ -355,7 +355,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 	}
 	t.Cleanup(e2.Close)
 	next := n.WaitRegistration(t, id, reg.Generation)
-	if w := n.Workers(t)[0]; w.PID != pid || next.Generation <= reg.Generation {
+	if w := n.NodectlWorkers(t)[0]; w.PID != pid || next.Generation <= reg.Generation {
 		t.Fatalf("after the outage: pid %d (was %d), generation %d (was %d)", w.PID, pid, next.Generation, reg.Generation)
 	}
 	ns, err := c.Generate(ctx, &wire.Generate{RequestId: "after", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
@@ -413,7 +413,7 @@ func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
 		pids := proctest.WorkerPIDs(kvSock)
 		return len(pids) != 1 || pids[0] != w.PID, fmt.Sprintf("worker processes %v, supervised %d", pids, w.PID)
 	})
-	if again := n.Workers(t)[0]; again.PID != w.PID || !again.Ready {
+	if again := n.NodectlWorkers(t)[0]; again.PID != w.PID || !again.Ready {
 		t.Fatalf("supervised worker changed: %+v", again)
 	}
 }
@@ -426,13 +426,13 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.LeaseTTL, o.CrashLoopLimit = agent.Duration(2*time.Second), 2 })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
-	pid := n.Workers(t)[0].PID
+	pid := n.NodectlWorkers(t)[0].PID
 	etcdDir, port := n.Env.Etcd.Dir(), n.Env.Etcd.Port()
 	n.Env.Etcd.Close()
 	syscall.Kill(pid, syscall.SIGKILL)
 	// The agent waits for etcd to give the restart a generation...
 	proctest.WaitFor(t, 10*time.Second, "the instance to wait for etcd", func() (bool, string) {
-		w := n.Workers(t)[0]
+		w := n.NodectlWorkers(t)[0]
 		if w.State == "crash_loop" {
 			t.Fatalf("etcd outage counted as a crash loop: %+v", w)
 		}
@@ -441,7 +441,7 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	// ...and keeps waiting, well past what the crash-loop limit (2 exits,
 	// 100 ms backoff) would allow, without counting crashes.
 	proctest.Never(t, 3*time.Second, "the etcd outage counted as a crash loop", func() (bool, string) {
-		w := n.Workers(t)[0]
+		w := n.NodectlWorkers(t)[0]
 		return w.State == "crash_loop", fmt.Sprintf("%+v", w)
 	})
 	e2, err := embedetcd.Start(etcdDir, port, n.Env.Certs)
@@ -450,7 +450,7 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 	}
 	t.Cleanup(e2.Close)
 	next := n.WaitRegistration(t, id, reg.Generation)
-	if w := n.Workers(t)[0]; w.PID == pid || w.PID == 0 {
+	if w := n.NodectlWorkers(t)[0]; w.PID == pid || w.PID == 0 {
 		t.Fatalf("instance not restarted after etcd returned: %+v (generation %d)", w, next.Generation)
 	}
 }

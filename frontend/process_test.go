@@ -11,7 +11,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os/exec"
 	"regexp"
 	"strings"
 	"syscall"
@@ -339,7 +338,7 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 		got, _ := clustertest.StreamCompletion(t, url, body, func(tok clustertest.Token) {
 			if tok.Seq == k && victim == "" {
 				victim = tok.Instance
-				for _, w := range n.Workers(t) {
+				for _, w := range n.NodectlWorkers(t) {
 					if w.InstanceID == victim {
 						syscall.Kill(w.PID, syscall.SIGKILL)
 					}
@@ -440,13 +439,7 @@ func TestFrontendProtocols(t *testing.T) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
 	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
-	cmd := exec.Command(proctest.Lifeline(t), "frontend", "--listen", "127.0.0.1:0", "--etcd", n.Env.Etcd.Endpoint, "--etcd-tls", "--certs", n.Env.Certs, "--tls")
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	addr := strings.TrimSpace(strings.TrimPrefix(proctest.WaitLine(t, stderr, "frontend: listening on"), "frontend: listening on "))
+	addr := strings.TrimPrefix(clustertest.StartFrontend(t, n, "--tls"), "http://")
 	caTLS, err := pki.Load(n.Env.Certs, "h2")
 	if err != nil {
 		t.Fatal(err)
@@ -587,7 +580,7 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 		}
 		if id != "" && !killed[id] {
 			killed[id] = true
-			for _, w := range n.Workers(t) {
+			for _, w := range n.NodectlWorkers(t) {
 				if w.InstanceID == id {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}
@@ -616,15 +609,12 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 	})
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
-	cmd := exec.Command(proctest.Lifeline(t), "frontend", "--listen", "127.0.0.1:0", "--etcd", n.Env.Etcd.Endpoint, "--etcd-tls", "--certs", n.Env.Certs)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	// The frontend's log lines, to see where it dispatches.
+	logs, logw := io.Pipe()
+	t.Cleanup(func() { logw.Close() })
 	lines := make(chan string, 1024)
 	go func() {
-		sc := bufio.NewScanner(stderr)
+		sc := bufio.NewScanner(logs)
 		for sc.Scan() {
 			select {
 			case lines <- sc.Text():
@@ -632,12 +622,12 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 			}
 		}
 	}()
-	var url string
-	for url == "" {
-		if a, ok := strings.CutPrefix(<-lines, "frontend: listening on "); ok {
-			url = "http://" + a
-		}
+	f, err := n.Env.StartFrontend("127.0.0.1:0", logw)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { f.Stop(10 * time.Second) })
+	url := f.URL
 	body := `{"model":"small","prompt":"Tell it all at once","max_tokens":300,"seed":8,"temperature":0.9,"ignore_eos":true}`
 	post := func() map[string]any {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
@@ -663,7 +653,7 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 			InstanceID string `json:"instance_id"`
 		}
 		if json.Unmarshal([]byte(<-lines), &l) == nil && l.Msg == "dispatch" {
-			for _, w := range n.Workers(t) {
+			for _, w := range n.NodectlWorkers(t) {
 				if w.InstanceID == l.InstanceID {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}

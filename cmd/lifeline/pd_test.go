@@ -133,11 +133,11 @@ func TestPDAcrossNodes(t *testing.T) {
 	if r := int(got.ll["kv_reused_positions"].(float64)); r != (positions-1)/16*16 || r == 0 {
 		t.Fatalf("decode reused %d positions of %d", r, positions)
 	}
-	st1 := n1.Status(t)
+	st1 := n1.NodectlStatus(t)
 	if st1.KVTransfer.Stats.BlocksPulled != uint64(blocks) || st1.KVTransfer.Transport != "quic" || st1.KVTransfer.Reason == "" {
 		t.Fatalf("n1 transfer: %+v (want %d blocks pulled)", st1.KVTransfer, blocks)
 	}
-	if st2 := n2.Status(t); st2.KVTransfer.Stats.BlocksServed != uint64(blocks) {
+	if st2 := n2.NodectlStatus(t); st2.KVTransfer.Stats.BlocksServed != uint64(blocks) {
 		t.Fatalf("n2 served %d blocks, want %d", st2.KVTransfer.Stats.BlocksServed, blocks)
 	}
 	m := clustertest.Metrics(t, url)
@@ -171,7 +171,7 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 	}
 	// The decode worker read the prefill worker's blocks in its own
 	// mapping of the node's arena: no transfer, no byte copied.
-	if st := n.Status(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
+	if st := n.NodectlStatus(t); st.KVTransfer.Stats.BytesPulled != 0 || st.KVTransfer.Stats.BlocksServed != 0 || st.KVTransfer.Stats.PullsOK != 0 {
 		t.Fatalf("same-node hand-off moved bytes: %+v", st.KVTransfer.Stats)
 	}
 	// Once the node's summary lists the prompt, the same prompt skips the
@@ -247,11 +247,11 @@ func TestPDPrefillKilledBeforePublish(t *testing.T) {
 	if !strings.Contains(clustertest.Metrics(t, url), "lifeline_frontend_prefill_failures_total 1") {
 		t.Fatal("the prefill failure was not counted")
 	}
-	st2 := n2.Status(t)
+	st2 := n2.NodectlStatus(t)
 	if by, _ := st2.Arena["by_state"].(map[string]any); by["PUBLISHED"] != nil && by["PUBLISHED"].(float64) != 0 {
 		t.Fatalf("the killed prefill worker left readable blocks: %v", st2.Arena)
 	}
-	if st3 := n3.Status(t); st3.KVTransfer.Stats.BlocksServed == 0 {
+	if st3 := n3.NodectlStatus(t); st3.KVTransfer.Stats.BlocksServed == 0 {
 		t.Fatal("the blocks did not come from the second prefill node")
 	}
 	clustertest.NoOrphans(t, n1, n2, n3)
@@ -283,7 +283,7 @@ func TestPDPrefillKilledAfterPublish(t *testing.T) {
 	if got.ll["pd"] != "recompute" || int(got.ll["kv_reused_positions"].(float64)) != (positions-1)/16*16 {
 		t.Fatalf("hand-off: %v", got.ll)
 	}
-	if st := n1.Status(t); st.KVTransfer.Stats.BlocksPulled != uint64((positions-1)/16) {
+	if st := n1.NodectlStatus(t); st.KVTransfer.Stats.BlocksPulled != uint64((positions-1)/16) {
 		t.Fatalf("decode node pulled %d blocks, want %d", st.KVTransfer.Stats.BlocksPulled, (positions-1)/16)
 	}
 	clustertest.NoOrphans(t, n1, n2)
@@ -364,7 +364,7 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 	}()
 	// Epoch 11 arrives while 10 is held at its commit point.
 	proctest.WaitFor(t, 10*time.Second, "the first transfer to start", func() (bool, string) {
-		return n1.Status(t).KVTransfer.Stats.PullsInProgress != 0, ""
+		return n1.NodectlStatus(t).KVTransfer.Stats.PullsInProgress != 0, ""
 	})
 	newer, err := q.Pull(ctx, d.KVAddr, bind(11, d.Generation))
 	if err != nil || newer.Error != "" || newer.Pulled != uint32(len(keys)) {
@@ -374,7 +374,7 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 	if late == nil || !late.Stale || late.Pulled != 0 || !strings.Contains(late.Error, "stale") {
 		t.Fatalf("late completion of the older epoch: %+v", late)
 	}
-	st := n1.Status(t)
+	st := n1.NodectlStatus(t)
 	by, _ := st.Arena["by_state"].(map[string]any)
 	if st.KVTransfer.Stats.StaleDropped != 2 || by["PUBLISHED"].(float64) != float64(len(keys)) || st.KVTransfer.Stats.StagedAborted != uint64(len(keys)) {
 		t.Fatalf("after the race: transfer %+v, arena %v", st.KVTransfer.Stats, st.Arena)
@@ -423,7 +423,7 @@ func TestPDTransferCutMidway(t *testing.T) {
 	default:
 		t.Fatal("the source agent was never killed")
 	}
-	st := n1.Status(t)
+	st := n1.NodectlStatus(t)
 	if st.KVTransfer.Stats.BlocksPulled != 0 || st.KVTransfer.Stats.StagedAborted == 0 || st.KVTransfer.Stats.PullsFailed != 1 {
 		t.Fatalf("cut transfer: %+v", st.KVTransfer.Stats)
 	}
@@ -461,7 +461,7 @@ func TestPDDecodeKilledReusesKV(t *testing.T) {
 			if strings.HasPrefix(killed, "n2-") {
 				owner = n2
 			}
-			for _, w := range owner.Workers(t) {
+			for _, w := range owner.NodectlWorkers(t) {
 				if w.InstanceID == killed {
 					syscall.Kill(w.PID, syscall.SIGKILL)
 				}
@@ -525,7 +525,7 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 	if m := clustertest.Metrics(t, url); !strings.Contains(m, `lifeline_frontend_cache_aware_routes_total{result="hit"} 1`) {
 		t.Fatal("cache hit not counted")
 	}
-	if st := n1.Status(t); st.KVTransfer.Stats.PullsOK != 0 {
+	if st := n1.NodectlStatus(t); st.KVTransfer.Stats.PullsOK != 0 {
 		t.Fatalf("n1 was involved: %+v", st.KVTransfer.Stats)
 	}
 	clustertest.NoOrphans(t, n1, n2)
@@ -555,7 +555,7 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 		// Leave once the pull holds its staged slots. No t here: this is
 		// not the test's goroutine.
 		proctest.Poll(20*time.Second, func() (bool, string) {
-			st, err := n1.Node.Status(context.Background())
+			st, err := n1.Status(context.Background())
 			return err == nil && st.KVTransfer.Stats.PullsInProgress != 0, ""
 		})
 		cancel()
@@ -566,7 +566,7 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 	}
 	var st controlapi.Status
 	proctest.WaitFor(t, 10*time.Second, "the cancel to reach the pull", func() (bool, string) {
-		st = n1.Status(t)
+		st = n1.NodectlStatus(t)
 		return st.KVTransfer.Stats.PullsInProgress == 0 && st.KVTransfer.Stats.StagedAborted > 0, fmt.Sprintf("%+v", st.KVTransfer.Stats)
 	})
 	if by, _ := st.Arena["by_state"].(map[string]any); by["PUBLISHED"] != nil || st.KVTransfer.Stats.BlocksPulled != 0 {

@@ -161,7 +161,7 @@ func (n *Node) WaitWorkerReady(t testing.TB) controlapi.Worker {
 	t.Helper()
 	var w controlapi.Worker
 	proctest.WaitFor(t, time.Minute, "the worker to be ready", func() (bool, string) {
-		ws, err := n.Node.Workers(context.Background())
+		ws, err := n.Workers(context.Background())
 		if err != nil || len(ws) != 1 {
 			return false, fmt.Sprintf("%v %v\nagent log:\n%s", ws, err, n.Log.String())
 		}
@@ -171,8 +171,8 @@ func (n *Node) WaitWorkerReady(t testing.TB) controlapi.Worker {
 	return w
 }
 
-// Workers is `nodectl workers --json`, through the real binary.
-func (n *Node) Workers(t testing.TB) []controlapi.Worker {
+// NodectlWorkers is `nodectl workers --json`, through the real binary.
+func (n *Node) NodectlWorkers(t testing.TB) []controlapi.Worker {
 	t.Helper()
 	var ws []controlapi.Worker
 	if err := json.Unmarshal([]byte(n.Nodectl(t, "workers", "--json")), &ws); err != nil {
@@ -181,8 +181,8 @@ func (n *Node) Workers(t testing.TB) []controlapi.Worker {
 	return ws
 }
 
-// Status is `nodectl status --json`, through the real binary.
-func (n *Node) Status(t testing.TB) controlapi.Status {
+// NodectlStatus is `nodectl status --json`, through the real binary.
+func (n *Node) NodectlStatus(t testing.TB) controlapi.Status {
 	t.Helper()
 	var st controlapi.Status
 	if err := json.Unmarshal([]byte(n.Nodectl(t, "status", "--json")), &st); err != nil {
@@ -198,7 +198,7 @@ func NoOrphans(t testing.TB, nodes ...*Node) {
 	t.Helper()
 	for _, n := range nodes {
 		proctest.WaitFor(t, 10*time.Second, "node "+n.Options.NodeID+" to hold no orphans", func() (bool, string) {
-			st := n.Status(t)
+			st := n.NodectlStatus(t)
 			by, _ := st.Arena["by_state"].(map[string]any)
 			leases, _ := st.Arena["leases"].(float64)
 			bad := leases != 0 || st.KVTransfer.Stats.PullsInProgress != 0
