@@ -12,7 +12,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/shm"
 )
@@ -92,16 +91,7 @@ func TestRegistrarSendsOnlyChanges(t *testing.T) {
 // KV owner, nothing started.
 func testAgent(t *testing.T) (*Agent, *clientv3.Client) {
 	t.Helper()
-	e, err := embedetcd.Start(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	_, cli := testEtcd(t)
 	dir := t.TempDir()
 	owner, err := kv.Open(kv.Options{ArenaPath: filepath.Join(dir, "arena"), Geometry: shm.Geometry{Slots: 16, PayloadSize: 4096},
 		DBDir: filepath.Join(dir, "kv"), LeaseTTL: time.Second})

@@ -30,6 +30,15 @@ func runOptions(t *testing.T) (Options, *clientv3.Client) {
 	if err := pki.Init(certs, nil); err != nil {
 		t.Fatal(err)
 	}
+	e, cli := testEtcd(t)
+	return Options{NodeID: "n1", DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "agent.sock"), Metrics: "127.0.0.1:0",
+		Etcd: []string{e.Endpoint}, CertDir: certs, ArenaPath: filepath.Join(dir, "arena"), ArenaSlots: 64, ArenaSlotBytes: 8192,
+		Detector: "pidfd"}, cli
+}
+
+// testEtcd starts a plain embedded etcd and a client of it.
+func testEtcd(t *testing.T) (*embedetcd.Server, *clientv3.Client) {
+	t.Helper()
 	e, err := embedetcd.Start(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -40,9 +49,7 @@ func runOptions(t *testing.T) (Options, *clientv3.Client) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return Options{NodeID: "n1", DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "agent.sock"), Metrics: "127.0.0.1:0",
-		Etcd: []string{e.Endpoint}, CertDir: certs, ArenaPath: filepath.Join(dir, "arena"), ArenaSlots: 64, ArenaSlotBytes: 8192,
-		Detector: "pidfd"}, cli
+	return e, cli
 }
 
 // agentGoroutines lists the goroutines that still run agent code. A
