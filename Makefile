@@ -13,6 +13,7 @@ all: build
 
 build:
 	$(GO) build -o $(BIN)/lifeline ./cmd/lifeline
+	$(GO) build -o $(BIN)/nodectl ./cmd/nodectl
 
 # The whole system on this machine: embedded etcd, two node agents with a
 # decode worker each, a frontend on 127.0.0.1:8080. Ctrl-C stops it.

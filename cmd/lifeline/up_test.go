@@ -1,67 +1,262 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
-// TestUpServesAndStopsCleanly: `lifeline up` from nothing in a temporary
-// directory serves a streaming request through its frontend and, on
-// Ctrl-C, stops without leaving a process behind.
-func TestUpServesAndStopsCleanly(t *testing.T) {
-	dir := t.TempDir()
-	up := exec.Command(proctest.Lifeline(t), "up", "--data-dir", dir, "--nodes", "2", "--preset", "tiny", "--listen", proctest.FreeTCPAddr(t))
-	out, _ := up.StdoutPipe()
-	up.Stderr = os.Stderr
-	if err := up.Start(); err != nil {
+// upProcess is a `lifeline up` started by a test.
+type upProcess struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+	out    *proctest.SyncBuffer // its stdout so far
+	url    string
+}
+
+// startUp runs `lifeline up` on dir and returns once it printed its URL;
+// a cleanup kills it if the test did not stop it.
+func startUp(t *testing.T, dir string, args ...string) *upProcess {
+	t.Helper()
+	u := &upProcess{exited: make(chan struct{}), out: &proctest.SyncBuffer{}}
+	u.cmd = exec.Command(proctest.Lifeline(t), append([]string{"up", "--data-dir", dir, "--preset", "tiny", "--listen", proctest.FreeTCPAddr(t)}, args...)...)
+	u.cmd.Stdout, u.cmd.Stderr = u.out, os.Stderr
+	if err := u.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { up.Wait(); close(exited) }()
+	go func() { u.cmd.Wait(); close(u.exited) }()
 	t.Cleanup(func() {
 		select {
-		case <-exited:
+		case <-u.exited:
 		default:
-			up.Process.Kill()
-			<-exited
+			u.cmd.Process.Kill()
+			<-u.exited
 		}
 	})
-	url := strings.TrimPrefix(proctest.WaitLine(t, out, "URL http://"), "URL ")
-	// Both nodes' workers come up; the frontend routes to a ready one.
-	var toks []clustertest.Token
-	proctest.WaitFor(t, time.Minute, "lifeline up to serve", func() (bool, string) {
-		b := `{"model":"tiny","prompt":"hello there","max_tokens":12,"seed":3,"stream":true,"ignore_eos":true}`
-		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(b))
-		if err != nil {
-			return false, err.Error()
+	proctest.WaitFor(t, 2*time.Minute, "lifeline up to print its URL", func() (bool, string) {
+		for _, l := range strings.Split(u.out.String(), "\n") {
+			if a, ok := strings.CutPrefix(l, "URL "); ok {
+				u.url = a
+				return true, ""
+			}
 		}
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			return false, resp.Status
+		select {
+		case <-u.exited:
+			t.Fatalf("lifeline up exited: %s", u.out.String())
+		default:
 		}
-		toks = clustertest.ReadSSE(t, resp.Body, nil)
-		return true, ""
+		return false, u.out.String()
 	})
+	return u
+}
+
+// TestUpServesAndStopsCleanly: `lifeline up` from nothing in a temporary
+// directory serves a streaming request through its frontend the moment it
+// says it is up and, on Ctrl-C, stops without leaving a process behind.
+func TestUpServesAndStopsCleanly(t *testing.T) {
+	dir := t.TempDir()
+	up := startUp(t, dir, "--nodes", "2")
+	// No retry: "ready" is printed only once a completion can be served.
+	b := `{"model":"tiny","prompt":"hello there","max_tokens":12,"seed":3,"stream":true,"ignore_eos":true}`
+	resp, err := http.Post(up.url+"/v1/completions", "application/json", strings.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		t.Fatalf("the first request after lifeline up said it was up: %s", resp.Status)
+	}
+	toks := clustertest.ReadSSE(t, resp.Body, nil)
+	resp.Body.Close()
 	if len(toks) != 12 {
 		t.Fatalf("%d tokens through lifeline up", len(toks))
 	}
-	up.Process.Signal(syscall.SIGINT)
+	up.cmd.Process.Signal(syscall.SIGINT)
 	select {
-	case <-exited:
+	case <-up.exited:
 	case <-time.After(60 * time.Second):
 		t.Fatal("lifeline up did not stop within 60s of Ctrl-C")
 	}
 	if left := proctest.ProcessesMentioning(dir); len(left) > 0 {
 		t.Fatalf("processes left behind: %v", left)
 	}
+}
+
+// TestUpRefusesADataDirInUse: a second `lifeline up` on the same data
+// directory exits non-zero within 2 s, naming the process that has it.
+func TestUpRefusesADataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	first := startUp(t, dir, "--nodes", "1")
+	start := time.Now()
+	out, errOut, err := proctest.Run(t, "up", "--data-dir", dir, "--nodes", "1", "--preset", "tiny", "--listen", proctest.FreeTCPAddr(t))
+	if took := time.Since(start); err == nil || took > 2*time.Second {
+		t.Fatalf("second lifeline up: err %v after %v\n%s%s", err, took, out, errOut)
+	}
+	if want := fmt.Sprintf("in use by another lifeline up (pid %d)", first.cmd.Process.Pid); !strings.Contains(errOut, want) {
+		t.Fatalf("second lifeline up said %q, want it to name %q", errOut, want)
+	}
+}
+
+// TestUpSupervisesItsChildren: under `lifeline up`, the agent serving a
+// stream is SIGKILLed: the stream goes on (the agent is not on the token
+// path), up restarts the agent, which adopts the running worker (same
+// pid), and the stream completes identical to a fault-free run. Then the
+// frontend is SIGKILLed: up restarts it on the same address and it serves
+// again; up itself never stops.
+func TestUpSupervisesItsChildren(t *testing.T) {
+	dir := t.TempDir()
+	up := startUp(t, dir, "--nodes", "2")
+	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "seed": 11, "temperature": 0.9, "stream": true, "ignore_eos": true}
+	reference, _ := clustertest.StreamCompletion(t, up.url, body, nil)
+
+	var victim, sock string
+	var workerPID int
+	got, last := clustertest.StreamCompletion(t, up.url, body, func(tok clustertest.Token) {
+		if tok.Seq != 20 {
+			return
+		}
+		// The node of the instance serving the stream: node-N-decode-tiny-0.
+		victim = strings.Split(tok.Instance, "-decode-")[0]
+		sock = filepath.Join(dir, victim, "agent.sock")
+		ws, err := nodectl.Workers(context.Background(), sock)
+		if err != nil || len(ws) != 1 {
+			t.Errorf("workers of %s: %v %v", victim, ws, err)
+			return
+		}
+		workerPID = ws[0].PID
+		agentPID := agentOf(t, workerPID)
+		syscall.Kill(agentPID, syscall.SIGKILL)
+	})
+	if workerPID == 0 {
+		t.Fatal("no agent was killed")
+	}
+	if !sameTokens(got, reference) {
+		t.Fatalf("stream through an agent's SIGKILL: %d tokens, differs from the fault-free run", len(got))
+	}
+	if ll, _ := last["lifeline"].(map[string]any); ll["migrations"] != 0.0 {
+		t.Fatalf("the stream migrated: the agent's death must not touch it: %v", last)
+	}
+	proctest.WaitFor(t, 30*time.Second, "the restarted agent to adopt its worker", func() (bool, string) {
+		ws, err := nodectl.Workers(context.Background(), sock)
+		return err == nil && len(ws) == 1 && ws[0].PID == workerPID && ws[0].Ready, fmt.Sprintf("%+v %v", ws, err)
+	})
+	if out := up.out.String(); !strings.Contains(out, "up: agent "+strings.TrimPrefix(victim, "node-")+" exited (signal: killed); restarting it") {
+		t.Fatalf("up did not say why it restarted the agent:\n%s", out)
+	}
+
+	// The frontend: killed, restarted where it was.
+	frontends := proctest.ProcessesMentioning("\x00frontend\x00--listen\x00" + strings.TrimPrefix(up.url, "http://") + "\x00")
+	if len(frontends) != 1 {
+		t.Fatalf("frontend processes: %v", frontends)
+	}
+	pid, _ := strconv.Atoi(strings.SplitN(frontends[0], ":", 2)[0])
+	syscall.Kill(pid, syscall.SIGKILL)
+	proctest.WaitFor(t, 30*time.Second, "the restarted frontend to serve", func() (bool, string) {
+		resp, err := http.Get(up.url + "/v1/models")
+		if err != nil {
+			return false, err.Error()
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200, resp.Status
+	})
+	again, _ := clustertest.StreamCompletion(t, up.url, body, nil)
+	if !sameTokens(again, reference) {
+		t.Fatal("after the frontend's restart the stream differs from the fault-free run")
+	}
+	select {
+	case <-up.exited:
+		t.Fatalf("lifeline up stopped:\n%s", up.out.String())
+	default:
+	}
+}
+
+// TestUpRestartsAStoppedAgent: SIGTERM to the agent serving a stream
+// (what a stray `kill` or an OOM-killer-like stop looks like to up) stops
+// its worker; the stream migrates to the other node and completes
+// identical to a fault-free run, up restarts the agent, and its instance
+// comes back at a higher generation. Nothing else stops.
+func TestUpRestartsAStoppedAgent(t *testing.T) {
+	dir := t.TempDir()
+	up := startUp(t, dir, "--nodes", "2")
+	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "seed": 12, "temperature": 0.9, "stream": true, "ignore_eos": true}
+	reference, _ := clustertest.StreamCompletion(t, up.url, body, nil)
+	var victim string
+	var before controlapi.Worker
+	got, last := clustertest.StreamCompletion(t, up.url, body, func(tok clustertest.Token) {
+		if tok.Seq != 20 {
+			return
+		}
+		victim = strings.Split(tok.Instance, "-decode-")[0]
+		ws, err := nodectl.Workers(context.Background(), filepath.Join(dir, victim, "agent.sock"))
+		if err != nil || len(ws) != 1 {
+			t.Errorf("workers of %s: %v %v", victim, ws, err)
+			return
+		}
+		before = ws[0]
+		syscall.Kill(agentOf(t, before.PID), syscall.SIGTERM)
+	})
+	if victim == "" {
+		t.Fatal("no agent was stopped")
+	}
+	if !sameTokens(got, reference) {
+		t.Fatalf("stream through an agent's stop: %d tokens, differs from the fault-free run (end %v)", len(got), last)
+	}
+	if ll, _ := last["lifeline"].(map[string]any); ll["migrations"] != 1.0 {
+		t.Fatalf("the stream did not migrate once: %v", last)
+	}
+	sock := filepath.Join(dir, victim, "agent.sock")
+	proctest.WaitFor(t, time.Minute, "the restarted agent's instance to be ready at a higher generation", func() (bool, string) {
+		ws, err := nodectl.Workers(context.Background(), sock)
+		return err == nil && len(ws) == 1 && ws[0].Ready && ws[0].Generation > before.Generation, fmt.Sprintf("%+v %v", ws, err)
+	})
+	if out := up.out.String(); !strings.Contains(out, "up: agent "+strings.TrimPrefix(victim, "node-")+" exited (exit status 0); restarting it") {
+		t.Fatalf("up did not say why it restarted the agent:\n%s", out)
+	}
+	select {
+	case <-up.exited:
+		t.Fatalf("lifeline up stopped:\n%s", up.out.String())
+	default:
+	}
+}
+
+// agentOf returns the parent of a worker process: its agent.
+func agentOf(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ppid ...: comm may hold spaces, so split after ')'.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	ppid, err := strconv.Atoi(fields[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ppid
+}
+
+func sameTokens(a, b []clustertest.Token) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Seq != b[i].Seq || a[i].TokenID != b[i].TokenID || a[i].Text != b[i].Text {
+			return false
+		}
+	}
+	return true
 }
 
 // TestDemoFailover runs `lifeline demo failover` as a user would.

@@ -86,3 +86,13 @@ func (f *Frontend) Stop(timeout time.Duration) {
 		<-f.exited
 	}
 }
+
+// ExitState says how the frontend process ended ("" while it runs).
+func (f *Frontend) ExitState() string {
+	select {
+	case <-f.exited:
+		return f.cmd.ProcessState.String()
+	default:
+		return ""
+	}
+}

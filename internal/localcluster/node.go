@@ -163,3 +163,14 @@ func (n *Node) KillWorker(ctx context.Context, instance string) (time.Time, erro
 func (n *Node) Events(ctx context.Context) ([]controlapi.Event, error) {
 	return nodectl.Events(ctx, n.Options.Socket)
 }
+
+// ExitState says how the agent process started last ended ("" while it
+// runs).
+func (n *Node) ExitState() string {
+	select {
+	case <-n.exited:
+		return n.cmd.ProcessState.String()
+	default:
+		return ""
+	}
+}

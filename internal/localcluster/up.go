@@ -2,29 +2,44 @@ package localcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
 )
 
-// up is a running `lifeline up`.
+// up is a running `lifeline up`: it supervises its children (each agent,
+// the frontend), restarting one that exits with backoff and saying why,
+// while the rest keeps running. Only its context ending stops everything.
 type up struct {
-	env      *Env
-	nodes    []*Node
+	env  *Env
+	opts Options
+	out  io.Writer
+	log  *os.File
+
+	nodes []*Node
+	wg    sync.WaitGroup
+
+	// mu orders restarts against stop: once stopping is closed (under
+	// mu) nothing is started again.
+	mu       sync.Mutex
+	stopping chan struct{}
 	frontend *Frontend
-	log      *os.File
-	// died receives the name of a child that exited while everything
-	// should be running.
-	died chan string
+	// listen is the frontend's address, fixed at its first start so that
+	// a restarted frontend serves where clients were told to connect.
+	listen string
 }
 
-// Run starts everything, prints how to use it to out, and stops
-// everything when ctx ends.
+// Run starts everything, prints how to use it to out once a completion can
+// be served, and stops everything when ctx ends.
 func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := opts.Validate(); err != nil {
 		return err
@@ -36,48 +51,41 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
+	unlock, err := lockDataDir(dir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	env, err := NewEnv(dir, opts.Binary, "")
 	if err != nil {
 		return err
 	}
 	defer env.Close()
-	u := &up{env: env, died: make(chan string, 16)}
+	u := &up{env: env, opts: opts, out: out, listen: opts.Listen, stopping: make(chan struct{})}
 	if u.log, err = os.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
 		return err
 	}
 	defer u.log.Close()
 	defer u.stop()
-	if err := u.startNodes(opts); err != nil {
+	if err := u.startNodes(); err != nil {
 		return err
 	}
-	if u.frontend, err = env.LaunchFrontend(opts.Listen, u.log); err != nil {
-		return fmt.Errorf("up: %w", err)
+	if err := u.startFrontend(ctx); err != nil || ctx.Err() != nil {
+		return err
 	}
-	select {
-	case <-u.frontend.Ready():
-	case <-u.frontend.Exited():
-		return fmt.Errorf("up: the frontend exited while starting; see %s", u.log.Name())
-	case name := <-u.died:
-		return fmt.Errorf("up: %s exited while starting; see %s", name, u.log.Name())
-	case <-time.After(time.Minute):
-		return fmt.Errorf("up: the frontend did not start within a minute; see %s", u.log.Name())
-	case <-ctx.Done():
-		return nil
+	if err := u.waitServable(ctx); err != nil || ctx.Err() != nil {
+		return err
 	}
-	u.watch(u.frontend.Exited(), "frontend")
 	u.printUsage(out, opts)
-	select {
-	case <-ctx.Done():
-		fmt.Fprintln(out, "stopping…")
-		return nil
-	case name := <-u.died:
-		return fmt.Errorf("up: %s exited; stopping everything (see %s)", name, u.log.Name())
-	}
+	<-ctx.Done()
+	fmt.Fprintln(out, "stopping…")
+	return nil
 }
 
 // startNodes starts one agent per node, each with a decode instance;
 // prefill instance k goes to node Nodes-1-(k mod Nodes).
-func (u *up) startNodes(opts Options) error {
+func (u *up) startNodes() error {
+	opts := u.opts
 	for i := 0; i < opts.Nodes; i++ {
 		dir := filepath.Join(u.env.Dir, fmt.Sprintf("node-%d", i))
 		o := u.env.NodeOptions(fmt.Sprintf("node-%d", i), dir)
@@ -95,25 +103,153 @@ func (u *up) startNodes(opts Options) error {
 			return fmt.Errorf("up: %w", err)
 		}
 		u.nodes = append(u.nodes, n)
-		u.watch(n.Exited(), fmt.Sprintf("agent %d", i))
+		u.supervise(fmt.Sprintf("agent %d", i), n.Exited, n.ExitState, n.Start)
 	}
 	return nil
 }
 
-func (u *up) watch(exited <-chan struct{}, name string) {
+// startFrontend starts the frontend and waits until it listens.
+func (u *up) startFrontend(ctx context.Context) error {
+	u.mu.Lock()
+	err := u.launchFrontend()
+	f := u.frontend
+	u.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
+	select {
+	case <-f.Ready():
+	case <-f.Exited():
+		return fmt.Errorf("up: the frontend exited while starting (%s); see %s", f.ExitState(), u.log.Name())
+	case <-time.After(time.Minute):
+		return fmt.Errorf("up: the frontend did not start within a minute; see %s", u.log.Name())
+	case <-ctx.Done():
+		return nil
+	}
+	u.mu.Lock()
+	u.listen = strings.TrimPrefix(f.URL, "http://")
+	u.mu.Unlock()
+	u.supervise("frontend", func() <-chan struct{} {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return u.frontend.Exited()
+	}, func() string {
+		u.mu.Lock()
+		defer u.mu.Unlock()
+		return u.frontend.ExitState()
+	}, u.launchFrontend)
+	return nil
+}
+
+// launchFrontend starts a frontend process on u.listen. The caller holds
+// u.mu (supervise does, around every restart).
+func (u *up) launchFrontend() error {
+	f, err := u.env.LaunchFrontend(u.listen, u.log)
+	if err != nil {
+		return err
+	}
+	u.frontend = f
+	return nil
+}
+
+// supervise restarts a child when it exits (start runs with u.mu held), with exponential backoff
+// (100 ms doubling to 10 s, back to 100 ms after a minute of running),
+// saying why on the terminal and in the log, until up stops.
+func (u *up) supervise(name string, exited func() <-chan struct{}, state func() string, start func() error) {
+	u.wg.Add(1)
 	go func() {
-		<-exited
-		select {
-		case u.died <- name:
-		default:
+		defer u.wg.Done()
+		backoff := 100 * time.Millisecond
+		for {
+			since := time.Now()
+			select {
+			case <-exited():
+			case <-u.stopping:
+				return
+			}
+			if time.Since(since) > time.Minute {
+				backoff = 100 * time.Millisecond
+			}
+			for {
+				select {
+				case <-u.stopping:
+					return
+				default:
+				}
+				u.say("up: %s exited (%s); restarting it in %v", name, state(), backoff)
+				select {
+				case <-time.After(backoff):
+				case <-u.stopping:
+					return
+				}
+				backoff = min(2*backoff, 10*time.Second)
+				u.mu.Lock()
+				err := errStopping
+				select {
+				case <-u.stopping:
+				default:
+					err = start()
+				}
+				u.mu.Unlock()
+				if err == nil {
+					break
+				} else if err == errStopping {
+					return
+				}
+				u.say("up: restarting %s: %v", name, err)
+			}
 		}
 	}()
 }
 
-// stop stops the frontend, then the agents (which stop their workers).
+var errStopping = errors.New("up: stopping")
+
+// say writes a line to the terminal and to the log.
+func (u *up) say(format string, args ...any) {
+	line := fmt.Sprintf(format, args...)
+	fmt.Fprintln(u.out, line)
+	fmt.Fprintf(u.log, "%s %s\n", time.Now().Format(time.RFC3339Nano), line)
+}
+
+// waitServable waits until a completion is served end to end: a one-token
+// request through the frontend to a worker. Until then nothing is
+// announced, so that the first request a user sends is served.
+func (u *up) waitServable(ctx context.Context) error {
+	u.mu.Lock()
+	url := u.frontend.URL
+	u.mu.Unlock()
+	body := fmt.Sprintf(`{"model":%q,"prompt":"ready","max_tokens":1,"temperature":0}`, u.opts.Preset)
+	deadline := time.Now().Add(2 * time.Minute)
+	for ctx.Err() == nil {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("up: nothing could be served within 2 minutes; see %s", u.log.Name())
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// stop stops supervising, then the frontend, then the agents (which stop
+// their workers).
 func (u *up) stop() {
-	if u.frontend != nil {
-		u.frontend.Stop(20 * time.Second)
+	u.mu.Lock()
+	close(u.stopping)
+	f := u.frontend
+	u.mu.Unlock()
+	if f != nil {
+		f.Stop(20 * time.Second)
 	}
 	for i := len(u.nodes) - 1; i >= 0; i-- {
 		u.nodes[i].Signal(syscall.SIGTERM)
@@ -122,10 +258,13 @@ func (u *up) stop() {
 		n.Wait(20 * time.Second)
 		n.RemoveArena()
 	}
+	u.wg.Wait()
 }
 
 func (u *up) printUsage(out io.Writer, opts Options) {
+	u.mu.Lock()
 	url := u.frontend.URL
+	u.mu.Unlock()
 	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n",
 		opts.Nodes, opts.Prefill, opts.Preset, u.env.Etcd.Endpoint, u.log.Name())
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
