@@ -241,22 +241,23 @@ func (u *up) waitServable(ctx context.Context) error {
 	return nil
 }
 
-// stop stops supervising, then the frontend, then the agents (which stop
-// their workers).
+// stop stops supervising, then the agents (SIGTERM: each stops its
+// workers), then the frontend, which stays up until the agents are done so
+// that what the workers still send reaches the clients.
 func (u *up) stop() {
 	u.mu.Lock()
 	close(u.stopping)
 	f := u.frontend
 	u.mu.Unlock()
-	if f != nil {
-		f.Stop(20 * time.Second)
-	}
 	for i := len(u.nodes) - 1; i >= 0; i-- {
 		u.nodes[i].Signal(syscall.SIGTERM)
 	}
 	for _, n := range u.nodes {
-		n.Wait(20 * time.Second)
+		n.Wait(90 * time.Second)
 		n.RemoveArena()
+	}
+	if f != nil {
+		f.Stop(20 * time.Second)
 	}
 	u.wg.Wait()
 }
