@@ -231,6 +231,41 @@ func TestUpRestartsAStoppedAgent(t *testing.T) {
 	}
 }
 
+// TestUpCleansUpAfterAKilledUp: `lifeline up` SIGKILLed leaves its
+// agent, worker and frontend running (nothing told them). The next `up` on
+// the same data directory stops them and removes their arena before it
+// starts its own, and serves.
+func TestUpCleansUpAfterAKilledUp(t *testing.T) {
+	dir := t.TempDir()
+	first := startUp(t, dir, "--nodes", "1")
+	first.cmd.Process.Kill()
+	<-first.exited
+	left := proctest.ProcessesMentioning(dir)
+	if len(left) < 3 {
+		t.Fatalf("a SIGKILLed up should leave its agent, worker and frontend: %v", left)
+	}
+	arena := fmt.Sprintf("/dev/shm/lifeline-up-%d-node-0", first.cmd.Process.Pid)
+	if _, err := os.Stat(arena); err != nil {
+		t.Fatalf("the first up's arena: %v", err)
+	}
+	second := startUp(t, dir, "--nodes", "1")
+	if out := second.out.String(); !strings.Contains(out, fmt.Sprintf("up: stopping %d processes a previous lifeline up left running", len(left))) {
+		t.Fatalf("second up did not say it stopped the leftovers %v:\n%s", left, out)
+	}
+	if _, err := os.Stat(arena); !os.IsNotExist(err) {
+		t.Fatalf("the first up's arena is still there: %v", err)
+	}
+	second.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-second.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("lifeline up did not stop within 60s of Ctrl-C")
+	}
+	if left := proctest.ProcessesMentioning(dir); len(left) > 0 {
+		t.Fatalf("processes left behind: %v", left)
+	}
+}
+
 // agentOf returns the parent of a worker process: its agent.
 func agentOf(t *testing.T, pid int) int {
 	t.Helper()

@@ -56,6 +56,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer unlock()
+	reapLeftovers(dir, out)
 	env, err := NewEnv(dir, opts.Binary, "")
 	if err != nil {
 		return err

@@ -14,13 +14,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/localcluster/binaries"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
 )
 
 var (
@@ -187,10 +187,8 @@ func FreeTCPAddr(t testing.TB) string {
 // line contains s, as "pid: command line".
 func ProcessesMentioning(s string) []string {
 	var out []string
-	for _, p := range processes() {
-		if strings.Contains(p.cmdline, s) {
-			out = append(out, fmt.Sprintf("%d: %s", p.pid, strings.ReplaceAll(p.cmdline, "\x00", " ")))
-		}
+	for _, p := range procfs.Mentioning(s) {
+		out = append(out, fmt.Sprintf("%d: %s", p.PID, strings.Join(p.Args(), " ")))
 	}
 	return out
 }
@@ -199,35 +197,12 @@ func ProcessesMentioning(s string) []string {
 // sock (a node's KV socket, so the workers of one node).
 func WorkerPIDs(sock string) []int {
 	var pids []int
-	for _, p := range processes() {
-		if strings.Contains(p.cmdline, "worker\x00") && strings.Contains(p.cmdline, sock) {
-			pids = append(pids, p.pid)
+	for _, p := range procfs.Mentioning(sock) {
+		if strings.Contains(p.Cmdline, "worker\x00") {
+			pids = append(pids, p.PID)
 		}
 	}
 	return pids
-}
-
-type process struct {
-	pid     int
-	cmdline string
-}
-
-// processes lists live processes that are not zombies.
-func processes() []process {
-	var out []process
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		stat, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err == nil && !strings.Contains(string(stat), ") Z ") {
-			out = append(out, process{pid, string(cmdline)})
-		}
-	}
-	return out
 }
 
 // JSONLines decodes out, one JSON value of type T per line (the output of
