@@ -90,6 +90,14 @@ type instance struct {
 	running    int
 	queued     int
 	freeBlocks int
+	// nextAttempt is when an instance in crash_loop is tried again;
+	// crashLoops counts its crash loops in a row.
+	nextAttempt time.Time
+	crashLoops  int
+	// reset wakes the instance's supervisor out of a crash loop's
+	// cool-down (nodectl reset); sent to only under Agent.mu while the
+	// instance is in crash_loop.
+	reset chan struct{}
 }
 
 // Run starts the agent and blocks until ctx is done, then stops the

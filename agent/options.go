@@ -76,6 +76,11 @@ type Options struct {
 	RestartMax      Duration `json:"restart_backoff_max"`
 	CrashLoopLimit  int      `json:"crash_loop_limit"`
 	CrashLoopWindow Duration `json:"crash_loop_window"`
+	// CrashLoopCooldown is how long an instance stays in crash_loop before
+	// it is tried again; every further crash loop in a row doubles it, up
+	// to CrashLoopCooldownMax. `nodectl reset` retries at once.
+	CrashLoopCooldown    Duration `json:"crash_loop_cooldown"`
+	CrashLoopCooldownMax Duration `json:"crash_loop_cooldown_max"`
 	// WorkerBinary is the lifeline executable to spawn workers with
 	// (default: this executable).
 	WorkerBinary string `json:"worker_binary"`
@@ -110,6 +115,8 @@ func (o *Options) Defaults() {
 	def(&o.RestartBackoff, 100*time.Millisecond)
 	def(&o.RestartMax, 5*time.Second)
 	def(&o.CrashLoopWindow, time.Minute)
+	def(&o.CrashLoopCooldown, 10*time.Second)
+	def(&o.CrashLoopCooldownMax, 5*time.Minute)
 	if o.CanaryFailures == 0 {
 		o.CanaryFailures = 3
 	}
@@ -170,6 +177,10 @@ func (o *Options) Validate() error {
 		return bad("restart_backoff", "%v (must be positive)", time.Duration(o.RestartBackoff))
 	case o.CrashLoopWindow <= 0:
 		return bad("crash_loop_window", "%v (must be positive)", time.Duration(o.CrashLoopWindow))
+	case o.CrashLoopCooldown <= 0:
+		return bad("crash_loop_cooldown", "%v (must be positive)", time.Duration(o.CrashLoopCooldown))
+	case o.CrashLoopCooldownMax < o.CrashLoopCooldown:
+		return bad("crash_loop_cooldown_max", "%v is below crash_loop_cooldown %v", time.Duration(o.CrashLoopCooldownMax), time.Duration(o.CrashLoopCooldown))
 	case o.CanaryFailures < 1:
 		return bad("canary_failures", "%d", o.CanaryFailures)
 	case o.CrashLoopLimit < 1:

@@ -140,6 +140,8 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "lease_ttl": 3}`, "duration"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "restart_backoff": "-1s"}`, "restart_backoff"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "canary_idle": "-5s"}`, "canary_idle"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "crash_loop_cooldown": "-1s"}`, "crash_loop_cooldown"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "crash_loop_cooldown": "1m", "crash_loop_cooldown_max": "30s"}`, "crash_loop_cooldown_max"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "lease_ttl": "2500ms"}`, "lease_ttl"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1}, {"role": "decode", "preset": "tiny", "count": 2}]}`, "instances[1]"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "worker_cgroup": "/nonexistent/cg"}`, "worker_cgroup"},

@@ -27,6 +27,9 @@ const (
 	EventLeaseLost    = "lease_lost"
 	EventReregistered = "reregistered"
 	EventAdopted      = "adopted"
+	// EventRetry: an instance in crash_loop is tried again, after its
+	// cool-down or because an operator reset it.
+	EventRetry = "retry"
 )
 
 // Event is one thing that happened to an instance or the agent.
@@ -61,6 +64,11 @@ type Worker struct {
 	NotReady string `json:"not_ready,omitempty"`
 	Addr     string `json:"addr,omitempty"`
 	Restarts int    `json:"restarts"`
+	// NextAttempt is when an instance in crash_loop is tried again (zero
+	// otherwise); CrashLoops counts its crash loops in a row, each of which
+	// doubles the cool-down.
+	NextAttempt time.Time `json:"next_attempt,omitzero"`
+	CrashLoops  int       `json:"crash_loops,omitempty"`
 }
 
 // Status is `nodectl status --json`.
@@ -134,3 +142,26 @@ type Slot struct {
 	Leases     int       `json:"leases"`
 	LastUsed   time.Time `json:"last_used,omitzero"`
 }
+
+// Error is the body of every control-socket error. Code is stable and
+// typed: errors.Is matches an *Error against the sentinels below by code.
+type Error struct {
+	Code    string `json:"code,omitempty"`
+	Message string `json:"error"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Is reports whether target is an *Error of the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code != "" && t.Code == e.Code
+}
+
+// Error codes, and sentinels to match them with errors.Is.
+var (
+	ErrNoSuchEndpoint  = &Error{Code: "no_such_endpoint", Message: "no such endpoint"}
+	ErrBadRequest      = &Error{Code: "bad_request", Message: "bad request"}
+	ErrUnknownInstance = &Error{Code: "unknown_instance", Message: "no such instance on this node"}
+	ErrNotInCrashLoop  = &Error{Code: "not_in_crash_loop", Message: "the instance is not in crash_loop"}
+)
