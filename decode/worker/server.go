@@ -243,7 +243,8 @@ func (s *server) health() *wire.HealthReply {
 	st := s.engine.Stats()
 	return &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
 		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
-		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated}
+		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
+		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds())}
 }
 
 func intsOf(v []int32) []int {
