@@ -20,7 +20,9 @@ const canaryTokens = 4
 // start (an instance is ready only after one passes), then every
 // CanaryIdle ±20% unless the instance is busy and progressing. A failure
 // makes the instance not ready; CanaryFailures in a row kill it for a
-// restart.
+// restart. A canary on a busy worker that timed out (or was refused while
+// the previous one still waits) is no failure if the worker computed
+// something meanwhile: a busy worker is judged by its progress.
 func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc *os.Process) {
 	var client *workerclient.Client
 	closeClient := func() {
@@ -63,13 +65,19 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			}
 			client = c
 		}
-		skip, allowance := a.look(ctx, client, inst, &seen)
+		skip, busy, allowance := a.look(ctx, client, inst, &seen)
 		if skip {
 			continue
 		}
 		reason, err := a.canary(ctx, client, inst.id, gen, allowance)
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil && busy && waitedBehindWork(reason, err) && a.progressed(ctx, client, &seen) {
+			// Slower than its allowance (the load grew), but the worker
+			// kept computing meanwhile: judged by its progress.
+			a.metrics.canary.WithLabelValues("slow_but_progressing").Inc()
+			continue
 		}
 		if err != nil {
 			closeClient()
@@ -93,12 +101,12 @@ const maxCanaryAllowance = time.Minute
 // computed positions (a prefill samples no token) since the last look —
 // so that its traffic is the liveness proof and no canary is needed; and
 // otherwise how long a canary may take beyond canary_timeout.
-func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance, last *progress) (skip bool, allowance time.Duration) {
+func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance, last *progress) (skip, busy bool, allowance time.Duration) {
 	hctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
 	h, err := c.Health(hctx)
 	cancel()
 	if err != nil {
-		return false, 0 // no word from the worker: its canary gets no allowance
+		return false, false, 0 // no word from the worker: its canary gets no allowance
 	}
 	a.mu.Lock()
 	inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
@@ -108,9 +116,35 @@ func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance
 	progressed := now != *last
 	*last = now
 	if ready && h.Running > 0 && progressed {
-		return true, 0
+		return true, true, 0
 	}
-	return false, canaryAllowance(h)
+	return false, h.Running+h.Queued > 0, canaryAllowance(h)
+}
+
+// progressed reports whether the worker answers and computed anything
+// since last (which it updates).
+func (a *Agent) progressed(ctx context.Context, c *workerclient.Client, last *progress) bool {
+	hctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
+	h, err := c.Health(hctx)
+	cancel()
+	if err != nil {
+		return false
+	}
+	now := progress{tokens: h.TokensGenerated, positions: h.PositionsComputed}
+	moved := now != *last
+	*last = now
+	return moved
+}
+
+// errCanaryRefused is a canary the worker refused as overloaded: the
+// previous canary is still in its engine, queued behind a step.
+var errCanaryRefused = errors.New("canary refused: the previous canary is still running")
+
+// waitedBehindWork reports whether a canary failed the way a busy, healthy
+// worker can fail it: too slow, or refused while the previous one still
+// waits behind a step. Wrong frames are never excused.
+func waitedBehindWork(reason string, err error) bool {
+	return reason == controlapi.ReasonCanaryTimeout || errors.Is(err, errCanaryRefused)
 }
 
 // canaryAllowance is how much longer than canary_timeout a canary may
@@ -146,6 +180,9 @@ func (a *Agent) canary(ctx context.Context, c *workerclient.Client, id string, g
 			return classify(cctx, err, limit)
 		}
 		if f.Error != nil {
+			if f.Error.Code == wire.Code_OVERLOADED {
+				return controlapi.ReasonCanaryError, fmt.Errorf("%w: %s", errCanaryRefused, f.Error.Message)
+			}
 			return controlapi.ReasonCanaryError, fmt.Errorf("canary: %s", f.Error.Message)
 		}
 		if f.FinishReason != "" {
@@ -178,9 +215,10 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 	}
 	gen = inst.gen
 	wasReady := inst.ready
-	if err == nil && a.gpuFault {
+	if err == nil && (a.gpuFault || inst.draining) {
 		// The canary passes on the CPU engine, but the node has a critical
-		// GPU error: it stays not ready until the agent restarts.
+		// GPU error: it stays not ready until the agent restarts. A
+		// draining instance stays not ready until undrain.
 		a.mu.Unlock()
 		return true
 	}

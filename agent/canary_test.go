@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 )
 
@@ -23,6 +26,25 @@ func TestCanaryAllowance(t *testing.T) {
 	} {
 		if got := canaryAllowance(c.h); got != c.want {
 			t.Errorf("%+v: %v, want %v", c.h, got, c.want)
+		}
+	}
+}
+
+// TestWaitedBehindWork: only a slow or refused canary can be excused by
+// the worker's progress; wrong frames never are.
+func TestWaitedBehindWork(t *testing.T) {
+	for _, c := range []struct {
+		reason string
+		err    error
+		want   bool
+	}{
+		{controlapi.ReasonCanaryTimeout, errors.New("canary timed out"), true},
+		{controlapi.ReasonCanaryError, fmt.Errorf("%w: canary limit", errCanaryRefused), true},
+		{controlapi.ReasonCanaryError, errors.New("canary frame 2: sequence 3 generation 1"), false},
+		{controlapi.ReasonCanaryError, errors.New("canary: internal"), false},
+	} {
+		if got := waitedBehindWork(c.reason, c.err); got != c.want {
+			t.Errorf("%s %v: %v, want %v", c.reason, c.err, got, c.want)
 		}
 	}
 }

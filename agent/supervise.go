@@ -19,7 +19,7 @@ func (a *Agent) startSupervision(ctx context.Context) {
 			a.mu.Lock()
 			a.instances[inst.id] = inst
 			a.mu.Unlock()
-			a.track(func() { a.supervise(ctx, inst) })
+			a.startInstance(inst)
 		}
 	}
 }
@@ -32,14 +32,14 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	h := newRestartHistory(&a.opts)
 	if rec, ok := a.adoptable(inst.id); ok {
 		a.adopt(ctx, inst, rec)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.drained(inst) {
 			return
 		}
 	}
 	for ctx.Err() == nil {
 		started := time.Now()
 		_, err := a.runOnce(ctx, inst)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.drained(inst) {
 			return
 		}
 		if errors.Is(err, errNoGeneration) {
@@ -82,4 +82,15 @@ func (a *Agent) setState(inst *instance, state string) {
 	a.mu.Lock()
 	inst.state = state
 	a.mu.Unlock()
+}
+
+// drained reports whether a drain holds inst: a worker of a draining node
+// that dies is not restarted (the drain stops the instance anyway).
+func (a *Agent) drained(inst *instance) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if inst.draining {
+		inst.state = "drained"
+	}
+	return inst.draining
 }

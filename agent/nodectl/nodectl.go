@@ -109,9 +109,9 @@ func Workers(ctx context.Context, socket string) ([]controlapi.Worker, error) {
 // Command is the nodectl root command.
 func Command() *cobra.Command {
 	var socket string
-	root := &cobra.Command{Use: "nodectl", Short: "Inspect a Lifeline node", SilenceUsage: true, SilenceErrors: true}
+	root := &cobra.Command{Use: "nodectl", Short: "Inspect and drain a Lifeline node", SilenceUsage: true, SilenceErrors: true}
 	root.PersistentFlags().StringVar(&socket, "socket", DefaultSocket, "the agent's control socket")
-	root.AddCommand(statusCmd(&socket), workersCmd(&socket), eventsCmd(&socket), kvCmd(&socket), resetCmd(&socket))
+	root.AddCommand(statusCmd(&socket), workersCmd(&socket), eventsCmd(&socket), kvCmd(&socket), resetCmd(&socket), drainCmd(&socket), undrainCmd(&socket))
 	return root
 }
 
@@ -142,6 +142,9 @@ func printStatus(out io.Writer, st controlapi.Status) error {
 	fmt.Fprintf(out, "\nGPU: %s", st.GPU)
 	fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
 	fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
+	if st.Drain != nil {
+		printDrain(out, *st.Drain)
+	}
 	kt := st.KVTransfer
 	fmt.Fprintf(out, "KV transfer: %s at %s (%s); pulled %d blocks / %d bytes, served %d, stale dropped %d\n",
 		kt.Transport, kt.Addr, kt.Reason, kt.Stats.BlocksPulled, kt.Stats.BytesPulled, kt.Stats.BlocksServed, kt.Stats.StaleDropped)

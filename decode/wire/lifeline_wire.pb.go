@@ -632,9 +632,12 @@ type HealthReply struct {
 	StepTimeUs uint64 `protobuf:"varint,11,opt,name=step_time_us,json=stepTimeUs,proto3" json:"step_time_us,omitempty"`
 	// in_flight counts the generation requests being served (canaries
 	// excluded).
-	InFlight      uint32 `protobuf:"varint,12,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	InFlight uint32 `protobuf:"varint,12,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// requests_started counts the generation requests the worker took
+	// (canaries excluded): a drain counts those routed after not-ready.
+	RequestsStarted uint64 `protobuf:"varint,13,opt,name=requests_started,json=requestsStarted,proto3" json:"requests_started,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
@@ -747,6 +750,13 @@ func (x *HealthReply) GetStepTimeUs() uint64 {
 func (x *HealthReply) GetInFlight() uint32 {
 	if x != nil {
 		return x.InFlight
+	}
+	return 0
+}
+
+func (x *HealthReply) GetRequestsStarted() uint64 {
+	if x != nil {
+		return x.RequestsStarted
 	}
 	return 0
 }
@@ -933,7 +943,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x8b\x03\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xb6\x03\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -950,7 +960,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	" \x01(\x04R\x11positionsComputed\x12 \n" +
 	"\fstep_time_us\x18\v \x01(\x04R\n" +
 	"stepTimeUs\x12\x1b\n" +
-	"\tin_flight\x18\f \x01(\rR\binFlight\"\xb1\x03\n" +
+	"\tin_flight\x18\f \x01(\rR\binFlight\x12)\n" +
+	"\x10requests_started\x18\r \x01(\x04R\x0frequestsStarted\"\xb1\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
