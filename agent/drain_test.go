@@ -1,11 +1,19 @@
 package agent
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // TestDrainDeadlines: a drain request's durations, their defaults, and
@@ -37,4 +45,51 @@ func TestDrainDeadlines(t *testing.T) {
 			t.Errorf("%+v: %v %v %v, want %v %v", c.req, d, h, err, c.deadline, c.hard)
 		}
 	}
+}
+
+// TestRunDrainUndrain drives a drain and an undrain through an in-process
+// agent (so that the race detector sees them): the worker is stopped and
+// its registration removed, then the instance comes back at a new
+// generation, and Run still stops every goroutine.
+func TestRunDrainUndrain(t *testing.T) {
+	opts, cli := runOptions(t)
+	opts.WorkerBinary = proctest.Lifeline(t)
+	opts.Instances = []InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}}
+	opts.CanaryIdle, opts.CanaryTimeout, opts.DrainSettle = Duration(100*time.Millisecond), Duration(2*time.Second), Duration(50*time.Millisecond)
+	worker := func() (controlapi.Worker, string) {
+		ws, err := nodectl.Workers(context.Background(), opts.Socket)
+		if err != nil || len(ws) != 1 {
+			return controlapi.Worker{}, fmt.Sprint(ws, err)
+		}
+		return ws[0], fmt.Sprintf("%+v", ws[0])
+	}
+	var first controlapi.Worker
+	runUntil(t, opts, func() (bool, string) {
+		w, last := worker()
+		if !w.Ready {
+			return false, last
+		}
+		first = w
+		if _, err := nodectl.Drain(context.Background(), opts.Socket, controlapi.DrainRequest{Deadline: "1s", HardDeadline: "20s"}); err != nil {
+			t.Fatal(err)
+		}
+		proctest.WaitFor(t, 30*time.Second, "the node drained", func() (bool, string) {
+			st, err := nodectl.GetStatus(context.Background(), opts.Socket)
+			return err == nil && st.Drain != nil && st.Drain.Phase == controlapi.DrainDrained, fmt.Sprintf("%+v %v", st.Drain, err)
+		})
+		if resp, err := cli.Get(context.Background(), schema.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
+			t.Fatalf("registrations of a drained node: %v %v", resp, err)
+		}
+		if err := syscall.Kill(first.PID, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Fatalf("worker %d still there once drained: %v", first.PID, err)
+		}
+		if _, err := nodectl.Undrain(context.Background(), opts.Socket); err != nil {
+			t.Fatal(err)
+		}
+		proctest.WaitFor(t, 30*time.Second, "the instance back", func() (bool, string) {
+			w, last := worker()
+			return w.Ready && w.Generation > first.Generation, last
+		})
+		return true, ""
+	})
 }

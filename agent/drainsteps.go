@@ -182,27 +182,26 @@ func (a *Agent) stopInstances(d *drain) {
 	a.mu.Lock()
 	hard := d.HardDeadline
 	var insts []*instance
+	var dones []chan struct{}
 	for _, inst := range a.instances {
 		insts = append(insts, inst)
 		if inst.stop != nil {
 			inst.stop()
+			dones = append(dones, inst.done)
 		}
 	}
 	a.mu.Unlock()
 	kill := time.NewTimer(time.Until(hard) - time.Second)
 	defer kill.Stop()
 	killed := false
-	for _, inst := range insts {
-		if inst.done == nil {
-			continue
-		}
+	for _, done := range dones {
 		select {
-		case <-inst.done:
+		case <-done:
 		case <-kill.C:
 			a.log.Error("drain: workers still running near the hard deadline", "recovery_action", "kill")
 			a.killWorkers()
 			killed = true
-			<-inst.done
+			<-done
 		}
 	}
 	reclaimed := 0
