@@ -64,6 +64,10 @@ type Agent struct {
 	lease      clientv3.LeaseID
 	leaseAlive time.Time
 	started    time.Time
+	// drain is the node's drain, nil when none is in progress; life is
+	// the context everything runs under: it ends after SIGTERM's drain.
+	drain *drain
+	life  context.Context
 }
 
 // instance is one supervised worker instance (rank 0 only: tp = 1).
@@ -90,6 +94,25 @@ type instance struct {
 	running    int
 	queued     int
 	freeBlocks int
+	// nextAttempt is when an instance in crash_loop is tried again;
+	// crashLoops counts its crash loops in a row.
+	nextAttempt time.Time
+	crashLoops  int
+	// reset wakes the instance's supervisor out of a crash loop's
+	// cool-down (nodectl reset); sent to only under Agent.mu while the
+	// instance is in crash_loop.
+	reset chan struct{}
+	// draining: a drain holds the instance; it is not ready and not
+	// restarted. drainRegistered: it was ready when the drain began and
+	// stays registered, marked draining, until its worker stops.
+	// refusing: its worker was told to refuse new requests.
+	draining        bool
+	drainRegistered bool
+	refusing        bool
+	// stop ends the instance's supervisor (which stops its worker); done
+	// is closed when the supervisor has returned.
+	stop context.CancelFunc
+	done chan struct{}
 }
 
 // Run starts the agent and blocks until ctx is done, then stops the
@@ -114,8 +137,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	}
 	defer a.kvOwner.Close()
 	defer a.wg.Wait()
-	ctx, cancel := context.WithCancel(ctx)
+	// Everything runs under life, which outlives ctx by SIGTERM's drain.
+	stop := ctx
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
+	a.life = ctx
 	a.serveKV(ctx)
 	if err := a.startTransfer(ctx); err != nil {
 		return err
@@ -141,8 +167,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	}
 	a.startSupervision(ctx)
 	a.startSystemd(ctx)
-	<-ctx.Done()
+	<-stop.Done()
 	daemon.SdNotify(false, daemon.SdNotifyStopping)
+	a.drainOnStop()
+	cancel()
 	a.revokeLease()
 	return nil
 }

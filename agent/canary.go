@@ -17,9 +17,12 @@ import (
 const canaryTokens = 4
 
 // canaryLoop runs a real generation on the instance's canary lane: once at
-// start (an instance is ready only after one passes), then whenever the
-// instance has been idle for CanaryIdle ±20%. A failure makes the instance
-// not ready; CanaryFailures in a row kill it for a restart.
+// start (an instance is ready only after one passes), then every
+// CanaryIdle ±20% unless the instance is busy and progressing. A failure
+// makes the instance not ready; CanaryFailures in a row kill it for a
+// restart. A canary on a busy worker that timed out (or was refused while
+// the previous one still waits) is no failure if the worker computed
+// something meanwhile: a busy worker is judged by its progress.
 func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc *os.Process) {
 	var client *workerclient.Client
 	closeClient := func() {
@@ -30,7 +33,7 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 		}
 	}
 	defer closeClient()
-	var lastGenerated uint64
+	var seen progress
 	wait := time.Duration(0)
 	for {
 		select {
@@ -62,27 +65,19 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			}
 			client = c
 		}
-		hctx, hcancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
-		h, herr := client.Health(hctx)
-		hcancel()
-		if herr == nil {
-			a.mu.Lock()
-			inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
-			ready := inst.ready
-			a.mu.Unlock()
-			// Busy and making progress: the traffic is the liveness proof.
-			// Busy without a single new token since the last look: the
-			// engine may be wedged, so run the canary (its lane does not
-			// queue behind that traffic).
-			progressed := h.TokensGenerated != lastGenerated
-			lastGenerated = h.TokensGenerated
-			if ready && h.Running > 0 && progressed {
-				continue
-			}
+		skip, busy, allowance := a.look(ctx, client, inst, &seen)
+		if skip {
+			continue
 		}
-		reason, err := a.canary(ctx, client, inst.id, gen)
+		reason, err := a.canary(ctx, client, inst.id, gen, allowance)
 		if ctx.Err() != nil {
 			return
+		}
+		if err != nil && busy && waitedBehindWork(reason, err) && a.progressed(ctx, client, &seen) {
+			// Slower than its allowance (the load grew), but the worker
+			// kept computing meanwhile: judged by its progress.
+			a.metrics.canary.WithLabelValues("slow_but_progressing").Inc()
+			continue
 		}
 		if err != nil {
 			closeClient()
@@ -93,22 +88,101 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 	}
 }
 
-// canary runs one canary generation and checks every frame.
-func (a *Agent) canary(ctx context.Context, c *workerclient.Client, id string, gen uint64) (string, error) {
-	cctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
+// progress is what the canary loop last saw of a worker's work.
+type progress struct{ tokens, positions uint64 }
+
+// maxCanaryAllowance caps the time a canary is given on top of
+// canary_timeout for the steps it queues behind, whatever step time a
+// worker reports.
+const maxCanaryAllowance = time.Minute
+
+// look asks the worker how it is doing and records its load. It reports
+// whether the worker is busy and progressing — new tokens or newly
+// computed positions (a prefill samples no token) since the last look —
+// so that its traffic is the liveness proof and no canary is needed; and
+// otherwise how long a canary may take beyond canary_timeout.
+func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance, last *progress) (skip, busy bool, allowance time.Duration) {
+	hctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
+	h, err := c.Health(hctx)
+	cancel()
+	if err != nil {
+		return false, false, 0 // no word from the worker: its canary gets no allowance
+	}
+	a.mu.Lock()
+	inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
+	ready := inst.ready
+	a.mu.Unlock()
+	now := progress{tokens: h.TokensGenerated, positions: h.PositionsComputed}
+	progressed := now != *last
+	*last = now
+	if ready && h.Running > 0 && progressed {
+		return true, true, 0
+	}
+	return false, h.Running+h.Queued > 0, canaryAllowance(h)
+}
+
+// progressed reports whether the worker answers and computed anything
+// since last (which it updates).
+func (a *Agent) progressed(ctx context.Context, c *workerclient.Client, last *progress) bool {
+	hctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
+	h, err := c.Health(hctx)
+	cancel()
+	if err != nil {
+		return false
+	}
+	now := progress{tokens: h.TokensGenerated, positions: h.PositionsComputed}
+	moved := now != *last
+	*last = now
+	return moved
+}
+
+// errCanaryRefused is a canary the worker refused as overloaded: the
+// previous canary is still in its engine, queued behind a step.
+var errCanaryRefused = errors.New("canary refused: the previous canary is still running")
+
+// waitedBehindWork reports whether a canary failed the way a busy, healthy
+// worker can fail it: too slow, or refused while the previous one still
+// waits behind a step. Wrong frames are never excused.
+func waitedBehindWork(reason string, err error) bool {
+	return reason == controlapi.ReasonCanaryTimeout || errors.Is(err, errCanaryRefused)
+}
+
+// canaryAllowance is how much longer than canary_timeout a canary may
+// take on a worker in the state h: nothing on an idle worker; on a busy
+// one, the step the canary queues behind and each of its own steps (one
+// per token; traffic shares them), at the worker's recent step time. A
+// stuck worker gains at most a bounded delay: its steps never end, so its
+// canary still times out.
+func canaryAllowance(h *wire.HealthReply) time.Duration {
+	if h.Running+h.Queued == 0 {
+		return 0
+	}
+	// Bounded before it is multiplied: a report never overflows.
+	step := time.Duration(min(h.StepTimeUs, uint64(maxCanaryAllowance.Microseconds()))) * time.Microsecond
+	return min(time.Duration(canaryTokens+1)*step, maxCanaryAllowance)
+}
+
+// canary runs one canary generation and checks every frame; it may take
+// canary_timeout plus allowance.
+func (a *Agent) canary(ctx context.Context, c *workerclient.Client, id string, gen uint64, allowance time.Duration) (string, error) {
+	limit := time.Duration(a.opts.CanaryTimeout) + allowance
+	cctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	s, err := c.Generate(cctx, &wire.Generate{RequestId: fmt.Sprintf("canary-%s-%d", id, time.Now().UnixNano()), Prompt: "canary",
 		MaxTokens: canaryTokens, IgnoreEos: true, Lane: wire.Lane_CANARY})
 	if err != nil {
-		return classify(cctx, err)
+		return classify(cctx, err, limit)
 	}
 	seq := 0
 	for {
 		f, err := s.Next()
 		if err != nil {
-			return classify(cctx, err)
+			return classify(cctx, err, limit)
 		}
 		if f.Error != nil {
+			if f.Error.Code == wire.Code_OVERLOADED {
+				return controlapi.ReasonCanaryError, fmt.Errorf("%w: %s", errCanaryRefused, f.Error.Message)
+			}
 			return controlapi.ReasonCanaryError, fmt.Errorf("canary: %s", f.Error.Message)
 		}
 		if f.FinishReason != "" {
@@ -124,9 +198,9 @@ func (a *Agent) canary(ctx context.Context, c *workerclient.Client, id string, g
 	}
 }
 
-func classify(ctx context.Context, err error) (string, error) {
+func classify(ctx context.Context, err error, limit time.Duration) (string, error) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return controlapi.ReasonCanaryTimeout, fmt.Errorf("canary timed out: %w", err)
+		return controlapi.ReasonCanaryTimeout, fmt.Errorf("canary timed out after %v: %w", limit, err)
 	}
 	return controlapi.ReasonCanaryError, err
 }
@@ -141,9 +215,10 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 	}
 	gen = inst.gen
 	wasReady := inst.ready
-	if err == nil && a.gpuFault {
+	if err == nil && (a.gpuFault || inst.draining) {
 		// The canary passes on the CPU engine, but the node has a critical
-		// GPU error: it stays not ready until the agent restarts.
+		// GPU error: it stays not ready until the agent restarts. A
+		// draining instance stays not ready until undrain.
 		a.mu.Unlock()
 		return true
 	}

@@ -20,11 +20,17 @@ func (a *Agent) workers() []controlapi.Worker {
 	defer a.mu.Unlock()
 	var out []controlapi.Worker
 	for _, inst := range a.instances {
-		out = append(out, controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
-			LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts})
+		out = append(out, a.workerLocked(inst))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].InstanceID < out[j].InstanceID })
 	return out
+}
+
+// workerLocked is inst as the control API shows it. Agent.mu must be held.
+func (a *Agent) workerLocked(inst *instance) controlapi.Worker {
+	return controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
+		LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts,
+		NextAttempt: inst.nextAttempt, CrashLoops: inst.crashLoops}
 }
 
 func (a *Agent) status() controlapi.Status {
@@ -40,6 +46,10 @@ func (a *Agent) status() controlapi.Status {
 	}
 	a.mu.Lock()
 	st.Etcd = controlapi.EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}
+	if a.drain != nil {
+		d := a.drain.Drain
+		st.Drain = &d
+	}
 	a.mu.Unlock()
 	st.KVTransfer = controlapi.TransferStatus{TransportStatus: controlapi.TransportStatus(a.transport), Addr: a.kvAddr,
 		Stats: controlapi.TransferStats(a.transfer.Stats())}
@@ -50,6 +60,33 @@ func (a *Agent) status() controlapi.Status {
 		a.metrics.slots.WithLabelValues(state).Set(float64(n))
 	}
 	return st
+}
+
+// writeError answers with a typed error: its code and message.
+func writeError(w http.ResponseWriter, status int, err error) {
+	var e *controlapi.Error
+	if !errors.As(err, &e) {
+		e = &controlapi.Error{Message: err.Error()}
+	}
+	writeJSON(w, status, e)
+}
+
+// errorStatus is the HTTP status of a typed control error.
+func errorStatus(err error) int {
+	switch {
+	case errors.Is(err, controlapi.ErrUnknownInstance), errors.Is(err, controlapi.ErrNoSuchEndpoint):
+		return http.StatusNotFound
+	case errors.Is(err, controlapi.ErrBadRequest):
+		return http.StatusBadRequest
+	case errors.Is(err, controlapi.ErrNotDrained), errors.Is(err, controlapi.ErrDrainInProgress), errors.Is(err, controlapi.ErrBudgetTaken),
+		errors.Is(err, controlapi.ErrNotInCrashLoop):
+		return http.StatusConflict
+	}
+	var e *controlapi.Error
+	if !errors.As(err, &e) {
+		return http.StatusServiceUnavailable // not the request's fault: etcd, most likely
+	}
+	return http.StatusConflict
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -106,10 +143,27 @@ func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 		writeJSON(w, http.StatusOK, ls)
 	})
 	mux.HandleFunc("GET /v1/events", a.handleEvents)
+	mux.HandleFunc("POST /v1/drain", a.handleDrain)
+	mux.HandleFunc("POST /v1/undrain", func(w http.ResponseWriter, r *http.Request) {
+		d, err := a.undrain()
+		if err != nil {
+			writeError(w, errorStatus(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, d)
+	})
+	mux.HandleFunc("POST /v1/instances/{id}/reset", func(w http.ResponseWriter, r *http.Request) {
+		wk, err := a.resetInstance(r.PathValue("id"))
+		if err != nil {
+			writeError(w, errorStatus(err), err)
+			return
+		}
+		writeJSON(w, http.StatusOK, wk)
+	})
 	mux.HandleFunc("GET /livez", a.handleLivez)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
+		writeError(w, http.StatusNotFound, &controlapi.Error{Code: controlapi.ErrNoSuchEndpoint.Code, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	a.track(func() {
@@ -129,7 +183,7 @@ func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 	follow := r.URL.Query().Get("follow")
 	if follow != "" && follow != "0" && follow != "1" && follow != "true" && follow != "false" {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "follow: want 0 or 1"})
+		writeError(w, http.StatusBadRequest, &controlapi.Error{Code: controlapi.ErrBadRequest.Code, Message: "follow: want 0 or 1"})
 		return
 	}
 	var ch chan controlapi.Event
@@ -164,3 +218,52 @@ func (a *Agent) handleEvents(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 }
+
+// handleDrain starts a drain of the node (POST /v1/drain) and answers
+// with its state at once; nodectl follows it through /v1/status. With
+// no_wait the disruption budget is taken here, or the drain is refused.
+func (a *Agent) handleDrain(w http.ResponseWriter, r *http.Request) {
+	var req controlapi.DrainRequest
+	if r.ContentLength != 0 {
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 1<<16))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeError(w, http.StatusBadRequest, &controlapi.Error{Code: controlapi.ErrBadRequest.Code, Message: "drain request: " + err.Error()})
+			return
+		}
+	}
+	deadline, hard, err := drainDeadlines(req, defaultDrainDeadline, defaultDrainHardDeadline)
+	if err != nil {
+		writeError(w, errorStatus(err), err)
+		return
+	}
+	a.mu.Lock()
+	busy := a.drain != nil && a.drain.Phase != controlapi.DrainUndraining
+	a.mu.Unlock()
+	held := false
+	if req.NoWait && !busy {
+		ans, err := a.takeBudget(r.Context(), triggerNodectl)
+		if err != nil {
+			writeError(w, errorStatus(err), err)
+			return
+		}
+		if !ans.taken {
+			err := &controlapi.Error{Code: controlapi.ErrBudgetTaken.Code, Message: fmt.Sprintf(
+				"not draining node %s: the disruption budget is taken (%s); drain without --no-wait to wait for it", a.opts.NodeID, ans)}
+			writeError(w, http.StatusConflict, err)
+			return
+		}
+		held = true
+	}
+	d := a.startDrain(triggerNodectl, deadline, hard, held)
+	a.mu.Lock()
+	snap := d.Drain
+	a.mu.Unlock()
+	writeJSON(w, http.StatusAccepted, snap)
+}
+
+// The deadlines of a drain nodectl asks for without naming them.
+const (
+	defaultDrainDeadline     = 60 * time.Second
+	defaultDrainHardDeadline = 90 * time.Second
+)

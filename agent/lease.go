@@ -193,9 +193,14 @@ func (a *Agent) running() []*instance {
 }
 
 // admin sends an Admin request to an instance's worker.
+// A worker a drain told to refuse new requests keeps refusing them.
 func (a *Agent) admin(ctx context.Context, inst *instance, accepting bool, gen uint64) (*wire.HealthReply, error) {
+	a.mu.Lock()
+	refusing, draining := inst.refusing, inst.draining
+	a.mu.Unlock()
 	return a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
-		return c.Admin(ctx, inst.id, cur, accepting, gen)
+		return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Accepting: accepting && !refusing, Generation: gen,
+			Draining: draining && refusing})
 	})
 }
 

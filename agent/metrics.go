@@ -24,6 +24,14 @@ type metrics struct {
 	// etcdWriteErrors counts failed etcd writes by operation (register,
 	// deregister, announce_failure).
 	etcdWriteErrors *prometheus.CounterVec
+	// Drains: how many by trigger, how long, requests in flight at their
+	// start and end, requests routed here after not-ready, and requests
+	// the deadline ended.
+	drains                   *prometheus.CounterVec
+	drainDuration            prometheus.Histogram
+	drainActive              *prometheus.GaugeVec
+	drainRoutedAfterNotReady prometheus.Counter
+	drainForced              prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -45,7 +53,21 @@ func newMetrics() *metrics {
 		m.etcdWriteErrors.WithLabelValues(op) // every operation is exported, at zero
 	}
 	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen, m.etcdWriteErrors)
+	m.registerDrain()
 	return m
+}
+
+func (m *metrics) registerDrain() {
+	m.drains = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_agent_drains_total", Help: "Drains begun, by trigger (nodectl, SIGTERM)."}, []string{"trigger"})
+	m.drainDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_agent_drain_duration_seconds",
+		Help: "From a drain's first step (budget taken) to its workers stopped.", Buckets: prometheus.ExponentialBuckets(0.25, 2, 10)})
+	m.drainActive = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "lifeline_agent_drain_active_requests",
+		Help: "Requests in flight at the last drain's start (not ready) and end (workers stopping)."}, []string{"at"})
+	m.drainRoutedAfterNotReady = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_drain_routed_after_not_ready_total",
+		Help: "Requests a draining node's workers started after its registrations were marked draining."})
+	m.drainForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_drain_requests_forced_total",
+		Help: "Requests a drain's deadline ended with a retryable draining error."})
+	m.reg.MustRegister(m.drains, m.drainDuration, m.drainActive, m.drainRoutedAfterNotReady, m.drainForced)
 }
 
 // serveMetrics serves /metrics, /livez and /readyz until ctx is done.

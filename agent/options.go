@@ -76,6 +76,21 @@ type Options struct {
 	RestartMax      Duration `json:"restart_backoff_max"`
 	CrashLoopLimit  int      `json:"crash_loop_limit"`
 	CrashLoopWindow Duration `json:"crash_loop_window"`
+	// CrashLoopCooldown is how long an instance stays in crash_loop before
+	// it is tried again; every further crash loop in a row doubles it, up
+	// to CrashLoopCooldownMax. `nodectl reset` retries at once.
+	CrashLoopCooldown    Duration `json:"crash_loop_cooldown"`
+	CrashLoopCooldownMax Duration `json:"crash_loop_cooldown_max"`
+	// DrainDeadline and DrainHardDeadline bound the drain SIGTERM runs
+	// (a systemd stop): requests still in flight at the deadline end with
+	// a retryable DRAINING error, and the agent exits before the hard
+	// deadline whatever happens (the defaults, 30 s and 50 s, fit the
+	// unit's TimeoutStopSec=60). DrainSettle is how long a drain waits,
+	// once its registrations say draining, for frontends to stop routing
+	// to the node before its workers refuse new requests.
+	DrainDeadline     Duration `json:"drain_deadline"`
+	DrainHardDeadline Duration `json:"drain_hard_deadline"`
+	DrainSettle       Duration `json:"drain_settle"`
 	// WorkerBinary is the lifeline executable to spawn workers with
 	// (default: this executable).
 	WorkerBinary string `json:"worker_binary"`
@@ -110,6 +125,11 @@ func (o *Options) Defaults() {
 	def(&o.RestartBackoff, 100*time.Millisecond)
 	def(&o.RestartMax, 5*time.Second)
 	def(&o.CrashLoopWindow, time.Minute)
+	def(&o.CrashLoopCooldown, 10*time.Second)
+	def(&o.CrashLoopCooldownMax, 5*time.Minute)
+	def(&o.DrainDeadline, 30*time.Second)
+	def(&o.DrainHardDeadline, 50*time.Second)
+	def(&o.DrainSettle, 2*time.Second)
 	if o.CanaryFailures == 0 {
 		o.CanaryFailures = 3
 	}
@@ -179,6 +199,9 @@ func (o *Options) Validate() error {
 	case o.RestartMax < o.RestartBackoff:
 		return bad("restart_backoff_max", "%v is below restart_backoff %v", time.Duration(o.RestartMax), time.Duration(o.RestartBackoff))
 	}
+	if err := o.validateRecovery(bad); err != nil {
+		return err
+	}
 	if host, _, err := net.SplitHostPort(o.TransferListen); err != nil {
 		return bad("transfer_listen", "%q: %v", o.TransferListen, err)
 	} else if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && o.TransferAdvertise == "" {
@@ -209,6 +232,21 @@ func (o *Options) Validate() error {
 		case in.MaxRunning < 0 || in.MaxQueued < 0:
 			return bad(fmt.Sprintf("instances[%d].max_running", i), "%d / max_queued %d (0 = default)", in.MaxRunning, in.MaxQueued)
 		}
+	}
+	return nil
+}
+
+// validateRecovery checks the crash-loop cool-down and the drain bounds.
+func (o *Options) validateRecovery(bad func(field, format string, args ...any) error) error {
+	switch {
+	case o.CrashLoopCooldown <= 0:
+		return bad("crash_loop_cooldown", "%v (must be positive)", time.Duration(o.CrashLoopCooldown))
+	case o.CrashLoopCooldownMax < o.CrashLoopCooldown:
+		return bad("crash_loop_cooldown_max", "%v is below crash_loop_cooldown %v", time.Duration(o.CrashLoopCooldownMax), time.Duration(o.CrashLoopCooldown))
+	case o.DrainDeadline <= 0 || o.DrainSettle < 0:
+		return bad("drain_deadline", "%v / drain_settle %v (must be positive)", time.Duration(o.DrainDeadline), time.Duration(o.DrainSettle))
+	case o.DrainHardDeadline <= o.DrainDeadline:
+		return bad("drain_hard_deadline", "%v is not after drain_deadline %v", time.Duration(o.DrainHardDeadline), time.Duration(o.DrainDeadline))
 	}
 	return nil
 }

@@ -140,6 +140,10 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "lease_ttl": 3}`, "duration"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "restart_backoff": "-1s"}`, "restart_backoff"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "canary_idle": "-5s"}`, "canary_idle"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "crash_loop_cooldown": "-1s"}`, "crash_loop_cooldown"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "crash_loop_cooldown": "1m", "crash_loop_cooldown_max": "30s"}`, "crash_loop_cooldown_max"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "drain_deadline": "40s", "drain_hard_deadline": "30s"}`, "drain_hard_deadline"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "drain_deadline": "-1s"}`, "drain_deadline"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "lease_ttl": "2500ms"}`, "lease_ttl"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1}, {"role": "decode", "preset": "tiny", "count": 2}]}`, "instances[1]"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "worker_cgroup": "/nonexistent/cg"}`, "worker_cgroup"},
@@ -254,6 +258,10 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 		{"POST", "/v1/status", 404},
 		{"DELETE", "/v1/workers", 404},
 		{"GET", "/v1/events?follow=maybe", 400},
+		{"POST", "/v1/drain", 400},
+		{"POST", "/v1/undrain", 409},
+		{"POST", "/v1/instances/nope/reset", 404},
+		{"POST", "/v1/instances/n1-decode-tiny-0/reset", 409},
 		{"GET", "/v1/status", 200},
 	} {
 		req, _ := http.NewRequest(c.method, "http://agent"+c.path, strings.NewReader("{garbage"))

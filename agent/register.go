@@ -145,7 +145,9 @@ func (a *Agent) registerAt(ctx context.Context, now time.Time) {
 }
 
 // registrations is the agent's lease and what etcd should hold for every
-// instance: the registration of a ready one, nothing for the others. The
+// instance: the registration of a ready one (or of one that was ready when
+// a drain began, marked draining, until its worker stops), nothing for the
+// others. The
 // snapshot is taken under a.mu, the values encoded after.
 func (a *Agent) registrations() (clientv3.LeaseID, []regWrite) {
 	a.mu.Lock()
@@ -153,7 +155,7 @@ func (a *Agent) registrations() (clientv3.LeaseID, []regWrite) {
 	var ready []schema.Registration
 	var others []string
 	for _, inst := range a.instances {
-		if inst.ready && inst.pid != 0 {
+		if (inst.ready || inst.drainRegistered) && inst.pid != 0 {
 			ready = append(ready, a.registrationLocked(inst))
 		} else {
 			others = append(others, inst.id)
@@ -174,6 +176,6 @@ func (a *Agent) registrations() (clientv3.LeaseID, []regWrite) {
 
 func (a *Agent) registrationLocked(inst *instance) schema.Registration {
 	return schema.Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
-		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready,
+		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready && !inst.draining, Draining: inst.draining,
 		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr, KVIdentity: inst.kvIdentity}
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
-
-	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // startSupervision routes the detector's reports and starts one
@@ -16,30 +14,32 @@ func (a *Agent) startSupervision(ctx context.Context) {
 	a.track(func() { a.dispatchExits(ctx) })
 	for _, spec := range a.opts.Instances {
 		for k := 0; k < spec.Count; k++ {
-			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", a.opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting"}
+			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", a.opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting",
+				reset: make(chan struct{}, 1)}
 			a.mu.Lock()
 			a.instances[inst.id] = inst
 			a.mu.Unlock()
-			a.track(func() { a.supervise(ctx, inst) })
+			a.startInstance(inst)
 		}
 	}
 }
 
 // supervise keeps one instance running: a new generation for every start,
-// restarts with exponential backoff, and a crash-loop limit.
+// restarts with exponential backoff, and a crash-loop limit after which
+// the instance cools down (exponentially longer for every crash loop in a
+// row) before it is tried again.
 func (a *Agent) supervise(ctx context.Context, inst *instance) {
-	backoff := time.Duration(a.opts.RestartBackoff)
-	var recent []time.Time
+	h := newRestartHistory(&a.opts)
 	if rec, ok := a.adoptable(inst.id); ok {
 		a.adopt(ctx, inst, rec)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.drained(inst) {
 			return
 		}
 	}
 	for ctx.Err() == nil {
 		started := time.Now()
 		_, err := a.runOnce(ctx, inst)
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || a.drained(inst) {
 			return
 		}
 		if errors.Is(err, errNoGeneration) {
@@ -57,29 +57,20 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 		if err != nil {
 			a.log.Error("worker start failed", "instance_id", inst.id, "err", err, "recovery_action", "restart")
 		}
-		// A worker that ran for a whole window was healthy: start over.
-		if time.Since(started) > time.Duration(a.opts.CrashLoopWindow) {
-			backoff = time.Duration(a.opts.RestartBackoff)
-			recent = recent[:0]
+		backoff, cooldown := h.exited(started, time.Now())
+		if cooldown > 0 {
+			if !a.coolDown(ctx, inst, h, cooldown) {
+				return
+			}
+		} else {
+			a.setState(inst, "restarting")
+			jitter := time.Duration(rand.Int64N(int64(backoff)/5 + 1))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff + jitter):
+			}
 		}
-		recent = append(recent, time.Now())
-		for len(recent) > 0 && time.Since(recent[0]) > time.Duration(a.opts.CrashLoopWindow) {
-			recent = recent[1:]
-		}
-		if len(recent) > a.opts.CrashLoopLimit {
-			a.setState(inst, "crash_loop")
-			a.emit(controlapi.Event{Kind: controlapi.EventCrashLoop, InstanceID: inst.id, Detail: fmt.Sprintf("%d exits within %v", len(recent), time.Duration(a.opts.CrashLoopWindow))})
-			a.log.Error("crash loop: giving up on instance", "instance_id", inst.id, "recovery_action", "none")
-			return
-		}
-		a.setState(inst, "restarting")
-		jitter := time.Duration(rand.Int64N(int64(backoff)/5 + 1))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff + jitter):
-		}
-		backoff = min(2*backoff, time.Duration(a.opts.RestartMax))
 		a.mu.Lock()
 		inst.restarts++
 		a.mu.Unlock()
@@ -91,4 +82,15 @@ func (a *Agent) setState(inst *instance, state string) {
 	a.mu.Lock()
 	inst.state = state
 	a.mu.Unlock()
+}
+
+// drained reports whether a drain holds inst: a worker of a draining node
+// that dies is not restarted (the drain stops the instance anyway).
+func (a *Agent) drained(inst *instance) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if inst.draining {
+		inst.state = "drained"
+	}
+	return inst.draining
 }

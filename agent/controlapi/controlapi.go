@@ -27,7 +27,59 @@ const (
 	EventLeaseLost    = "lease_lost"
 	EventReregistered = "reregistered"
 	EventAdopted      = "adopted"
+	// EventRetry: an instance in crash_loop is tried again, after its
+	// cool-down or because an operator reset it.
+	EventRetry = "retry"
+	// EventDrain: a drain moved to a new phase (Detail names it).
+	EventDrain = "drain"
 )
+
+// Drain phases, in order. An undrain goes drained → undraining → none.
+const (
+	DrainWaitingForBudget = "waiting_for_budget"
+	DrainNotReady         = "not_ready"
+	DrainInFlight         = "in_flight"
+	DrainStopping         = "stopping"
+	DrainDrained          = "drained"
+	DrainUndraining       = "undraining"
+)
+
+// DrainRequest is the body of POST /v1/drain. Durations are Go duration
+// strings ("60s"); empty ones take the defaults.
+type DrainRequest struct {
+	// Deadline bounds how long requests in flight may run on: those left
+	// then end with a retryable DRAINING error and move elsewhere.
+	Deadline string `json:"deadline,omitempty"`
+	// HardDeadline bounds the whole drain: by then the workers are stopped
+	// whatever happens.
+	HardDeadline string `json:"hard_deadline,omitempty"`
+	// NoWait refuses the drain (ErrBudgetTaken) instead of waiting when
+	// the disruption budget is taken by other nodes.
+	NoWait bool `json:"no_wait,omitempty"`
+}
+
+// Drain is a node's drain as the control API shows it.
+type Drain struct {
+	Phase        string    `json:"phase"`
+	Trigger      string    `json:"trigger"`
+	StartedAt    time.Time `json:"started_at"`
+	Deadline     time.Time `json:"deadline"`
+	HardDeadline time.Time `json:"hard_deadline"`
+	// InFlight is the requests the node's workers still serve.
+	InFlight int `json:"in_flight"`
+	// ActiveAtStart is the requests in flight when the instances became
+	// not ready; RoutedAfterNotReady those started since; ForcedEnded
+	// those the deadline ended (retryable DRAINING error).
+	ActiveAtStart       int `json:"active_at_start"`
+	RoutedAfterNotReady int `json:"routed_after_not_ready"`
+	ForcedEnded         int `json:"forced_ended"`
+	// DrainedAt is when the workers were stopped (zero before).
+	DrainedAt time.Time `json:"drained_at,omitzero"`
+	// BudgetHeld says the node holds a share of the disruption budget;
+	// Detail says why it waits, or anything else worth knowing.
+	BudgetHeld bool   `json:"budget_held"`
+	Detail     string `json:"detail,omitempty"`
+}
 
 // Event is one thing that happened to an instance or the agent.
 type Event struct {
@@ -61,6 +113,11 @@ type Worker struct {
 	NotReady string `json:"not_ready,omitempty"`
 	Addr     string `json:"addr,omitempty"`
 	Restarts int    `json:"restarts"`
+	// NextAttempt is when an instance in crash_loop is tried again (zero
+	// otherwise); CrashLoops counts its crash loops in a row, each of which
+	// doubles the cool-down.
+	NextAttempt time.Time `json:"next_attempt,omitzero"`
+	CrashLoops  int       `json:"crash_loops,omitempty"`
 }
 
 // Status is `nodectl status --json`.
@@ -74,6 +131,8 @@ type Status struct {
 	Instances        []Worker       `json:"instances"`
 	UptimeSeconds    float64        `json:"uptime_seconds"`
 	KVTransfer       TransferStatus `json:"kv_transfer"`
+	// Drain is the node's drain; absent when none is in progress.
+	Drain *Drain `json:"drain,omitempty"`
 }
 
 // TransferStatus is the KV transfer engine as `nodectl status` shows it:
@@ -134,3 +193,33 @@ type Slot struct {
 	Leases     int       `json:"leases"`
 	LastUsed   time.Time `json:"last_used,omitzero"`
 }
+
+// Error is the body of every control-socket error. Code is stable and
+// typed: errors.Is matches an *Error against the sentinels below by code.
+type Error struct {
+	Code    string `json:"code,omitempty"`
+	Message string `json:"error"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Is reports whether target is an *Error of the same code.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code != "" && t.Code == e.Code
+}
+
+// Error codes, and sentinels to match them with errors.Is.
+var (
+	ErrNoSuchEndpoint  = &Error{Code: "no_such_endpoint", Message: "no such endpoint"}
+	ErrBadRequest      = &Error{Code: "bad_request", Message: "bad request"}
+	ErrUnknownInstance = &Error{Code: "unknown_instance", Message: "no such instance on this node"}
+	ErrNotInCrashLoop  = &Error{Code: "not_in_crash_loop", Message: "the instance is not in crash_loop"}
+	// ErrBudgetTaken: a drain with no_wait found the disruption budget
+	// taken by other nodes.
+	ErrBudgetTaken = &Error{Code: "budget_taken", Message: "the disruption budget is taken"}
+	// ErrNotDrained: undrain of a node that is not drained (or waiting to).
+	ErrNotDrained = &Error{Code: "not_drained", Message: "the node is not drained"}
+	// ErrDrainInProgress: undrain while a drain is still running.
+	ErrDrainInProgress = &Error{Code: "drain_in_progress", Message: "a drain is in progress"}
+)

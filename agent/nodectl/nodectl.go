@@ -4,12 +4,14 @@ package nodectl
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"text/tabwriter"
 	"time"
 
@@ -29,9 +31,18 @@ func client(socket string) *http.Client {
 }
 
 func get(ctx context.Context, socket, path string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://agent"+path, nil)
+	return do(ctx, socket, http.MethodGet, path, nil)
+}
+
+// do sends one request to the agent. An error answer comes back as the
+// agent's typed *controlapi.Error where the body is one.
+func do(ctx context.Context, socket, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://agent"+path, body)
 	if err != nil {
 		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := client(socket).Do(req)
 	if err != nil {
@@ -40,9 +51,41 @@ func get(ctx context.Context, socket, path string) (*http.Response, error) {
 	if resp.StatusCode/100 != 2 {
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		var e controlapi.Error
+		if json.Unmarshal(b, &e) == nil && e.Message != "" {
+			return nil, &e
+		}
 		return nil, fmt.Errorf("agent: %s: %s", resp.Status, b)
 	}
 	return resp, nil
+}
+
+// postJSON posts in (nil: no body) and decodes the answer into out.
+func postJSON(ctx context.Context, socket, path string, in, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	resp, err := do(ctx, socket, http.MethodPost, path, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Reset makes an instance in crash_loop try again at once. It fails with
+// controlapi.ErrUnknownInstance or controlapi.ErrNotInCrashLoop.
+func Reset(ctx context.Context, socket, instance string) (controlapi.Worker, error) {
+	var w controlapi.Worker
+	err := postJSON(ctx, socket, "/v1/instances/"+url.PathEscape(instance)+"/reset", nil, &w)
+	return w, err
 }
 
 func getJSON(ctx context.Context, socket, path string, v any) error {
@@ -66,9 +109,9 @@ func Workers(ctx context.Context, socket string) ([]controlapi.Worker, error) {
 // Command is the nodectl root command.
 func Command() *cobra.Command {
 	var socket string
-	root := &cobra.Command{Use: "nodectl", Short: "Inspect a Lifeline node", SilenceUsage: true, SilenceErrors: true}
+	root := &cobra.Command{Use: "nodectl", Short: "Inspect and drain a Lifeline node", SilenceUsage: true, SilenceErrors: true}
 	root.PersistentFlags().StringVar(&socket, "socket", DefaultSocket, "the agent's control socket")
-	root.AddCommand(statusCmd(&socket), workersCmd(&socket), eventsCmd(&socket), kvCmd(&socket))
+	root.AddCommand(statusCmd(&socket), workersCmd(&socket), eventsCmd(&socket), kvCmd(&socket), resetCmd(&socket), drainCmd(&socket), undrainCmd(&socket))
 	return root
 }
 
@@ -99,6 +142,9 @@ func printStatus(out io.Writer, st controlapi.Status) error {
 	fmt.Fprintf(out, "\nGPU: %s", st.GPU)
 	fmt.Fprintf(out, "\netcd %v: lease %x, routable %v, last renewal %dms ago\n", st.Etcd.Endpoints, st.Etcd.LeaseID, st.Etcd.Routable, st.Etcd.LastRenewalMs)
 	fmt.Fprintf(out, "arena: %v of %v slots in use %v\n", st.Arena["slots_in_use"], st.Arena["slots"], st.Arena["by_state"])
+	if st.Drain != nil {
+		printDrain(out, *st.Drain)
+	}
 	kt := st.KVTransfer
 	fmt.Fprintf(out, "KV transfer: %s at %s (%s); pulled %d blocks / %d bytes, served %d, stale dropped %d\n",
 		kt.Transport, kt.Addr, kt.Reason, kt.Stats.BlocksPulled, kt.Stats.BytesPulled, kt.Stats.BlocksServed, kt.Stats.StaleDropped)
@@ -123,6 +169,23 @@ func workersCmd(socket *string) *cobra.Command {
 			return printWorkers(cmd.OutOrStdout(), ws)
 		}}
 	cmd.Flags().BoolVar(&asJSON, "json", false, `print a JSON array of {"instance_id","role","rank","pid","generation","ready","last_exit"}`)
+	return cmd
+}
+
+// resetCmd is `nodectl reset`.
+func resetCmd(socket *string) *cobra.Command {
+	var instance string
+	cmd := &cobra.Command{Use: "reset --instance ID", Short: "Try an instance in crash_loop again at once", Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			w, err := Reset(cmd.Context(), *socket, instance)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: out of crash_loop, starting again\n", w.InstanceID)
+			return nil
+		}}
+	cmd.Flags().StringVar(&instance, "instance", "", "the instance id (nodectl workers)")
+	cmd.MarkFlagRequired("instance")
 	return cmd
 }
 
@@ -210,7 +273,11 @@ func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 		if !w.Ready && w.NotReady != "" {
 			ready = "no: " + w.NotReady
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", w.InstanceID, w.Role, w.Generation, w.PID, ready, w.State, w.Restarts, last)
+		state := w.State
+		if !w.NextAttempt.IsZero() {
+			state += fmt.Sprintf(" (next attempt %s, in %v)", w.NextAttempt.Format(time.TimeOnly), time.Until(w.NextAttempt).Round(time.Second))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", w.InstanceID, w.Role, w.Generation, w.PID, ready, state, w.Restarts, last)
 	}
 	return tw.Flush()
 }

@@ -26,6 +26,24 @@ const GenerationsPrefix = "/lifeline/v1/generations/"
 // while the agent lives) and goes with the agent's lease.
 const NodesPrefix = "/lifeline/v1/nodes/"
 
+// MaxUnavailableKey holds the cluster's disruption budget: how many nodes
+// may be drained at once (a decimal integer; 1 when the key is absent).
+const MaxUnavailableKey = "/lifeline/v1/drain/max_unavailable"
+
+// DrainHoldersPrefix holds one key per node that has taken a share of the
+// disruption budget (a DrainHolder, under that agent's lease). An agent
+// adds its key with a transaction that fails if the holders changed since
+// it counted them.
+const DrainHoldersPrefix = "/lifeline/v1/drain/holders/"
+
+// DrainHolder is the value of a drain holder key.
+type DrainHolder struct {
+	Node string `json:"node"`
+	// Trigger is what started the drain: "nodectl" or "SIGTERM".
+	Trigger       string `json:"trigger"`
+	SinceUnixNano int64  `json:"since_unix_nano"`
+}
+
 // NodeRecord is the value of a node key.
 type NodeRecord struct {
 	Node      string `json:"node"`

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
@@ -62,7 +63,16 @@ type Scheduler struct {
 	seenLosses uint64
 	recomputed int
 	generated  uint64
+	// computed counts positions whose K/V a step computed; stepTimes are
+	// the durations of the last steps (a ring), so that a health checker
+	// sees progress without a token and knows how long a step takes.
+	computed  uint64
+	stepTimes [recentSteps]time.Duration
+	stepCount int
 }
+
+// recentSteps is how many steps StepTime looks back over.
+const recentSteps = 16
 
 // New returns a scheduler that computes with m and keeps K/V in store.
 func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error) {

@@ -385,3 +385,29 @@ func TestCanaryNeverQueuesBehindTraffic(t *testing.T) {
 		t.Fatal("blocks leaked")
 	}
 }
+
+// TestStatsCountComputedPositions: a prefill-only request samples no
+// token, yet every step shows up as computed positions, and the step time
+// is reported.
+func TestStatsCountComputedPositions(t *testing.T) {
+	s, _ := newSched(t, 16, Limits{MaxRunning: 2, MaxQueued: 0, MaxStepTokens: 32})
+	r := newRecorder()
+	if err := s.Submit(r.attach(Request{ID: "prefill", Prompt: prompt(100, 3), MaxTokens: 1, PrefillOnly: true})); err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for i := 0; i < 4; i++ {
+		if _, err := s.Step(); err != nil {
+			t.Fatal(err)
+		}
+		st := s.Stats()
+		if st.Computed <= last || st.Generated != 0 || st.StepTime <= 0 {
+			t.Fatalf("step %d: computed %d (was %d), generated %d, step time %v", i, st.Computed, last, st.Generated, st.StepTime)
+		}
+		last = st.Computed
+	}
+	<-r.done
+	if st := s.Stats(); st.Computed != 100 || r.finish.Reason != FinishPrefilled {
+		t.Fatalf("after the prefill: computed %d, finish %+v", st.Computed, r.finish)
+	}
+}

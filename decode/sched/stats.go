@@ -1,5 +1,10 @@
 package sched
 
+import (
+	"slices"
+	"time"
+)
+
 // Stats is a snapshot of the scheduler's load.
 type Stats struct {
 	Running, Queued, FreeBlocks, TotalBlocks int
@@ -14,13 +19,22 @@ type Stats struct {
 	Recomputed int
 	// Generated counts every token sampled since the scheduler started.
 	Generated uint64
+	// Computed counts every position whose K/V a step computed (prefill
+	// chunks and decode steps alike): progress of a sequence that samples
+	// nothing yet.
+	Computed uint64
+	// StepTime is the longest of the last steps (forward pass and
+	// sampling): what a request arriving now may wait behind, and what
+	// each of its own steps may take while that load lasts.
+	StepTime time.Duration
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed, Generated: s.generated}
+	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed, Generated: s.generated,
+		Computed: s.computed, StepTime: slices.Max(s.stepTimes[:])}
 }
 
 func (s *Scheduler) queuedLocked() int {

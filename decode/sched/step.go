@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
@@ -32,6 +33,7 @@ func (s *Scheduler) Step() (bool, error) {
 
 	// Unlocked: nobody else touches the batch's sequences until inFlight
 	// is cleared (Cancel waits for it).
+	began := time.Now()
 	err := s.model.Forward(&s.ws, s.store, b.in)
 	var ids []int
 	if err == nil {
@@ -44,6 +46,11 @@ func (s *Scheduler) Step() (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.stepDone.Broadcast()
+	s.stepTimes[s.stepCount%recentSteps] = time.Since(began)
+	s.stepCount++
+	if err == nil {
+		s.computed += uint64(len(b.in))
+	}
 	return true, s.commitLocked(b, ids, err)
 }
 

@@ -87,6 +87,9 @@ const (
 	Code_CANCELLED       Code = 4
 	Code_INTERNAL        Code = 5
 	Code_SHUTTING_DOWN   Code = 6
+	// DRAINING: the node is being drained (planned maintenance); retryable
+	// elsewhere, and the request's prefix is kept.
+	Code_DRAINING Code = 7
 )
 
 // Enum value maps for Code.
@@ -99,6 +102,7 @@ var (
 		4: "CANCELLED",
 		5: "INTERNAL",
 		6: "SHUTTING_DOWN",
+		7: "DRAINING",
 	}
 	Code_value = map[string]int32{
 		"OK":              0,
@@ -108,6 +112,7 @@ var (
 		"CANCELLED":       4,
 		"INTERNAL":        5,
 		"SHUTTING_DOWN":   6,
+		"DRAINING":        7,
 	}
 )
 
@@ -364,8 +369,14 @@ type Admin struct {
 	// agent that believes it is at a later generation than it is.
 	InstanceId        string `protobuf:"bytes,3,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	CurrentGeneration uint64 `protobuf:"varint,4,opt,name=current_generation,json=currentGeneration,proto3" json:"current_generation,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// draining: the node is being drained. A worker that does not accept
+	// refuses new requests with DRAINING rather than SHUTTING_DOWN.
+	Draining bool `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
+	// end_in_flight ends every request in flight now with a DRAINING error
+	// (a drain's deadline has passed): the frontend migrates them.
+	EndInFlight   bool `protobuf:"varint,6,opt,name=end_in_flight,json=endInFlight,proto3" json:"end_in_flight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Admin) Reset() {
@@ -424,6 +435,20 @@ func (x *Admin) GetCurrentGeneration() uint64 {
 		return x.CurrentGeneration
 	}
 	return 0
+}
+
+func (x *Admin) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
+}
+
+func (x *Admin) GetEndInFlight() bool {
+	if x != nil {
+		return x.EndInFlight
+	}
+	return false
 }
 
 type Request struct {
@@ -597,6 +622,20 @@ type HealthReply struct {
 	// tokens_generated counts every token the engine sampled: a health
 	// checker sees progress between two looks.
 	TokensGenerated uint64 `protobuf:"varint,9,opt,name=tokens_generated,json=tokensGenerated,proto3" json:"tokens_generated,omitempty"`
+	// positions_computed counts every position whose K/V the engine
+	// computed (prefill chunks included): progress of a worker that samples
+	// no token while it prefills.
+	PositionsComputed uint64 `protobuf:"varint,10,opt,name=positions_computed,json=positionsComputed,proto3" json:"positions_computed,omitempty"`
+	// step_time_us is the longest of the engine's recent steps: how long a
+	// request arriving now (a canary) may wait behind the step in progress,
+	// and how long each of its own steps may take under that load.
+	StepTimeUs uint64 `protobuf:"varint,11,opt,name=step_time_us,json=stepTimeUs,proto3" json:"step_time_us,omitempty"`
+	// in_flight counts the generation requests being served (canaries
+	// excluded).
+	InFlight uint32 `protobuf:"varint,12,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// requests_started counts the generation requests the worker took
+	// (canaries excluded): a drain counts those routed after not-ready.
+	RequestsStarted uint64 `protobuf:"varint,13,opt,name=requests_started,json=requestsStarted,proto3" json:"requests_started,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -690,6 +729,34 @@ func (x *HealthReply) GetAccepting() bool {
 func (x *HealthReply) GetTokensGenerated() uint64 {
 	if x != nil {
 		return x.TokensGenerated
+	}
+	return 0
+}
+
+func (x *HealthReply) GetPositionsComputed() uint64 {
+	if x != nil {
+		return x.PositionsComputed
+	}
+	return 0
+}
+
+func (x *HealthReply) GetStepTimeUs() uint64 {
+	if x != nil {
+		return x.StepTimeUs
+	}
+	return 0
+}
+
+func (x *HealthReply) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *HealthReply) GetRequestsStarted() uint64 {
+	if x != nil {
+		return x.RequestsStarted
 	}
 	return 0
 }
@@ -857,7 +924,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\x12\x1d\n" +
 	"\n" +
 	"kv_sources\x18\x11 \x03(\tR\tkvSources\"\b\n" +
-	"\x06Health\"\x95\x01\n" +
+	"\x06Health\"\xd5\x01\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
 	"\n" +
@@ -865,7 +932,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"generation\x12\x1f\n" +
 	"\vinstance_id\x18\x03 \x01(\tR\n" +
 	"instanceId\x12-\n" +
-	"\x12current_generation\x18\x04 \x01(\x04R\x11currentGeneration\"\xae\x01\n" +
+	"\x12current_generation\x18\x04 \x01(\x04R\x11currentGeneration\x12\x1a\n" +
+	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\"\n" +
+	"\rend_in_flight\x18\x06 \x01(\bR\vendInFlight\"\xae\x01\n" +
 	"\aRequest\x128\n" +
 	"\bgenerate\x18\x01 \x01(\v2\x1a.lifeline.wire.v1.GenerateH\x00R\bgenerate\x122\n" +
 	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06health\x12/\n" +
@@ -874,7 +943,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x9d\x02\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xb6\x03\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -886,7 +955,13 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05model\x18\x06 \x01(\tR\x05model\x12%\n" +
 	"\x0emodel_revision\x18\a \x01(\tR\rmodelRevision\x12\x1c\n" +
 	"\taccepting\x18\b \x01(\bR\taccepting\x12)\n" +
-	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\"\xb1\x03\n" +
+	"\x10tokens_generated\x18\t \x01(\x04R\x0ftokensGenerated\x12-\n" +
+	"\x12positions_computed\x18\n" +
+	" \x01(\x04R\x11positionsComputed\x12 \n" +
+	"\fstep_time_us\x18\v \x01(\x04R\n" +
+	"stepTimeUs\x12\x1b\n" +
+	"\tin_flight\x18\f \x01(\rR\binFlight\x12)\n" +
+	"\x10requests_started\x18\r \x01(\x04R\x0frequestsStarted\"\xb1\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -910,7 +985,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +
 	"\n" +
-	"\x06CANARY\x10\x02*r\n" +
+	"\x06CANARY\x10\x02*\x80\x01\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\x13\n" +
 	"\x0fINVALID_REQUEST\x10\x01\x12\x0e\n" +
@@ -919,7 +994,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\tTOO_LARGE\x10\x03\x12\r\n" +
 	"\tCANCELLED\x10\x04\x12\f\n" +
 	"\bINTERNAL\x10\x05\x12\x11\n" +
-	"\rSHUTTING_DOWN\x10\x06B.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
+	"\rSHUTTING_DOWN\x10\x06\x12\f\n" +
+	"\bDRAINING\x10\aB.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
 
 var (
 	file_lifeline_wire_proto_rawDescOnce sync.Once

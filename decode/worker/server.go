@@ -151,6 +151,51 @@ type server struct {
 	generation atomic.Uint64
 	accepting  atomic.Bool
 	kv         *rdma.QUIC
+	// draining: the agent is draining the node; refusals say DRAINING.
+	draining atomic.Bool
+	// started counts generation requests taken (canaries excluded);
+	// inFlight holds the cancel of each one being served, so that a
+	// drain's deadline can end them.
+	started  atomic.Uint64
+	mu       sync.Mutex
+	inFlight map[*context.CancelCauseFunc]struct{}
+}
+
+// errDrainDeadline ends the requests still in flight when a drain's
+// deadline passes: they end with a retryable DRAINING error and the
+// frontend carries them on elsewhere.
+var errDrainDeadline = errors.New("the node is draining and its deadline passed: continue elsewhere")
+
+// track registers a request being served until the returned func is
+// called.
+func (s *server) track(cancel context.CancelCauseFunc) (untrack func()) {
+	s.started.Add(1)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.inFlight == nil {
+		s.inFlight = map[*context.CancelCauseFunc]struct{}{}
+	}
+	s.inFlight[&cancel] = struct{}{}
+	return func() {
+		s.mu.Lock()
+		delete(s.inFlight, &cancel)
+		s.mu.Unlock()
+	}
+}
+
+// endInFlight ends every request being served with errDrainDeadline.
+func (s *server) endInFlight() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for cancel := range s.inFlight {
+		(*cancel)(errDrainDeadline)
+	}
+}
+
+func (s *server) inFlightCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.inFlight)
 }
 
 // PullTimeout bounds how long a migrated request waits for its blocks to
@@ -231,6 +276,10 @@ func (s *server) serveStream(st *quic.Stream) {
 			}
 		}
 		s.accepting.Store(a.Accepting)
+		s.draining.Store(a.Draining)
+		if a.EndInFlight {
+			s.endInFlight()
+		}
 		send(&wire.Frame{Health: s.health()})
 	case *wire.Request_Generate:
 		s.generate(st, op.Generate, send)
@@ -243,7 +292,9 @@ func (s *server) health() *wire.HealthReply {
 	st := s.engine.Stats()
 	return &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
 		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
-		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated}
+		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
+		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), InFlight: uint32(s.inFlightCount()),
+		RequestsStarted: s.started.Load()}
 }
 
 func intsOf(v []int32) []int {
@@ -280,11 +331,26 @@ func ErrorFrame(err error) *wire.Error {
 	return e
 }
 
+// refusal is the error of a request a worker that does not accept refuses.
+func (s *server) refusal() *wire.Error {
+	if s.draining.Load() {
+		return &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: "not accepting new requests: the node is draining"}
+	}
+	return &wire.Error{Code: wire.Code_SHUTTING_DOWN, Retryable: true, Message: "not accepting new requests: the node agent cannot prove its registration lease"}
+}
+
 func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Frame) error) {
 	if !s.accepting.Load() && g.Lane != wire.Lane_CANARY {
-		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error",
-			Error: &wire.Error{Code: wire.Code_SHUTTING_DOWN, Retryable: true, Message: "not accepting new requests: the node agent cannot prove its registration lease"}})
+		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: s.refusal()})
 		return
+	}
+	// The stream's context ends when the client resets or goes away: that
+	// cancels the sequence and frees its blocks. A drain's deadline ends
+	// it too (errDrainDeadline).
+	ctx, cancel := context.WithCancelCause(st.Context())
+	defer cancel(nil)
+	if g.Lane != wire.Lane_CANARY {
+		defer s.track(cancel)()
 	}
 	prio := sched.Interactive
 	switch g.Lane {
@@ -304,11 +370,9 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		req.PromptTokens = []int{}
 	}
 	if len(g.KvSources) > 0 && s.kv != nil {
-		s.pullPrefix(st.Context(), g, req)
+		s.pullPrefix(ctx, g, req)
 	}
-	// The stream's context ends when the client resets or goes away: that
-	// cancels the sequence and frees its blocks.
-	events, err := s.engine.Generate(st.Context(), req)
+	events, err := s.engine.Generate(ctx, req)
 	base := func() *wire.Frame { return &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch} }
 	if err != nil {
 		f := base()
@@ -336,6 +400,10 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			}
 			if ev.Err != nil {
 				f.Error = ErrorFrame(ev.Err)
+			}
+			if errors.Is(context.Cause(ctx), errDrainDeadline) && ev.Err != nil {
+				f.FinishReason = "error"
+				f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: errDrainDeadline.Error()}
 			}
 		} else {
 			f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text

@@ -109,8 +109,13 @@ func (c *Client) Health(ctx context.Context) (*wire.HealthReply, error) {
 // Admin sets whether the worker accepts new requests and raises the
 // generation it stamps; it returns the worker's health after the change.
 func (c *Client) Admin(ctx context.Context, instanceID string, current uint64, accepting bool, generation uint64) (*wire.HealthReply, error) {
-	s, err := c.open(ctx, &wire.Request{Op: &wire.Request_Admin{Admin: &wire.Admin{Accepting: accepting, Generation: generation,
-		InstanceId: instanceID, CurrentGeneration: current}}})
+	return c.AdminWith(ctx, &wire.Admin{Accepting: accepting, Generation: generation, InstanceId: instanceID, CurrentGeneration: current})
+}
+
+// AdminWith sends an Admin request as given (a drain's flags included);
+// it returns the worker's health after the change.
+func (c *Client) AdminWith(ctx context.Context, a *wire.Admin) (*wire.HealthReply, error) {
+	s, err := c.open(ctx, &wire.Request{Op: &wire.Request_Admin{Admin: a}})
 	if err != nil {
 		return nil, err
 	}
