@@ -182,11 +182,11 @@ func TestUpSupervisesItsChildren(t *testing.T) {
 	}
 }
 
-// TestUpRestartsAStoppedAgent: SIGTERM to the agent serving a stream
-// (what a stray `kill` or an OOM-killer-like stop looks like to up) stops
-// its worker; the stream migrates to the other node and completes
-// identical to a fault-free run, up restarts the agent, and its instance
-// comes back at a higher generation. Nothing else stops.
+// TestUpRestartsAStoppedAgent: SIGTERM to the agent serving a stream (a
+// stray `kill`, a systemd stop) drains the node: the stream, well within
+// the drain deadline, finishes in place, identical to a fault-free run;
+// the agent exits, up restarts it, and its instance comes back at a higher
+// generation. Nothing else stops.
 func TestUpRestartsAStoppedAgent(t *testing.T) {
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "2")
@@ -213,8 +213,8 @@ func TestUpRestartsAStoppedAgent(t *testing.T) {
 	if !sameTokens(got, reference) {
 		t.Fatalf("stream through an agent's stop: %d tokens, differs from the fault-free run (end %v)", len(got), last)
 	}
-	if ll, _ := last["lifeline"].(map[string]any); ll["migrations"] != 1.0 {
-		t.Fatalf("the stream did not migrate once: %v", last)
+	if ll, _ := last["lifeline"].(map[string]any); ll["migrations"] != 0.0 {
+		t.Fatalf("a stream that fits the drain deadline moved: %v", last)
 	}
 	sock := filepath.Join(dir, victim, "agent.sock")
 	proctest.WaitFor(t, time.Minute, "the restarted agent's instance to be ready at a higher generation", func() (bool, string) {
