@@ -34,7 +34,7 @@ func (a *Agent) workerLocked(inst *instance) controlapi.Worker {
 }
 
 func (a *Agent) status() controlapi.Status {
-	st := controlapi.Status{NodeID: a.opts.NodeID, Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
+	st := controlapi.Status{NodeID: a.opts.NodeID, PID: os.Getpid(), Detector: a.detector.Name(), Instances: a.workers(), UptimeSeconds: time.Since(a.started).Seconds()}
 	if a.detectorFallback != nil {
 		st.DetectorFallback = a.detectorFallback.Error()
 	}

@@ -122,6 +122,8 @@ type Worker struct {
 
 // Status is `nodectl status --json`.
 type Status struct {
+	// PID is the agent's own process id.
+	PID              int            `json:"pid"`
 	NodeID           string         `json:"node_id"`
 	Detector         string         `json:"detector"`
 	DetectorFallback string         `json:"detector_fallback,omitempty"`

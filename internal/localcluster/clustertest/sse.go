@@ -3,6 +3,7 @@ package clustertest
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"testing"
@@ -22,15 +23,25 @@ type Token struct {
 // events arrive; it returns the tokens and the final chunk.
 func StreamCompletion(t testing.TB, url string, body map[string]any, each func(Token)) ([]Token, map[string]any) {
 	t.Helper()
+	toks, last, err := Stream(url, body, each)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return toks, last
+}
+
+// Stream is StreamCompletion for goroutines that must not fail the test:
+// a request that is not answered 200 is an error.
+func Stream(url string, body map[string]any, each func(Token)) ([]Token, map[string]any, error) {
 	b, _ := json.Marshal(body)
 	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		msg, _ := io.ReadAll(resp.Body)
-		t.Fatalf("status %d: %s", resp.StatusCode, msg)
+		return nil, nil, fmt.Errorf("status %d: %s", resp.StatusCode, msg)
 	}
 	var last map[string]any
 	toks := readTokens(resp.Body, func(tok Token) bool {
@@ -39,7 +50,7 @@ func StreamCompletion(t testing.TB, url string, body map[string]any, each func(T
 		}
 		return false
 	}, func(ev sse.Event) { json.Unmarshal(ev.Data, &last) })
-	return toks, last
+	return toks, last, nil
 }
 
 // ReadSSE reads tokens from an SSE body until stop returns true or the
