@@ -130,7 +130,7 @@ func resumable(body CompletionRequest, req *http.Request) bool {
 func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case ErrNoCapacity, ErrMigrationExhausted:
+	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping:
 		code = http.StatusServiceUnavailable
 	case ErrOverloaded:
 		code = http.StatusTooManyRequests
@@ -150,10 +150,15 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
+// retryAfter is the Retry-After of the retryable refusals, in seconds:
+// an instance at its limit frees up soon; a model with no routable
+// instance has waited for one already.
+var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1"}
+
 // writeError writes the OpenAI error shape with a stable type.
 func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {
-	if typ == ErrOverloaded {
-		w.Header().Set("Retry-After", "1")
+	if s, ok := retryAfter[typ]; ok {
+		w.Header().Set("Retry-After", s)
 	}
 	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": typ}})
 }

@@ -40,13 +40,22 @@ func (x *run) route(a Route) []Action {
 	if prev, ok := rt.Instance(x.on); ok {
 		prefer = prev.NumericsID
 	}
-	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, a.Exclude, time.Now(), x.prefixKeys)
+	// The signal first: a registration after the pick below wakes a wait.
+	x.wake = x.s.capacity.watch(x.body.Model)
+	exclude := a.Exclusion()
+	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys)
 	if err != nil {
-		return x.r.NoRoute(a.Epoch, x.overloaded)
+		return x.r.NoRoute(a.Epoch, x.overloaded, time.Now())
 	}
 	x.obs.routed(cached, used)
+	waited := x.r.CapacityWaited
+	defer func() {
+		if d := x.r.CapacityWaited - waited; d > 0 {
+			x.obs.capacityFound(d)
+		}
+	}()
 	d := Endpoint{in.ID, in.Generation}
-	if p, ok := x.pickPrefill(in, cached, a.Exclude); ok {
+	if p, ok := x.pickPrefill(in, cached, exclude); ok {
 		return x.r.RoutedPD(a.Epoch, d, p, time.Now())
 	}
 	if x.r.Received() == 0 && rt.HasPrefill(x.body.Model) {
@@ -58,7 +67,7 @@ func (x *run) route(a Route) []Action {
 // pickPrefill splits prefill from decode on d while nothing is generated
 // yet and a prefill instance with d's numerics is there — unless d's node
 // already holds the whole prompt (cached blocks of it).
-func (x *run) pickPrefill(d Instance, cached int, exclude map[string]bool) (Endpoint, bool) {
+func (x *run) pickPrefill(d Instance, cached int, exclude Exclusion) (Endpoint, bool) {
 	keys := x.prefixKeys(d)
 	whole := len(keys) > 0 && cached >= len(keys)
 	if x.r.Received() > 0 || x.r.PrefillFailures >= MaxPrefillAttempts || whole {
@@ -101,7 +110,7 @@ func (x *run) prefixKeys(in Instance) []blockid.BlockKey {
 func (x *run) routePrefill(a RoutePrefill) []Action {
 	rt := x.s.router
 	d, _ := rt.Instance(x.r.Endpoint.InstanceID)
-	p, err := rt.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclude, time.Now(), x.prefixKeys)
+	p, err := rt.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclusion(), time.Now(), x.prefixKeys)
 	if err != nil {
 		x.obs.handOff("no_prefill")
 	}
@@ -180,8 +189,9 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	// epoch goes on), under the epoch's.
 	pctx, cancel := context.WithCancel(x.epochCtx(ctx, a.Epoch))
 	x.prefills[a.At] = cancel
-	st, err := c.Generate(pctx, g)
+	st, err := c.c.Generate(pctx, g)
 	if err != nil {
+		s.pool.release(c)
 		return failed(err)
 	}
 	p, _ := rt.Instance(a.At.InstanceID)
@@ -189,16 +199,20 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	// Announcements of either instance's death reach this run: the
 	// decode instance is chosen already, and may die while P works.
 	s.track(x, a.At.InstanceID, x.r.Endpoint.InstanceID)
-	go x.awaitHandOff(pctx, st, a.Epoch, kv)
+	go x.awaitHandOff(pctx, c, st, a.Epoch, kv)
 	return nil
 }
 
 // awaitHandOff reads a prefill stream to its hand-off (the keys of the
 // blocks published, completing kv) or failure, and delivers it.
-func (x *run) awaitHandOff(ctx context.Context, st *workerclient.Stream, epoch uint64, kv KVRef) {
+func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, kv KVRef) {
+	defer x.s.pool.release(c)
 	res := &prefillResult{at: kv.From}
 	for {
 		f, err := st.Next()
+		if err == nil {
+			err = x.s.fenced(kv.From, f)
+		}
 		switch {
 		case err != nil && errors.Is(err, io.EOF):
 			res.err = fmt.Errorf("prefill stream ended without a hand-off")
@@ -219,6 +233,18 @@ func (x *run) awaitHandOff(ctx context.Context, st *workerclient.Stream, epoch u
 		}
 		return
 	}
+}
+
+// fenced checks a frame of a stream opened to ep against the registry:
+// a frame stamped with an older generation than the instance's newest
+// registration comes from an endpoint that was replaced, and ends the
+// stream. (A worker re-registered after a lost lease stamps its new
+// generation on the streams it keeps serving.)
+func (s *Server) fenced(ep Endpoint, f *wire.Frame) error {
+	if g := s.router.Generation(ep.InstanceID); f.Generation < g {
+		return fmt.Errorf("fenced: frame of %s at generation %d, registered at %d", ep.InstanceID, f.Generation, g)
+	}
+	return nil
 }
 
 // TransferTimeout bounds a P/D hand-off's pull.
@@ -275,8 +301,9 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		g.KvSources = rt.KVSources(first, rt.NodeOf(d.To.InstanceID))
 	}
 	sctx := x.epochCtx(ctx, d.Epoch)
-	st, err := c.Generate(sctx, g)
+	st, err := c.c.Generate(sctx, g)
 	if err != nil {
+		s.pool.release(c)
 		s.dropClient(d.To)
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
@@ -284,15 +311,19 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
 	s.track(x, x.on)
-	go x.readFrames(sctx, st, d.Epoch, d.To)
+	go x.readFrames(sctx, c, st, d.Epoch, d.To)
 	return nil
 }
 
 // readFrames delivers a decode stream's frames until its finish, or its
 // failure.
-func (x *run) readFrames(ctx context.Context, st *workerclient.Stream, epoch uint64, to Endpoint) {
+func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to Endpoint) {
+	defer x.s.pool.release(c)
 	for {
 		f, err := st.Next()
+		if err == nil {
+			err = x.s.fenced(to, f)
+		}
 		if err != nil {
 			if ctx.Err() == nil {
 				if errors.Is(err, io.EOF) {

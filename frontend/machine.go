@@ -29,11 +29,13 @@ type CancelWorker struct {
 	Epoch uint64
 }
 
-// Route asks the router for an instance, excluding Exclude; the I/O layer
+// Route asks the router for an instance, excluding Exclude up to the
+// generations in Generations (a restart is a new endpoint); the I/O layer
 // answers with Routed or NoRoute.
 type Route struct {
-	Epoch   uint64
-	Exclude map[string]bool
+	Epoch       uint64
+	Exclude     map[string]bool
+	Generations map[string]uint64
 }
 
 // Prefill asks the prefill instance At to compute and publish the
@@ -43,11 +45,12 @@ type Prefill struct {
 	Epoch uint64
 }
 
-// RoutePrefill asks the router for another prefill instance; the I/O layer
-// answers with PrefillRouted.
+// RoutePrefill asks the router for another prefill instance, excluding
+// like Route; the I/O layer answers with PrefillRouted.
 type RoutePrefill struct {
-	Epoch   uint64
-	Exclude map[string]bool
+	Epoch       uint64
+	Exclude     map[string]bool
+	Generations map[string]uint64
 }
 
 // Transfer asks the decode instance's node to pull the prompt's published
@@ -88,7 +91,7 @@ func (r *Request) Start(now time.Time) []Action {
 		return nil
 	}
 	r.lastFrame = now
-	return []Action{Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	return []Action{r.route()}
 }
 
 // Routed is the router's answer for epoch.
@@ -99,6 +102,7 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	r.Endpoint = to
 	r.State = Prefilling
 	r.lastFrame = now
+	r.endWait(now)
 	return r.dispatchDecode()
 }
 
@@ -111,6 +115,7 @@ func (r *Request) RoutedPD(epoch uint64, d, p Endpoint, now time.Time) []Action 
 	r.Endpoint, r.PrefillAt = d, p
 	r.State = Prefilling
 	r.lastFrame = now
+	r.endWait(now)
 	return []Action{Prefill{At: p, Epoch: r.Epoch}}
 }
 
@@ -145,7 +150,7 @@ func (r *Request) OnPrefillFailed(epoch uint64, at Endpoint, reason string) []Ac
 		r.StaleEpochFrames++
 		return nil
 	}
-	r.FailedInstances[at.InstanceID] = true
+	r.excludeEndpoint(at)
 	r.PrefillFailures++
 	r.PrefillAt = Endpoint{}
 	failed := PrefillFailed{At: at}
@@ -153,7 +158,7 @@ func (r *Request) OnPrefillFailed(epoch uint64, at Endpoint, reason string) []Ac
 		r.PD = "recompute"
 		return append([]Action{failed}, r.dispatchDecode()...)
 	}
-	return []Action{failed, RoutePrefill{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	return []Action{failed, RoutePrefill{Epoch: r.Epoch, Exclude: r.FailedInstances, Generations: r.FailedGenerations}}
 }
 
 // MaxPrefillAttempts bounds the prefill instances one request tries
@@ -217,18 +222,6 @@ func (r *Request) dispatchDecode() []Action {
 		prefix[i] = t.ID
 	}
 	return []Action{Dispatch{To: r.Endpoint, Epoch: r.Epoch, Prefix: prefix}}
-}
-
-// NoRoute: nothing can serve the request now.
-func (r *Request) NoRoute(epoch uint64, overloaded bool) []Action {
-	if epoch != r.Epoch || r.State.Terminal() {
-		return nil
-	}
-	typ := ErrNoCapacity
-	if overloaded {
-		typ = ErrOverloaded
-	}
-	return r.fail(typ, "no instance can serve the request")
 }
 
 func (r *Request) fail(typ ErrorType, msg string) []Action {
@@ -306,9 +299,14 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 		r.StaleEpochFrames++
 		return nil
 	}
-	if r.Endpoint.InstanceID != "" {
-		r.FailedInstances[r.Endpoint.InstanceID] = true
+	if r.Received() >= r.MaxTokens && r.State == Decoding {
+		// Every token is in, only the finish frame was lost (a worker
+		// exiting right after its last write): nothing is left to
+		// migrate, and the request ended by its length.
+		r.State, r.FinishReason = Completed, "length"
+		return []Action{CancelWorker{At: r.Endpoint, Epoch: r.Epoch}, Finish{}}
 	}
+	r.excludeEndpoint(r.Endpoint)
 	switch {
 	case !retryable:
 		return r.fail(ErrInvalidRequest, reason)
@@ -318,7 +316,8 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
 	}
 	r.Migrations++
-	return []Action{r.bump(Migrating), Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	cw := r.bump(Migrating)
+	return []Action{cw, r.route()}
 }
 
 // OnOverloaded: the worker of epoch refused the request as overloaded
@@ -328,10 +327,9 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	if epoch != r.Epoch || !r.State.running() || r.Received() > 0 {
 		return nil
 	}
-	if r.Endpoint.InstanceID != "" {
-		r.FailedInstances[r.Endpoint.InstanceID] = true
-	}
-	return []Action{r.bump(Migrating), Route{Epoch: r.Epoch, Exclude: r.FailedInstances}}
+	r.excludeEndpoint(r.Endpoint)
+	cw := r.bump(Migrating)
+	return []Action{cw, r.route()}
 }
 
 // OnDeadline ends the request with a typed error once its deadline has
@@ -369,6 +367,19 @@ func (r *Request) Cancel() []Action {
 		return nil
 	}
 	return []Action{r.bump(Cancelling)}
+}
+
+// Stop ends the request because this frontend stops: a typed, retryable
+// frontend_stopping error, never a client cancel. A client's cancel that
+// came first stays a cancel.
+func (r *Request) Stop() []Action {
+	switch {
+	case r.State.Terminal():
+		return nil
+	case r.State == Cancelling:
+		return r.CancelDone()
+	}
+	return r.fail(ErrFrontendStopping, fmt.Sprintf("the frontend stopped after %d tokens", r.Received()))
 }
 
 // CancelDone: the worker confirmed (or could not be reached).

@@ -21,6 +21,7 @@ type metrics struct {
 	prefillFailures prometheus.Counter
 	transferBytes   prometheus.Counter
 	cacheRoutes     *prometheus.CounterVec
+	capacityWaits   *prometheus.CounterVec // served, timed_out
 }
 
 func newMetrics() *metrics {
@@ -43,9 +44,19 @@ func newMetrics() *metrics {
 	m.transferBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_kv_transfer_bytes_total", Help: "KV payload bytes pulled between nodes for P/D hand-offs."})
 	m.cacheRoutes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_cache_aware_routes_total",
 		Help: "Routing decisions: hit (the chosen node holds a prefix of the request), miss (fresh summaries, no prefix), load_only (no usable summary or identity)."}, []string{"result"})
+	m.capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_capacity_waits_total",
+		Help: "Requests that found no routable instance of their model and waited for one: served (one registered in time), timed_out (no_capacity)."}, []string{"result"})
+	m.reg.MustRegister(m.capacityWaits)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m
+}
+
+// gaugeConns exports the number of open worker connections.
+func (m *metrics) gaugeConns(open func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_worker_connections",
+		Help: "Open connections to workers (one per endpoint in use; a retired generation's closes with its last stream)."},
+		func() float64 { return float64(open()) }))
 }
 
 // settle adds a finished request's counters.
@@ -60,6 +71,9 @@ func (m *metrics) settle(r *Request) {
 			if r.Migrations > 0 {
 				m.migrationFail.WithLabelValues(string(r.Err.Type)).Inc()
 			}
+		}
+		if r.Err.Type == ErrNoCapacity {
+			m.capacityWaits.WithLabelValues("timed_out").Inc()
 		}
 		if r.Migrations == 0 && (r.Err.Type == ErrNoCapacity || r.Err.Type == ErrOverloaded) {
 			m.shed.WithLabelValues(string(r.Err.Type)).Inc()

@@ -72,6 +72,19 @@ func (o observer) transferred(bytes uint64) {
 	o.m.transferBytes.Add(float64(bytes))
 }
 
+// awaitingCapacity logs a request that found no routable instance of its
+// model and waits for one until until.
+func (o observer) awaitingCapacity(until time.Time) {
+	o.log.Info("waiting for capacity", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "sequence_no", o.r.Received(),
+		"wait_bound", time.Until(until).Round(time.Millisecond).String())
+}
+
+// capacityFound counts a request routed after it waited d for capacity.
+func (o observer) capacityFound(d time.Duration) {
+	o.log.Info("capacity found", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "waited", d.Round(time.Millisecond).String())
+	o.m.capacityWaits.WithLabelValues("served").Inc()
+}
+
 func (o observer) finished() {
 	r := o.r
 	if r.Err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"strings"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -13,13 +14,18 @@ import (
 
 // The registry watch keeps the router in line with etcd: instances'
 // registrations, nodes' records, and failure announcements, which fail the
-// streams on that instance at once.
+// streams on that instance at once. A registration that vanishes (its
+// agent's lease expired, or the instance is not ready) only stops new
+// requests from going there: the streams on it go on while its frames
+// arrive. A registration wakes the requests waiting for its model.
 
 // syncTimeout bounds one full read of the registry; syncRetry spaces
-// attempts while etcd is unreachable.
+// attempts while etcd is unreachable; probeEvery is how often the watch
+// checks that etcd answers.
 const (
 	syncTimeout = 5 * time.Second
 	syncRetry   = 200 * time.Millisecond
+	probeEvery  = time.Second
 )
 
 // firstSync reads the registry until it succeeds, for up to wait: a
@@ -49,6 +55,7 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
+	s.health.heard(time.Now(), true)
 	var all []Instance
 	var allNodes []Node
 	for _, kv := range nodes.Kvs {
@@ -66,6 +73,9 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 	s.mu.Unlock()
 	s.router.Replace(all)
 	s.router.ReplaceNodes(allNodes)
+	for _, in := range all {
+		s.registered(in)
+	}
 	return resp.Header.Revision, nil
 }
 
@@ -82,6 +92,7 @@ func (s *Server) watch(ctx context.Context, rev int64) {
 			}
 		}
 		s.watchFrom(ctx, rev)
+		s.health.broken()
 	}
 }
 
@@ -93,10 +104,17 @@ func (s *Server) watchFrom(ctx context.Context, rev int64) {
 	insts := s.etcd.Watch(wctx, schema.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	fails := s.etcd.Watch(wctx, schema.FailuresPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	nodes := s.etcd.Watch(wctx, schema.NodesPrefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	// etcd says nothing on a quiet watch, nor when it is unreachable:
+	// probe it, so that silence means it cannot be reached.
+	probe := time.NewTicker(probeEvery)
+	defer probe.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-probe.C:
+			go s.probe(wctx)
+			continue
 		case wr, ok := <-insts:
 			if !ok || wr.Err() != nil {
 				return
@@ -113,6 +131,17 @@ func (s *Server) watchFrom(ctx context.Context, rev int64) {
 			}
 			s.applyFailures(fr.Events)
 		}
+		s.heard()
+	}
+}
+
+// probe makes one small linearizable read of the registry: an answer
+// shows etcd reachable, with a leader.
+func (s *Server) probe(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, probeEvery)
+	defer cancel()
+	if _, err := s.etcd.Get(pctx, schema.InstancesPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly()); err == nil {
+		s.heard()
 	}
 }
 
@@ -120,15 +149,29 @@ func (s *Server) applyInstances(evs []*clientv3.Event) {
 	for _, ev := range evs {
 		id := strings.TrimPrefix(string(ev.Kv.Key), schema.InstancesPrefix)
 		if ev.Type == clientv3.EventTypeDelete {
-			s.instanceGone(id, 0, "deregistered")
+			s.router.Deregister(id)
 			continue
 		}
 		if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
 			s.mu.Lock()
-			s.addrs[in.ID] = addr
+			if s.router.Generation(in.ID) <= in.Generation {
+				s.addrs[in.ID] = addr
+			}
 			s.mu.Unlock()
-			s.router.Update(in)
+			if s.router.Update(in) {
+				s.registered(in)
+			}
 		}
+	}
+}
+
+// registered follows a registration the router took: connections to the
+// instance's older generations are retired, and requests waiting for its
+// model are woken.
+func (s *Server) registered(in Instance) {
+	s.pool.retire(in.ID, in.Generation)
+	if in.Ready && !in.Draining {
+		s.capacity.signal(in.Model)
 	}
 }
 
@@ -174,26 +217,55 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr, KVIdentity: r.KVIdentity}, r.Addr, true
 }
 
-// instanceGone removes an instance and fails every stream on it now,
-// without waiting for the stream itself to notice. A failure names a
-// generation: a late notice about an older generation never touches the
-// newer one that replaced it.
+// instanceGone removes an instance that was announced dead and fails
+// every stream on it now, without waiting for the stream itself to notice.
+// A failure names a generation: a late notice about an older generation
+// never touches the newer one that replaced it.
 func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	gen = s.router.Fail(id, gen, time.Now())
+	s.pool.fail(id, gen)
 	s.mu.Lock()
 	var runs []*run
 	for r := range s.active[id] {
 		runs = append(runs, r)
 	}
-	for ep, c := range s.clients {
-		if ep.InstanceID == id && ep.Generation <= gen {
-			c.Close()
-			delete(s.clients, ep)
-		}
-	}
 	s.mu.Unlock()
 	for _, r := range runs {
 		r.notify(event{failed: true, instance: id, gen: gen, reason: reason})
+	}
+}
+
+// capacitySignal wakes the requests waiting for an instance of a model.
+// A waiter takes the signal before it looks at the router, so that a
+// registration between its look and its wait still wakes it.
+type capacitySignal struct {
+	mu sync.Mutex
+	ch map[string]chan struct{}
+}
+
+// watch returns a channel closed when an instance of model registers
+// ready.
+func (c *capacitySignal) watch(model string) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch == nil {
+		c.ch = map[string]chan struct{}{}
+	}
+	ch, ok := c.ch[model]
+	if !ok {
+		ch = make(chan struct{})
+		c.ch[model] = ch
+	}
+	return ch
+}
+
+// signal wakes the waiters for model.
+func (c *capacitySignal) signal(model string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch, ok := c.ch[model]; ok {
+		close(ch)
+		delete(c.ch, model)
 	}
 }
 

@@ -55,6 +55,9 @@ const (
 	ErrMigrationExhausted ErrorType = "migration_exhausted"
 	ErrDeadlineExceeded   ErrorType = "deadline_exceeded"
 	ErrCancelledType      ErrorType = "cancelled"
+	// ErrFrontendStopping ends the requests of a frontend that stops: the
+	// client did not cancel them, and may retry elsewhere.
+	ErrFrontendStopping ErrorType = "frontend_stopping"
 )
 
 // RequestError is a request's terminal, typed error.
@@ -95,10 +98,17 @@ type Policy struct {
 	// PrefillPerToken estimates re-prefill time, to tell whether the
 	// deadline still covers a migration.
 	PrefillPerToken time.Duration
+	// CapacityWait bounds how long a request (or a migration) that finds
+	// no routable instance waits for one to register before it fails
+	// with no_capacity; 0 fails at once.
+	CapacityWait time.Duration
 }
 
+// DefaultCapacityWait is Policy.CapacityWait unless configured otherwise.
+const DefaultCapacityWait = 15 * time.Second
+
 // DefaultPolicy is the recovery policy unless configured otherwise.
-var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, PrefillPerToken: 2 * time.Millisecond}
+var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, PrefillPerToken: 2 * time.Millisecond, CapacityWait: DefaultCapacityWait}
 
 // Request is one request's state and token log. The prompt and committed
 // output tokens are the facts a migration continues from.
@@ -117,12 +127,21 @@ type Request struct {
 	// Output holds the committed tokens: Output[i].SequenceNo == i+1.
 	Output     []Token
 	Migrations int
-	// Failed lists every endpoint that failed this request; a migration
-	// never goes back to one.
-	FailedInstances map[string]bool
-	Err             *RequestError
-	FinishReason    string
-	lastFrame       time.Time
+	// FailedInstances lists every instance that failed this request, and
+	// FailedGenerations the generation it failed at: a migration never
+	// goes back to such an endpoint (a restart, at a higher generation,
+	// is another one).
+	FailedInstances   map[string]bool
+	FailedGenerations map[string]uint64
+	Err               *RequestError
+	FinishReason      string
+	lastFrame         time.Time
+	// CapacityWaited is how long the request waited for an instance to
+	// register, over all its routes.
+	CapacityWaited time.Duration
+	// waitingSince is when the current wait for capacity began (zero
+	// when the request is not waiting).
+	waitingSince time.Time
 
 	// P/D split: the prefill instance working for the current epoch, how
 	// many prefill instances failed this request, and the epoch of the
@@ -149,7 +168,7 @@ type Request struct {
 // NewRequest admits a request at epoch 1.
 func NewRequest(id string, prompt []int, maxTokens int, deadline time.Time, p Policy, now time.Time) *Request {
 	return &Request{ID: id, Prompt: prompt, MaxTokens: maxTokens, Deadline: deadline, Policy: p, State: Admitted, Epoch: 1,
-		FailedInstances: map[string]bool{}, lastFrame: now}
+		FailedInstances: map[string]bool{}, FailedGenerations: map[string]uint64{}, lastFrame: now}
 }
 
 // Received is the highest committed sequence number: migration resumes

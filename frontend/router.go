@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/hex"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -43,10 +44,17 @@ type Router struct {
 	// by every request of this frontend (default 5 s). Set it before use.
 	SuppressFor time.Duration
 
-	mu         sync.Mutex
+	mu sync.Mutex
+	// instances are the registered instances; departed those whose
+	// registration vanished (lease expired, not ready) without a failure:
+	// nothing new goes to them, but their streams go on, and their
+	// generation still fences an older registration.
 	instances  map[string]Instance
+	departed   map[string]Instance
 	suppressed map[string]suppression
 	nodes      map[string]Node
+	// models are those any registration named since the router started.
+	models map[string]bool
 }
 
 // Node is the router's view of one node agent: its KV transfer endpoint
@@ -92,39 +100,77 @@ type suppression struct {
 
 // NewRouter returns an empty router.
 func NewRouter() *Router {
-	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, suppressed: map[string]suppression{}, nodes: map[string]Node{}}
+	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, departed: map[string]Instance{}, suppressed: map[string]suppression{},
+		nodes: map[string]Node{}, models: map[string]bool{}}
 }
 
-// Update records a registration (a watch put). An older generation than
-// the one known is ignored: registrations only move forward.
-func (rt *Router) Update(in Instance) {
+// Update records a registration (a watch put) and reports whether it was
+// taken. An older generation than the one known, registered or departed,
+// is ignored: registrations only move forward.
+func (rt *Router) Update(in Instance) bool {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	rt.update(in)
+	return rt.update(in)
 }
 
-func (rt *Router) update(in Instance) {
-	if cur, ok := rt.instances[in.ID]; ok && cur.Generation > in.Generation {
-		return
+func (rt *Router) update(in Instance) bool {
+	if rt.generationLocked(in.ID) > in.Generation {
+		return false
 	}
 	rt.instances[in.ID] = in
+	delete(rt.departed, in.ID)
+	rt.models[in.Model] = true
+	return true
 }
 
-// Remove drops an instance (a watch delete or a failure announcement).
+// Deregister records that an instance's registration vanished (a watch
+// delete): its agent's lease expired, or it is not ready. That is not a
+// death: nothing new is routed to it, but it is remembered, at its
+// generation, for the streams that go on on it, until it registers again
+// or a failure is announced.
+func (rt *Router) Deregister(id string) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if in, ok := rt.instances[id]; ok {
+		rt.departed[id] = in
+		delete(rt.instances, id)
+	}
+}
+
+// Remove forgets an instance.
 func (rt *Router) Remove(id string) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	delete(rt.instances, id)
+	delete(rt.departed, id)
 }
 
-// Replace reconciles with a full read of the registry.
+// Replace reconciles with a full read of the registry: a registered
+// instance the read lacks has departed (as by a watch delete).
 func (rt *Router) Replace(all []Instance) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	old := rt.instances
 	rt.instances = map[string]Instance{}
+	for id, in := range old {
+		rt.departed[id] = in
+	}
 	for _, in := range all {
 		rt.update(in)
 	}
+}
+
+// Generation is the highest generation known of instance id, registered
+// or departed (0 when neither): a frame stamped with an older one comes
+// from an endpoint that another replaced.
+func (rt *Router) Generation(id string) uint64 {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.generationLocked(id)
+}
+
+func (rt *Router) generationLocked(id string) uint64 {
+	return max(rt.instances[id].Generation, rt.departed[id].Generation)
 }
 
 // Suppress avoids an endpoint (instance id at generations up to gen)
@@ -139,6 +185,17 @@ func (rt *Router) suppress(id string, gen uint64, now time.Time) {
 	rt.suppressed[id] = suppression{gen: gen, until: now.Add(rt.SuppressFor)}
 }
 
+// suppressedLocked reports whether in's endpoint is avoided now, and
+// forgets a suppression that has ended.
+func (rt *Router) suppressedLocked(in Instance, now time.Time) bool {
+	sup, ok := rt.suppressed[in.ID]
+	if ok && !now.Before(sup.until) {
+		delete(rt.suppressed, in.ID)
+		return false
+	}
+	return ok && in.Generation <= sup.gen
+}
+
 // Fail applies a failure of instance id at generations up to gen (0: the
 // generation known): the instance is dropped unless a newer generation
 // replaced it, and the endpoint is suppressed. It returns the generation
@@ -147,22 +204,28 @@ func (rt *Router) suppress(id string, gen uint64, now time.Time) {
 func (rt *Router) Fail(id string, gen uint64, now time.Time) uint64 {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	cur, known := rt.instances[id]
 	if gen == 0 {
-		gen = cur.Generation
+		gen = rt.generationLocked(id)
 	}
-	if known && cur.Generation <= gen {
+	if cur, ok := rt.instances[id]; ok && cur.Generation <= gen {
 		delete(rt.instances, id)
+	}
+	if cur, ok := rt.departed[id]; ok && cur.Generation <= gen {
+		delete(rt.departed, id)
 	}
 	rt.suppress(id, gen, now)
 	return gen
 }
 
-// Instance is the registration of instance id, if it is registered.
+// Instance is the last registration of instance id, if it is registered
+// or departed without a failure.
 func (rt *Router) Instance(id string) (Instance, bool) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	in, ok := rt.instances[id]
+	if in, ok := rt.instances[id]; ok {
+		return in, true
+	}
+	in, ok := rt.departed[id]
 	return in, ok
 }
 
@@ -184,6 +247,38 @@ func (rt *Router) HasModel(model string) bool {
 	return false
 }
 
+// Knows reports whether any registration since the router started named
+// model: a model whose instances are all restarting, or departed, is
+// known; one nobody ever registered is not.
+func (rt *Router) Knows(model string) bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return rt.models[model]
+}
+
+// KnowsAny reports whether the router has seen any registration at all:
+// before that, a cluster is still starting and no model can be told
+// unknown.
+func (rt *Router) KnowsAny() bool {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	return len(rt.models) > 0
+}
+
+// Routable counts the instances Pick could choose now for some model:
+// ready, not draining, not suppressed, not prefill-only.
+func (rt *Router) Routable(now time.Time) int {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	n := 0
+	for _, in := range rt.instances {
+		if in.Ready && !in.Draining && in.Role != "prefill" && !rt.suppressedLocked(in, now) {
+			n++
+		}
+	}
+	return n
+}
+
 // ReadyModels lists the models that a ready instance serves, sorted.
 func (rt *Router) ReadyModels() []string {
 	rt.mu.Lock()
@@ -199,13 +294,35 @@ func (rt *Router) ReadyModels() []string {
 }
 
 // Pick chooses a ready, not draining, not suppressed, not excluded
-// instance of the model and revision. Instances with preferNumerics come
-// first, so that a migrated request continues bit-exact where possible;
-// then the least outstanding work; then the lowest id, for determinism.
+// instance of the model and revision (exclude: every generation of those
+// instances). Instances with preferNumerics come first, so that a migrated
+// request continues bit-exact where possible; then the least outstanding
+// work; then the lowest id, for determinism.
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, nil)
+	return rt.pick(model, revision, preferNumerics, ExcludeAll(exclude), now, func(in Instance) bool { return in.Role != "prefill" }, nil)
+}
+
+// Exclusion lists the endpoints a request failed on: each instance id up
+// to a generation. A restart comes back at a higher generation, a new
+// endpoint that is not excluded.
+type Exclusion map[string]uint64
+
+// ExcludeAll excludes every generation of the instances ids.
+func ExcludeAll(ids map[string]bool) Exclusion {
+	e := Exclusion{}
+	for id, ok := range ids {
+		if ok {
+			e[id] = math.MaxUint64
+		}
+	}
+	return e
+}
+
+func (e Exclusion) excludes(in Instance) bool {
+	g, ok := e[in.ID]
+	return ok && in.Generation <= g
 }
 
 // SummaryMaxAge is how old a node's prefix summary may be before the
@@ -246,7 +363,7 @@ func (rt *Router) cachedBlocks(node string, keys []blockid.BlockKey, now time.Ti
 // score 0, which is load-only routing. It returns the pick, its cached
 // blocks, and whether any summary was used. keysFor runs under the
 // router's lock: it must not call the router.
-func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map[string]bool, now time.Time,
+func (rt *Router) PickCached(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
 	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
@@ -261,7 +378,7 @@ func (rt *Router) PickCached(model, revision, preferNumerics string, exclude map
 // way: the node holding the longest prefix of the prompt (a shared system
 // prompt is not computed again), weighted against load; keysFor may be
 // nil (load only). keysFor runs under the router's lock.
-func (rt *Router) PickPrefill(model, revision, numerics string, exclude map[string]bool, now time.Time, keysFor func(Instance) []blockid.BlockKey) (Instance, error) {
+func (rt *Router) PickPrefill(model, revision, numerics string, exclude Exclusion, now time.Time, keysFor func(Instance) []blockid.BlockKey) (Instance, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	var score func(Instance) int
@@ -329,17 +446,13 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 }
 
 // pick runs under rt.mu.
-func (rt *Router) pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
+func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
 	var cands []Instance
-	for id, in := range rt.instances {
-		if sup, ok := rt.suppressed[id]; ok {
-			if !now.Before(sup.until) {
-				delete(rt.suppressed, id)
-			} else if in.Generation <= sup.gen {
-				continue
-			}
+	for _, in := range rt.instances {
+		if rt.suppressedLocked(in, now) {
+			continue
 		}
-		if !in.Ready || in.Draining || exclude[id] || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
+		if !in.Ready || in.Draining || exclude.excludes(in) || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
 		cands = append(cands, in)

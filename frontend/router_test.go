@@ -188,3 +188,56 @@ func TestRouterConcurrentUse(t *testing.T) {
 	close(done)
 	readers.Wait()
 }
+
+// TestRouterDeregisterIsNotDeath: a vanished registration is not routed
+// to, but remembered at its generation (fencing an older registration,
+// answering Instance for the streams on it) until it registers again or
+// fails; a full read that lacks an instance departs it the same way. A
+// model stays known after its instances leave.
+func TestRouterDeregisterIsNotDeath(t *testing.T) {
+	rt := NewRouter()
+	if rt.KnowsAny() || rt.Knows("m") {
+		t.Fatal("an empty router knows a model")
+	}
+	rt.Update(Instance{ID: "a", Generation: 3, Node: "n1", Model: "m", Ready: true})
+	if rt.Routable(t0) != 1 {
+		t.Fatal("a ready instance is not routable")
+	}
+	rt.Deregister("a")
+	if _, err := rt.Pick("m", "", "", nil, t0); err == nil || rt.Routable(t0) != 0 || len(rt.ReadyModels()) != 0 {
+		t.Fatal("a deregistered instance is still routed to")
+	}
+	if in, ok := rt.Instance("a"); !ok || in.Node != "n1" || rt.Generation("a") != 3 || !rt.Knows("m") || !rt.KnowsAny() || rt.Knows("x") {
+		t.Fatalf("deregistered: %+v %v, generation %d", in, ok, rt.Generation("a"))
+	}
+	if rt.Update(Instance{ID: "a", Generation: 2, Model: "m", Ready: true}) {
+		t.Fatal("an older generation registered over a departed one")
+	}
+	if !rt.Update(Instance{ID: "a", Generation: 4, Model: "m", Ready: true}) {
+		t.Fatal("the re-registration refused")
+	}
+	if in, err := rt.Pick("m", "", "", nil, t0); err != nil || in.Generation != 4 {
+		t.Fatalf("re-registered: %+v %v", in, err)
+	}
+	rt.Update(Instance{ID: "b", Generation: 1, Model: "m", Ready: true})
+	rt.Replace([]Instance{{ID: "b", Generation: 1, Model: "m", Ready: true}})
+	if in, err := rt.Pick("m", "", "", nil, t0); err != nil || in.ID != "b" || rt.Generation("a") != 4 {
+		t.Fatalf("after a read without a: %+v %v, a at %d", in, err, rt.Generation("a"))
+	}
+	rt.Fail("a", 0, t0)
+	if _, ok := rt.Instance("a"); ok || rt.Generation("a") != 0 {
+		t.Fatal("a failed departed instance is remembered")
+	}
+	// Not ready, draining, suppressed and prefill-only instances are not
+	// routable.
+	rt.Update(Instance{ID: "c", Generation: 1, Model: "m", Ready: false})
+	rt.Update(Instance{ID: "d", Generation: 1, Model: "m", Ready: true, Draining: true})
+	rt.Update(Instance{ID: "e", Generation: 1, Model: "m", Ready: true, Role: "prefill"})
+	rt.Suppress("b", 1, t0)
+	if n := rt.Routable(t0); n != 0 {
+		t.Fatalf("%d routable", n)
+	}
+	if n := rt.Routable(t0.Add(time.Minute)); n != 1 {
+		t.Fatalf("%d routable after the suppression", n)
+	}
+}

@@ -52,6 +52,14 @@ type run struct {
 	// cancelled is set once the request's context ended (the client
 	// cancelled it, or the server stops).
 	cancelled bool
+	// wake is the capacity signal taken by the last route; waiting the
+	// wait for capacity under way (nil when none).
+	wake      <-chan struct{}
+	waiting   *capacityWait
+	waitUntil time.Time
+	// rerouting is set while the route after a wait for capacity runs: it
+	// is the same migration, not another.
+	rerouting bool
 	// overloaded is set once a worker refused the request as overloaded.
 	overloaded  bool
 	lastFailure string
@@ -79,6 +87,50 @@ func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
 	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r},
 		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
 		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
+}
+
+// capacityWait is a request's wait for an instance of its model: the
+// registry's signal, and the wait's bound.
+type capacityWait struct {
+	epoch uint64
+	wake  <-chan struct{}
+	bound *time.Timer
+}
+
+// awaitCapacity starts waiting, on the signal the route that found
+// nothing took.
+func (x *run) awaitCapacity(a AwaitCapacity) {
+	if !a.Until.Equal(x.waitUntil) { // a new wait, not a re-wait after a wake
+		x.waitUntil = a.Until
+		x.obs.awaitingCapacity(a.Until)
+	}
+	x.stopWait()
+	x.waiting = &capacityWait{epoch: a.Epoch, wake: x.wake, bound: time.NewTimer(time.Until(a.Until))}
+}
+
+// capacityChanged ends the wait: an instance registered, or the bound
+// passed; the machine routes again.
+func (x *run) capacityChanged() []Action {
+	epoch := x.waiting.epoch
+	x.stopWait()
+	acts := x.r.CapacityChanged(epoch)
+	x.rerouting = len(acts) > 0
+	return acts
+}
+
+func (x *run) stopWait() {
+	if x.waiting != nil {
+		x.waiting.bound.Stop()
+		x.waiting = nil
+	}
+}
+
+// waitChans are the channels of the wait under way (nil when none).
+func (x *run) waitChans() (<-chan struct{}, <-chan time.Time) {
+	if x.waiting == nil {
+		return nil, nil
+	}
+	return x.waiting.wake, x.waiting.bound.C
 }
 
 // notify hands an announcement to the run loop without blocking the
@@ -112,9 +164,14 @@ func (x *run) loop(ctx context.Context) {
 		deadline = t.C
 	}
 	for !x.execAll(ctx, acts) {
+		wake, bound := x.waitChans()
 		select {
 		case <-ctx.Done():
-			acts = x.onCancel()
+			acts = x.onCancel(ctx)
+		case <-wake:
+			acts = x.capacityChanged()
+		case <-bound:
+			acts = x.capacityChanged()
 		case e := <-x.events:
 			acts = x.handle(e, time.Now())
 		case <-deadline:
@@ -162,6 +219,8 @@ func (x *run) exec(ctx context.Context, a Action) []Action {
 		x.tl.markTransferSent(time.Now())
 		x.obs.transfer(a)
 		x.transfer(ctx, a)
+	case AwaitCapacity:
+		x.awaitCapacity(a)
 	case CancelWorker:
 		if c, ok := x.streams[a.Epoch]; ok {
 			c()
@@ -172,10 +231,11 @@ func (x *run) exec(ctx context.Context, a Action) []Action {
 }
 
 func (x *run) execRoute(a Route) []Action {
-	if x.r.State == Migrating {
+	if x.r.State == Migrating && !x.rerouting {
 		x.obs.migrating(x.lastFailure)
 		x.tl.migrating(time.Now())
 	}
+	x.rerouting = false
 	acts := x.route(a)
 	if x.r.State == Prefilling {
 		x.tl.markRouted(time.Now())
@@ -231,13 +291,18 @@ func (x *run) summary() sse.Lifeline {
 	return l
 }
 
-// onCancel: the request's context ended. The first time the request is
-// cancelled; afterwards the cancel is confirmed.
-func (x *run) onCancel() []Action {
+// onCancel: the request's context ended. Its cause tells a client's
+// cancel (DELETE, or its disconnect) from this frontend stopping: only
+// the first is reported as cancelled by the client.
+func (x *run) onCancel(ctx context.Context) []Action {
 	if x.cancelled {
 		return x.r.CancelDone()
 	}
 	x.cancelled = true
+	x.stopWait()
+	if !isClientCancel(context.Cause(ctx)) {
+		return x.r.Stop()
+	}
 	return append(x.r.Cancel(), x.r.CancelDone()...)
 }
 
@@ -266,12 +331,13 @@ func (x *run) handle(e event, now time.Time) []Action {
 // (at that generation or an older one).
 func (x *run) onAnnouncedFailure(e event, now time.Time) []Action {
 	r := x.r
-	x.lastFailure = e.reason
 	var acts []Action
 	if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
+		x.lastFailure = e.reason
 		acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
 	}
 	if e.instance == r.Endpoint.InstanceID && (e.gen == 0 || r.Endpoint.Generation <= e.gen) {
+		x.lastFailure = e.reason
 		acts = append(acts, r.OnWorkerFailed(r.Epoch, e.reason, true, now)...)
 	}
 	return acts
@@ -320,16 +386,26 @@ func (x *run) onTransferResult(epoch uint64, tr *transferResult, now time.Time) 
 
 // onWorkerError: the worker answered with a typed error.
 func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action {
-	if e.Code == wire.Code_OVERLOADED && x.r.Received() == 0 {
+	switch {
+	case e.Code == wire.Code_OVERLOADED && x.r.Received() == 0:
 		// Busy, not broken: try elsewhere without spending the migration
 		// budget, and answer 429 if every instance is.
 		x.overloaded = true
+		x.lastFailure = "overloaded: " + e.Message
 		return x.r.OnOverloaded(epoch)
+	case e.Code == wire.Code_CANCELLED:
+		// This frontend cancels a worker call by resetting its stream and
+		// reads nothing after: a cancel that arrives is the worker's own
+		// (it is stopping), not the client's. Another worker continues.
+		x.lastFailure = "the worker ended the stream: " + e.Message
+		return x.r.OnWorkerFailed(epoch, x.lastFailure, true, now)
 	}
+	x.lastFailure = fmt.Sprintf("worker error %s: %s", e.Code, e.Message)
 	return x.r.OnWorkerFailed(epoch, e.Message, e.Retryable, now)
 }
 
 func (x *run) cancelAll() {
+	x.stopWait()
 	for _, c := range x.streams {
 		c()
 	}

@@ -46,6 +46,11 @@ type Options struct {
 	// computes the rest (for networks where recomputing is cheaper than
 	// moving, and for measuring the difference).
 	NoKVPull bool
+	// CapacityWait bounds how long a request that finds no routable
+	// instance of its model waits for one to register before a 503
+	// (default DefaultCapacityWait; negative: do not wait). It sets
+	// Policy.CapacityWait.
+	CapacityWait time.Duration
 }
 
 // Server is one frontend replica.
@@ -63,9 +68,15 @@ type Server struct {
 	// router has its own lock.
 	router *Router
 
+	// pool holds the connections to workers; capacity wakes requests
+	// waiting for an instance; health is the registry watch's. Each has
+	// its own lock.
+	pool     *clientPool
+	capacity capacitySignal
+	health   watchHealth
+
 	mu      sync.Mutex
-	addrs   map[string]string // instance id → QUIC address
-	clients map[Endpoint]*workerclient.Client
+	addrs   map[string]string            // instance id → QUIC address
 	active  map[string]map[*run]struct{} // instance id → runs on it
 	nextID  uint64
 	streams map[string]*stream
@@ -94,7 +105,7 @@ func (s *Server) reapIdle(st *stream) {
 	idle := st.watchers == 0 && !st.idleAt.IsZero() && time.Since(st.idleAt) > s.resumeWindow()
 	st.mu.Unlock()
 	if idle {
-		st.cancel()
+		st.cancel(errNotFollowed)
 	}
 }
 
@@ -151,7 +162,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 	if st == nil {
 		return
 	}
-	st.cancel()
+	st.cancel(errClientCancelled)
 	writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": true})
 }
 
@@ -188,7 +199,13 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	if opts.Policy == (Policy{}) {
 		opts.Policy = DefaultPolicy
 	}
-	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{}, clients: map[Endpoint]*workerclient.Client{},
+	switch {
+	case opts.CapacityWait > 0:
+		opts.Policy.CapacityWait = opts.CapacityWait
+	case opts.CapacityWait < 0:
+		opts.Policy.CapacityWait = 0
+	}
+	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{},
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
@@ -197,6 +214,8 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	if s.workTLS, err = workerclient.ClientTLS(opts.CertDir); err != nil {
 		return nil, fmt.Errorf("frontend: certs: %w", err)
 	}
+	s.pool = newClientPool(s.workTLS)
+	s.metrics.gaugeConns(s.pool.openConns)
 	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
 	if opts.EtcdTLS {
 		if ecfg.TLS, err = pki.Load(opts.CertDir, "h2"); err != nil {
@@ -223,6 +242,8 @@ func (s *Server) handler() *http.ServeMux {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
+	mux.HandleFunc("GET /healthz", s.handleHealth)
+	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -234,11 +255,13 @@ func (s *Server) serveCleartext(ctx context.Context, ln net.Listener, ready io.W
 	srv.Protocols = new(http.Protocols)
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	go func() { <-ctx.Done(); srv.Close() }()
+	stopped := make(chan struct{})
+	go func() { <-ctx.Done(); shutdown(srv); close(stopped) }()
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	<-stopped // Serve returns as the shutdown begins: let the streams end
 	return nil
 }
 
@@ -268,13 +291,43 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer)
 		w.Header().Set("Alt-Svc", altSvc)
 		mux.ServeHTTP(w, r)
 	})}
-	go func() { <-ctx.Done(); srv.Close(); h3.Close(); udp.Close() }()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		<-ctx.Done()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			gctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+			defer cancel()
+			h3.Shutdown(gctx)
+			h3.Close()
+		})
+		shutdown(srv)
+		wg.Wait()
+		udp.Close()
+	}()
 	go h3.Serve(udp)
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
 	if err := srv.Serve(tls.NewListener(ln, tcpTLS)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
 	}
+	<-stopped
 	return nil
+}
+
+// shutdownGrace is how long a stopping frontend lets its streams write
+// their end (the requests end as frontend_stopping) before it closes
+// their connections.
+const shutdownGrace = 2 * time.Second
+
+// shutdown stops srv: no new connections, a grace for open streams to
+// write their end, then every connection closed.
+func shutdown(srv *http.Server) {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	if srv.Shutdown(ctx) != nil {
+		srv.Close()
+	}
 }
 
 func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) { s.serve(w, req, false) }
@@ -289,7 +342,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, ErrInvalidRequest, err.Error())
 		return
 	}
-	if !s.router.HasModel(body.Model) {
+	if !s.mayServe(body.Model) {
 		writeError(w, http.StatusNotFound, ErrInvalidRequest, fmt.Sprintf("model: %q is not served here", body.Model))
 		return
 	}
@@ -329,7 +382,7 @@ func (s *Server) start(body CompletionRequest, chat, resumable bool) *stream {
 	// The prompt's length in tokens is not known here; estimate it for the
 	// deadline check from its bytes.
 	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now)
-	rctx, cancel := context.WithCancel(s.ctx)
+	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
 	s.mu.Lock()
 	s.streams[id] = st
@@ -359,39 +412,26 @@ func (s *Server) untrack(x *run) {
 	}
 }
 
-// dropClient forgets a client that failed, so that the next request dials
-// afresh.
-func (s *Server) dropClient(ep Endpoint) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c, ok := s.clients[ep]; ok {
-		c.Close()
-		delete(s.clients, ep)
-	}
-}
+// dropClient forgets a connection that failed, so that the next request
+// dials afresh.
+func (s *Server) dropClient(ep Endpoint) { s.pool.drop(ep) }
 
-func (s *Server) client(ctx context.Context, ep Endpoint) (*workerclient.Client, error) {
+// client is the connection to ep, with a stream counted on it: release it
+// with s.pool.release when the stream ends.
+func (s *Server) client(ctx context.Context, ep Endpoint) (*pooled, error) {
 	s.mu.Lock()
-	c, ok := s.clients[ep]
 	addr := s.addrs[ep.InstanceID]
 	s.mu.Unlock()
-	if ok {
-		return c, nil
-	}
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	c, err := workerclient.Dial(dctx, addr, s.workTLS, ep.InstanceID, ep.Generation)
-	if err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if old, ok := s.clients[ep]; ok {
-		c.Close()
-		return old, nil
-	}
-	s.clients[ep] = c
-	return c, nil
+	return s.pool.get(ctx, ep, addr)
+}
+
+// mayServe tells a model a request may wait for from one nobody serves:
+// a model is known once any registration named it since this frontend
+// started (its instances may all be restarting now); before the frontend
+// has seen any registration at all, the cluster is starting and every
+// model may be one it will serve.
+func (s *Server) mayServe(model string) bool {
+	return s.router.Knows(model) || !s.router.KnowsAny()
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {

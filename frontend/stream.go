@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"strings"
@@ -31,10 +32,30 @@ type stream struct {
 	changed        chan struct{}
 	watchers       int
 	idleAt         time.Time // when the last watcher left
-	cancel         context.CancelFunc
+	// cancel ends the request with a cause: a *clientCancel when its
+	// client ended it.
+	cancel context.CancelCauseFunc
 }
 
-func newStream(id string, body CompletionRequest, chat, resumable bool, cancel context.CancelFunc) *stream {
+// clientCancel is the cause of a request's end that its client chose: a
+// DELETE, or its disconnect. Any other end of the request's context (the
+// frontend stopping) is not reported as a cancel.
+type clientCancel struct{ why string }
+
+func (c *clientCancel) Error() string { return c.why }
+
+var (
+	errClientCancelled = &clientCancel{"cancelled by the client"}
+	errClientGone      = &clientCancel{"the client disconnected"}
+	errNotFollowed     = &clientCancel{"no client followed the stream for the resume window"}
+)
+
+func isClientCancel(err error) bool {
+	var c *clientCancel
+	return errors.As(err, &c)
+}
+
+func newStream(id string, body CompletionRequest, chat, resumable bool, cancel context.CancelCauseFunc) *stream {
 	return &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel, dispatched: make(chan struct{})}
 }
 
@@ -54,7 +75,7 @@ func (st *stream) taken() { st.dispatchedOnce.Do(func() { close(st.dispatched) }
 // following it, is reaped after the resume window like any other.
 func (st *stream) clientGone() {
 	if !st.resumable {
-		st.cancel()
+		st.cancel(errClientGone)
 		return
 	}
 	st.mu.Lock()
@@ -144,7 +165,7 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 		// A plain request lives as long as the connection that made it;
 		// followers that resumed it do not keep it alive.
 		if !done && !st.resumable && owner && (gone || req.Context().Err() != nil) {
-			st.cancel()
+			st.cancel(errClientGone)
 		}
 	}()
 	// Send the headers (request id, resume token) before the first token:

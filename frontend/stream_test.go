@@ -58,7 +58,7 @@ func TestTimeline(t *testing.T) {
 // finished is a stream whose request completed with two tokens after a
 // migration and a P/D hand-off.
 func finished(chat bool) *stream {
-	st := newStream("cmpl-1", CompletionRequest{Model: "m"}, chat, false, func() {})
+	st := newStream("cmpl-1", CompletionRequest{Model: "m"}, chat, false, func(error) {})
 	r := NewRequest("cmpl-1", []int{1}, 2, time.Time{}, DefaultPolicy, t0)
 	r.Output = []Token{{SequenceNo: 1, ID: 7, Text: " a", instance: "d0"}, {SequenceNo: 2, ID: 8, Text: " b", instance: "d1"}}
 	r.State, r.FinishReason, r.Migrations, r.PD = Completed, "length", 1, "same_node"
@@ -98,7 +98,7 @@ func TestStreamEnd(t *testing.T) {
 		}
 	}
 
-	st := newStream("cmpl-2", CompletionRequest{Model: "m"}, false, false, func() {})
+	st := newStream("cmpl-2", CompletionRequest{Model: "m"}, false, false, func(error) {})
 	r := NewRequest("cmpl-2", []int{1}, 2, time.Time{}, DefaultPolicy, t0)
 	r.State, r.Err = Failed, &RequestError{Type: ErrMigrationExhausted, Message: "3 migrations used"}
 	st.finish(r, (&run{r: r}).summary())

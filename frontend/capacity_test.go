@@ -1,0 +1,236 @@
+package frontend
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/kv/blockid"
+)
+
+// TestNoRouteWaitsForCapacity: a request that finds no instance waits,
+// woken by registrations, until CapacityWait after its wait began; a
+// route ends the wait, and a later migration waits afresh; past the bound
+// it fails with no_capacity.
+func TestNoRouteWaitsForCapacity(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	aw, ok := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0))
+	if !ok || aw.Epoch != route.Epoch || !aw.Until.Equal(t0.Add(DefaultCapacityWait)) || r.State != Admitted {
+		t.Fatalf("no route: %+v, state %s", aw, r.State)
+	}
+	again, ok := has[Route](r.CapacityChanged(aw.Epoch))
+	if !ok || again.Epoch != r.Epoch {
+		t.Fatal("a registration did not route again")
+	}
+	// Woken for another model's instance: the bound does not move.
+	if aw, _ := has[AwaitCapacity](r.NoRoute(again.Epoch, false, t0.Add(5*time.Second))); !aw.Until.Equal(t0.Add(DefaultCapacityWait)) {
+		t.Fatalf("second wait until %v", aw.Until)
+	}
+	if _, ok := has[Dispatch](r.Routed(r.Epoch, Endpoint{"a", 1}, t0.Add(6*time.Second))); !ok || r.CapacityWaited != 6*time.Second {
+		t.Fatalf("routed after the wait: waited %v", r.CapacityWaited)
+	}
+	if acts := r.CapacityChanged(r.Epoch); len(acts) != 0 {
+		t.Fatalf("a wake after the wait ended: %v", acts)
+	}
+	r.OnFrame(frame(r, 1), t0.Add(7*time.Second))
+	mig, _ := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0.Add(10*time.Second)))
+	if aw, _ := has[AwaitCapacity](r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second))); !aw.Until.Equal(t0.Add(10*time.Second + DefaultCapacityWait)) {
+		t.Fatalf("the migration's wait until %v", aw.Until)
+	}
+	acts := r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second+DefaultCapacityWait))
+	if _, ok := has[Finish](acts); !ok || r.State != Failed || r.Err.Type != ErrNoCapacity || r.Received() != 1 {
+		t.Fatalf("past the bound: %v, state %s, err %v", acts, r.State, r.Err)
+	}
+}
+
+// TestNoRouteBounds: the deadline bounds a wait; busy instances and a
+// zero CapacityWait fail at once; a cancel ends a wait.
+func TestNoRouteBounds(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, t0.Add(3*time.Second), DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	if aw, _ := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
+		t.Fatalf("wait until %v, want the deadline", aw.Until)
+	}
+	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+		t.Fatalf("deadline during the wait: %s %v", r.State, r.Err)
+	}
+
+	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ = has[Route](r.Start(t0))
+	if r.NoRoute(route.Epoch, true, t0); r.State != Failed || r.Err.Type != ErrOverloaded {
+		t.Fatalf("overloaded: %s %v", r.State, r.Err)
+	}
+
+	p := DefaultPolicy
+	p.CapacityWait = 0
+	r = NewRequest("r", []int{1}, 10, time.Time{}, p, t0)
+	route, _ = has[Route](r.Start(t0))
+	if r.NoRoute(route.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrNoCapacity {
+		t.Fatalf("no wait: %s %v", r.State, r.Err)
+	}
+
+	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ = has[Route](r.Start(t0))
+	aw, _ := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0))
+	r.Cancel()
+	if acts := r.CapacityChanged(aw.Epoch); len(acts) != 0 {
+		t.Fatalf("a cancelled wait routed: %v", acts)
+	}
+	if acts := r.NoRoute(aw.Epoch, false, t0.Add(time.Hour)); len(acts) != 0 || r.State != Cancelling {
+		t.Fatalf("a stale no-route acted: %v, state %s", acts, r.State)
+	}
+}
+
+// TestRestartIsNotExcluded: a request excludes the endpoints that failed
+// it, not their restarts at higher generations.
+func TestRestartIsNotExcluded(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	route, _ := has[Route](r.Start(t0))
+	r.Routed(route.Epoch, Endpoint{"a", 4}, t0)
+	route, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+	if !route.Exclude["a"] || route.Generations["a"] != 4 {
+		t.Fatalf("route %+v", route)
+	}
+	rt := NewRouter()
+	rt.Update(Instance{ID: "a", Generation: 4, Model: "m", Ready: true})
+	if _, _, _, err := rt.PickCached("m", "", "", route.Exclusion(), t0, func(Instance) []blockid.BlockKey { return nil }); err == nil {
+		t.Fatal("the failed endpoint picked again")
+	}
+	rt.Update(Instance{ID: "a", Generation: 5, Model: "m", Ready: true})
+	if in, _, _, err := rt.PickCached("m", "", "", route.Exclusion(), t0, func(Instance) []blockid.BlockKey { return nil }); err != nil || in.Generation != 5 {
+		t.Fatalf("the restart: %+v %v", in, err)
+	}
+	if _, err := rt.Pick("m", "", "", map[string]bool{"a": true}, t0); err == nil {
+		t.Fatal("Pick's exclude covers every generation")
+	}
+}
+
+// TestStopIsNotACancel: a request the frontend ends as it stops fails
+// with frontend_stopping; one the client cancelled first stays cancelled.
+func TestStopIsNotACancel(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	if _, ok := has[Finish](r.Stop()); !ok || r.State != Failed || r.Err.Type != ErrFrontendStopping {
+		t.Fatalf("stop: %s %v", r.State, r.Err)
+	}
+	if acts := r.Stop(); len(acts) != 0 {
+		t.Fatal("a finished request stopped again")
+	}
+	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.Cancel()
+	if r.Stop(); r.State != Cancelled || r.Err.Type != ErrCancelledType {
+		t.Fatalf("cancel then stop: %s %v", r.State, r.Err)
+	}
+}
+
+// TestCancelCause: the run reports a client's cancel (DELETE, disconnect)
+// as cancelled, and its context ending with the server's as
+// frontend_stopping.
+func TestCancelCause(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		end  func(server context.CancelFunc, request context.CancelCauseFunc)
+		want ErrorType
+	}{
+		{"DELETE", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientCancelled) }, ErrCancelledType},
+		{"disconnect", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientGone) }, ErrCancelledType},
+		{"not followed", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errNotFollowed) }, ErrCancelledType},
+		{"frontend stops", func(srv context.CancelFunc, _ context.CancelCauseFunc) { srv() }, ErrFrontendStopping},
+	} {
+		sctx, stop := context.WithCancel(context.Background())
+		rctx, cancel := context.WithCancelCause(sctx)
+		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		start(t, r, "a")
+		x := &run{r: r}
+		c.end(stop, cancel)
+		acts := x.onCancel(rctx)
+		if _, ok := has[Finish](acts); !ok || r.Err == nil || r.Err.Type != c.want {
+			t.Errorf("%s: %v, err %v", c.name, acts, r.Err)
+		}
+		stop()
+		cancel(nil)
+	}
+}
+
+// TestWorkerCancelMigrates: a worker that cancels the request itself
+// (it is stopping) is a worker failure to migrate from, not the end of
+// the request.
+func TestWorkerCancelMigrates(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	x := &run{r: r}
+	acts := x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_CANCELLED, Message: "sched: cancelled"}, t0)
+	if _, ok := has[Route](acts); !ok || r.State != Migrating || r.Err != nil {
+		t.Fatalf("worker cancel: %v, state %s, err %v", acts, r.State, r.Err)
+	}
+	x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "bad"}, t0)
+	if r.State != Failed || r.Err.Type != ErrInvalidRequest {
+		t.Fatalf("a non-retryable error: %s %v", r.State, r.Err)
+	}
+}
+
+// TestCapacitySignal: a registration wakes the waiters of its model
+// only, including one that took the signal before it.
+func TestCapacitySignal(t *testing.T) {
+	var c capacitySignal
+	m, other := c.watch("m"), c.watch("other")
+	c.signal("m")
+	select {
+	case <-m:
+	default:
+		t.Fatal("the model's waiter not woken")
+	}
+	select {
+	case <-other:
+		t.Fatal("another model's waiter woken")
+	default:
+	}
+	if next := c.watch("m"); next == m {
+		t.Fatal("a fired signal reused")
+	}
+	c.signal("nobody waits") // no panic, nothing to wake
+}
+
+// TestWatchHealth: ready only once synced, and while etcd answered
+// within watchStale; a broken watch is unhealthy until the next sync.
+func TestWatchHealth(t *testing.T) {
+	var h watchHealth
+	if h.problem(t0) == "" {
+		t.Fatal("healthy before any read")
+	}
+	h.heard(t0, true)
+	if p := h.problem(t0.Add(watchStale)); p != "" {
+		t.Fatalf("synced: %s", p)
+	}
+	if h.problem(t0.Add(watchStale+time.Second)) == "" {
+		t.Fatal("healthy after a silence")
+	}
+	h.heard(t0.Add(10*time.Second), false)
+	if p := h.problem(t0.Add(10 * time.Second)); p != "" {
+		t.Fatalf("progress heard: %s", p)
+	}
+	h.broken()
+	h.heard(t0.Add(11*time.Second), false)
+	if h.problem(t0.Add(11*time.Second)) == "" {
+		t.Fatal("healthy after the watch broke, before a new sync")
+	}
+}
+
+// TestAllTokensInCompletes: a worker that fails after the last token, its
+// finish frame lost, leaves nothing to migrate: the request completes by
+// its length.
+func TestAllTokensInCompletes(t *testing.T) {
+	r := NewRequest("r", []int{1}, 3, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	for seq := 1; seq <= 3; seq++ {
+		r.OnFrame(frame(r, seq), t0)
+	}
+	acts := r.OnWorkerFailed(r.Epoch, "connection closed", true, t0)
+	if _, ok := has[Finish](acts); !ok || r.State != Completed || r.FinishReason != "length" || r.Migrations != 0 || r.Err != nil {
+		t.Fatalf("after every token: %v, state %s, finish %q, err %v", acts, r.State, r.FinishReason, r.Err)
+	}
+}
