@@ -23,7 +23,8 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto or pd")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain or upgrade")
+	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -39,6 +40,10 @@ func main() {
 		err = runRTOBench(*kills / 5)
 	case "pd":
 		err = runPDBench(5)
+	case "drain":
+		err = runDrainBench(*drains)
+	case "upgrade":
+		err = runUpgradeBench()
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -56,8 +61,14 @@ func main() {
 		if err == nil && *only == "" {
 			err = runPDBench(5)
 		}
+		if err == nil && *only == "" {
+			err = runDrainBench(*drains)
+		}
+		if err == nil && *only == "" {
+			err = runUpgradeBench()
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto or pd", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain or upgrade", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
