@@ -63,25 +63,42 @@ func runDrainBench(drains int) error {
 	return drainWithStreams(ctx, c, url, sock)
 }
 
-// drainWithStreams drains b1 under two short and two long streams with a
-// 3 s deadline and reports how long the drain took against it.
-func drainWithStreams(ctx context.Context, c *benchCluster, url, sock string) error {
+// drainWithStreams starts two short and two long streams, drains the
+// node serving most of them with a 3 s deadline, and reports how long the
+// drain took against it.
+func drainWithStreams(ctx context.Context, c *benchCluster, url, _ string) error {
 	if err := waitRoutable(url, 2, time.Minute); err != nil {
 		return err
 	}
 	var wg sync.WaitGroup
-	var failed atomic.Int64
+	var failed, migrated atomic.Int64
+	serving := make(chan string, 4)
 	for i, n := range []int{32, 32, 1500, 1500} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			body := map[string]any{"model": "small", "prompt": fmt.Sprintf("Drain %d", i), "max_tokens": n, "seed": i, "stream": true, "ignore_eos": true}
-			if _, _, err := clustertest.Stream(url, body, nil); err != nil {
+			_, last, err := clustertest.Stream(url, body, func(t clustertest.Token) {
+				if t.Seq == 1 {
+					serving <- t.Instance
+				}
+			})
+			if err != nil {
 				failed.Add(1)
+			} else if ll, _ := last["lifeline"].(map[string]any); ll["migrations"] != 0.0 {
+				migrated.Add(1)
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond) // the streams are under way on both nodes
+	count := map[string]int{}
+	for range 4 {
+		count[strings.SplitN(<-serving, "-", 2)[0]]++
+	}
+	node := "b0"
+	if count["b1"] > count["b0"] {
+		node = "b1"
+	}
+	sock := c.nodeOf(node).Options.Socket
 	const deadline = 3 * time.Second
 	if _, err := nodectl.Drain(ctx, sock, controlapi.DrainRequest{Deadline: deadline.String(), HardDeadline: "15s"}); err != nil {
 		return err
@@ -96,10 +113,10 @@ func drainWithStreams(ctx context.Context, c *benchCluster, url, sock string) er
 	wg.Wait()
 	d := st.Drain
 	took := d.DrainedAt.Sub(d.StartedAt)
-	fmt.Printf("| drain with 2 short (32 tokens) and 2 long (1,500 tokens) streams in flight, deadline %v | |\n|---|---|\n", deadline)
+	fmt.Printf("| drain of the node serving %d of 4 streams (2 of 32 tokens, 2 of 1,500), deadline %v | |\n|---|---|\n", count[node], deadline)
 	fmt.Printf("| drain duration | %v (%.2f× the deadline) |\n", took.Round(time.Millisecond), took.Seconds()/deadline.Seconds())
-	fmt.Printf("| requests on the node at the start / ended by the deadline (migrated) | %d / %d |\n", d.ActiveAtStart, d.ForcedEnded)
-	fmt.Printf("| streams failed at the client | %d of 4 |\n\n", failed.Load())
+	fmt.Printf("| requests on the node at the start / ended by the deadline | %d / %d |\n", d.ActiveAtStart, d.ForcedEnded)
+	fmt.Printf("| streams migrated / failed at the client | %d / %d of 4 |\n\n", migrated.Load(), failed.Load())
 	_, err = nodectl.Undrain(ctx, sock)
 	return err
 }
