@@ -2,9 +2,9 @@ package kv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
@@ -35,8 +35,11 @@ type CacheStats struct {
 // the mapping, and full blocks are published for reuse by any process on
 // the node. It implements kvcache.Store and kvcache.Sharing.
 //
-// Those interfaces take no context: the cache calls the owner with
-// context.Background(), each round trip bounded by the client's timeout.
+// Those interfaces take no context, and they are called from the decode
+// step: every call to the owner is bounded by ownerCallTimeout, and a
+// failure degrades (private memory, no sharing, recompute) instead of
+// failing or stalling the step. While the owner is unreachable (frozen,
+// restarting) calls fail at once, so running sequences keep decoding.
 type Cache struct {
 	client   *Client
 	arena    *shm.Arena
@@ -62,6 +65,16 @@ type cacheBlock struct {
 	// lost is set when the client could no longer prove the block is ours:
 	// its slot may belong to someone else now.
 	lost bool
+}
+
+// ownerCallTimeout bounds one call to the owner from the decode step. A
+// healthy owner answers in microseconds; one that does not answer within
+// this is treated as away until it answers a renewal again.
+const ownerCallTimeout = 500 * time.Millisecond
+
+// ownerCtx bounds one call to the owner.
+func (c *Cache) ownerCtx() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), min(ownerCallTimeout, c.client.rtt()))
 }
 
 // privateBase offsets the ids of private fallback blocks past every slot.
@@ -104,8 +117,12 @@ func (c *Cache) markLost(refs []Ref) {
 	}
 }
 
-// Losses counts blocks declared lost.
+// Losses counts blocks declared lost. It first fences the client if its
+// lease can no longer be proven, so that the scheduler, which asks before
+// every step, stops writing arena blocks in time even while the renewal
+// that would have noticed is stuck on a frozen owner.
 func (c *Cache) Losses() uint64 {
+	c.client.Fence()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return uint64(c.stats.Lost)
@@ -146,6 +163,9 @@ func (c *Cache) Stats() CacheStats { c.mu.Lock(); defer c.mu.Unlock(); return c.
 // Identity is the identity every block of this cache is keyed under.
 func (c *Cache) Identity() Identity { return c.identity }
 
+// Client is the cache's connection to the arena owner.
+func (c *Cache) Client() *Client { return c.client }
+
 // Arena is the cache's own mapping of the arena.
 func (c *Cache) Arena() *shm.Arena { return c.arena }
 
@@ -167,9 +187,13 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 	if full {
 		return 0, kvcache.ErrNoFreeBlocks
 	}
-	refs, err := c.client.Allocate(context.Background(), 1)
-	if errors.Is(err, ErrOwnerUnavailable) {
-		// Degrade to private memory: this block will not be shared.
+	ctx, cancel := c.ownerCtx()
+	refs, err := c.client.Allocate(ctx, 1)
+	cancel()
+	if err != nil {
+		// Degrade to private memory: this block will not be shared. Any
+		// failure does: the owner away, or its arena full (other writers'
+		// blocks) while this worker is within its own capacity.
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		id, perr := c.private.Alloc()
@@ -178,9 +202,6 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 		}
 		c.stats.Fallback++
 		return privateBase + id, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("%w: %v", kvcache.ErrNoFreeBlocks, err)
 	}
 	id := kvcache.BlockID(refs[0].Slot)
 	c.mu.Lock()
@@ -212,11 +233,13 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 	if b.lost {
 		return nil // the owner already took it back
 	}
+	ctx, cancel := c.ownerCtx()
+	defer cancel()
 	var err error
 	if b.shared {
-		err = c.client.Release(context.Background(), b.ref)
+		err = c.client.Release(ctx, b.ref)
 	} else {
-		err = c.client.Abort(context.Background(), b.ref)
+		err = c.client.Abort(ctx, b.ref)
 	}
 	if err != nil {
 		// The owner reclaims it when our lease ends; nothing else to do.
@@ -276,7 +299,9 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		fail()
 		return
 	}
-	if err := c.client.Seal(context.Background(), ref, key, parent); err != nil {
+	ctx, cancel := c.ownerCtx()
+	defer cancel()
+	if err := c.client.Seal(ctx, ref, key, parent); err != nil {
 		fail()
 		return
 	}
@@ -284,7 +309,7 @@ func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
 		fail()
 		return
 	}
-	if err := c.client.Publish(context.Background(), ref); err != nil {
+	if err := c.client.Publish(ctx, ref); err != nil {
 		fail()
 		return
 	}
@@ -307,7 +332,9 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 		return nil
 	}
 	keys := c.identity.Chain(tokens, maxBlocks)
-	refs, err := c.client.Acquire(context.Background(), keys)
+	ctx, cancel := c.ownerCtx()
+	defer cancel()
+	refs, err := c.client.Acquire(ctx, keys)
 	if err != nil {
 		c.mu.Lock()
 		c.stats.AcquireFailed++
@@ -332,7 +359,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 			c.arena.State(int(r.Slot)) == shm.SlotPublished && shm.Checksum(c.payload(id)) == r.Checksum
 		if !ok {
 			if !dup {
-				c.client.ReportCorrupt(context.Background(), r)
+				c.client.ReportCorrupt(ctx, r)
 				c.mu.Lock()
 				c.stats.CorruptOnRead++
 				c.mu.Unlock()
@@ -346,7 +373,7 @@ func (c *Cache) AcquirePrefix(tokens []int, maxBlocks int) []kvcache.BlockID {
 				keep := ours && held.shared && !held.lost && held.ref.Gen == rest.Gen
 				c.mu.Unlock()
 				if !keep {
-					c.client.Release(context.Background(), rest)
+					c.client.Release(ctx, rest)
 				}
 			}
 			break

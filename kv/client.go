@@ -43,6 +43,13 @@ type Client struct {
 	// validUntil is when our lease may end at the owner: the send time of
 	// the last acknowledged renewal plus the TTL, less a margin.
 	validUntil time.Time
+	// unreachable is set when a round trip on the main connection failed
+	// (broken, or unanswered in time) and cleared once the owner answers a
+	// hello or a renewal: meanwhile calls fail at once with
+	// ErrOwnerUnavailable instead of each waiting out a timeout, so that a
+	// frozen owner costs a decode step nothing. The keepalive goroutine
+	// keeps probing.
+	unreachable bool
 
 	stop      context.CancelFunc // ends the keepalive goroutine
 	done      chan struct{}
@@ -148,11 +155,23 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 	if err != nil {
 		w.close()
 		c.conn = nil
-		return expired, nil, err
+		// The hello may still reach a frozen owner later and re-attach
+		// the blocks we write to a session nobody renews; when that
+		// session expires the owner frees them. They are not ours to
+		// write any more.
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.unreachable = true
+		var adrift []Ref
+		if _, isRemote := errors.AsType[*RemoteError](err); !isRemote {
+			adrift = forgetUnconfirmed(c.owned, owned, nil)
+		}
+		return append(expired, adrift...), nil, err
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hello = resp.Hello
+	c.unreachable = false
 	c.validUntil = sent.Add(c.ttl() - c.margin())
 	unconfirmed = forgetUnconfirmed(c.owned, owned, resp.Hello.OwnedOk)
 	unconfirmed = append(unconfirmed, forgetUnconfirmed(c.leased, leased, resp.Hello.LeasedOk)...)
@@ -209,23 +228,46 @@ func (c *Client) reportLost(lost []Ref) {
 	}
 }
 
+// Reachable reports whether the owner answered the last round trip on
+// the main connection (or a renewal since).
+func (c *Client) Reachable() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.unreachable
+}
+
+// markUnreachable records that a round trip failed without an answer.
+func (c *Client) markUnreachable(err error) {
+	// A caller that gave up (Canceled) says nothing about the owner.
+	if _, isRemote := errors.AsType[*RemoteError](err); err == nil || isRemote || errors.Is(err, context.Canceled) {
+		return
+	}
+	c.mu.Lock()
+	c.unreachable = true
+	c.mu.Unlock()
+}
+
 // call sends one request, reconnecting once if the connection is gone.
-func (c *Client) call(ctx context.Context, req *kvpb.Request) (*kvpb.Response, error) {
+// While the owner is unreachable it fails at once.
+func (c *Client) call(ctx context.Context, req *kvpb.Request) (resp *kvpb.Response, err error) {
+	if !c.Reachable() {
+		return nil, ErrOwnerUnavailable
+	}
 	if err := c.acquire(ctx); err != nil {
 		return nil, err
 	}
+	defer func() { c.markUnreachable(err) }()
 	var lost []Ref
 	defer func() {
 		c.release()
 		c.reportLost(lost)
 	}()
 	if c.conn == nil {
-		var err error
 		if lost, err = c.connect(ctx); err != nil {
 			return nil, err
 		}
 	}
-	resp, err := c.roundTrip(ctx, req)
+	resp, err = c.roundTrip(ctx, req)
 	if (errors.Is(err, ErrUnknownSession) || errors.Is(err, ErrOwnerUnavailable)) && ctx.Err() == nil {
 		// The owner restarted, the connection broke, or our lease lapsed:
 		// reconnect, re-attach what we hold, and retry once. Seal and

@@ -41,6 +41,7 @@ func (c *Client) keepAlive(ctx context.Context) {
 		switch {
 		case err == nil && c.hello.GetSession() == session:
 			c.validUntil = sent.Add(ttl - c.margin())
+			c.unreachable = false
 			c.mu.Unlock()
 		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
 			// The session is gone or may be: give everything up now and
@@ -54,6 +55,23 @@ func (c *Client) keepAlive(ctx context.Context) {
 			c.mu.Unlock()
 		}
 	}
+}
+
+// Fence gives up every block at once if the lease can no longer be proven
+// (no renewal acknowledged in time), without waiting for the keepalive
+// goroutine, whose renewal may itself be stuck on a frozen owner: the
+// owner may hand those slots to another writer from then on. It reports
+// them through OnLost and returns how many there were.
+func (c *Client) Fence() int {
+	c.mu.Lock()
+	if c.validUntil.IsZero() || time.Now().Before(c.validUntil) {
+		c.mu.Unlock()
+		return 0
+	}
+	lost := c.forgetAllLocked()
+	c.mu.Unlock()
+	c.reportLost(lost)
+	return len(lost)
 }
 
 // renew sends one keepalive for session on w, dialing a new connection if

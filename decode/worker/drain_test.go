@@ -18,6 +18,14 @@ import (
 // startWorker runs a worker of the small preset (a long generation takes
 // seconds) in-process and dials it.
 func startWorker(t *testing.T) *workerclient.Client {
+	c, _ := startStoppableWorker(t)
+	return c
+}
+
+// startStoppableWorker is startWorker that also returns how to stop the
+// worker as its SIGTERM does (its context ends); stop waits for Run to
+// return and reports its error.
+func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 	t.Helper()
 	certs := filepath.Join(t.TempDir(), "certs")
 	if err := pki.Init(certs, nil); err != nil {
@@ -30,10 +38,20 @@ func startWorker(t *testing.T) *workerclient.Client {
 		done <- Run(ctx, Options{InstanceID: "w", Generation: 1, Role: "decode", Listen: "127.0.0.1:0", CertDir: certs,
 			Engine: decode.Options{Preset: "small", WeightSeed: 1}}, pw)
 	}()
+	var stopErr error
+	stopped := false
+	stop := func() error {
+		if !stopped {
+			stopped = true
+			cancel()
+			stopErr = <-done
+		}
+		return stopErr
+	}
 	t.Cleanup(func() {
 		cancel()
 		pr.Close()
-		<-done
+		stop()
 	})
 	var r workerclient.Ready
 	if err := json.NewDecoder(pr).Decode(&r); err != nil {
@@ -44,12 +62,12 @@ func startWorker(t *testing.T) *workerclient.Client {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := workerclient.Dial(ctx, r.Addr, tlsConf, "w", 1)
+	c, err := workerclient.Dial(context.Background(), r.Addr, tlsConf, "w", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c
+	return c, stop
 }
 
 // TestWorkerDrain: a draining worker that no longer accepts refuses new

@@ -222,21 +222,41 @@ func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Re
 	}
 }
 
+// closeGrace is how long a connection stays open, once the worker stops,
+// after the last frame written on it: enough for that frame to be
+// delivered (and retransmitted if lost) before CONNECTION_CLOSE, which
+// discards whatever the connection has not sent yet.
+const closeGrace = 1500 * time.Millisecond
+
+// serveConn serves conn's streams until the worker stops (ctx) or the peer
+// goes. On a stop it accepts no more streams, lets those in flight finish
+// writing, and closes the connection once the peer closed it or closeGrace
+// passed since its last write.
 func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
-	defer conn.CloseWithError(0, "")
+	var lastWrite atomic.Int64 // unix nanoseconds
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	for {
 		st, err := conn.AcceptStream(ctx)
 		if err != nil {
-			return
+			break
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.serveStream(st)
+			lastWrite.Store(time.Now().UnixNano())
 		}()
 	}
+	wg.Wait()
+	if last := lastWrite.Load(); last != 0 {
+		t := time.NewTimer(time.Until(time.Unix(0, last).Add(closeGrace)))
+		select {
+		case <-conn.Context().Done():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	conn.CloseWithError(0, "")
 }
 
 func (s *server) stamp(f *wire.Frame) *wire.Frame {
