@@ -150,10 +150,9 @@ func leaseNode(opts ...clustertest.Option) []clustertest.Option {
 
 // outage is how a test takes the nodes' leases away (cut) and gives them
 // back (restore); flowing says whether the workers' frames keep arriving
-// meanwhile. A frozen agent also freezes its workers' KV calls, and
-// their KV sessions (under the same TTL) expire: its workers stall until
-// it is resumed, and may then lose their blocks (a typed, retryable
-// error) and migrate. An agent cut from etcd serves its workers on.
+// meanwhile, without a migration. Both a frozen agent and one cut from
+// etcd leave their workers decoding: the agent is not on the token path
+// (a worker whose KV lease lapses recomputes into private memory).
 type outage struct {
 	cut, restore func()
 	flowing      bool
@@ -255,8 +254,8 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 // TestFrontendLeaseExpiryKeepsStreams: every agent is frozen (SIGSTOP;
 // its worker, another process, is left running) past its 2 s lease while
 // its worker streams; the frontend sees the registrations vanish and
-// keeps the streams, which complete bit-identical once the agents are
-// resumed and register again.
+// keeps the streams, which go on flowing without a migration and complete
+// bit-identical; the agents, resumed, register again.
 func TestFrontendLeaseExpiryKeepsStreams(t *testing.T) {
 	n1 := clustertest.NewNode(t, leaseNode()...)
 	n2 := clustertest.Peer(t, n1, "n2", leaseNode()...)
@@ -273,7 +272,7 @@ func TestFrontendLeaseExpiryKeepsStreams(t *testing.T) {
 		p := n.Process()
 		t.Cleanup(func() { p.Signal(syscall.SIGCONT) }) // before the node's own cleanup stops it
 	}
-	leaseOutage(t, url, nodes, outage{cut: signal(syscall.SIGSTOP), restore: signal(syscall.SIGCONT)}, 700)
+	leaseOutage(t, url, nodes, outage{cut: signal(syscall.SIGSTOP), restore: signal(syscall.SIGCONT), flowing: true}, 700)
 }
 
 // etcdCut is a TCP proxy in front of etcd whose connections can be cut:
