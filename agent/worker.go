@@ -202,7 +202,10 @@ func (a *Agent) awaitDeath(ctx context.Context, detected, waited chan ebpf.Exit,
 // at once; the reaper finishes on its own. A detector report that does not
 // (pidfd on an already reaped child) waits for the reaper's status. A
 // reaper report waits briefly for the detector, the only one that knows an
-// OOM kill and whose timestamp is the earlier one.
+// OOM kill and whose timestamp is the earlier one. The kernel emits the
+// detector's event before the child can be reaped, so it is only late
+// when the agent is starved of CPU: the wait covers that (on an idle node
+// the detector's report comes first, in microseconds).
 func settle(first ebpf.Exit, detected, waited chan ebpf.Exit) ebpf.Exit {
 	if first.Detector != "wait" {
 		if first.Code >= 0 || first.Signal != 0 {
@@ -219,7 +222,7 @@ func settle(first ebpf.Exit, detected, waited chan ebpf.Exit) ebpf.Exit {
 	select {
 	case d := <-detected:
 		first.Detector, first.DetectedAt, first.OOM = d.Detector, d.DetectedAt, d.OOM
-	case <-time.After(50 * time.Millisecond):
+	case <-time.After(250 * time.Millisecond):
 	}
 	return first
 }
