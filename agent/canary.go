@@ -88,8 +88,22 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 	}
 }
 
-// progress is what the canary loop last saw of a worker's work.
-type progress struct{ tokens, positions uint64 }
+// progress is what the canary loop last saw of a worker's work, and when
+// that last moved.
+type progress struct {
+	tokens, positions uint64
+	at                time.Time
+}
+
+// moved records now's counters and reports whether they moved since last.
+func (p *progress) moved(h *wire.HealthReply) bool {
+	moved := h.TokensGenerated != p.tokens || h.PositionsComputed != p.positions
+	p.tokens, p.positions = h.TokensGenerated, h.PositionsComputed
+	if moved || p.at.IsZero() {
+		p.at = time.Now()
+	}
+	return moved
+}
 
 // maxCanaryAllowance caps the time a canary is given on top of
 // canary_timeout for the steps it queues behind, whatever step time a
@@ -112,9 +126,7 @@ func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance
 	inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
 	ready := inst.ready
 	a.mu.Unlock()
-	now := progress{tokens: h.TokensGenerated, positions: h.PositionsComputed}
-	progressed := now != *last
-	*last = now
+	progressed := last.moved(h)
 	if ready && h.Running > 0 && progressed {
 		return true, true, 0
 	}
@@ -122,7 +134,11 @@ func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance
 }
 
 // progressed reports whether the worker answers and computed anything
-// since last (which it updates).
+// since last (which it updates), or is still within one of its steps: its
+// counters move only when a step ends, and under CPU starvation one step
+// can outlast a canary's allowance. A worker that does not answer, or
+// whose counters stood still for two of its longest recent steps (plus
+// canary_timeout), has not progressed.
 func (a *Agent) progressed(ctx context.Context, c *workerclient.Client, last *progress) bool {
 	hctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout))
 	h, err := c.Health(hctx)
@@ -130,10 +146,11 @@ func (a *Agent) progressed(ctx context.Context, c *workerclient.Client, last *pr
 	if err != nil {
 		return false
 	}
-	now := progress{tokens: h.TokensGenerated, positions: h.PositionsComputed}
-	moved := now != *last
-	*last = now
-	return moved
+	if last.moved(h) {
+		return true
+	}
+	step := time.Duration(min(h.StepTimeUs, uint64(maxCanaryAllowance/time.Microsecond))) * time.Microsecond
+	return h.Running > 0 && time.Since(last.at) < 2*step+time.Duration(a.opts.CanaryTimeout)
 }
 
 // errCanaryRefused is a canary the worker refused as overloaded: the
