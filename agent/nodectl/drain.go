@@ -94,6 +94,11 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 func printDrain(out io.Writer, d controlapi.Drain) {
 	fmt.Fprintf(out, "drain (%s): %s, %d requests in flight, deadline %s, hard deadline %s", d.Trigger, d.Phase, d.InFlight,
 		d.Deadline.Format(time.TimeOnly), d.HardDeadline.Format(time.TimeOnly))
+	switch d.Phase {
+	case controlapi.DrainInFlight, controlapi.DrainStopping, controlapi.DrainDrained:
+		fmt.Fprintf(out, "; %d/%d frontends acknowledged (all: %v) after %v, %d routed here after", d.FrontendsAcked, d.Frontends, d.AllAcked,
+			d.AckWait.Round(time.Millisecond), d.RoutedAfterNotReady)
+	}
 	if d.Detail != "" {
 		fmt.Fprintf(out, "; %s", d.Detail)
 	}
