@@ -68,11 +68,13 @@ func (a *Agent) enterNotReady(ctx context.Context, d *drain) {
 	a.drainEvent(d, fmt.Sprintf("%d registrations marked draining; %d requests in flight", registered, l.inFlight))
 }
 
-// settle is a drain's second step: it gives frontends DrainSettle (within
-// the deadline) to see the draining registrations and stop routing here —
-// what they route meanwhile is still served — then makes the workers
-// refuse new requests with a retryable DRAINING error. Frontends do not
-// acknowledge: the wait is a bound.
+// settle is a drain's second step: it waits until every live frontend
+// has acknowledged the draining registrations (at most DrainSettle,
+// within the deadline) — what they route meanwhile is still served —
+// then makes the workers refuse new requests with a retryable DRAINING
+// error. Requests the workers started after the acknowledgement (or the
+// bound) are counted: routed after not-ready, 0 when frontends keep their
+// word.
 func (a *Agent) settle(ctx context.Context, d *drain) {
 	a.mu.Lock()
 	registered := false
@@ -81,12 +83,15 @@ func (a *Agent) settle(ctx context.Context, d *drain) {
 	}
 	wait := min(time.Duration(a.opts.DrainSettle), time.Until(d.Deadline))
 	a.mu.Unlock()
+	k := acks{all: true}
 	if registered && wait > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
+		k = a.settleWait(ctx, wait)
 	}
+	acked := a.drainLoad(ctx)
+	a.mu.Lock()
+	d.Frontends, d.FrontendsAcked, d.AllAcked, d.AckWait = k.frontends, k.acked, k.all, k.took
+	a.mu.Unlock()
+	a.drainEvent(d, k.String())
 	for _, inst := range a.running() {
 		a.mu.Lock()
 		inst.refusing = true
@@ -99,14 +104,14 @@ func (a *Agent) settle(ctx context.Context, d *drain) {
 	a.mu.Lock()
 	routed := 0
 	for id, n := range l.started {
-		if before, ok := d.started[id]; ok && n > before {
+		if before, ok := acked.started[id]; ok && n > before {
 			routed += int(n - before)
 		}
 	}
 	d.RoutedAfterNotReady, d.InFlight, d.Phase = routed, l.inFlight, controlapi.DrainInFlight
 	a.mu.Unlock()
 	a.metrics.drainRoutedAfterNotReady.Add(float64(routed))
-	a.drainEvent(d, fmt.Sprintf("new requests refused; %d routed here after not-ready; %d in flight", routed, l.inFlight))
+	a.drainEvent(d, fmt.Sprintf("new requests refused; %d routed here after the acknowledgement; %d in flight", routed, l.inFlight))
 }
 
 // forcedEndWait bounds how long a drain waits for the requests it ended

@@ -85,9 +85,11 @@ type Options struct {
 	// (a systemd stop): requests still in flight at the deadline end with
 	// a retryable DRAINING error, and the agent exits before the hard
 	// deadline whatever happens (the defaults, 30 s and 50 s, fit the
-	// unit's TimeoutStopSec=60). DrainSettle is how long a drain waits,
-	// once its registrations say draining, for frontends to stop routing
-	// to the node before its workers refuse new requests.
+	// unit's TimeoutStopSec=60). DrainSettle bounds how long a drain
+	// waits, once its registrations say draining, for every live frontend
+	// to acknowledge them (stop routing to the node) before its workers
+	// refuse new requests: the wait ends as soon as all have, at once
+	// with no frontend registered.
 	DrainDeadline     Duration `json:"drain_deadline"`
 	DrainHardDeadline Duration `json:"drain_hard_deadline"`
 	DrainSettle       Duration `json:"drain_settle"`

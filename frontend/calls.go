@@ -282,14 +282,22 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	s, rt := x.s, x.s.router
-	// Pick only returns ready instances; this counts any that the view
-	// marked not ready between the pick and the send.
-	if in, ok := rt.Instance(d.To.InstanceID); ok && !in.Ready {
-		x.obs.notReadyRouted()
-	}
 	c, err := s.client(ctx, d.To)
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
+	}
+	// The acknowledgement this frontend gives draining agents stays below
+	// the view checked here until the worker has the request: an agent that
+	// saw its draining registrations acknowledged gets nothing new.
+	sent := s.ack.send()
+	defer sent()
+	// Pick only returns ready instances; one the view marked not ready or
+	// draining since (a drain began) gets nothing: the request goes
+	// elsewhere.
+	if in, ok := rt.Instance(d.To.InstanceID); ok && (!in.Ready || in.Draining) {
+		s.pool.release(c)
+		x.obs.notReadyAvoided(d.To.InstanceID)
+		return x.r.OnWorkerFailed(d.Epoch, fmt.Sprintf("instance %s became not ready before the send", d.To.InstanceID), true, time.Now())
 	}
 	g := x.generateRequest(d.Epoch, d.Prefix)
 	if (len(d.Prefix) > 0 || len(x.prefillNodes) > 0) && !s.opts.NoKVPull {

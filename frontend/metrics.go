@@ -16,6 +16,8 @@ type metrics struct {
 	resumes         *prometheus.CounterVec
 	shed            *prometheus.CounterVec
 	notReadyRouted  prometheus.Counter
+	notReadyAvoided prometheus.Counter
+	drainMigrations prometheus.Counter
 	pd              *prometheus.CounterVec // P/D hand-offs by path
 	staleTransfers  prometheus.Counter
 	prefillFailures prometheus.Counter
@@ -36,7 +38,12 @@ func newMetrics() *metrics {
 	m.staleEpoch = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_stale_epoch_frames_total", Help: "Frames of an older request epoch dropped."})
 	m.resumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_resumes_total", Help: "Resume attempts by result."}, []string{"result"})
 	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_requests_shed_total", Help: "Requests refused, by reason."}, []string{"reason"})
-	m.notReadyRouted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_routed_to_not_ready_total", Help: "Requests routed to a not-ready instance (must stay 0)."})
+	m.notReadyRouted = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_routed_to_not_ready_total",
+		Help: "Requests sent to an instance whose newest registration this frontend had seen as not ready or draining (must stay 0: a dispatch checks the view last and routes such a request elsewhere, counted in lifeline_frontend_not_ready_rerouted_total)."})
+	m.notReadyAvoided = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_not_ready_rerouted_total",
+		Help: "Requests routed to an instance that became not ready or draining before the send, and routed elsewhere instead."})
+	m.drainMigrations = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_drain_migrations_total",
+		Help: "Migrations caused by a draining worker (a DRAINING error: the drain's deadline ended the stream, or a worker refused a new request)."})
 	m.pd = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_pd_handoffs_total",
 		Help: "Prefill-to-decode hand-offs by path: same_node (read in place), transfer (pulled), transfer_failed (decode recomputed), no_prefill (decode prefilled by itself)."}, []string{"path"})
 	m.staleTransfers = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_stale_transfer_completions_total", Help: "KV transfer completions of a binding that was no longer current, dropped."})
@@ -46,7 +53,7 @@ func newMetrics() *metrics {
 		Help: "Routing decisions: hit (the chosen node holds a prefix of the request), miss (fresh summaries, no prefix), load_only (no usable summary or identity)."}, []string{"result"})
 	m.capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_capacity_waits_total",
 		Help: "Requests that found no routable instance of their model and waited for one: served (one registered in time), timed_out (no_capacity)."}, []string{"result"})
-	m.reg.MustRegister(m.capacityWaits)
+	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m

@@ -38,9 +38,16 @@ func (o observer) routed(cached int, used bool) {
 	}
 }
 
-// notReadyRouted counts a request sent to an instance that the view
-// marked not ready between the pick and the send.
-func (o observer) notReadyRouted() { o.m.notReadyRouted.Inc() }
+// notReadyAvoided counts a request not sent to the instance it was
+// routed to: the view marked it not ready or draining between the pick
+// and the send.
+func (o observer) notReadyAvoided(id string) {
+	o.log.Info("instance not ready before the send; routing elsewhere", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "instance_id", id)
+	o.m.notReadyAvoided.Inc()
+}
+
+// drainMigration counts a migration caused by a draining worker.
+func (o observer) drainMigration() { o.m.drainMigrations.Inc() }
 
 func (o observer) dispatch(d Dispatch) {
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,

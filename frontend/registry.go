@@ -76,6 +76,7 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 	for _, in := range all {
 		s.registered(in)
 	}
+	s.ack.apply(resp.Header.Revision)
 	return resp.Header.Revision, nil
 }
 
@@ -120,6 +121,9 @@ func (s *Server) watchFrom(ctx context.Context, rev int64) {
 				return
 			}
 			s.applyInstances(wr.Events)
+			// Only this watch's revision: the instances' changes up to it
+			// are in the view (the other watches may run ahead of it).
+			s.ack.apply(wr.Header.Revision)
 		case nr, ok := <-nodes:
 			if !ok || nr.Err() != nil {
 				return

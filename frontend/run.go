@@ -63,6 +63,9 @@ type run struct {
 	// overloaded is set once a worker refused the request as overloaded.
 	overloaded  bool
 	lastFailure string
+	// drainFailure is the last DRAINING worker error's failure: the
+	// migration is the drain's while it is still lastFailure.
+	drainFailure string
 	// streams cancels every worker call of each epoch (prefill, transfer,
 	// decode); taken records the epochs whose decode stream opened.
 	streams map[uint64]context.CancelFunc
@@ -233,6 +236,9 @@ func (x *run) exec(ctx context.Context, a Action) []Action {
 func (x *run) execRoute(a Route) []Action {
 	if x.r.State == Migrating && !x.rerouting {
 		x.obs.migrating(x.lastFailure)
+		if x.drainFailure != "" && x.drainFailure == x.lastFailure {
+			x.obs.drainMigration()
+		}
 		x.tl.migrating(time.Now())
 	}
 	x.rerouting = false
@@ -401,6 +407,9 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		return x.r.OnWorkerFailed(epoch, x.lastFailure, true, now)
 	}
 	x.lastFailure = fmt.Sprintf("worker error %s: %s", e.Code, e.Message)
+	if e.Code == wire.Code_DRAINING {
+		x.drainFailure = x.lastFailure
+	}
 	return x.r.OnWorkerFailed(epoch, e.Message, e.Retryable, now)
 }
 

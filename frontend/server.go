@@ -51,6 +51,10 @@ type Options struct {
 	// (default DefaultCapacityWait; negative: do not wait). It sets
 	// Policy.CapacityWait.
 	CapacityWait time.Duration
+	// ID names the frontend's record under schema.FrontendsPrefix, where
+	// it acknowledges the registrations it applied (default: host, pid
+	// and a random suffix).
+	ID string
 }
 
 // Server is one frontend replica.
@@ -74,6 +78,9 @@ type Server struct {
 	pool     *clientPool
 	capacity capacitySignal
 	health   watchHealth
+	// ack acknowledges the registry view to draining agents, through key.
+	ack *acker
+	key *frontendKey
 
 	mu      sync.Mutex
 	addrs   map[string]string            // instance id → QUIC address
@@ -174,6 +181,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		return err
 	}
 	defer s.close()
+	defer s.key.revoke() // before close: agents stop waiting for this one
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.ctx = ctx
@@ -182,6 +190,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	if err != nil {
 		return fmt.Errorf("frontend: read the registry: %w", err)
 	}
+	go s.ack.run(ctx)
 	go s.watch(ctx, rev)
 	ln, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
@@ -226,6 +235,12 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("frontend: etcd: %w", err)
 	}
 	s.kv = transferclient.NewDialer(kvTLS)
+	if opts.ID == "" {
+		s.opts.ID = defaultFrontendID()
+	}
+	s.key = &frontendKey{etcd: s.etcd, id: s.opts.ID}
+	s.ack = newAcker(s.key.put, ackEvery)
+	s.key.lost = s.ack.rewrite
 	return s, nil
 }
 

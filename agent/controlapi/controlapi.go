@@ -68,11 +68,21 @@ type Drain struct {
 	// InFlight is the requests the node's workers still serve.
 	InFlight int `json:"in_flight"`
 	// ActiveAtStart is the requests in flight when the instances became
-	// not ready; RoutedAfterNotReady those started since; ForcedEnded
+	// not ready; RoutedAfterNotReady those the workers started after the
+	// frontends acknowledged it (or the settle bound passed), before they
+	// refused new requests (0 when frontends keep their word); ForcedEnded
 	// those the deadline ended (retryable DRAINING error).
 	ActiveAtStart       int `json:"active_at_start"`
 	RoutedAfterNotReady int `json:"routed_after_not_ready"`
 	ForcedEnded         int `json:"forced_ended"`
+	// Frontends is the live frontends the settle step waited for;
+	// FrontendsAcked those that acknowledged the draining registrations;
+	// AllAcked says all did within the settle bound (true with none);
+	// AckWait is how long the settle step waited.
+	Frontends      int           `json:"frontends"`
+	FrontendsAcked int           `json:"frontends_acked"`
+	AllAcked       bool          `json:"all_acked"`
+	AckWait        time.Duration `json:"ack_wait_ns"`
 	// DrainedAt is when the workers were stopped (zero before).
 	DrainedAt time.Time `json:"drained_at,omitzero"`
 	// BudgetHeld says the node holds a share of the disruption budget;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -37,7 +38,8 @@ func drainCmd(socket *string) *cobra.Command {
 	)
 	cmd := &cobra.Command{Use: "drain", Short: "Drain the node: stop routing to it, let requests finish or move, stop its workers", Args: cobra.NoArgs,
 		Long: `Drain the node. Its instances become not ready and their registrations are marked
-draining; after frontends had time to see that, its workers refuse new requests;
+draining; once every frontend acknowledged that (at most drain_settle), its workers
+refuse new requests;
 requests in flight run on until the deadline, and those left then end with a
 retryable "draining" error that frontends migrate; then the workers stop. The
 agent stays up with its instances stopped until 'nodectl undrain'. At most
@@ -80,6 +82,9 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 		case d == nil || d.Phase == controlapi.DrainUndraining:
 			return fmt.Errorf("node %s: the drain was cancelled (nodectl undrain)", st.NodeID)
 		case d.Phase != last.Phase || d.InFlight != last.InFlight || d.Detail != last.Detail:
+			for _, p := range passedPhases(last.Phase, d.Phase) {
+				fmt.Fprintf(out, "drain (%s): %s (passed between polls)\n", d.Trigger, p)
+			}
 			printDrain(out, *d)
 			last = *d
 		}
@@ -91,9 +96,27 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 	}
 }
 
+// drainSteps is the order of a drain's phases.
+var drainSteps = []string{controlapi.DrainWaitingForBudget, controlapi.DrainNotReady, controlapi.DrainInFlight, controlapi.DrainStopping, controlapi.DrainDrained}
+
+// passedPhases is the phases a drain went through between from and to
+// (both excluded): a step quicker than a poll still shows.
+func passedPhases(from, to string) []string {
+	i, j := slices.Index(drainSteps, from), slices.Index(drainSteps, to)
+	if i < 0 || j <= i+1 {
+		return nil
+	}
+	return drainSteps[i+1 : j]
+}
+
 func printDrain(out io.Writer, d controlapi.Drain) {
 	fmt.Fprintf(out, "drain (%s): %s, %d requests in flight, deadline %s, hard deadline %s", d.Trigger, d.Phase, d.InFlight,
 		d.Deadline.Format(time.TimeOnly), d.HardDeadline.Format(time.TimeOnly))
+	switch d.Phase {
+	case controlapi.DrainInFlight, controlapi.DrainStopping, controlapi.DrainDrained:
+		fmt.Fprintf(out, "; %d/%d frontends acknowledged (all: %v) after %v, %d routed here after", d.FrontendsAcked, d.Frontends, d.AllAcked,
+			d.AckWait.Round(time.Millisecond), d.RoutedAfterNotReady)
+	}
 	if d.Detail != "" {
 		fmt.Fprintf(out, "; %s", d.Detail)
 	}

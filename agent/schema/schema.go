@@ -94,3 +94,21 @@ type Failure struct {
 	Detector   string `json:"detector"`
 	DetectedAt int64  `json:"detected_at_unix_nano"`
 }
+
+// FrontendsPrefix is where each frontend announces itself under its own
+// lease (a FrontendRecord at FrontendsPrefix+id): the key lives while the
+// frontend does. A draining agent waits for every frontend listed here to
+// acknowledge its draining registrations.
+const FrontendsPrefix = "/lifeline/v1/frontends/"
+
+// FrontendRecord is the value of a frontend key.
+type FrontendRecord struct {
+	ID string `json:"id"`
+	// AppliedRevision is the etcd revision up to which the frontend's
+	// routing view holds every change under InstancesPrefix, and no request
+	// it picked under an older view is still on its way to a worker: a
+	// registration written at revision R or earlier is acknowledged once
+	// AppliedRevision >= R.
+	AppliedRevision int64 `json:"applied_revision"`
+	UpdatedUnixNano int64 `json:"updated_unix_nano"`
+}
