@@ -69,10 +69,16 @@ type Drain struct {
 	InFlight int `json:"in_flight"`
 	// ActiveAtStart is the requests in flight when the instances became
 	// not ready; RoutedAfterNotReady those started since; ForcedEnded
-	// those the deadline ended (retryable DRAINING error).
+	// those the drain ended (retryable DRAINING error) by its deadline:
+	// MovedEarly (they could not finish before it, ended at once so that
+	// they migrate) plus EndedAtDeadline (still running when it passed).
+	// FinishedInPlace is those the drain let finish here that did.
 	ActiveAtStart       int `json:"active_at_start"`
 	RoutedAfterNotReady int `json:"routed_after_not_ready"`
 	ForcedEnded         int `json:"forced_ended"`
+	MovedEarly          int `json:"moved_early"`
+	EndedAtDeadline     int `json:"ended_at_deadline"`
+	FinishedInPlace     int `json:"finished_in_place"`
 	// DrainedAt is when the workers were stopped (zero before).
 	DrainedAt time.Time `json:"drained_at,omitzero"`
 	// BudgetHeld says the node holds a share of the disruption budget;
