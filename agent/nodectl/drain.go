@@ -84,8 +84,9 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 			last = *d
 		}
 		if d.Phase == controlapi.DrainDrained {
-			fmt.Fprintf(out, "node %s drained in %v: %d requests in flight at the start, %d routed after not-ready, %d ended by the deadline\n",
-				st.NodeID, d.DrainedAt.Sub(d.StartedAt).Round(time.Millisecond), d.ActiveAtStart, d.RoutedAfterNotReady, d.ForcedEnded)
+			fmt.Fprintf(out, "node %s drained in %v: %d requests in flight at the start, %d routed after not-ready, %d ended by the deadline (%d moved early, %d at the deadline), %d finished in place\n",
+				st.NodeID, d.DrainedAt.Sub(d.StartedAt).Round(time.Millisecond), d.ActiveAtStart, d.RoutedAfterNotReady, d.ForcedEnded,
+				d.MovedEarly, d.EndedAtDeadline, d.FinishedInPlace)
 			return nil
 		}
 	}

@@ -3,6 +3,8 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -22,6 +24,7 @@ var (
 
 // flight is one generation request being served.
 type flight struct {
+	id        string
 	cancel    context.CancelCauseFunc
 	maxTokens int
 	// sent is the sequence number of the last output token (the prefix
@@ -70,7 +73,10 @@ func (s *server) decideDrain(deadline time.Time) {
 			continue
 		}
 		remaining := f.maxTokens - int(f.sent.Load())
-		switch sched.DecideDrain(remaining, step, now, deadline) {
+		decision := sched.DecideDrain(remaining, step, now, deadline)
+		fmt.Fprintf(os.Stderr, "worker %s: drain: %s: %d tokens left at %v a step, deadline in %v: %s\n",
+			s.opts.InstanceID, f.id, remaining, step, deadline.Sub(now).Round(time.Millisecond), decision)
+		switch decision {
 		case sched.DrainMoveNow:
 			f.ended, f.kept = true, false
 			s.drainMoved++

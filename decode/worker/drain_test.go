@@ -169,6 +169,7 @@ func TestWorkerDrainDecides(t *testing.T) {
 	// unless steps get ten times slower, the long one (~3000) does not
 	// unless they get ten times faster.
 	step := time.Duration(h.StepTimeUs) * time.Microsecond
+	t.Logf("step time %v", step)
 	deadline := time.Now().Add(time.Duration(float64(step) * 300 * 1.5))
 	h, err = c.AdminWith(ctx, &wire.Admin{InstanceId: "w", CurrentGeneration: 1, Draining: true, DrainDeadlineUnixMs: deadline.UnixMilli()})
 	if err != nil || h.DrainMovedEarly != 1 {

@@ -340,7 +340,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	// (errDrainMove, errDrainDeadline).
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)
-	fl := &flight{cancel: cancel, maxTokens: int(g.MaxTokens)}
+	fl := &flight{id: g.RequestId, cancel: cancel, maxTokens: int(g.MaxTokens)}
 	fl.sent.Store(int64(len(g.PrefixTokens)))
 	if g.Lane != wire.Lane_CANARY {
 		s.track(fl)
