@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -80,6 +81,9 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 		case d == nil || d.Phase == controlapi.DrainUndraining:
 			return fmt.Errorf("node %s: the drain was cancelled (nodectl undrain)", st.NodeID)
 		case d.Phase != last.Phase || d.InFlight != last.InFlight || d.Detail != last.Detail:
+			if d.Phase != last.Phase {
+				printSkipped(ctx, out, socket, last.Phase, *d)
+			}
 			printDrain(out, *d)
 			last = *d
 		}
@@ -89,6 +93,33 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 				d.MovedEarly, d.EndedAtDeadline, d.FinishedInPlace)
 			return nil
 		}
+	}
+}
+
+// drainSteps are a drain's phases in order.
+var drainSteps = []string{controlapi.DrainNotReady, controlapi.DrainInFlight, controlapi.DrainStopping, controlapi.DrainDrained}
+
+// printSkipped prints the drain's steps that came and went between two
+// looks at its status, from (printed before) and d's (printed next), from
+// the agent's drain events: a step can take less than a poll (every
+// request in flight moved at once).
+func printSkipped(ctx context.Context, out io.Writer, socket, from string, d controlapi.Drain) {
+	lo, hi := slices.Index(drainSteps, from), slices.Index(drainSteps, d.Phase)
+	if hi < 0 || hi-lo < 2 {
+		return
+	}
+	evs, err := Events(ctx, socket)
+	if err != nil {
+		return
+	}
+	printed := map[string]bool{}
+	for _, e := range evs {
+		i := slices.Index(drainSteps, e.Reason)
+		if e.Kind != controlapi.EventDrain || e.Time.Before(d.StartedAt) || i <= lo || i >= hi || printed[e.Reason] {
+			continue
+		}
+		fmt.Fprintf(out, "drain (%s): %s; %s\n", d.Trigger, e.Reason, e.Detail)
+		printed[e.Reason] = true
 	}
 }
 
