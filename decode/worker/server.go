@@ -387,18 +387,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			if g.PrefillOnly {
 				failpoint.Hit(FailBeforeHandOff)
 			}
-			f.FinishReason = string(ev.FinishReason)
-			f.ReusedPositions = uint32(ev.ReusedPositions)
-			for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
-				f.KvKeys = append(f.KvKeys, k[:])
-			}
-			if ev.Err != nil {
-				f.Error = ErrorFrame(ev.Err)
-			}
-			if cause := context.Cause(ctx); ev.Err != nil && (errors.Is(cause, errDrainDeadline) || errors.Is(cause, errDrainMove)) {
-				f.FinishReason = "error"
-				f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: cause.Error()}
-			}
+			s.finish(f, ev, context.Cause(ctx))
 			fl.completed = ev.Err == nil
 		} else {
 			f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
@@ -410,5 +399,22 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			}
 			return
 		}
+	}
+}
+
+// finish fills a request's last frame from its Done event; cause is the
+// request context's: a request a drain ended says DRAINING (retryable).
+func (s *server) finish(f *wire.Frame, ev decode.Event, cause error) {
+	f.FinishReason = string(ev.FinishReason)
+	f.ReusedPositions = uint32(ev.ReusedPositions)
+	for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
+		f.KvKeys = append(f.KvKeys, k[:])
+	}
+	if ev.Err != nil {
+		f.Error = ErrorFrame(ev.Err)
+	}
+	if ev.Err != nil && (errors.Is(cause, errDrainDeadline) || errors.Is(cause, errDrainMove)) {
+		f.FinishReason = "error"
+		f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: cause.Error()}
 	}
 }
