@@ -119,9 +119,9 @@ func (c *drainCluster) streamDisturbed(t *testing.T, disturb func(instance strin
 
 // TestAgentDrainMigratesStream: `nodectl drain --deadline 1s` of the node
 // serving a long seeded stream through a frontend. Its registration is
-// marked draining before the stream moves; at the deadline the worker
-// ends the stream with a retryable draining error and the frontend
-// migrates it: the client's tokens are bit-identical to an undisturbed
+// marked draining before the stream moves; the worker ends the stream
+// (too long for the deadline, it moves at once) with a retryable draining
+// error and the frontend migrates it: the client's tokens are bit-identical to an undisturbed
 // run. nodectl waits, printing progress, until the node is drained: its
 // workers stopped, its registration gone, the agent up. `nodectl
 // undrain` brings the instance back at a new generation and gives the

@@ -16,23 +16,40 @@ import (
 const drainPoll = 200 * time.Millisecond
 
 // load is what a node's workers serve: the requests in flight, and the
-// count of requests each instance has started.
+// count of requests each instance has started; and, per instance, its
+// drain decisions so far: requests moved early, requests kept that
+// finished here.
 type load struct {
-	inFlight int
-	started  map[string]uint64
+	inFlight        int
+	started         map[string]uint64
+	moved, finished map[string]uint64
 }
 
 // drainLoad asks every running worker what it serves. A worker that does
 // not answer counts as serving nothing: it is stopped with the others.
 func (a *Agent) drainLoad(ctx context.Context) load {
-	l := load{started: map[string]uint64{}}
+	l := load{started: map[string]uint64{}, moved: map[string]uint64{}, finished: map[string]uint64{}}
 	for _, inst := range a.running() {
 		if h, err := a.health(ctx, inst); err == nil {
 			l.inFlight += int(h.InFlight)
 			l.started[inst.id] = h.RequestsStarted
+			l.moved[inst.id], l.finished[inst.id] = h.DrainMovedEarly, h.DrainFinishedInPlace
 		}
 	}
 	return l
+}
+
+// outcomesSince sums the drain decisions the workers made since base.
+func (l load) outcomesSince(base load) (moved, finished int) {
+	since := func(now, then map[string]uint64) (n int) {
+		for id, v := range now {
+			if b := then[id]; v > b {
+				n += int(v - b)
+			}
+		}
+		return n
+	}
+	return since(l.moved, base.moved), since(l.finished, base.finished)
 }
 
 // adminDrain tells an instance's worker that the node drains: it refuses
@@ -114,18 +131,68 @@ func (a *Agent) settle(ctx context.Context, d *drain) {
 	a.drainEvent(d, fmt.Sprintf("new requests refused; %d routed here after the acknowledgement; %d in flight", routed, l.inFlight))
 }
 
+// Outcomes of the requests a drain finds in flight.
+const (
+	outcomeFinishedInPlace = "finished_in_place"
+	outcomeMovedEarly      = "moved_early"
+	outcomeEndedAtDeadline = "ended_at_deadline"
+)
+
+// tellDeadline gives every worker the drain's deadline: each decides per
+// request in flight whether it finishes before the deadline at the
+// worker's step time (it stays) or not (it ends now with a retryable
+// DRAINING error and the frontend migrates it, pulling its KV from this
+// node while it is still up).
+func (a *Agent) tellDeadline(ctx context.Context, d *drain) {
+	a.mu.Lock()
+	deadline := d.Deadline.UnixMilli()
+	a.mu.Unlock()
+	for _, inst := range a.running() {
+		_, err := a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
+			return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Draining: true, DrainDeadlineUnixMs: deadline})
+		})
+		if err != nil {
+			a.log.Warn("drain: cannot give the worker the deadline", "instance_id", inst.id, "err", err)
+		}
+	}
+}
+
+// recordOutcomes brings the drain's counters (and metrics) up to the
+// workers' decisions since base.
+func (a *Agent) recordOutcomes(d *drain, base, l load) {
+	moved, finished := l.outcomesSince(base)
+	a.mu.Lock()
+	dm, df := max(0, moved-d.MovedEarly), max(0, finished-d.FinishedInPlace)
+	d.MovedEarly += dm
+	d.FinishedInPlace += df
+	d.ForcedEnded = d.MovedEarly + d.EndedAtDeadline
+	a.mu.Unlock()
+	a.metrics.drainForced.Add(float64(dm))
+	a.metrics.drainOutcomes.WithLabelValues(outcomeMovedEarly).Add(float64(dm))
+	a.metrics.drainOutcomes.WithLabelValues(outcomeFinishedInPlace).Add(float64(df))
+}
+
 // forcedEndWait bounds how long a drain waits for the requests it ended
 // at the deadline to be gone before it stops the workers.
 const forcedEndWait = 5 * time.Second
 
-// finishInFlight is a drain's third step: requests in flight run on until
-// the deadline; those left then are ended with a retryable DRAINING error
-// (the frontend migrates them, pulling their KV from this node while it
-// is still up).
+// finishInFlight is a drain's third step: the workers get the deadline
+// and decide per request in flight (tellDeadline): one that fits finishes
+// here, a longer one moves now. Those left at the deadline are ended with
+// a retryable DRAINING error (the frontend migrates them, pulling their
+// KV from this node while it is still up).
 func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
-	var l load
+	base := a.drainLoad(ctx)
+	a.tellDeadline(ctx, d)
+	l := a.drainLoad(ctx)
+	a.recordOutcomes(d, base, l)
+	a.mu.Lock()
+	moved := d.MovedEarly
+	a.mu.Unlock()
+	a.drainEvent(d, fmt.Sprintf("deadline given to the workers: %d requests moved now (they cannot finish by it), %d finishing here", moved, l.inFlight))
 	for {
 		l = a.drainLoad(ctx)
+		a.recordOutcomes(d, base, l)
 		a.mu.Lock()
 		d.InFlight = l.inFlight
 		deadline := d.Deadline
@@ -135,6 +202,7 @@ func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
 		}
 		if time.Now().After(deadline) {
 			l = a.endInFlight(ctx, d, l.inFlight)
+			a.recordOutcomes(d, base, l)
 			break
 		}
 		select {
@@ -145,8 +213,9 @@ func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
 	a.metrics.drainActive.WithLabelValues("end").Set(float64(l.inFlight))
 	a.mu.Lock()
 	d.Phase, d.InFlight = controlapi.DrainStopping, l.inFlight
+	summary := fmt.Sprintf("%d finished in place, %d moved early, %d ended at the deadline", d.FinishedInPlace, d.MovedEarly, d.EndedAtDeadline)
 	a.mu.Unlock()
-	a.drainEvent(d, fmt.Sprintf("%d requests in flight; stopping the workers", l.inFlight))
+	a.drainEvent(d, fmt.Sprintf("%s; %d requests in flight; stopping the workers", summary, l.inFlight))
 }
 
 // endInFlight ends the n requests in flight at the deadline and waits a
@@ -158,10 +227,12 @@ func (a *Agent) endInFlight(ctx context.Context, d *drain, n int) load {
 		}
 	}
 	a.mu.Lock()
-	d.ForcedEnded += n
+	d.EndedAtDeadline += n
+	d.ForcedEnded = d.MovedEarly + d.EndedAtDeadline
 	until := minTime(time.Now().Add(forcedEndWait), d.HardDeadline.Add(-stopReserve))
 	a.mu.Unlock()
 	a.metrics.drainForced.Add(float64(n))
+	a.metrics.drainOutcomes.WithLabelValues(outcomeEndedAtDeadline).Add(float64(n))
 	a.drainEvent(d, fmt.Sprintf("deadline passed: %d requests ended (retryable, draining)", n))
 	for {
 		l := a.drainLoad(ctx)

@@ -32,6 +32,9 @@ type metrics struct {
 	drainActive              *prometheus.GaugeVec
 	drainRoutedAfterNotReady prometheus.Counter
 	drainForced              prometheus.Counter
+	// drainOutcomes counts requests in flight by what a drain did with
+	// them: finished_in_place, moved_early, ended_at_deadline.
+	drainOutcomes *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -66,8 +69,13 @@ func (m *metrics) registerDrain() {
 	m.drainRoutedAfterNotReady = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_drain_routed_after_not_ready_total",
 		Help: "Requests a draining node's workers started after its registrations were marked draining."})
 	m.drainForced = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_drain_requests_forced_total",
-		Help: "Requests a drain's deadline ended with a retryable draining error."})
-	m.reg.MustRegister(m.drains, m.drainDuration, m.drainActive, m.drainRoutedAfterNotReady, m.drainForced)
+		Help: "Requests a drain ended by its deadline with a retryable draining error (moved early or ended at the deadline)."})
+	m.drainOutcomes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_agent_drain_requests_total",
+		Help: "Requests in flight during a drain, by outcome (finished_in_place, moved_early, ended_at_deadline)."}, []string{"outcome"})
+	for _, o := range []string{outcomeFinishedInPlace, outcomeMovedEarly, outcomeEndedAtDeadline} {
+		m.drainOutcomes.WithLabelValues(o)
+	}
+	m.reg.MustRegister(m.drains, m.drainDuration, m.drainActive, m.drainRoutedAfterNotReady, m.drainForced, m.drainOutcomes)
 }
 
 // serveMetrics serves /metrics, /livez and /readyz until ctx is done.

@@ -71,10 +71,16 @@ type Drain struct {
 	// not ready; RoutedAfterNotReady those the workers started after the
 	// frontends acknowledged it (or the settle bound passed), before they
 	// refused new requests (0 when frontends keep their word); ForcedEnded
-	// those the deadline ended (retryable DRAINING error).
+	// those the drain ended (retryable DRAINING error) by its deadline:
+	// MovedEarly (they could not finish before it, ended at once so that
+	// they migrate) plus EndedAtDeadline (still running when it passed).
+	// FinishedInPlace is those the drain let finish here that did.
 	ActiveAtStart       int `json:"active_at_start"`
 	RoutedAfterNotReady int `json:"routed_after_not_ready"`
 	ForcedEnded         int `json:"forced_ended"`
+	MovedEarly          int `json:"moved_early"`
+	EndedAtDeadline     int `json:"ended_at_deadline"`
+	FinishedInPlace     int `json:"finished_in_place"`
 	// Frontends is the live frontends the settle step waited for;
 	// FrontendsAcked those that acknowledged the draining registrations;
 	// AllAcked says all did within the settle bound (true with none);

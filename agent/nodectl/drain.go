@@ -82,31 +82,46 @@ func followDrain(ctx context.Context, out io.Writer, socket string, last control
 		case d == nil || d.Phase == controlapi.DrainUndraining:
 			return fmt.Errorf("node %s: the drain was cancelled (nodectl undrain)", st.NodeID)
 		case d.Phase != last.Phase || d.InFlight != last.InFlight || d.Detail != last.Detail:
-			for _, p := range passedPhases(last.Phase, d.Phase) {
-				fmt.Fprintf(out, "drain (%s): %s (passed between polls)\n", d.Trigger, p)
+			if d.Phase != last.Phase {
+				printSkipped(ctx, out, socket, last.Phase, *d)
 			}
 			printDrain(out, *d)
 			last = *d
 		}
 		if d.Phase == controlapi.DrainDrained {
-			fmt.Fprintf(out, "node %s drained in %v: %d requests in flight at the start, %d routed after not-ready, %d ended by the deadline\n",
-				st.NodeID, d.DrainedAt.Sub(d.StartedAt).Round(time.Millisecond), d.ActiveAtStart, d.RoutedAfterNotReady, d.ForcedEnded)
+			fmt.Fprintf(out, "node %s drained in %v: %d requests in flight at the start, %d routed after not-ready, %d ended by the deadline (%d moved early, %d at the deadline), %d finished in place\n",
+				st.NodeID, d.DrainedAt.Sub(d.StartedAt).Round(time.Millisecond), d.ActiveAtStart, d.RoutedAfterNotReady, d.ForcedEnded,
+				d.MovedEarly, d.EndedAtDeadline, d.FinishedInPlace)
 			return nil
 		}
 	}
 }
 
-// drainSteps is the order of a drain's phases.
+// drainSteps are a drain's phases in order.
 var drainSteps = []string{controlapi.DrainWaitingForBudget, controlapi.DrainNotReady, controlapi.DrainInFlight, controlapi.DrainStopping, controlapi.DrainDrained}
 
-// passedPhases is the phases a drain went through between from and to
-// (both excluded): a step quicker than a poll still shows.
-func passedPhases(from, to string) []string {
-	i, j := slices.Index(drainSteps, from), slices.Index(drainSteps, to)
-	if i < 0 || j <= i+1 {
-		return nil
+// printSkipped prints the drain's steps that came and went between two
+// looks at its status, from (printed before) and d's (printed next), from
+// the agent's drain events: a step can take less than a poll (every
+// request in flight moved at once).
+func printSkipped(ctx context.Context, out io.Writer, socket, from string, d controlapi.Drain) {
+	lo, hi := slices.Index(drainSteps, from), slices.Index(drainSteps, d.Phase)
+	if hi < 0 || hi-lo < 2 {
+		return
 	}
-	return drainSteps[i+1 : j]
+	evs, err := Events(ctx, socket)
+	if err != nil {
+		return
+	}
+	printed := map[string]bool{}
+	for _, e := range evs {
+		i := slices.Index(drainSteps, e.Reason)
+		if e.Kind != controlapi.EventDrain || e.Time.Before(d.StartedAt) || i <= lo || i >= hi || printed[e.Reason] {
+			continue
+		}
+		fmt.Fprintf(out, "drain (%s): %s; %s\n", d.Trigger, e.Reason, e.Detail)
+		printed[e.Reason] = true
+	}
 }
 
 func printDrain(out io.Writer, d controlapi.Drain) {

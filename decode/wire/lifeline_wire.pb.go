@@ -374,9 +374,15 @@ type Admin struct {
 	Draining bool `protobuf:"varint,5,opt,name=draining,proto3" json:"draining,omitempty"`
 	// end_in_flight ends every request in flight now with a DRAINING error
 	// (a drain's deadline has passed): the frontend migrates them.
-	EndInFlight   bool `protobuf:"varint,6,opt,name=end_in_flight,json=endInFlight,proto3" json:"end_in_flight,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EndInFlight bool `protobuf:"varint,6,opt,name=end_in_flight,json=endInFlight,proto3" json:"end_in_flight,omitempty"`
+	// drain_deadline_unix_ms, when set, is the drain's deadline: the worker
+	// decides for each request in flight whether its remaining tokens fit
+	// before it at the current step time (it finishes here) or not (it ends
+	// now with a retryable DRAINING error, so that it migrates while this
+	// node still serves its KV).
+	DrainDeadlineUnixMs int64 `protobuf:"varint,7,opt,name=drain_deadline_unix_ms,json=drainDeadlineUnixMs,proto3" json:"drain_deadline_unix_ms,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Admin) Reset() {
@@ -449,6 +455,13 @@ func (x *Admin) GetEndInFlight() bool {
 		return x.EndInFlight
 	}
 	return false
+}
+
+func (x *Admin) GetDrainDeadlineUnixMs() int64 {
+	if x != nil {
+		return x.DrainDeadlineUnixMs
+	}
+	return 0
 }
 
 type Request struct {
@@ -636,8 +649,13 @@ type HealthReply struct {
 	// requests_started counts the generation requests the worker took
 	// (canaries excluded): a drain counts those routed after not-ready.
 	RequestsStarted uint64 `protobuf:"varint,13,opt,name=requests_started,json=requestsStarted,proto3" json:"requests_started,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Drain decisions since the worker started: requests ended early
+	// because they could not finish before the drain's deadline, and
+	// requests allowed to finish that did (not ended by the drain).
+	DrainMovedEarly      uint64 `protobuf:"varint,14,opt,name=drain_moved_early,json=drainMovedEarly,proto3" json:"drain_moved_early,omitempty"`
+	DrainFinishedInPlace uint64 `protobuf:"varint,15,opt,name=drain_finished_in_place,json=drainFinishedInPlace,proto3" json:"drain_finished_in_place,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
@@ -757,6 +775,20 @@ func (x *HealthReply) GetInFlight() uint32 {
 func (x *HealthReply) GetRequestsStarted() uint64 {
 	if x != nil {
 		return x.RequestsStarted
+	}
+	return 0
+}
+
+func (x *HealthReply) GetDrainMovedEarly() uint64 {
+	if x != nil {
+		return x.DrainMovedEarly
+	}
+	return 0
+}
+
+func (x *HealthReply) GetDrainFinishedInPlace() uint64 {
+	if x != nil {
+		return x.DrainFinishedInPlace
 	}
 	return 0
 }
@@ -924,7 +956,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\x12\x1d\n" +
 	"\n" +
 	"kv_sources\x18\x11 \x03(\tR\tkvSources\"\b\n" +
-	"\x06Health\"\xd5\x01\n" +
+	"\x06Health\"\x8a\x02\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
 	"\n" +
@@ -934,7 +966,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"instanceId\x12-\n" +
 	"\x12current_generation\x18\x04 \x01(\x04R\x11currentGeneration\x12\x1a\n" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\"\n" +
-	"\rend_in_flight\x18\x06 \x01(\bR\vendInFlight\"\xae\x01\n" +
+	"\rend_in_flight\x18\x06 \x01(\bR\vendInFlight\x123\n" +
+	"\x16drain_deadline_unix_ms\x18\a \x01(\x03R\x13drainDeadlineUnixMs\"\xae\x01\n" +
 	"\aRequest\x128\n" +
 	"\bgenerate\x18\x01 \x01(\v2\x1a.lifeline.wire.v1.GenerateH\x00R\bgenerate\x122\n" +
 	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06health\x12/\n" +
@@ -943,7 +976,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xb6\x03\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x99\x04\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -961,7 +994,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\fstep_time_us\x18\v \x01(\x04R\n" +
 	"stepTimeUs\x12\x1b\n" +
 	"\tin_flight\x18\f \x01(\rR\binFlight\x12)\n" +
-	"\x10requests_started\x18\r \x01(\x04R\x0frequestsStarted\"\xb1\x03\n" +
+	"\x10requests_started\x18\r \x01(\x04R\x0frequestsStarted\x12*\n" +
+	"\x11drain_moved_early\x18\x0e \x01(\x04R\x0fdrainMovedEarly\x125\n" +
+	"\x17drain_finished_in_place\x18\x0f \x01(\x04R\x14drainFinishedInPlace\"\xb1\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +

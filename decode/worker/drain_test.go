@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -138,5 +139,56 @@ func collect(t *testing.T, s *workerclient.Stream) []*wire.Frame {
 			t.Fatal(err)
 		}
 		fs = append(fs, f)
+	}
+}
+
+// TestWorkerDrainDecides: told the drain's deadline, a worker lets a
+// request whose remaining tokens fit before it (at its step time, with the
+// margin) finish here, and ends at once, with a retryable DRAINING error
+// after the tokens it sent, one that cannot; its health counts both.
+func TestWorkerDrainDecides(t *testing.T) {
+	c := startWorker(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	start := func(id string, n int32) *workerclient.Stream {
+		s, err := c.Generate(ctx, &wire.Generate{RequestId: id, Prompt: "Once", MaxTokens: n, IgnoreEos: true, Lane: wire.Lane_BATCH})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Next(); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	long, short := start("long", 3000), start("short", 30)
+	h, err := c.Health(ctx)
+	if err != nil || h.StepTimeUs == 0 {
+		t.Fatalf("health: %+v %v", h, err)
+	}
+	// Room for 300 tokens at the margin: the short one (29 left) fits
+	// unless steps get ten times slower, the long one (~3000) does not
+	// unless they get ten times faster.
+	step := time.Duration(h.StepTimeUs) * time.Microsecond
+	t.Logf("step time %v", step)
+	deadline := time.Now().Add(time.Duration(float64(step) * 300 * 1.5))
+	h, err = c.AdminWith(ctx, &wire.Admin{InstanceId: "w", CurrentGeneration: 1, Draining: true, DrainDeadlineUnixMs: deadline.UnixMilli()})
+	if err != nil || h.DrainMovedEarly != 1 {
+		t.Fatalf("health after the deadline was given (step %v): %+v %v", step, h, err)
+	}
+	fs := collect(t, long)
+	last := fs[len(fs)-1]
+	if last.FinishReason != "error" || last.Error.GetCode() != wire.Code_DRAINING || !last.Error.GetRetryable() ||
+		!strings.Contains(last.Error.GetMessage(), "cannot finish before") {
+		t.Fatalf("long request ended %+v", last)
+	}
+	if len(fs) > 1000 {
+		t.Fatalf("long request ran on for %d tokens", len(fs))
+	}
+	fs = collect(t, short)
+	if last := fs[len(fs)-1]; last.FinishReason != "length" || int(fs[len(fs)-2].SequenceNo) != 30 {
+		t.Fatalf("short request ended %+v", last)
+	}
+	if h, err := c.Health(ctx); err != nil || h.InFlight != 0 || h.DrainMovedEarly != 1 || h.DrainFinishedInPlace != 1 {
+		t.Fatalf("health after both ended: %+v %v", h, err)
 	}
 }

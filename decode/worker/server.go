@@ -154,48 +154,13 @@ type server struct {
 	// draining: the agent is draining the node; refusals say DRAINING.
 	draining atomic.Bool
 	// started counts generation requests taken (canaries excluded);
-	// inFlight holds the cancel of each one being served, so that a
-	// drain's deadline can end them.
-	started  atomic.Uint64
-	mu       sync.Mutex
-	inFlight map[*context.CancelCauseFunc]struct{}
-}
-
-// errDrainDeadline ends the requests still in flight when a drain's
-// deadline passes: they end with a retryable DRAINING error and the
-// frontend carries them on elsewhere.
-var errDrainDeadline = errors.New("the node is draining and its deadline passed: continue elsewhere")
-
-// track registers a request being served until the returned func is
-// called.
-func (s *server) track(cancel context.CancelCauseFunc) (untrack func()) {
-	s.started.Add(1)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.inFlight == nil {
-		s.inFlight = map[*context.CancelCauseFunc]struct{}{}
-	}
-	s.inFlight[&cancel] = struct{}{}
-	return func() {
-		s.mu.Lock()
-		delete(s.inFlight, &cancel)
-		s.mu.Unlock()
-	}
-}
-
-// endInFlight ends every request being served with errDrainDeadline.
-func (s *server) endInFlight() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for cancel := range s.inFlight {
-		(*cancel)(errDrainDeadline)
-	}
-}
-
-func (s *server) inFlightCount() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.inFlight)
+	// inFlight holds each one being served, so that a drain can decide
+	// for it and its deadline can end it. The drain counters are guarded
+	// by mu too.
+	started                     atomic.Uint64
+	mu                          sync.Mutex
+	inFlight                    map[*flight]struct{}
+	drainMoved, drainFinishedIn uint64
 }
 
 // PullTimeout bounds how long a migrated request waits for its blocks to
@@ -297,6 +262,9 @@ func (s *server) serveStream(st *quic.Stream) {
 		}
 		s.accepting.Store(a.Accepting)
 		s.draining.Store(a.Draining)
+		if a.DrainDeadlineUnixMs > 0 {
+			s.decideDrain(time.UnixMilli(a.DrainDeadlineUnixMs))
+		}
 		if a.EndInFlight {
 			s.endInFlight()
 		}
@@ -310,11 +278,14 @@ func (s *server) serveStream(st *quic.Stream) {
 
 func (s *server) health() *wire.HealthReply {
 	st := s.engine.Stats()
-	return &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
+	h := &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
 		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
 		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
-		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), InFlight: uint32(s.inFlightCount()),
-		RequestsStarted: s.started.Load()}
+		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), RequestsStarted: s.started.Load()}
+	s.mu.Lock()
+	h.InFlight, h.DrainMovedEarly, h.DrainFinishedInPlace = uint32(len(s.inFlight)), s.drainMoved, s.drainFinishedIn
+	s.mu.Unlock()
+	return h
 }
 
 func intsOf(v []int32) []int {
@@ -365,12 +336,15 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		return
 	}
 	// The stream's context ends when the client resets or goes away: that
-	// cancels the sequence and frees its blocks. A drain's deadline ends
-	// it too (errDrainDeadline).
+	// cancels the sequence and frees its blocks. A drain ends it too
+	// (errDrainMove, errDrainDeadline).
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)
+	fl := &flight{id: g.RequestId, cancel: cancel, maxTokens: int(g.MaxTokens)}
+	fl.sent.Store(int64(len(g.PrefixTokens)))
 	if g.Lane != wire.Lane_CANARY {
-		defer s.track(cancel)()
+		s.track(fl)
+		defer s.untrack(fl)
 	}
 	prio := sched.Interactive
 	switch g.Lane {
@@ -413,20 +387,11 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			if g.PrefillOnly {
 				failpoint.Hit(FailBeforeHandOff)
 			}
-			f.FinishReason = string(ev.FinishReason)
-			f.ReusedPositions = uint32(ev.ReusedPositions)
-			for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
-				f.KvKeys = append(f.KvKeys, k[:])
-			}
-			if ev.Err != nil {
-				f.Error = ErrorFrame(ev.Err)
-			}
-			if errors.Is(context.Cause(ctx), errDrainDeadline) && ev.Err != nil {
-				f.FinishReason = "error"
-				f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: errDrainDeadline.Error()}
-			}
+			s.finish(f, ev, context.Cause(ctx))
+			fl.completed = ev.Err == nil
 		} else {
 			f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
+			fl.sent.Store(int64(ev.SequenceNo))
 		}
 		if send(f) != nil {
 			// The client is gone; the stream context cancels the request.
@@ -434,5 +399,22 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 			}
 			return
 		}
+	}
+}
+
+// finish fills a request's last frame from its Done event; cause is the
+// request context's: a request a drain ended says DRAINING (retryable).
+func (s *server) finish(f *wire.Frame, ev decode.Event, cause error) {
+	f.FinishReason = string(ev.FinishReason)
+	f.ReusedPositions = uint32(ev.ReusedPositions)
+	for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
+		f.KvKeys = append(f.KvKeys, k[:])
+	}
+	if ev.Err != nil {
+		f.Error = ErrorFrame(ev.Err)
+	}
+	if ev.Err != nil && (errors.Is(cause, errDrainDeadline) || errors.Is(cause, errDrainMove)) {
+		f.FinishReason = "error"
+		f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: cause.Error()}
 	}
 }
