@@ -115,7 +115,8 @@ func drainWithStreams(ctx context.Context, c *benchCluster, url, _ string) error
 	took := d.DrainedAt.Sub(d.StartedAt)
 	fmt.Printf("| drain of the node serving %d of 4 streams (2 of 32 tokens, 2 of 1,500), deadline %v | |\n|---|---|\n", count[node], deadline)
 	fmt.Printf("| drain duration | %v (%.2f× the deadline) |\n", took.Round(time.Millisecond), took.Seconds()/deadline.Seconds())
-	fmt.Printf("| requests on the node at the start / ended by the deadline | %d / %d |\n", d.ActiveAtStart, d.ForcedEnded)
+	fmt.Printf("| requests on the node at the start: finished in place / moved early / ended at the deadline | %d: %d / %d / %d |\n",
+		d.ActiveAtStart, d.FinishedInPlace, d.MovedEarly, d.EndedAtDeadline)
 	fmt.Printf("| streams migrated / failed at the client | %d / %d of 4 |\n\n", migrated.Load(), failed.Load())
 	_, err = nodectl.Undrain(ctx, sock)
 	return err
