@@ -3,7 +3,6 @@ package worker
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"path/filepath"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -105,13 +105,13 @@ func TestWorkerDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if fs := collect(t, canary); fs[len(fs)-1].FinishReason != "length" {
+	if fs := clustertest.CollectFrames(t, canary); fs[len(fs)-1].FinishReason != "length" {
 		t.Fatalf("canary while draining: %+v", fs[len(fs)-1])
 	}
 	if _, err := c.AdminWith(ctx, &wire.Admin{InstanceId: "w", CurrentGeneration: 1, Draining: true, EndInFlight: true}); err != nil {
 		t.Fatal(err)
 	}
-	fs := collect(t, s)
+	fs := clustertest.CollectFrames(t, s)
 	last := fs[len(fs)-1]
 	if last.FinishReason != "error" || last.Error.GetCode() != wire.Code_DRAINING || !last.Error.GetRetryable() {
 		t.Fatalf("in-flight request at the drain's deadline ended %+v", last)
@@ -123,22 +123,6 @@ func TestWorkerDrain(t *testing.T) {
 	}
 	if h, err := c.Health(ctx); err != nil || h.InFlight != 0 || h.RequestsStarted != 1 {
 		t.Fatalf("health after the forced end: %+v %v", h, err)
-	}
-}
-
-// collect reads a stream to its end (its request's context bounds it).
-func collect(t *testing.T, s *workerclient.Stream) []*wire.Frame {
-	t.Helper()
-	var fs []*wire.Frame
-	for {
-		f, err := s.Next()
-		if errors.Is(err, io.EOF) {
-			return fs
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		fs = append(fs, f)
 	}
 }
 
@@ -175,7 +159,7 @@ func TestWorkerDrainDecides(t *testing.T) {
 	if err != nil || h.DrainMovedEarly != 1 {
 		t.Fatalf("health after the deadline was given (step %v): %+v %v", step, h, err)
 	}
-	fs := collect(t, long)
+	fs := clustertest.CollectFrames(t, long)
 	last := fs[len(fs)-1]
 	if last.FinishReason != "error" || last.Error.GetCode() != wire.Code_DRAINING || !last.Error.GetRetryable() ||
 		!strings.Contains(last.Error.GetMessage(), "cannot finish before") {
@@ -184,7 +168,7 @@ func TestWorkerDrainDecides(t *testing.T) {
 	if len(fs) > 1000 {
 		t.Fatalf("long request ran on for %d tokens", len(fs))
 	}
-	fs = collect(t, short)
+	fs = clustertest.CollectFrames(t, short)
 	if last := fs[len(fs)-1]; last.FinishReason != "length" || int(fs[len(fs)-2].SequenceNo) != 30 {
 		t.Fatalf("short request ended %+v", last)
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 )
 
 // TestWorkerStopDeliversFinish: a worker stopped (its SIGTERM) while a
@@ -24,7 +25,7 @@ func TestWorkerStopDeliversFinish(t *testing.T) {
 		}
 		stopped := make(chan error, 1)
 		go func() { stopped <- stop() }()
-		fs := collect(t, s)
+		fs := clustertest.CollectFrames(t, s)
 		if len(fs) != 6 || fs[len(fs)-1].FinishReason != "length" {
 			t.Fatalf("run %d: after the first token, %d frames, last %+v", i, len(fs), fs[len(fs)-1])
 		}
