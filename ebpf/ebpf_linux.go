@@ -44,7 +44,12 @@ type ebpfDetector struct {
 
 	mu  sync.Mutex
 	oom map[int]time.Time // tgid → when the OOM killer marked it
-	wg  sync.WaitGroup
+	// orphanOOM is when the OOM killer last marked a task whose thread
+	// group could not be read any more: under CPU starvation the victim
+	// can exit before its mark is read. The next SIGKILL exit soon after
+	// is then taken as that victim's.
+	orphanOOM time.Time
+	wg        sync.WaitGroup
 }
 
 // NewEBPF loads and attaches the exit and OOM probes.
@@ -130,15 +135,22 @@ func (d *ebpfDetector) read() {
 		at := d.wallBase.Add(time.Duration(int64(ev.KtimeNs) - d.monoBase))
 		switch ev.Kind {
 		case 1: // OOM victim: remember its thread group while it still exists
-			tgid := tgidOf(int(ev.Pid))
+			tgid, ok := tgidOf(int(ev.Pid))
 			d.mu.Lock()
-			d.oom[tgid] = at
+			if ok {
+				d.oom[tgid] = at
+			} else {
+				d.orphanOOM = at
+			}
 			d.mu.Unlock()
 		case 0:
 			code, sig := decodeExitCode(ev.ExitCode)
 			d.mu.Lock()
 			_, oom := d.oom[int(ev.Pid)]
 			delete(d.oom, int(ev.Pid))
+			if !oom && sig == 9 && !d.orphanOOM.IsZero() && at.Sub(d.orphanOOM) < orphanOOMWindow {
+				oom, d.orphanOOM = true, time.Time{}
+			}
 			for pid, t := range d.oom {
 				if at.Sub(t) > time.Minute {
 					delete(d.oom, pid)
@@ -151,23 +163,29 @@ func (d *ebpfDetector) read() {
 	}
 }
 
+// orphanOOMWindow is how soon after an unresolved OOM mark a SIGKILL exit
+// is taken as the victim's: the OOM killer's SIGKILL ends it within
+// moments.
+const orphanOOMWindow = time.Second
+
 // tgidOf reads a task's thread-group id; a victim is still alive when it
-// is marked. It falls back to the pid itself.
-func tgidOf(pid int) int {
+// is marked, unless the mark is read late. ok is false when the task is
+// gone.
+func tgidOf(pid int) (tgid int, ok bool) {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return pid
+		return pid, false
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "Tgid:"); ok {
+		if v, found := strings.CutPrefix(sc.Text(), "Tgid:"); found {
 			if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-				return n
+				return n, true
 			}
 		}
 	}
-	return pid
+	return pid, false
 }
 
 func (d *ebpfDetector) closeObjects() {
