@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"sync"
 	"time"
 
@@ -136,7 +137,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return err
 	}
 	defer a.kvOwner.Close()
-	defer a.wg.Wait()
+	defer a.awaitGoroutines()
 	// Everything runs under life, which outlives ctx by SIGTERM's drain.
 	stop := ctx
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -188,6 +189,25 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("agent: certs: %w", err)
 	}
 	return a, nil
+}
+
+// exitWait bounds how long Run waits, once stopped, for the goroutines it
+// started: a stuck one must not keep the agent from exiting (systemd
+// would kill it anyway, without a word about why).
+const exitWait = 10 * time.Second
+
+// awaitGoroutines waits for the goroutines Run started, at most exitWait;
+// past that it logs every goroutine's stack and lets Run return.
+func (a *Agent) awaitGoroutines() {
+	done := make(chan struct{})
+	go func() { a.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(exitWait):
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		a.log.Error("goroutines still running after the stop; exiting anyway", "wait", exitWait, "stacks", string(buf))
+	}
 }
 
 // track runs f on a goroutine that Run waits for before it returns.

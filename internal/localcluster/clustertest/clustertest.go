@@ -100,12 +100,23 @@ func (n *Node) Restart(t testing.TB) {
 	}
 	exited := n.Exited()
 	proc := n.Process()
+	log := n.Log
 	t.Cleanup(func() {
 		select {
 		case <-exited:
+			return
 		default:
 			proc.Signal(syscall.SIGTERM)
+		}
+		// The agent drains, bounded by its hard deadline, then exits.
+		select {
+		case <-exited:
+		case <-time.After(90 * time.Second):
+			proc.Signal(syscall.SIGQUIT) // its goroutines' stacks, into its log
+			time.Sleep(time.Second)
+			proc.Kill()
 			<-exited
+			t.Errorf("agent %s did not exit within 90 s of SIGTERM; its log:\n%s", n.Options.NodeID, log.String())
 		}
 	})
 }
