@@ -16,6 +16,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
@@ -39,11 +40,23 @@ func startUp(t *testing.T, dir string, args ...string) *upProcess {
 	}
 	go func() { u.cmd.Wait(); close(u.exited) }()
 	t.Cleanup(func() {
+		// Ctrl-C: up stops its children. A SIGKILL would leave them
+		// running (and holding their eBPF probes) for good.
 		select {
 		case <-u.exited:
 		default:
-			u.cmd.Process.Kill()
-			<-u.exited
+			u.cmd.Process.Signal(syscall.SIGINT)
+			select {
+			case <-u.exited:
+			case <-time.After(90 * time.Second):
+				u.cmd.Process.Kill()
+				<-u.exited
+				t.Errorf("lifeline up did not stop within 90 s of Ctrl-C")
+			}
+		}
+		for _, p := range procfs.Mentioning(dir + "/") {
+			syscall.Kill(p.PID, syscall.SIGKILL)
+			t.Errorf("left running after lifeline up stopped: %d %s", p.PID, strings.Join(p.Args(), " "))
 		}
 	})
 	proctest.WaitFor(t, 2*time.Minute, "lifeline up to print its URL", func() (bool, string) {
