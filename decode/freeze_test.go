@@ -95,7 +95,7 @@ func startFreezer(t *testing.T, listen, owner string) *freezer {
 // the owner thaws new requests use the arena again.
 func TestOwnerFrozenMidStreamKeepsDecoding(t *testing.T) {
 	if testing.Short() {
-		t.Skip("generates 800 tokens of the small preset twice")
+		t.Skip("-short tier: generates 800 tokens of the small preset twice (make test runs it)")
 	}
 	dir := t.TempDir()
 	f, err := os.CreateTemp("/dev/shm", "lifeline-enginetest-*")

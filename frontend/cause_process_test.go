@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
@@ -20,11 +19,7 @@ import (
 // error, written before the connection closes; the client cancelled
 // nothing, and is not told it did.
 func TestFrontendStopIsNotAClientCancel(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	log := &proctest.SyncBuffer{}
 	f, err := n.Env.StartFrontend("127.0.0.1:0", log)
@@ -66,11 +61,7 @@ func TestFrontendStopIsNotAClientCancel(t *testing.T) {
 // reason: not an error, and never a cancel (a worker that cancels its own
 // sequences is a failure to migrate from; TestWorkerCancelMigrates).
 func TestFrontendWorkerStopCompletes(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
 	url := startFrontend(t, n.Env)

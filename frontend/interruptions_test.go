@@ -140,11 +140,8 @@ func gauge(t *testing.T, url, name string) float64 {
 // leaseNode is a node with a 2 s lease and one small decode instance;
 // opts change it further.
 func leaseNode(opts ...clustertest.Option) []clustertest.Option {
-	return append([]clustertest.Option{func(o *clustertest.Config) {
+	return append([]clustertest.Option{clustertest.SmallDecode(1), func(o *clustertest.Config) {
 		o.LeaseTTL = agent.Duration(2 * time.Second)
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
 	}}, opts...)
 }
 

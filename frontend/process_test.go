@@ -33,11 +33,7 @@ import (
 // and the client receives the rest from the other worker — same tokens as
 // a run that never failed, contiguous sequence numbers, no duplicate.
 func TestFrontendMigratesOnWorkerKill(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -193,11 +189,7 @@ func TestFrontendBadInput(t *testing.T) {
 // another with starting_after): it gets exactly the rest, identical to an
 // uninterrupted run. Resume tokens are checked.
 func TestFrontendResume(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	body := map[string]any{"model": "small", "prompt": "The old river", "max_tokens": 150, "temperature": 0.9, "seed": 4,
@@ -258,11 +250,7 @@ func TestFrontendResume(t *testing.T) {
 // client goes away is cancelled — its worker stops — and DELETE cancels a
 // resumable one.
 func TestFrontendDisconnectCancels(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	check := func(id, token string) string {
@@ -383,11 +371,7 @@ func (c *cuttingConn) Read(p []byte) (int, error) {
 // number, drops duplicates, and ends with exactly the uninterrupted run.
 // lifeline generate (the CLI over the same client) prints the same text.
 func TestClientResumesAfterBrokenConnections(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	temp := 0.9
@@ -602,11 +586,7 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 // worker is killed as soon as it is dispatched still gets the whole
 // answer, equal to a fault-free run's.
 func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
-	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
-		o.ArenaSlotBytes = 131072
-	})
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
 	// The frontend's log lines, to see where it dispatches.

@@ -182,7 +182,7 @@ func TestDependencyRules(t *testing.T) {
 // caught with the chain that causes them.
 func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	if testing.Short() {
-		t.Skip("lists the module twice more")
+		t.Skip("-short tier: lists the module twice more (make test runs it)")
 	}
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {

@@ -265,3 +265,14 @@ func CollectFrames(t testing.TB, s *workerclient.Stream) []*wire.Frame {
 		fs = append(fs, f)
 	}
 }
+
+// SmallDecode is a node of count small-preset decode instances, with
+// arena slots big enough for their blocks and canaries that stay out of
+// the way (an hour apart): what most frontend tests run on.
+func SmallDecode(count int) Option {
+	return func(c *Config) {
+		c.CanaryIdle = agent.Duration(time.Hour)
+		c.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: count}}
+		c.ArenaSlotBytes = 131072
+	}
+}
