@@ -130,7 +130,7 @@ func resumable(body CompletionRequest, req *http.Request) bool {
 func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping:
+	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable:
 		code = http.StatusServiceUnavailable
 	case ErrOverloaded:
 		code = http.StatusTooManyRequests
@@ -140,6 +140,8 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 		code = http.StatusGatewayTimeout
 	case ErrCancelledType:
 		code = 499
+	case ErrTakenOver:
+		code = http.StatusConflict
 	}
 	writeError(w, code, e.Type, e.Message)
 }
@@ -153,7 +155,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // retryAfter is the Retry-After of the retryable refusals, in seconds:
 // an instance at its limit frees up soon; a model with no routable
 // instance has waited for one already.
-var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1"}
+var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1"}
 
 // writeError writes the OpenAI error shape with a stable type.
 func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {

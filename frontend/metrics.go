@@ -24,6 +24,14 @@ type metrics struct {
 	transferBytes   prometheus.Counter
 	cacheRoutes     *prometheus.CounterVec
 	capacityWaits   *prometheus.CounterVec // served, timed_out
+	// Failover: takeovers by result, resumes answered from a record by
+	// result, request records owned and running, record writes by kind,
+	// records given up (etcd slow or down).
+	takeovers          *prometheus.CounterVec
+	crossResumes       *prometheus.CounterVec
+	recordsOutstanding prometheus.Gauge
+	recordWrites       *prometheus.CounterVec
+	recordsSkipped     prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -54,6 +62,7 @@ func newMetrics() *metrics {
 	m.capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_capacity_waits_total",
 		Help: "Requests that found no routable instance of their model and waited for one: served (one registered in time), timed_out (no_capacity)."}, []string{"result"})
 	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations)
+	m.failoverMetrics()
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m
@@ -86,4 +95,19 @@ func (m *metrics) settle(r *Request) {
 			m.shed.WithLabelValues(string(r.Err.Type)).Inc()
 		}
 	}
+}
+
+// failoverMetrics registers the request records' and takeovers' metrics.
+func (m *metrics) failoverMetrics() {
+	m.takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_takeovers_total",
+		Help: "Resumes of a stream this frontend held no log of, by result: ok (taken over, driven here), lost (another frontend won), unavailable (etcd did not answer), not_found (no record), done_replay (a finished stream replayed)."}, []string{"result"})
+	m.crossResumes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_cross_resumes_total",
+		Help: "Resumes answered from a request record, by result: taken_over, replayed, conflict (409), unavailable (503), not_found, bad_record."}, []string{"result"})
+	m.recordsOutstanding = prometheus.NewGauge(prometheus.GaugeOpts{Name: "lifeline_frontend_request_records_outstanding",
+		Help: "Running requests whose record this frontend owns."})
+	m.recordWrites = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_request_record_writes_total",
+		Help: "Request record writes to etcd by kind: admit, complete, refresh, takeover."}, []string{"kind"})
+	m.recordsSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_request_records_skipped_total",
+		Help: "Streamed requests served without a record: etcd did not store it within a second."})
+	m.reg.MustRegister(m.takeovers, m.crossResumes, m.recordsOutstanding, m.recordWrites, m.recordsSkipped)
 }

@@ -1,9 +1,12 @@
 package frontend
 
 import (
+	"encoding/json"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
 )
 
 func TestResumeTokens(t *testing.T) {
@@ -46,5 +49,54 @@ func TestChatTemplate(t *testing.T) {
 	}
 	if _, err := chatTemplate([]ChatMessage{{"wizard", "x"}}); err == nil {
 		t.Fatal("unknown role accepted")
+	}
+}
+
+// TestResumeKeyRotation: tokens of the previous key stay valid after one
+// rotation and are refused after the next; a static key is its own.
+func TestResumeKeyRotation(t *testing.T) {
+	ring := schema.ResumeKeyRing{Keys: []schema.ResumeKey{newResumeKey()}}
+	k := &resumeKeys{}
+	k.set(ring)
+	old := k.Issue("req-1", t0.Add(time.Minute))
+	ring = rotated(ring)
+	if len(ring.Keys) != 2 {
+		t.Fatalf("after one rotation: %d keys", len(ring.Keys))
+	}
+	k.set(ring)
+	if err := k.Check(old, "req-1", t0); err != nil {
+		t.Fatalf("the previous key's token after one rotation: %v", err)
+	}
+	cur := k.Issue("req-1", t0.Add(time.Minute))
+	if cur == old {
+		t.Fatal("the rotated ring signs with the old key")
+	}
+	ring = rotated(ring)
+	if len(ring.Keys) != 2 {
+		t.Fatalf("after two rotations: %d keys", len(ring.Keys))
+	}
+	k.set(ring)
+	if err := k.Check(old, "req-1", t0); !errors.Is(err, ErrBadResumeToken) {
+		t.Fatalf("a token two keys old: %v", err)
+	}
+	if err := k.Check(cur, "req-1", t0); err != nil {
+		t.Fatalf("the previous key's token after the second rotation: %v", err)
+	}
+	b, _ := json.Marshal(ring)
+	if _, err := schema.DecodeResumeKeyRing(b); err != nil {
+		t.Fatalf("a rotated ring does not decode: %v", err)
+	}
+	if err := newResumeKeys([]byte("a static secret!")).Check(cur, "req-1", t0); !errors.Is(err, ErrBadResumeToken) {
+		t.Fatalf("a static key accepted a ring key's token: %v", err)
+	}
+}
+
+func TestTermEpochs(t *testing.T) {
+	if termEpoch(1) != 1 {
+		t.Fatalf("term 1 starts at %d", termEpoch(1))
+	}
+	// Every epoch of term 2 is above any epoch term 1 can reach.
+	if termEpoch(2) <= 1<<32-1 || termEpoch(3) <= termEpoch(2)+1<<31 {
+		t.Fatalf("term epochs: %d %d", termEpoch(2), termEpoch(3))
 	}
 }

@@ -84,6 +84,8 @@ type run struct {
 	promptTokens []int
 	keys         map[blockid.Identity][]blockid.BlockKey
 	keysAt       int
+	// takeover: the request was taken over from another frontend.
+	takeover bool
 }
 
 func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
@@ -157,7 +159,7 @@ func (x *run) deliver(ctx context.Context, e event) {
 // loop drives the request's state machine until it ends.
 func (x *run) loop(ctx context.Context) {
 	defer x.cancelAll()
-	acts := x.r.Start(time.Now())
+	acts := x.begin(time.Now())
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var deadline <-chan time.Time
@@ -182,6 +184,9 @@ func (x *run) loop(ctx context.Context) {
 		case <-tick.C:
 			acts = x.r.Tick(time.Now())
 			x.s.reapIdle(x.st)
+			if x.st.rec != nil {
+				x.s.recs.refresh(ctx, x.st.rec)
+			}
 		}
 	}
 }
@@ -283,7 +288,11 @@ func (x *run) execPrefillFailed(a PrefillFailed) {
 
 func (x *run) finish() {
 	x.obs.finished()
-	x.st.finish(x.r, x.summary())
+	end := x.summary()
+	x.st.finish(x.r, end)
+	if x.st.rec != nil {
+		go x.s.recs.complete(context.WithoutCancel(x.s.ctx), x.st, x.r, end)
+	}
 	x.s.forgetLater(x.st)
 }
 
@@ -306,6 +315,9 @@ func (x *run) onCancel(ctx context.Context) []Action {
 	}
 	x.cancelled = true
 	x.stopWait()
+	if to, ok := context.Cause(ctx).(*takenOver); ok {
+		return x.r.TakenOver(to.url)
+	}
 	if !isClientCancel(context.Cause(ctx)) {
 		return x.r.Stop()
 	}

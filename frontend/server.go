@@ -33,9 +33,15 @@ type Options struct {
 	// ResumeWindow is how long a resumable request runs on without a
 	// client, and how long a finished one stays resumable (default 60 s).
 	ResumeWindow time.Duration
-	// ResumeSecret signs resume tokens; replicas that share it accept each
-	// other's tokens (default: random per process).
+	// ResumeSecret signs resume tokens instead of the cluster's key ring
+	// (schema.ResumeKeysKey), which every frontend shares by default.
 	ResumeSecret []byte
+	// AdvertiseURL is where clients reach this frontend, named in the
+	// request records it owns (default: http(s)://<listen address>).
+	AdvertiseURL string
+	// NoFailoverRecords writes no request records: another frontend can
+	// then neither take over nor replay this one's streams.
+	NoFailoverRecords bool
 	// TLS serves HTTPS (HTTP/1.1 and HTTP/2) on the TCP address and HTTP/3
 	// on the same UDP port, advertised with Alt-Svc, with the node
 	// certificate from CertDir. Without it the API is plain HTTP/1.1 and
@@ -66,7 +72,9 @@ type Server struct {
 	// kv asks agents to pull KV blocks (P/D hand-offs).
 	kv *transferclient.Dialer
 
-	keys    resumeKeys
+	keys *resumeKeys
+	// recs writes and reads request records (nil: NoFailoverRecords).
+	recs    *records
 	ctx     context.Context // the server's: requests run under it
 	metrics *metrics
 	// router has its own lock.
@@ -116,17 +124,10 @@ func (s *Server) reapIdle(st *stream) {
 	}
 }
 
-// authorise checks a request's resume token (Authorization: Bearer, or the
-// Lifeline-Resume-Token header) and returns its stream.
+// authorise checks a request's resume token and returns its stream here.
 func (s *Server) authorise(w http.ResponseWriter, req *http.Request) *stream {
-	id := req.PathValue("id")
-	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
-	if tok == "" {
-		tok = req.Header.Get("Lifeline-Resume-Token")
-	}
-	if err := s.keys.Check(tok, id, time.Now()); err != nil {
-		s.metrics.resumes.WithLabelValues("refused").Inc()
-		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
+	id, ok := s.checkToken(w, req)
+	if !ok {
 		return nil
 	}
 	s.mu.Lock()
@@ -139,11 +140,27 @@ func (s *Server) authorise(w http.ResponseWriter, req *http.Request) *stream {
 	return st
 }
 
+// checkToken checks a request's resume token (Authorization: Bearer, or
+// the Lifeline-Resume-Token header) for the request in its path.
+func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, bool) {
+	id := req.PathValue("id")
+	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	if tok == "" {
+		tok = req.Header.Get("Lifeline-Resume-Token")
+	}
+	if err := s.keys.Check(tok, id, time.Now()); err != nil {
+		s.metrics.resumes.WithLabelValues("refused").Inc()
+		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
+		return id, false
+	}
+	return id, true
+}
+
 // handleResume replays a stream after the client's last sequence number
 // (Last-Event-ID, or ?starting_after=N) and follows it to its end.
 func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
-	st := s.authorise(w, req)
-	if st == nil {
+	id, ok := s.checkToken(w, req)
+	if !ok {
 		return
 	}
 	after := req.Header.Get("Last-Event-ID")
@@ -158,6 +175,14 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 		from = n
+	}
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
+	if st == nil {
+		// Not served here (or not any more): its record says where it is.
+		s.resumeFromRecord(w, req, id, from)
+		return
 	}
 	w.Header().Set("Lifeline-Request-Id", st.id)
 	s.metrics.resumes.WithLabelValues("ok").Inc()
@@ -195,6 +220,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	ln, err := net.Listen("tcp", s.opts.Listen)
 	if err != nil {
 		return fmt.Errorf("frontend: listen %s: %w", s.opts.Listen, err)
+	}
+	if err := s.startFailover(ctx, ln.Addr(), rev); err != nil {
+		ln.Close()
+		return err
 	}
 	if !s.opts.TLS {
 		return s.serveCleartext(ctx, ln, ready)
@@ -399,6 +428,12 @@ func (s *Server) start(body CompletionRequest, chat, resumable bool) *stream {
 	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
+	if s.recs != nil && body.Stream {
+		// Written while the request is routed and prefilled; its tokens
+		// wait for it (at most recordTimeout).
+		st.rec = &recordState{stored: make(chan struct{})}
+		go s.recs.admit(s.ctx, st, s.recs.newRecord(st, deadline, now))
+	}
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()

@@ -35,6 +35,9 @@ type stream struct {
 	// cancel ends the request with a cause: a *clientCancel when its
 	// client ended it.
 	cancel context.CancelCauseFunc
+	// rec is the stream's request record as this frontend owns it (nil:
+	// none is written).
+	rec *recordState
 }
 
 // clientCancel is the cause of a request's end that its client chose: a
@@ -187,6 +190,15 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 // end; false when the client went away first.
 func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
 	next := from + 1
+	if st.rec != nil {
+		// No token reaches a client before the record is stored: any
+		// frontend can resume what a client has seen.
+		select {
+		case <-st.rec.stored:
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for {
 		toks, done, r, changed := st.snapshot(next - 1)
 		for _, t := range toks {
@@ -228,6 +240,18 @@ func (st *stream) chunk(text string, finish *string, ll sse.Lifeline) sse.Chunk 
 // writeEnd ends a stream whose headers are sent: an error event or the
 // final chunk, then [DONE].
 func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
+	if r.Err != nil && r.Err.Type == ErrTakenOver && st.rec != nil {
+		// Not the end of the stream: it goes on at the new owner, where
+		// the client resumes. No [DONE].
+		st.rec.mu.Lock()
+		url := st.rec.movedTo
+		st.rec.mu.Unlock()
+		sw.WriteError(sse.Error{Message: r.Err.Message, Type: string(r.Err.Type), OwnerURL: url})
+		if flusher != nil {
+			flusher.Flush()
+		}
+		return
+	}
 	if r.Err != nil {
 		sw.WriteError(sse.Error{Message: r.Err.Message, Type: string(r.Err.Type)})
 	} else {

@@ -132,6 +132,9 @@ func (l Lifeline) MarshalJSON() ([]byte, error) {
 type Error struct {
 	Message string `json:"message"`
 	Type    string `json:"type"`
+	// OwnerURL names the frontend that took the request over (type
+	// taken_over): the client resumes there.
+	OwnerURL string `json:"owner_url,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Type + ": " + e.Message }

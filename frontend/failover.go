@@ -1,0 +1,46 @@
+package frontend
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+)
+
+// startFailover readies what lets any frontend resume any stream: the
+// cluster's resume key ring (unless a static secret was configured), the
+// advertised URL, request records and the watch of their owners. rev is
+// a revision the watches start after.
+func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) error {
+	if s.opts.AdvertiseURL == "" {
+		scheme := "http"
+		if s.opts.TLS {
+			scheme = "https"
+		}
+		s.opts.AdvertiseURL = scheme + "://" + addr.String()
+	}
+	if !s.keys.static {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			gctx, cancel := context.WithTimeout(ctx, syncTimeout)
+			r, err := s.loadKeyRing(gctx)
+			cancel()
+			if err == nil {
+				go s.watchKeyRing(ctx, r)
+				break
+			}
+			if !time.Now().Before(deadline) {
+				return fmt.Errorf("frontend: %w", err)
+			}
+			if err := sleep(ctx, syncRetry); err != nil {
+				return err
+			}
+		}
+	}
+	if s.opts.NoFailoverRecords {
+		return nil
+	}
+	s.recs = &records{etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL}
+	go s.watchRequests(ctx, rev)
+	return nil
+}

@@ -1,0 +1,267 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+)
+
+// Every streamed request has a record at schema.RequestsPrefix+id: its
+// body as admitted and its owner, written at admission and once more when
+// it ends (with its output), so that any frontend can take over a running
+// request or replay a finished one. Records live under a few shared
+// leases: a new one every window/4 with a TTL of window+window/4, so a
+// record written under the current lease lives at least the resume
+// window. A running record is re-put before it has less than 3/4 of the
+// window left (long requests only). The data plane does not wait on etcd:
+// an admission write that takes longer than recordTimeout is given up
+// and the request served without a record.
+
+// recordTimeout bounds the admission write; tokens wait for it.
+const recordTimeout = time.Second
+
+// takeoverTimeout bounds each etcd call of a takeover.
+const takeoverTimeout = 2 * time.Second
+
+var errNoRecord = errors.New("frontend: no request record")
+
+// records writes and reads request records.
+type records struct {
+	etcd   *clientv3.Client
+	window time.Duration
+	m      *metrics
+	log    *slog.Logger
+	// owner and url name this frontend in the records it owns.
+	owner, url string
+
+	mu      sync.Mutex
+	lease   clientv3.LeaseID
+	granted time.Time
+	// outage is set while admission writes fail: logged once per outage.
+	outage atomic.Bool
+}
+
+// recordState is a stream's record as its owner last wrote it.
+type recordState struct {
+	// stored is closed once the admission write ended (stored or given
+	// up): no token goes to a client before.
+	stored chan struct{}
+	mu     sync.Mutex
+	rec    schema.RequestRecord
+	rev    int64 // the record's ModRevision; 0: no record
+	expiry time.Time
+	busy   bool // a refresh is under way
+	// counted: the record is in the outstanding gauge.
+	counted bool
+	// movedTo is the owner URL of the frontend that took the request over.
+	movedTo string
+}
+
+func (rs *recordState) term() uint64 {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.rec.Term
+}
+
+// leaseFor is the shared lease for a record written now, and when it
+// expires.
+func (rc *records) leaseFor(ctx context.Context) (clientv3.LeaseID, time.Time, error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	ttl := rc.window + rc.window/4
+	if rc.lease != 0 && time.Since(rc.granted) < rc.window/4 {
+		return rc.lease, rc.granted.Add(ttl), nil
+	}
+	now := time.Now()
+	g, err := rc.etcd.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	rc.lease, rc.granted = g.ID, now
+	return g.ID, now.Add(ttl), nil
+}
+
+// newRecord is the admission record of a request.
+func (rc *records) newRecord(st *stream, deadline, now time.Time) schema.RequestRecord {
+	body, _ := json.Marshal(st.body)
+	rec := schema.RequestRecord{ID: st.id, Body: body, Chat: st.chat, Resumable: st.resumable, AdmittedUnixNano: now.UnixNano(),
+		ResumeExpiryUnixNano: now.Add(rc.window).UnixNano(), Owner: rc.owner, OwnerURL: rc.url, Term: 1}
+	if !deadline.IsZero() {
+		rec.DeadlineUnixNano = deadline.UnixNano()
+	}
+	return rec
+}
+
+// admit writes st's admission record, bounded by recordTimeout, and
+// opens the stream's gate either way.
+func (rc *records) admit(ctx context.Context, st *stream, rec schema.RequestRecord) {
+	rs := st.rec
+	defer close(rs.stored)
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	lease, expiry, err := rc.leaseFor(ctx)
+	var resp *clientv3.PutResponse
+	if err == nil {
+		b, _ := json.Marshal(rec)
+		resp, err = rc.etcd.Put(ctx, schema.RequestsPrefix+st.id, string(b), clientv3.WithLease(lease))
+	}
+	if err != nil {
+		rc.m.recordsSkipped.Inc()
+		if !rc.outage.Swap(true) {
+			rc.log.Warn("frontend: serving without request records: etcd does not answer in time (another frontend cannot resume these streams)",
+				"request_id", st.id, "err", err)
+		}
+		return
+	}
+	rc.outage.Store(false)
+	rc.m.recordWrites.WithLabelValues("admit").Inc()
+	rs.mu.Lock()
+	rs.rec, rs.rev, rs.expiry = rec, resp.Header.Revision, expiry
+	rs.mu.Unlock()
+	rc.count(rs)
+}
+
+// count puts a record this frontend owns in the outstanding gauge;
+// release takes it out (once).
+func (rc *records) count(rs *recordState) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if !rs.counted {
+		rs.counted = true
+		rc.m.recordsOutstanding.Inc()
+	}
+}
+
+func (rc *records) release(rs *recordState) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.counted {
+		rs.counted = false
+		rc.m.recordsOutstanding.Dec()
+	}
+}
+
+// cas rewrites st's record as rec if it is still the one this frontend
+// wrote last; false when another frontend took it over (or it is gone).
+func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestRecord, kind string) (bool, error) {
+	rs.mu.Lock()
+	rev := rs.rev
+	rs.mu.Unlock()
+	if rev == 0 {
+		return false, nil
+	}
+	lease, expiry, err := rc.leaseFor(ctx)
+	if err != nil {
+		return false, err
+	}
+	b, _ := json.Marshal(rec)
+	key := schema.RequestsPrefix + rec.ID
+	resp, err := rc.etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
+		Then(clientv3.OpPut(key, string(b), clientv3.WithLease(lease))).Commit()
+	if err != nil || !resp.Succeeded {
+		return false, err
+	}
+	rc.m.recordWrites.WithLabelValues(kind).Inc()
+	rs.mu.Lock()
+	rs.rec, rs.rev, rs.expiry = rec, resp.Header.Revision, expiry
+	rs.mu.Unlock()
+	return true, nil
+}
+
+// refresh re-puts a running record that has less than 3/4 of the resume
+// window left, in the background.
+func (rc *records) refresh(ctx context.Context, rs *recordState) {
+	rs.mu.Lock()
+	due := rs.rev != 0 && !rs.busy && time.Until(rs.expiry) < rc.window*3/4
+	rs.busy = rs.busy || due
+	rec := rs.rec
+	rs.mu.Unlock()
+	if !due {
+		return
+	}
+	go func() {
+		cctx, cancel := context.WithTimeout(ctx, takeoverTimeout)
+		defer cancel()
+		rc.cas(cctx, rs, rec, "refresh")
+		rs.mu.Lock()
+		rs.busy = false
+		rs.mu.Unlock()
+	}()
+}
+
+// complete writes a finished request's record: done, its end and output.
+// A request that ended because this frontend stops or lost it stays as it
+// is: another frontend takes it over.
+func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse.Lifeline) {
+	rs := st.rec
+	<-rs.stored
+	rs.mu.Lock()
+	owned, rec := rs.rev != 0, rs.rec
+	rs.mu.Unlock()
+	if !owned {
+		return
+	}
+	defer rc.release(rs)
+	if r.Err != nil && (r.Err.Type == ErrFrontendStopping || r.Err.Type == ErrTakenOver) {
+		return
+	}
+	rec.Done, rec.FinishReason = true, r.FinishReason
+	if r.Err != nil {
+		rec.ErrorType, rec.ErrorMessage = string(r.Err.Type), r.Err.Message
+	}
+	rec.Output = make([]schema.RecordToken, len(r.Output))
+	for i, t := range r.Output {
+		rec.Output[i] = schema.RecordToken{ID: t.ID, Text: t.Text}
+	}
+	if b, err := json.Marshal(end); err == nil {
+		raw := json.RawMessage(b)
+		rec.End = &raw
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := rc.cas(cctx, rs, rec, "complete"); err != nil {
+		rc.log.Warn("frontend: request record not completed", "request_id", st.id, "err", err)
+	}
+}
+
+// read returns the record of request id and its ModRevision.
+func (rc *records) read(ctx context.Context, id string) (schema.RequestRecord, int64, error) {
+	resp, err := rc.etcd.Get(ctx, schema.RequestsPrefix+id)
+	if err != nil {
+		return schema.RequestRecord{}, 0, err
+	}
+	if len(resp.Kvs) == 0 {
+		return schema.RequestRecord{}, 0, errNoRecord
+	}
+	rec, err := schema.DecodeRequestRecord(string(resp.Kvs[0].Key), resp.Kvs[0].Value)
+	return rec, resp.Kvs[0].ModRevision, err
+}
+
+// takeover makes this frontend the owner of rec, read at rev, at the next
+// term: one transaction on the ModRevision, so that of racing frontends
+// exactly one wins. It returns the new state, or ok false if another
+// frontend changed the record first.
+func (rc *records) takeover(ctx context.Context, rec schema.RequestRecord, rev int64) (*recordState, bool, error) {
+	if rec.Term >= schema.MaxRecordTerm {
+		return nil, false, fmt.Errorf("%w: %s: term %d exhausted", schema.ErrBadRecord, rec.ID, rec.Term)
+	}
+	rec.Owner, rec.OwnerURL, rec.Term = rc.owner, rc.url, rec.Term+1
+	rs := &recordState{stored: make(chan struct{}), rev: rev}
+	close(rs.stored)
+	ok, err := rc.cas(ctx, rs, rec, "takeover")
+	if !ok || err != nil {
+		return nil, false, err
+	}
+	rc.count(rs)
+	return rs, true, nil
+}

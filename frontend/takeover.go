@@ -1,0 +1,176 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+)
+
+// A resume at a frontend that holds no log of the stream is answered
+// from the request record: a finished request is replayed from its
+// output; a running one is taken over (one transaction on the record's
+// ModRevision: of racing frontends exactly one wins, the others answer
+// 409 taken_over naming the winner) and driven here from the record.
+
+// resumeFromRecord answers a resume of request id after sequence number
+// from, whose token was checked, from its record.
+func (s *Server) resumeFromRecord(w http.ResponseWriter, req *http.Request, id string, from int) {
+	if s.recs == nil {
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
+	defer cancel()
+	rec, rev, err := s.recs.read(ctx, id)
+	if err == nil && !rec.Done {
+		var rs *recordState
+		rs, ok, terr := s.recs.takeover(ctx, rec, rev)
+		switch {
+		case terr != nil:
+			err = terr
+		case ok:
+			s.metrics.takeovers.WithLabelValues("ok").Inc()
+			s.metrics.crossResumes.WithLabelValues("taken_over").Inc()
+			s.driveTakenOver(w, req, rs, from)
+			return
+		default:
+			s.lostTakeover(w, req, id, from)
+			return
+		}
+	}
+	switch {
+	case errors.Is(err, errNoRecord):
+		s.metrics.takeovers.WithLabelValues("not_found").Inc()
+		s.metrics.crossResumes.WithLabelValues("not_found").Inc()
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+	case errors.Is(err, schema.ErrBadRecord):
+		s.metrics.crossResumes.WithLabelValues("bad_record").Inc()
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
+	case err != nil:
+		s.metrics.takeovers.WithLabelValues("unavailable").Inc()
+		s.metrics.crossResumes.WithLabelValues("unavailable").Inc()
+		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
+	default:
+		s.replayRecord(w, req, rec, from)
+	}
+}
+
+// lostTakeover answers a resume whose takeover another frontend won: a
+// 409 naming the winner; or, if the winner is this frontend (a
+// concurrent resume here), its stream; or, if the request ended
+// meanwhile, its replay.
+func (s *Server) lostTakeover(w http.ResponseWriter, req *http.Request, id string, from int) {
+	s.metrics.takeovers.WithLabelValues("lost").Inc()
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
+	if st != nil {
+		s.follow(w, req, st, from, false)
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
+	defer cancel()
+	rec, _, err := s.recs.read(ctx, id)
+	switch {
+	case err != nil && !errors.Is(err, schema.ErrBadRecord) && !errors.Is(err, errNoRecord):
+		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, err.Error())
+	case err == nil && rec.Done:
+		s.replayRecord(w, req, rec, from)
+	default:
+		s.metrics.crossResumes.WithLabelValues("conflict").Inc()
+		w.Header().Set("Lifeline-Owner-URL", rec.OwnerURL)
+		writeError(w, http.StatusConflict, ErrTakenOver, "another frontend took the request over: resume at "+rec.OwnerURL)
+	}
+}
+
+// replayRecord streams a finished request's stored output after from,
+// then its end, in the same shape as its owner did.
+func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec schema.RequestRecord, from int) {
+	var body CompletionRequest
+	if err := json.Unmarshal(rec.Body, &body); err != nil {
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, fmt.Sprintf("request %s: body: %v", rec.ID, err))
+		return
+	}
+	var end sse.Lifeline
+	if rec.End != nil {
+		json.Unmarshal(*rec.End, &end)
+	}
+	r := &Request{ID: rec.ID, State: Completed, FinishReason: rec.FinishReason}
+	if rec.ErrorType != "" {
+		r.State, r.Err = Failed, &RequestError{Type: ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
+	}
+	for i, t := range rec.Output {
+		r.Output = append(r.Output, Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text})
+	}
+	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
+	st.append(r.Output)
+	st.finish(r, end)
+	s.metrics.takeovers.WithLabelValues("done_replay").Inc()
+	s.metrics.crossResumes.WithLabelValues("replayed").Inc()
+	w.Header().Set("Lifeline-Request-Id", rec.ID)
+	s.follow(w, req, st, from, false)
+}
+
+// driveTakenOver runs a request this frontend just took over, from its
+// record, and follows it for the client after from.
+func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *recordState, from int) {
+	rec := rs.rec
+	var body CompletionRequest
+	err := json.Unmarshal(rec.Body, &body)
+	if err == nil {
+		err = body.validate()
+	}
+	if err != nil {
+		// Taken over but not drivable: end it for good, so no one tries again.
+		r := &Request{ID: rec.ID, State: Failed, Err: &RequestError{Type: ErrBadRequestRecord, Message: err.Error()}}
+		st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
+		st.rec = rs
+		go s.recs.complete(context.WithoutCancel(s.ctx), st, r, sse.Lifeline{RequestID: rec.ID})
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, fmt.Sprintf("request %s: %v", rec.ID, err))
+		return
+	}
+	now := time.Now()
+	var deadline time.Time
+	if rec.DeadlineUnixNano != 0 {
+		deadline = time.Unix(0, rec.DeadlineUnixNano)
+	}
+	r := newTakenOverRequest(NewRequest(rec.ID, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now), rec.Term)
+	rctx, cancel := context.WithCancelCause(s.ctx)
+	// Taken over by a resume: it lives through its client's disconnects
+	// for the resume window, whatever it asked at admission.
+	st := newStream(rec.ID, body, rec.Chat, true, cancel)
+	st.rec = rs
+	s.mu.Lock()
+	s.streams[rec.ID] = st
+	s.mu.Unlock()
+	x := newRun(s, r, body, st)
+	x.takeover = true
+	go x.loop(rctx)
+	w.Header().Set("Lifeline-Request-Id", rec.ID)
+	s.follow(w, req, st, from, false)
+}
+
+// begin is the run's first step: a request admitted here starts with a
+// route; one taken over starts as takeoverStart decides.
+func (x *run) begin(now time.Time) []Action {
+	if x.takeover {
+		return x.takeoverStart(now)
+	}
+	return x.r.Start(now)
+}
+
+// takeoverStart starts a request taken over from another frontend. It is
+// where "attach to the sequence still running on its worker, else
+// regenerate" is chosen; this phase always regenerates: from the record,
+// with the same prompt, parameters and seed, so (by the determinism
+// contract) the log refills bit-identically from sequence 1, and the
+// resuming client is served after its Last-Event-ID.
+func (x *run) takeoverStart(now time.Time) []Action {
+	return x.r.Start(now)
+}

@@ -1,0 +1,43 @@
+package frontend
+
+// The request machine's part of a takeover: a request driven by a later
+// owner (term) runs at epochs above every epoch of the earlier ones, and
+// a request this frontend lost to another ends with a typed error.
+
+// ErrTakenOver ends a request another frontend took over: the client
+// resumes at the new owner (its URL is in the error event and in the
+// Lifeline-Owner-URL header of a 409).
+const ErrTakenOver ErrorType = "taken_over"
+
+// ErrTakeoverUnavailable answers a resume that needs a takeover while
+// etcd does not answer: retryable, nothing was driven.
+const ErrTakeoverUnavailable ErrorType = "takeover_unavailable"
+
+// ErrBadRequestRecord answers a resume whose request record cannot be
+// read (it is malformed).
+const ErrBadRequestRecord ErrorType = "bad_request_record"
+
+// termEpoch is the first request epoch of an owner at term: (term-1)<<32
+// | 1. The admitting frontend (term 1) counts epochs from 1 as before;
+// every epoch of a later owner is above every epoch of an earlier one, so
+// a worker or frontend comparing epochs sees the later owner as newer.
+func termEpoch(term uint64) uint64 { return (term-1)<<32 | 1 }
+
+// newTakenOverRequest is a request this frontend took over at term: it
+// starts from nothing (phase 1 regenerates) at the term's first epoch.
+func newTakenOverRequest(r *Request, term uint64) *Request {
+	r.Epoch = termEpoch(term)
+	return r
+}
+
+// TakenOver ends the request because another frontend, at ownerURL, took
+// it over: its worker calls end, and nothing more is committed here.
+func (r *Request) TakenOver(ownerURL string) []Action {
+	switch {
+	case r.State.Terminal():
+		return nil
+	case r.State == Cancelling:
+		return r.CancelDone()
+	}
+	return r.fail(ErrTakenOver, "another frontend took the request over: resume at "+ownerURL)
+}
