@@ -16,9 +16,10 @@ build:
 	$(GO) build -o $(BIN)/nodectl ./cmd/nodectl
 
 # The whole system on this machine: embedded etcd, two node agents with a
-# decode worker each, a frontend on 127.0.0.1:8080. Ctrl-C stops it.
+# decode worker each, two frontends on 127.0.0.1:8080 and :8081 (either
+# resumes the other's streams). Ctrl-C stops it.
 run:
-	$(GO) run ./cmd/lifeline up --data-dir .lifeline --nodes 2 --preset small
+	$(GO) run ./cmd/lifeline up --data-dir .lifeline --nodes 2 --preset small --frontends 2
 
 # Just the reference engine: one streaming generation.
 engine-demo:

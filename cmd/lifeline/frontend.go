@@ -1,21 +1,26 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/frontend"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 func frontendCmd() *cobra.Command {
 	var (
-		opts         frontend.Options
-		secretFile   string
-		capacityWait time.Duration
+		opts            frontend.Options
+		secretFile      string
+		capacityWait    time.Duration
+		failoverRecords bool
 	)
 	cmd := &cobra.Command{
 		Use:   "frontend",
@@ -36,6 +41,7 @@ func frontendCmd() *cobra.Command {
 				return fmt.Errorf("--capacity-wait: %v (0 fails at once)", capacityWait)
 			}
 			opts.CapacityWait = capacityWait
+			opts.NoFailoverRecords = !failoverRecords
 			if capacityWait == 0 {
 				opts.CapacityWait = -1 // the option's "do not wait"
 			}
@@ -48,9 +54,57 @@ func frontendCmd() *cobra.Command {
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
 	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
 	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
-	f.StringVar(&secretFile, "resume-secret-file", "", "key for resume tokens, shared by replicas so that each accepts the others' tokens (default: random per process); a stream's log stays on the replica that served it, so resume there")
+	f.StringVar(&secretFile, "resume-secret-file", "", "a static key for resume tokens instead of the cluster's key ring in etcd (replicas must then share the file to accept each other's tokens)")
+	f.StringVar(&opts.ID, "id", "", "this frontend's id in etcd (its record, the requests it owns; default: host, pid and a random suffix)")
+	f.StringVar(&opts.AdvertiseURL, "advertise-url", "", "where clients reach this frontend, named to clients of streams it took over (default: http(s)://<listen address>)")
+	f.BoolVar(&failoverRecords, "failover-records", true, "write a record of every streamed request to etcd so that any frontend can resume it after this one dies")
 	f.BoolVar(&opts.NoKVPull, "no-kv-pull", false, "do not let a migrated request's new worker pull its prefix KV from peers (it recomputes what its node lacks)")
 	f.DurationVar(&capacityWait, "capacity-wait", frontend.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
+	cmd.AddCommand(rotateResumeKeyCmd())
+	return cmd
+}
+
+func rotateResumeKeyCmd() *cobra.Command {
+	var (
+		endpoints []string
+		certs     string
+		etcdTLS   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "rotate-resume-key",
+		Short: "Put a fresh key first in the cluster's resume key ring; tokens of the previous key stay valid until the next rotation",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if len(endpoints) == 0 {
+				return fmt.Errorf("--etcd: required")
+			}
+			cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second}
+			if etcdTLS {
+				tlsConf, err := pki.Load(certs, "h2")
+				if err != nil {
+					return err
+				}
+				cfg.TLS = tlsConf
+			}
+			cli, err := clientv3.New(cfg)
+			if err != nil {
+				return fmt.Errorf("etcd: %w", err)
+			}
+			defer cli.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 10*time.Second)
+			defer cancel()
+			ids, err := frontend.RotateResumeKey(ctx, cli)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "resume keys: current %s, previous %s\n", ids[0], strings.Join(ids[1:], ", "))
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&endpoints, "etcd", nil, "etcd endpoints host:port,...")
+	f.BoolVar(&etcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
+	f.StringVar(&certs, "certs", "", "certificate directory (lifeline certs init)")
 	return cmd
 }

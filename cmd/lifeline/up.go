@@ -21,7 +21,8 @@ func upCmd() *cobra.Command {
 	f.IntVar(&opts.Nodes, "nodes", 2, "node agents to run, each with one decode worker")
 	f.StringVar(&opts.Preset, "preset", "small", "model preset: tiny or small")
 	f.IntVar(&opts.Prefill, "prefill", 0, "prefill instances to add (prefill/decode disaggregation); placed from the last node backwards")
-	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "frontend HTTP address")
+	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "frontend HTTP address (frontend i listens on its port + i)")
+	f.IntVar(&opts.Frontends, "frontends", 1, "frontends to run; any of them resumes any stream")
 	return cmd
 }
 

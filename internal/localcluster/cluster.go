@@ -18,6 +18,9 @@ type Options struct {
 	// one backwards (with 2+ nodes a hand-off then crosses nodes for the
 	// decode instances elsewhere).
 	Prefill int
+	// Frontends is how many frontends to run (default 1): frontend i
+	// listens on Listen's port + i (any free port when Listen's is 0).
+	Frontends int
 	// Binary is the lifeline executable for the child processes (default:
 	// this executable).
 	Binary string
@@ -36,6 +39,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: listen: empty")
 	case o.Prefill < 0 || o.Prefill > 16:
 		return fmt.Errorf("up: prefill: %d (0..16)", o.Prefill)
+	case o.Frontends < 0 || o.Frontends > 16:
+		return fmt.Errorf("up: frontends: %d (1..16)", o.Frontends)
 	}
 	return nil
 }

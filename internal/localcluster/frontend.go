@@ -87,6 +87,12 @@ func (f *Frontend) Stop(timeout time.Duration) {
 	}
 }
 
+// Signal sends sig to the frontend process (SIGKILL, SIGSTOP in tests).
+func (f *Frontend) Signal(sig syscall.Signal) error { return f.cmd.Process.Signal(sig) }
+
+// PID is the frontend's process id.
+func (f *Frontend) PID() int { return f.cmd.Process.Pid }
+
 // ExitState says how the frontend process ended ("" while it runs).
 func (f *Frontend) ExitState() string {
 	select {

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,10 +34,11 @@ type up struct {
 	// mu) nothing is started again.
 	mu       sync.Mutex
 	stopping chan struct{}
-	frontend *Frontend
-	// listen is the frontend's address, fixed at its first start so that
-	// a restarted frontend serves where clients were told to connect.
-	listen string
+	// frontends[i] is frontend i; listens[i] its address, fixed at its
+	// first start so that a restarted frontend serves where clients were
+	// told to connect.
+	frontends []*Frontend
+	listens   []string
 }
 
 // Run starts everything, prints how to use it to out once a completion can
@@ -62,7 +65,11 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer env.Close()
-	u := &up{env: env, opts: opts, out: out, listen: opts.Listen, stopping: make(chan struct{})}
+	listens, err := frontendListens(opts.Listen, max(opts.Frontends, 1))
+	if err != nil {
+		return err
+	}
+	u := &up{env: env, opts: opts, out: out, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
 	if u.log, err = os.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
 		return err
 	}
@@ -71,8 +78,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := u.startNodes(); err != nil {
 		return err
 	}
-	if err := u.startFrontend(ctx); err != nil || ctx.Err() != nil {
-		return err
+	for i := range u.listens {
+		if err := u.startFrontend(ctx, i); err != nil || ctx.Err() != nil {
+			return err
+		}
 	}
 	if err := u.waitServable(ctx); err != nil || ctx.Err() != nil {
 		return err
@@ -109,11 +118,33 @@ func (u *up) startNodes() error {
 	return nil
 }
 
-// startFrontend starts the frontend and waits until it listens.
-func (u *up) startFrontend(ctx context.Context) error {
+// frontendListens are the addresses of n frontends: listen's port + i
+// (port 0: each a free one).
+func frontendListens(listen string, n int) ([]string, error) {
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return nil, fmt.Errorf("up: listen: %w", err)
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 0 || p+n-1 > 65535 {
+		return nil, fmt.Errorf("up: listen: port %q for %d frontends", port, n)
+	}
+	out := make([]string, n)
+	for i := range out {
+		q := p + i
+		if p == 0 {
+			q = 0
+		}
+		out[i] = net.JoinHostPort(host, strconv.Itoa(q))
+	}
+	return out, nil
+}
+
+// startFrontend starts frontend i and waits until it listens.
+func (u *up) startFrontend(ctx context.Context, i int) error {
 	u.mu.Lock()
-	err := u.launchFrontend()
-	f := u.frontend
+	err := u.launchFrontend(i)
+	f := u.frontends[i]
 	u.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("up: %w", err)
@@ -128,28 +159,32 @@ func (u *up) startFrontend(ctx context.Context) error {
 		return nil
 	}
 	u.mu.Lock()
-	u.listen = strings.TrimPrefix(f.URL, "http://")
+	u.listens[i] = strings.TrimPrefix(f.URL, "http://")
 	u.mu.Unlock()
-	u.supervise("frontend", func() <-chan struct{} {
+	name := "frontend"
+	if len(u.listens) > 1 {
+		name = fmt.Sprintf("frontend %d", i)
+	}
+	u.supervise(name, func() <-chan struct{} {
 		u.mu.Lock()
 		defer u.mu.Unlock()
-		return u.frontend.Exited()
+		return u.frontends[i].Exited()
 	}, func() string {
 		u.mu.Lock()
 		defer u.mu.Unlock()
-		return u.frontend.ExitState()
-	}, u.launchFrontend)
+		return u.frontends[i].ExitState()
+	}, func() error { return u.launchFrontend(i) })
 	return nil
 }
 
-// launchFrontend starts a frontend process on u.listen. The caller holds
-// u.mu (supervise does, around every restart).
-func (u *up) launchFrontend() error {
-	f, err := u.env.LaunchFrontend(u.listen, u.log)
+// launchFrontend starts frontend i (id frontend-i) on its address. The
+// caller holds u.mu (supervise does, around every restart).
+func (u *up) launchFrontend(i int) error {
+	f, err := u.env.LaunchFrontend(u.listens[i], u.log, "--id", fmt.Sprintf("frontend-%d", i))
 	if err != nil {
 		return err
 	}
-	u.frontend = f
+	u.frontends[i] = f
 	return nil
 }
 
@@ -217,7 +252,7 @@ func (u *up) say(format string, args ...any) {
 // announced, so that the first request a user sends is served.
 func (u *up) waitServable(ctx context.Context) error {
 	u.mu.Lock()
-	url := u.frontend.URL
+	url := u.frontends[0].URL
 	u.mu.Unlock()
 	body := fmt.Sprintf(`{"model":%q,"prompt":"ready","max_tokens":1,"temperature":0}`, u.opts.Preset)
 	deadline := time.Now().Add(2 * time.Minute)
@@ -248,7 +283,7 @@ func (u *up) waitServable(ctx context.Context) error {
 func (u *up) stop() {
 	u.mu.Lock()
 	close(u.stopping)
-	f := u.frontend
+	fs := append([]*Frontend(nil), u.frontends...)
 	u.mu.Unlock()
 	for i := len(u.nodes) - 1; i >= 0; i-- {
 		u.nodes[i].Signal(syscall.SIGTERM)
@@ -257,24 +292,39 @@ func (u *up) stop() {
 		n.Wait(90 * time.Second)
 		n.RemoveArena()
 	}
-	if f != nil {
-		f.Stop(20 * time.Second)
+	var wg sync.WaitGroup
+	for _, f := range fs {
+		if f != nil {
+			wg.Go(func() { f.Stop(20 * time.Second) })
+		}
 	}
+	wg.Wait()
 	u.wg.Wait()
 }
 
 func (u *up) printUsage(out io.Writer, opts Options) {
 	u.mu.Lock()
-	url := u.frontend.URL
+	var urls []string
+	for _, f := range u.frontends {
+		urls = append(urls, f.URL)
+	}
 	u.mu.Unlock()
-	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n",
-		opts.Nodes, opts.Prefill, opts.Preset, u.env.Etcd.Endpoint, u.log.Name())
+	url := urls[0]
+	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n",
+		opts.Nodes, opts.Prefill, len(urls), opts.Preset, u.env.Etcd.Endpoint, u.log.Name())
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
 	for _, n := range u.nodes {
 		fmt.Fprintf(out, "  nodectl --socket %s status\n", n.Options.Socket)
 	}
-	fmt.Fprintf(out, "\nURL %s\nCtrl-C stops everything.\n", url)
+	if len(urls) > 1 {
+		fmt.Fprintf(out, "\n  Any frontend resumes any stream (GET /v1/streams/{id} with its resume token and Last-Event-ID).\n")
+	}
+	fmt.Fprintln(out)
+	for _, l := range urls {
+		fmt.Fprintf(out, "URL %s\n", l)
+	}
+	fmt.Fprintf(out, "Ctrl-C stops everything.\n")
 }
 
 func b2i(b bool) int {

@@ -235,6 +235,21 @@ func StartFrontend(t testing.TB, n *Node, extra ...string) string {
 	return f.URL
 }
 
+// StartFrontendProc is StartFrontend that returns the process (to kill
+// or stop it); a cleanup stops it unless it exited.
+func StartFrontendProc(t testing.TB, n *Node, extra ...string) *localcluster.Frontend {
+	t.Helper()
+	f, err := n.Env.StartFrontend("127.0.0.1:0", nil, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		f.Signal(syscall.SIGCONT)
+		f.Stop(10 * time.Second)
+	})
+	return f
+}
+
 // Instances is a single instance spec of the tiny preset.
 func Instances(role string, count int) []agent.InstanceSpec {
 	return []agent.InstanceSpec{{Role: role, Preset: "tiny", Count: count}}
