@@ -426,3 +426,60 @@ func TestFailoverEtcdDownDuringTakeover(t *testing.T) {
 		t.Fatalf("takeovers ok on B: %v, want 1", v)
 	}
 }
+
+// TestFailoverOwnerLearnsOfTakeover: a stream is resumed on B while A,
+// which admitted it, still runs it: B takes it over; A stops driving it
+// and its client gets a final taken_over error naming B (no [DONE]); the
+// client that resumed on B gets the whole rest, bit-identical.
+func TestFailoverOwnerLearnsOfTakeover(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	a := clustertest.StartFrontend(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	want, _ := clustertest.StreamCompletion(t, a, seeded(11, 200), nil)
+	o := open(t, a, seeded(11, 200))
+	defer o.resp.Body.Close()
+	rd := sse.NewReader(o.resp.Body)
+	for seen := 0; seen < 5; {
+		ev, err := rd.Next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev.Chunk != nil && ev.Chunk.Lifeline.SequenceNo > 0 {
+			seen = ev.Chunk.Lifeline.SequenceNo
+		}
+	}
+	resp, err := resumeAt(b, o.id, o.token, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(resp.Body)
+		t.Fatalf("resume on B: %d %s", resp.StatusCode, msg)
+	}
+	// A's client: tokens, then the taken_over event, and no [DONE].
+	var last *sse.Error
+	for {
+		ev, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			t.Fatal("A's stream ended with [DONE] after the takeover")
+		}
+		if err != nil {
+			break
+		}
+		if ev.Error != nil {
+			last = ev.Error
+		}
+	}
+	if last == nil || last.Type != "taken_over" || last.OwnerURL != b {
+		t.Fatalf("A's stream ended with %+v, want taken_over naming %s", last, b)
+	}
+	toks, errEv, done := readAll(resp.Body)
+	if err := sameTail(toks, want, 5); err != nil || errEv != nil || !done {
+		t.Fatalf("on B: %v, error %v, [DONE] %v", err, errEv, done)
+	}
+	if v := metric(t, a, `lifeline_frontend_request_records_outstanding`); v != 0 {
+		t.Fatalf("A still counts %v records as its own", v)
+	}
+}
