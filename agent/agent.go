@@ -156,6 +156,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return err
 	}
 	defer a.etcd.Close()
+	if err := a.restoreDrained(); err != nil {
+		return err
+	}
 	ctl, err := a.serveControl(ctx)
 	if err != nil {
 		return err

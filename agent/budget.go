@@ -24,6 +24,10 @@ type budgetAnswer struct {
 	// max is max_unavailable; holders are the nodes holding shares.
 	max     int
 	holders []schema.DrainHolder
+	// mineLease and mineRev are the lease and ModRevision of this node's
+	// own share, if it holds one.
+	mineLease clientv3.LeaseID
+	mineRev   int64
 }
 
 func (b budgetAnswer) String() string {
@@ -38,7 +42,9 @@ func (b budgetAnswer) String() string {
 // its lease, unless max_unavailable nodes hold one already. The share is
 // added with a transaction that fails if any holder was added since the
 // holders were counted (a removed one only frees room); a lost race is
-// counted again. Taking a share the node already holds succeeds.
+// counted again. Taking a share the node already holds succeeds; one held
+// under another lease (a previous agent process's, which expires) is
+// moved under this one.
 func (a *Agent) takeBudget(ctx context.Context, trigger string) (budgetAnswer, error) {
 	a.mu.Lock()
 	lease := a.lease
@@ -54,20 +60,21 @@ func (a *Agent) takeBudget(ctx context.Context, trigger string) (budgetAnswer, e
 		if err != nil {
 			return ans, err
 		}
-		for _, h := range ans.holders {
-			if h.Node == a.opts.NodeID {
-				ans.taken = true
-				return ans, nil
-			}
-		}
-		if len(ans.holders) >= ans.max {
-			return ans, nil
-		}
 		b, _ := json.Marshal(schema.DrainHolder{Node: a.opts.NodeID, Trigger: trigger, SinceUnixNano: time.Now().UnixNano()})
-		resp, err := a.etcd.Txn(ctx).
-			If(clientv3.Compare(clientv3.ModRevision(schema.DrainHoldersPrefix), "<", rev+1).WithPrefix(),
-				clientv3.Compare(clientv3.ModRevision(schema.MaxUnavailableKey), "<", rev+1)).
-			Then(clientv3.OpPut(mine, string(b), clientv3.WithLease(lease))).Commit()
+		var cmp []clientv3.Cmp
+		switch {
+		case ans.mineRev != 0 && ans.mineLease == lease:
+			ans.taken = true
+			return ans, nil
+		case ans.mineRev != 0:
+			cmp = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(mine), "=", ans.mineRev)}
+		case len(ans.holders) >= ans.max:
+			return ans, nil
+		default:
+			cmp = []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(schema.DrainHoldersPrefix), "<", rev+1).WithPrefix(),
+				clientv3.Compare(clientv3.ModRevision(schema.MaxUnavailableKey), "<", rev+1)}
+		}
+		resp, err := a.etcd.Txn(ctx).If(cmp...).Then(clientv3.OpPut(mine, string(b), clientv3.WithLease(lease))).Commit()
 		if err != nil {
 			return ans, fmt.Errorf("agent: disruption budget: %w", err)
 		}
@@ -98,6 +105,9 @@ func (a *Agent) readBudget(ctx context.Context) (budgetAnswer, int64, error) {
 		var h schema.DrainHolder
 		if json.Unmarshal(kv.Value, &h) != nil || h.Node == "" {
 			h.Node = strings.TrimPrefix(string(kv.Key), schema.DrainHoldersPrefix)
+		}
+		if string(kv.Key) == schema.DrainHoldersPrefix+a.opts.NodeID {
+			ans.mineLease, ans.mineRev = clientv3.LeaseID(kv.Lease), kv.ModRevision
 		}
 		ans.holders = append(ans.holders, h)
 	}

@@ -30,6 +30,10 @@ type drain struct {
 	// finished is closed when the drain has stopped the workers or was
 	// cancelled.
 	finished chan struct{}
+	// reclaimed is closed when a drain restored at start (the node was
+	// drained before the agent restarted) stops retaking its share of the
+	// disruption budget; nil for any other drain.
+	reclaimed chan struct{}
 }
 
 // drainDeadlines parses a drain request's durations, with the given
@@ -123,8 +127,13 @@ func (a *Agent) runDrain(ctx context.Context, d *drain) {
 	a.stopInstances(d)
 	a.mu.Lock()
 	d.Phase, d.DrainedAt, d.InFlight = controlapi.DrainDrained, time.Now(), 0
-	forced := d.ForcedEnded
+	forced, keep, snap := d.ForcedEnded, keepDrained(d.Drain, d.stay), d.Drain
 	a.mu.Unlock()
+	if keep {
+		if err := a.saveDrained(snap); err != nil {
+			a.log.Warn("drain: an agent restart will not find the node drained", "err", err)
+		}
+	}
 	a.metrics.drainDuration.Observe(time.Since(began).Seconds())
 	a.drainEvent(d, fmt.Sprintf("drained in %v; %d requests ended by the deadline", time.Since(began).Round(time.Millisecond), forced))
 }
@@ -209,6 +218,21 @@ func (a *Agent) undrain() (controlapi.Drain, error) {
 			Message: fmt.Sprintf("node %s is draining (%s): undrain once it is drained", a.opts.NodeID, phase)}
 	}
 	d.Phase = controlapi.DrainUndraining
+	a.mu.Unlock()
+	// A restored drain stops retaking the budget first: the share goes
+	// back below, and must not be taken after.
+	d.cancel()
+	if d.reclaimed != nil {
+		<-d.reclaimed
+	}
+	if err := a.clearDrained(); err != nil {
+		a.log.Warn("undrain: an agent restart would find the node drained", "err", err)
+	}
+	a.mu.Lock()
+	if a.drain != d { // a drain began meanwhile: it holds the instances
+		a.mu.Unlock()
+		return d.Drain, nil
+	}
 	var insts []*instance
 	for _, inst := range a.instances {
 		inst.draining, inst.drainRegistered, inst.refusing = false, false, false
@@ -223,6 +247,39 @@ func (a *Agent) undrain() (controlapi.Drain, error) {
 	a.drainEvent(d, fmt.Sprintf("starting %d instances again", len(insts)))
 	a.track(func() { a.awaitUndrained(d) })
 	return snap, nil
+}
+
+// restoreDrained makes a node that was drained when its agent stopped
+// (nodectl drain, then a crash or a restart) drained again: its
+// instances are not started (startSupervision) and nothing is
+// registered until undrain, and it takes its share of the disruption
+// budget back (the share was under the previous process's lease),
+// waiting for it while other nodes hold it all.
+func (a *Agent) restoreDrained() error {
+	prev, drained, err := a.loadDrained()
+	if err != nil || !drained {
+		return err
+	}
+	ctx, cancel := context.WithCancel(a.life)
+	finished := make(chan struct{})
+	close(finished)
+	prev.BudgetHeld, prev.InFlight = false, 0
+	prev.Detail = "drained before the agent restarted; `nodectl undrain` starts the instances"
+	d := &drain{Drain: prev, stay: true, started: map[string]uint64{}, cancel: cancel, finished: finished, reclaimed: make(chan struct{})}
+	a.mu.Lock()
+	a.drain = d
+	a.mu.Unlock()
+	a.log.Info("the node was drained before the agent restarted: instances stay stopped until undrain", "drained_at", prev.DrainedAt)
+	a.emit(controlapi.Event{Kind: controlapi.EventDrain, Reason: controlapi.DrainDrained, Detail: prev.Detail})
+	a.track(func() {
+		defer close(d.reclaimed)
+		if a.awaitBudget(ctx, d) {
+			a.mu.Lock()
+			d.Detail = prev.Detail
+			a.mu.Unlock()
+		}
+	})
+	return nil
 }
 
 // undrainWait bounds how long an undrained node holds its share of the

@@ -9,17 +9,29 @@ import (
 )
 
 // startSupervision routes the detector's reports and starts one
-// supervisor per configured instance.
+// supervisor per configured instance; on a node that is drained (it was
+// before the agent restarted) the instances stay stopped until undrain.
 func (a *Agent) startSupervision(ctx context.Context) {
 	a.track(func() { a.dispatchExits(ctx) })
+	a.mu.Lock()
+	drained := a.drain != nil
+	a.mu.Unlock()
 	for _, spec := range a.opts.Instances {
 		for k := 0; k < spec.Count; k++ {
 			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", a.opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting",
 				reset: make(chan struct{}, 1)}
+			if drained {
+				// The last generation it had, for nodectl status: undrain
+				// starts it at a higher one.
+				inst.gen, _ = a.localGeneration(inst.id)
+				inst.draining, inst.state, inst.notReady = true, "drained", "drained"
+			}
 			a.mu.Lock()
 			a.instances[inst.id] = inst
 			a.mu.Unlock()
-			a.startInstance(inst)
+			if !drained {
+				a.startInstance(inst)
+			}
 		}
 	}
 }

@@ -127,10 +127,15 @@ func resumable(body CompletionRequest, req *http.Request) bool {
 	return body.StreamOptions.Resumable || req.Header.Get("Lifeline-Resumable") == "1"
 }
 
+// ErrDraining ends a request whose node drains when no other instance
+// serves its model: the node is going away, the client may retry (503,
+// Retry-After) once it or another is back.
+const ErrDraining ErrorType = "draining"
+
 func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable:
+	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable, ErrDraining:
 		code = http.StatusServiceUnavailable
 	case ErrOverloaded:
 		code = http.StatusTooManyRequests
@@ -155,7 +160,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // retryAfter is the Retry-After of the retryable refusals, in seconds:
 // an instance at its limit frees up soon; a model with no routable
 // instance has waited for one already.
-var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1"}
+var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1", ErrDraining: "2"}
 
 // writeError writes the OpenAI error shape with a stable type.
 func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {

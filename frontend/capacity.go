@@ -52,7 +52,8 @@ func exclusion(ids map[string]bool, gens map[string]uint64) Exclusion {
 }
 
 // NoRoute: nothing can serve the request now. Busy instances (overloaded)
-// fail it at once, to be retried by the client (429). Otherwise it waits
+// fail it at once, to be retried by the client (429); so does a migration
+// away from a draining node (draining, 503). Otherwise it waits
 // for capacity until Policy.CapacityWait after the wait began, or its
 // deadline, whichever is first; past that it fails with no_capacity.
 func (r *Request) NoRoute(epoch uint64, overloaded bool, now time.Time) []Action {
@@ -61,6 +62,9 @@ func (r *Request) NoRoute(epoch uint64, overloaded bool, now time.Time) []Action
 	}
 	if overloaded {
 		return r.fail(ErrOverloaded, "every instance that can serve the request is at its limit")
+	}
+	if r.drainMigration {
+		return r.fail(ErrDraining, fmt.Sprintf("the node serving the request drains and no other instance serves its model (after %d tokens)", r.Received()))
 	}
 	if r.waitingSince.IsZero() {
 		r.waitingSince = now
@@ -86,10 +90,12 @@ func (r *Request) CapacityChanged(epoch uint64) []Action {
 }
 
 // endWait ends a wait for capacity on a route, adding its length to
-// CapacityWaited.
+// CapacityWaited; a migration that found a route is no longer the
+// drain's to end.
 func (r *Request) endWait(now time.Time) {
 	if !r.waitingSince.IsZero() {
 		r.CapacityWaited += now.Sub(r.waitingSince)
 		r.waitingSince = time.Time{}
 	}
+	r.drainMigration = false
 }

@@ -2,6 +2,10 @@ package frontend
 
 import (
 	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,5 +236,106 @@ func TestAllTokensInCompletes(t *testing.T) {
 	acts := r.OnWorkerFailed(r.Epoch, "connection closed", true, t0)
 	if _, ok := has[Finish](acts); !ok || r.State != Completed || r.FinishReason != "length" || r.Migrations != 0 || r.Err != nil {
 		t.Fatalf("after every token: %v, state %s, finish %q, err %v", acts, r.State, r.FinishReason, r.Err)
+	}
+}
+
+// TestDrainMigrationWithoutRoute: a migration away from a worker whose
+// node drains (a DRAINING error) that finds no routable instance ends at
+// once with draining, without a wait for capacity; with a route it
+// migrates as any failure does; a migration of another cause still
+// waits, and so does a later one once the drain's migration was routed.
+func TestDrainMigrationWithoutRoute(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		drain bool
+		// routeFirst: the drain's migration is routed, then the new
+		// worker fails for another cause before the route that finds
+		// nothing.
+		routeFirst bool
+		overloaded bool
+		want       string // draining, await, overloaded
+	}{
+		{name: "drain, no route", drain: true, want: "draining"},
+		{name: "other failure, no route", want: "await"},
+		{name: "drain, busy instances", drain: true, overloaded: true, want: "overloaded"},
+		{name: "drain routed, then another failure", drain: true, routeFirst: true, want: "await"},
+	} {
+		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		start(t, r, "a")
+		r.OnFrame(frame(r, 1), t0)
+		fail := r.OnWorkerFailed
+		if c.drain {
+			fail = func(epoch uint64, reason string, _ bool, now time.Time) []Action {
+				return r.OnWorkerDraining(epoch, reason, now)
+			}
+		}
+		route, ok := has[Route](fail(r.Epoch, "node drains", true, t0))
+		if !ok || r.State != Migrating {
+			t.Fatalf("%s: no migration: state %s", c.name, r.State)
+		}
+		if c.routeFirst {
+			if _, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 1}, t0)); !ok {
+				t.Fatalf("%s: the drain's migration was not dispatched", c.name)
+			}
+			r.OnFrame(frame(r, 2), t0)
+			route, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+		}
+		acts := r.NoRoute(route.Epoch, c.overloaded, t0)
+		var got string
+		switch aw, waits := has[AwaitCapacity](acts); {
+		case waits && aw.Epoch == r.Epoch && r.State == Migrating:
+			got = "await"
+		case r.State == Failed && r.Err != nil:
+			got = string(r.Err.Type)
+			if _, ok := has[Finish](acts); !ok {
+				t.Errorf("%s: failed without a Finish: %v", c.name, acts)
+			}
+		default:
+			got = fmt.Sprintf("%v, state %s, err %v", acts, r.State, r.Err)
+		}
+		if got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestDrainMigrationRouted: a drain's migration that finds an instance
+// migrates there as any migration does, continuing after the received
+// tokens.
+func TestDrainMigrationRouted(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	route, _ := has[Route](r.OnWorkerDraining(r.Epoch, "node drains", t0))
+	if !route.Exclude["a"] {
+		t.Fatalf("the draining instance not excluded: %+v", route)
+	}
+	d, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 1}, t0))
+	if !ok || d.To.InstanceID != "b" || len(d.Prefix) != 1 || r.Migrations != 1 || r.State != Prefilling {
+		t.Fatalf("routed drain migration: %+v, %d migrations, state %s", d, r.Migrations, r.State)
+	}
+	if acts := r.OnWorkerDraining(r.Epoch-1, "stale", t0); len(acts) != 0 {
+		t.Fatalf("a stale drain notice acted: %v", acts)
+	}
+}
+
+// TestWorkerDrainingErrorEndsTyped: the interpreter hands a DRAINING
+// worker error to the machine as the drain's: with no route the request
+// ends with draining, answered 503 with Retry-After.
+func TestWorkerDrainingErrorEndsTyped(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	x := &run{r: r}
+	route, ok := has[Route](x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_DRAINING, Message: "node drains", Retryable: true}, t0))
+	if !ok || x.drainFailure == "" {
+		t.Fatalf("DRAINING error: state %s, drain failure %q", r.State, x.drainFailure)
+	}
+	if r.NoRoute(route.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrDraining {
+		t.Fatalf("no route after a DRAINING error: %s %v", r.State, r.Err)
+	}
+	w := httptest.NewRecorder()
+	writeRequestError(w, r.Err)
+	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" || !strings.Contains(w.Body.String(), `"type":"draining"`) {
+		t.Fatalf("draining answered %d, Retry-After %q: %s", w.Code, w.Header().Get("Retry-After"), w.Body.String())
 	}
 }

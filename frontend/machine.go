@@ -295,6 +295,20 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 // request is migratable, or fail fast with a typed error. Never loops: the
 // failed instance is excluded, and the budget bounds attempts.
 func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, now time.Time) []Action {
+	return r.workerFailed(epoch, reason, retryable, false, now)
+}
+
+// OnWorkerDraining: the worker of epoch ended the request because its
+// node drains (a retryable DRAINING error). It migrates like any
+// retryable failure, but a migration that finds no routable instance
+// ends at once with draining: the node is going away and nothing else
+// serves the model, so waiting for capacity would only hold the client.
+func (r *Request) OnWorkerDraining(epoch uint64, reason string, now time.Time) []Action {
+	return r.workerFailed(epoch, reason, true, true, now)
+}
+
+// workerFailed is OnWorkerFailed; drain says the worker's node drains.
+func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain bool, now time.Time) []Action {
 	if epoch != r.Epoch || !r.State.running() {
 		r.StaleEpochFrames++
 		return nil
@@ -316,6 +330,7 @@ func (r *Request) OnWorkerFailed(epoch uint64, reason string, retryable bool, no
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
 	}
 	r.Migrations++
+	r.drainMigration = drain
 	cw := r.bump(Migrating)
 	return []Action{cw, r.route()}
 }

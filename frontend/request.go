@@ -142,6 +142,9 @@ type Request struct {
 	// waitingSince is when the current wait for capacity began (zero
 	// when the request is not waiting).
 	waitingSince time.Time
+	// drainMigration: the migration under way is from a worker whose node
+	// drains (a DRAINING error); with no route it ends at once (draining).
+	drainMigration bool
 
 	// P/D split: the prefill instance working for the current epoch, how
 	// many prefill instances failed this request, and the epoch of the

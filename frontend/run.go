@@ -421,6 +421,7 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 	x.lastFailure = fmt.Sprintf("worker error %s: %s", e.Code, e.Message)
 	if e.Code == wire.Code_DRAINING {
 		x.drainFailure = x.lastFailure
+		return x.r.OnWorkerDraining(epoch, e.Message, now)
 	}
 	return x.r.OnWorkerFailed(epoch, e.Message, e.Retryable, now)
 }

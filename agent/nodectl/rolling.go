@@ -27,7 +27,8 @@ type RollingOptions struct {
 // time: the node drains (waiting for the disruption budget: requests in
 // flight finish or move), its agent stops, its supervisor (systemd, or
 // lifeline up) starts it again — running whatever binary is installed by
-// then — and every instance the node had is ready again at a higher
+// then, which comes back drained (a drain outlives its agent) and is
+// undrained — and every instance the node had is ready again at a higher
 // generation before the next node starts. It stops at the first node
 // that does not come back.
 func RollingUpgrade(ctx context.Context, opts RollingOptions, out io.Writer) error {
@@ -66,7 +67,7 @@ func upgradeNode(ctx context.Context, sock string, opts RollingOptions, out io.W
 	if err := syscall.Kill(before.PID, syscall.SIGTERM); err != nil {
 		return fmt.Errorf("stop agent %d: %w", before.PID, err)
 	}
-	after, err := waitRestarted(ctx, sock, before, opts.ReadyTimeout)
+	after, err := waitRestarted(ctx, out, sock, before, opts.ReadyTimeout)
 	if err != nil {
 		return err
 	}
@@ -76,19 +77,28 @@ func upgradeNode(ctx context.Context, sock string, opts RollingOptions, out io.W
 	return nil
 }
 
-// waitRestarted waits until a new agent answers on sock and every instance
-// the node had before is ready at a higher generation.
-func waitRestarted(ctx context.Context, sock string, before controlapi.Status, timeout time.Duration) (controlapi.Status, error) {
+// waitRestarted waits until a new agent answers on sock, undrains it
+// if it came back drained, and every instance the node had before is
+// ready at a higher generation.
+func waitRestarted(ctx context.Context, out io.Writer, sock string, before controlapi.Status, timeout time.Duration) (controlapi.Status, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string
 	for {
 		st, err := GetStatus(ctx, sock)
-		if err != nil {
+		switch ok, why := restarted(before, st); {
+		case err != nil:
 			last = err.Error()
-		} else if ok, why := restarted(before, st); ok {
+		case st.PID != before.PID && st.Drain != nil && st.Drain.Phase == controlapi.DrainDrained:
+			last = "agent back drained"
+			if _, err := Undrain(ctx, sock); err != nil {
+				last += ": " + err.Error()
+			} else {
+				fmt.Fprintf(out, "node %s: agent %d back, drained: undraining\n", st.NodeID, st.PID)
+			}
+		case ok:
 			return st, nil
-		} else {
+		default:
 			last = why
 		}
 		select {
