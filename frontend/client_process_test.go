@@ -360,8 +360,12 @@ func (s *earlyOnlySocket) watch(id quic.StreamID) {
 	s.mu.Unlock()
 }
 
-func (s *earlyOnlySocket) SetReadBuffer(n int) error  { return s.PacketConn.(*net.UDPConn).SetReadBuffer(n) }
-func (s *earlyOnlySocket) SetWriteBuffer(n int) error { return s.PacketConn.(*net.UDPConn).SetWriteBuffer(n) }
+func (s *earlyOnlySocket) SetReadBuffer(n int) error {
+	return s.PacketConn.(*net.UDPConn).SetReadBuffer(n)
+}
+func (s *earlyOnlySocket) SetWriteBuffer(n int) error {
+	return s.PacketConn.(*net.UDPConn).SetWriteBuffer(n)
+}
 
 func (s *earlyOnlySocket) ReadFrom(b []byte) (int, net.Addr, error) {
 	<-s.released
