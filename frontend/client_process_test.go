@@ -21,7 +21,6 @@ import (
 	"github.com/lifeline-llm/lifeline/frontend/client"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // seededRequest is the stream the client tests compare against a
@@ -447,22 +446,5 @@ func (w zeroRTTWatch) RecordEvent(ev qlogwriter.Event) {
 		if sf, ok := f.Frame.(*qlog.StreamFrame); ok && watching && sf.StreamID == id && sf.Fin {
 			s.release()
 		}
-	}
-}
-
-// TestGenerateFailsOver: lifeline generate with a dead first --url and a
-// live second prints the stream.
-func TestGenerateFailsOver(t *testing.T) {
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	url := clustertest.StartFrontend(t, n)
-	var text strings.Builder
-	for _, tok := range collect(t, client.New(url), 0, nil) {
-		text.WriteString(tok.Text)
-	}
-	out, errOut, err := proctest.Run(t, "generate", "--url", deadURL(t, "http"), "--url", url, "--model", "small", "--max-tokens", "160",
-		"--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
-	if err != nil || strings.TrimSuffix(out, "\n") != text.String() {
-		t.Fatalf("lifeline generate: %v %s\n%q\nwant %q", err, errOut, out, text.String())
 	}
 }
