@@ -32,6 +32,8 @@ type metrics struct {
 	recordsOutstanding prometheus.Gauge
 	recordWrites       *prometheus.CounterVec
 	recordsSkipped     prometheus.Counter
+	zeroRTTResumes     prometheus.Counter
+	tooEarly           prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -61,8 +63,12 @@ func newMetrics() *metrics {
 		Help: "Routing decisions: hit (the chosen node holds a prefix of the request), miss (fresh summaries, no prefix), load_only (no usable summary or identity)."}, []string{"result"})
 	m.capacityWaits = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_capacity_waits_total",
 		Help: "Requests that found no routable instance of their model and waited for one: served (one registered in time), timed_out (no_capacity)."}, []string{"result"})
-	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations)
 	m.failoverMetrics()
+	m.zeroRTTResumes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_zero_rtt_resumes_total",
+		Help: "Resume reads served from HTTP/3 0-RTT early data (before the handshake completed, or as the first request of a connection whose early data was accepted)."})
+	m.tooEarly = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_too_early_total",
+		Help: "Requests other than idempotent reads that arrived as 0-RTT early data, refused with 425 Too Early (replay-safe: they reached no handler)."})
+	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations, m.zeroRTTResumes, m.tooEarly)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
 	return m

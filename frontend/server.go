@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -328,8 +329,12 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer)
 		ln.Close()
 		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
 	}
+	if len(s.opts.ResumeSecret) > 0 {
+		quicTLS.SetSessionTicketKeys([][32]byte{sessionTicketKey(s.opts.ResumeSecret)})
+	}
 	mux := s.handler()
-	h3 := &http3.Server{Handler: mux, TLSConfig: quicTLS}
+	// 0-RTT on, for idempotent reads only (early.go).
+	h3 := &http3.Server{Handler: s.earlyGuard(mux), TLSConfig: quicTLS, QUICConfig: &quic.Config{Allow0RTT: true}, ConnContext: withQUICConn}
 	altSvc := fmt.Sprintf(`h3=":%d"; ma=86400`, port)
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: tcpTLS, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Alt-Svc", altSvc)

@@ -1,23 +1,23 @@
-// Package client is the Go client of a Lifeline frontend: it streams
-// completions, and when the connection breaks it reconnects with backoff and
-// jitter, resumes after the last sequence number it saw (Last-Event-ID),
-// drops duplicates, and surfaces the frontend's typed errors.
+// Package client is the Go client of Lifeline frontends: it streams
+// completions, and when a stream breaks it reconnects with backoff and
+// jitter to the next frontend of its list, resumes after the last sequence
+// number it saw (Last-Event-ID) with the stream's resume token, drops
+// duplicates, and surfaces the frontends' typed errors. Over HTTPS it
+// speaks HTTP/3 when a frontend offers it (Alt-Svc) or when told to,
+// resumes a TLS session with 0-RTT early data for the resume GET, and can
+// move its QUIC connections to a new UDP socket without a reconnect.
 package client
 
 import (
-	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"math/rand/v2"
 	"net/http"
-	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
-
-	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
 // Error is a typed error the frontend returned (OpenAI shape).
@@ -26,6 +26,10 @@ type Error struct {
 	Type       string
 	Message    string
 	RetryAfter time.Duration
+	// OwnerURL names the frontend that owns the stream now, when the one
+	// asked knows it (the Lifeline-Owner-URL header or the error's
+	// owner_url).
+	OwnerURL string
 }
 
 func (e *Error) Error() string {
@@ -62,118 +66,145 @@ type Result struct {
 	LastMigration map[string]int64
 }
 
-// Client talks to one frontend.
+// Options configure a client.
+type Options struct {
+	// TLS configures HTTPS (roots, server name); it is cloned, and given a
+	// session cache of its own per protocol if it has none, so that a
+	// reconnection resumes the TLS session.
+	TLS *tls.Config
+	// H3 speaks HTTP/3 to https URLs from the first request on; without
+	// it the client switches to HTTP/3 for a host once an HTTPS response
+	// advertised it (Alt-Svc).
+	H3 bool
+	// MaxReconnects bounds the reconnections of one stream, across all
+	// URLs (default 10).
+	MaxReconnects int
+	// IdleTimeout is how long an HTTP/3 connection may hear nothing before
+	// it counts as broken (default 5 s; keep-alives every third of it):
+	// a frontend that vanished without closing its connections is noticed
+	// after this.
+	IdleTimeout time.Duration
+}
+
+// Stats count what the client did, for tests and metrics.
+type Stats struct {
+	// Resumes is the resume requests sent; ZeroRTTResumes those that went
+	// out as 0-RTT early data on a new connection and were accepted.
+	Resumes, ZeroRTTResumes int64
+	// Failovers is the requests sent to another URL than the previous one
+	// of their stream (or, for a stream's first request, than its first
+	// choice).
+	Failovers int64
+	// Rebinds is the HTTP/3 connections moved to a new UDP socket.
+	Rebinds int64
+}
+
+// Client talks to one or more frontends of a cluster.
 type Client struct {
-	URL  string
+	// URLs are the frontends, tried in order (round robin) when a stream
+	// breaks.
+	URLs []string
+	// HTTP is the HTTP/1.1 and HTTP/2 client; tests may replace it before
+	// the first stream.
 	HTTP *http.Client
 	// MaxReconnects bounds reconnections of one stream (default 10).
 	MaxReconnects int
+
+	opts Options
+	tcp  *tcpConns
+	h3   *h3Client
+	alt  altSvc
+	// preferred is the index of the URL that last served a request: the
+	// next stream starts there.
+	preferred atomic.Int64
+	stats     struct{ resumes, zeroRTT, failovers, rebinds atomic.Int64 }
+	closeOnce sync.Once
 }
 
-// New returns a client of the frontend at url.
-func New(url string) *Client {
-	return &Client{URL: strings.TrimRight(url, "/"), HTTP: &http.Client{}, MaxReconnects: 10}
+// New returns a client of the frontends at urls with default options.
+func New(urls ...string) *Client { return NewWith(Options{}, urls...) }
+
+// NewWith returns a client of the frontends at urls.
+func NewWith(opts Options, urls ...string) *Client {
+	if opts.MaxReconnects == 0 {
+		opts.MaxReconnects = 10
+	}
+	if opts.IdleTimeout <= 0 {
+		opts.IdleTimeout = 5 * time.Second
+	}
+	c := &Client{MaxReconnects: opts.MaxReconnects, opts: opts, tcp: newTCPConns()}
+	for _, u := range urls {
+		c.URLs = append(c.URLs, strings.TrimRight(u, "/"))
+	}
+	tcpTLS := cloneTLS(opts.TLS)
+	c.HTTP = &http.Client{Transport: &http.Transport{TLSClientConfig: tcpTLS, ForceAttemptHTTP2: true,
+		DialContext: c.tcp.dial, Proxy: http.ProxyFromEnvironment}}
+	c.h3 = newH3Client(cloneTLS(opts.TLS), opts.IdleTimeout)
+	return c
+}
+
+// cloneTLS returns a copy of base (or an empty config) with a session
+// cache of its own.
+func cloneTLS(base *tls.Config) *tls.Config {
+	cfg := &tls.Config{}
+	if base != nil {
+		cfg = base.Clone()
+	}
+	if cfg.ClientSessionCache == nil {
+		cfg.ClientSessionCache = tls.NewLRUClientSessionCache(64)
+	}
+	return cfg
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	return Stats{Resumes: c.stats.resumes.Load(), ZeroRTTResumes: c.stats.zeroRTT.Load(),
+		Failovers: c.stats.failovers.Load(), Rebinds: c.stats.rebinds.Load()}
+}
+
+// Rebind moves every open HTTP/3 connection to a fresh UDP socket (a new
+// local port), as after a NAT rebinding or a network switch: it probes the
+// new path and switches to it, and the old socket is no longer used. The
+// streams on a connection go on without a reconnect. A connection whose
+// probe fails stays where it was (and if that path is dead its streams
+// break and resume by token). It returns the connections that failed.
+func (c *Client) Rebind(ctx context.Context) error {
+	n, err := c.h3.rebind(ctx)
+	c.stats.rebinds.Add(int64(n))
+	return err
+}
+
+// DropConnections closes every connection the client holds, as a network
+// failure would: the streams on them break and resume.
+func (c *Client) DropConnections() {
+	c.h3.dropAll()
+	c.tcp.dropAll()
+}
+
+// Close releases the client's connections and sockets.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.DropConnections()
+		c.HTTP.CloseIdleConnections()
+		c.h3.close()
+	})
+	return nil
 }
 
 // Stream runs a resumable streaming completion and calls each for every
-// token exactly once, in order, across reconnections.
+// token exactly once, in order, across reconnections and frontends.
 func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (Result, error) {
+	if len(c.URLs) == 0 {
+		return Result{}, fmt.Errorf("lifeline: no frontend URL")
+	}
 	body, _ := json.Marshal(struct {
 		Request
 		Stream        bool           `json:"stream"`
 		StreamOptions map[string]any `json:"stream_options"`
 	}{r, true, map[string]any{"resumable": true}})
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, c.URL+"/v1/completions", bytes.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.HTTP.Do(req)
+	s, resp, err := c.start(ctx, body)
 	if err != nil {
 		return Result{}, err
 	}
-	if resp.StatusCode != http.StatusOK {
-		defer resp.Body.Close()
-		return Result{}, readError(resp)
-	}
-	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
-	last := 0
-	for attempt := 0; ; attempt++ {
-		res, err := readStream(resp.Body, &last, each)
-		resp.Body.Close()
-		if err == nil {
-			return res, nil
-		}
-		var typed *Error
-		if errors.As(err, &typed) || ctx.Err() != nil {
-			return Result{}, err
-		}
-		if attempt >= c.MaxReconnects {
-			return Result{}, fmt.Errorf("lifeline: stream %s: gave up after %d reconnections: %w", id, attempt, err)
-		}
-		// Exponential backoff with jitter, then resume after `last`.
-		wait := time.Duration(1<<min(attempt, 6)) * 20 * time.Millisecond
-		wait += time.Duration(rand.Int64N(int64(wait)))
-		select {
-		case <-ctx.Done():
-			return Result{}, ctx.Err()
-		case <-time.After(wait):
-		}
-		rreq, _ := http.NewRequestWithContext(ctx, http.MethodGet, c.URL+"/v1/streams/"+id, nil)
-		rreq.Header.Set("Authorization", "Bearer "+token)
-		rreq.Header.Set("Last-Event-ID", strconv.Itoa(last))
-		if resp, err = c.HTTP.Do(rreq); err != nil {
-			resp = &http.Response{Body: io.NopCloser(strings.NewReader(""))}
-			continue
-		}
-		if resp.StatusCode != http.StatusOK {
-			defer resp.Body.Close()
-			return Result{}, readError(resp)
-		}
-	}
-}
-
-// readStream reads SSE events, delivering tokens after *last; it returns
-// the end chunk's result at the end of the stream, or an error if the stream
-// broke before its end (io.ErrUnexpectedEOF) or ended with a typed error.
-func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
-	rd := sse.NewReader(body)
-	var res Result
-	for {
-		ev, err := rd.Next()
-		switch {
-		case err == io.EOF: // [DONE]
-			return res, nil
-		case err != nil:
-			return Result{}, err
-		case ev.Error != nil:
-			return Result{}, &Error{Status: http.StatusOK, Type: ev.Error.Type, Message: ev.Error.Message}
-		}
-		c := ev.Chunk
-		if f := c.Finish(); f != "" {
-			res.FinishReason = f
-		}
-		seq := c.Lifeline.SequenceNo
-		if seq == 0 {
-			res.Migrations, res.LastMigration = c.Lifeline.Migrations, c.Lifeline.LastMigration
-			continue // the end chunk
-		}
-		if seq <= *last {
-			continue // a duplicate after a resume
-		}
-		if seq != *last+1 {
-			return Result{}, fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
-		}
-		*last = seq
-		each(Token{SequenceNo: seq, TokenID: c.Lifeline.TokenID, Text: c.Content(), Instance: c.Lifeline.InstanceID})
-	}
-}
-
-func readError(resp *http.Response) error {
-	var body struct {
-		Error struct{ Type, Message string }
-	}
-	json.NewDecoder(resp.Body).Decode(&body)
-	e := &Error{Status: resp.StatusCode, Type: body.Error.Type, Message: body.Error.Message}
-	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
-		e.RetryAfter = time.Duration(s) * time.Second
-	}
-	return e
+	return s.follow(ctx, resp, each)
 }

@@ -129,3 +129,86 @@ func TestStreamGap(t *testing.T) {
 		t.Fatalf("gap: %v", err)
 	}
 }
+
+// TestStreamFailsOverAndFollowsTheOwner: the stream breaks on A; the next
+// URL, B, answers 409 naming C as the stream's owner; the client resumes
+// on C with the token A gave, after the last token it saw, and delivers
+// every token once.
+func TestStreamFailsOverAndFollowsTheOwner(t *testing.T) {
+	var resumedOnC atomic.Value
+	c := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.Header.Get("Authorization") != "Bearer tok" {
+			http.Error(w, "bad resume", http.StatusUnauthorized)
+			return
+		}
+		resumedOnC.Store(r.Header.Get("Last-Event-ID"))
+		sw := sse.NewWriter(w)
+		writeTokens(sw, 4, 6)
+		writeEnd(sw)
+	}))
+	defer c.Close()
+	b := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Lifeline-Owner-URL", c.URL)
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprint(w, `{"error":{"message":"owned by another frontend","type":"taken_over"}}`)
+	}))
+	defer b.Close()
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Lifeline-Request-Id", "cmpl-1")
+		w.Header().Set("Lifeline-Resume-Token", "tok")
+		writeTokens(sse.NewWriter(w), 1, 3)
+	}))
+	defer a.Close()
+	cl := New(a.URL, b.URL)
+	var got []int
+	if _, err := cl.Stream(context.Background(), Request{Model: "m"}, func(tok Token) { got = append(got, tok.SequenceNo) }); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got) != "[1 2 3 4 5 6]" || resumedOnC.Load() != "3" {
+		t.Fatalf("tokens %v, resumed on C after %v", got, resumedOnC.Load())
+	}
+	if st := cl.Stats(); st.Resumes != 2 || st.Failovers != 2 {
+		t.Fatalf("stats %+v: want two resumes (B, C), both elsewhere", st)
+	}
+}
+
+// TestStartSkipsADeadURL: nothing listens at the first URL; the POST goes
+// to the second, and the next stream starts there.
+func TestStartSkipsADeadURL(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := sse.NewWriter(w)
+		writeTokens(sw, 1, 2)
+		writeEnd(sw)
+	}))
+	defer live.Close()
+	cl := New(dead.URL, live.URL)
+	for range 2 {
+		n := 0
+		if _, err := cl.Stream(context.Background(), Request{Model: "m"}, func(Token) { n++ }); err != nil || n != 2 {
+			t.Fatalf("%v after %d tokens", err, n)
+		}
+	}
+	if st := cl.Stats(); st.Failovers != 1 {
+		t.Fatalf("stats %+v: want one failover (the second stream starts on the live URL)", st)
+	}
+	// With one URL a refusal to connect is the error, at once.
+	if _, err := New(dead.URL).Stream(context.Background(), Request{Model: "m"}, func(Token) {}); err == nil {
+		t.Fatal("a dead single URL streamed")
+	}
+}
+
+func TestParseAltSvcH3(t *testing.T) {
+	for _, c := range []struct{ origin, header, want string }{
+		{"127.0.0.1:8443", `h3=":8443"; ma=86400`, "127.0.0.1:8443"},
+		{"example.com:443", `h3-29=":443", h3="alt.example.com:9443"; ma=60`, "alt.example.com:9443"},
+		{"example.com:443", `h2=":443"`, ""},
+		{"example.com:443", `h3=nonsense`, ""},
+	} {
+		got, _ := parseAltSvcH3(c.origin, c.header)
+		if got != c.want {
+			t.Errorf("%s %q: %q, want %q", c.origin, c.header, got, c.want)
+		}
+	}
+}

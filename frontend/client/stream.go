@@ -1,0 +1,239 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+)
+
+// session is one stream's state across reconnections: where it is, what
+// it was given at the start, and what it has delivered.
+type session struct {
+	c     *Client
+	id    string
+	token string
+	// at is the index of the URL that served the last request; owner, when
+	// set, is where a frontend said the stream is now (used once).
+	at    int
+	owner string
+	last  int
+}
+
+// start posts the request, to the preferred URL first and on to the next
+// while a frontend cannot be reached or refuses with a status another
+// frontend may not (5xx), within MaxReconnects. A POST that reached a
+// frontend is never re-sent to the same one, and never as 0-RTT early data.
+func (c *Client) start(ctx context.Context, body []byte) (*session, *http.Response, error) {
+	n := len(c.URLs)
+	first := int(c.preferred.Load()) % n
+	for attempt := 0; ; attempt++ {
+		at := (first + attempt) % n
+		if attempt > 0 {
+			if err := backoff(ctx, attempt-1); err != nil {
+				return nil, nil, err
+			}
+			if prev := (first + attempt - 1) % n; c.URLs[at] != c.URLs[prev] {
+				c.stats.failovers.Add(1)
+			}
+		}
+		resp, err := c.do(ctx, http.MethodPost, c.URLs[at], "/v1/completions", body, nil)
+		if err == nil && resp.StatusCode == http.StatusOK {
+			c.preferred.Store(int64(at))
+			return &session{c: c, at: at, id: resp.Header.Get("Lifeline-Request-Id"), token: resp.Header.Get("Lifeline-Resume-Token")}, resp, nil
+		}
+		if err == nil {
+			err = readError(resp)
+			resp.Body.Close()
+		}
+		// With one URL there is nowhere else to go: the error as it is.
+		if n == 1 || !startElsewhere(err) {
+			return nil, nil, err
+		}
+		if attempt >= c.MaxReconnects {
+			return nil, nil, fmt.Errorf("lifeline: no frontend took the request after %d attempts: %w", attempt+1, err)
+		}
+	}
+}
+
+// startElsewhere tells a POST failure another frontend may not have: the
+// frontend could not be reached (nothing was sent), or it refused with a
+// 5xx (it is stopping, or sees no capacity).
+func startElsewhere(err error) bool {
+	var typed *Error
+	if errors.As(err, &typed) {
+		return typed.Status >= 500
+	}
+	return isDialError(err)
+}
+
+// follow reads the stream to its end, resuming on the next URL (or the
+// one a frontend named) whenever it breaks.
+func (s *session) follow(ctx context.Context, resp *http.Response, each func(Token)) (Result, error) {
+	c := s.c
+	var err error
+	for attempt := 0; ; attempt++ {
+		if resp != nil {
+			var res Result
+			res, err = readStream(resp.Body, &s.last, each)
+			resp.Body.Close()
+			if err == nil {
+				return res, nil
+			}
+		}
+		// err says why the stream broke, or why the last resume request
+		// got no stream.
+		var typed *Error
+		if errors.As(err, &typed) && !resumeElsewhere(typed, len(c.URLs)) || ctx.Err() != nil {
+			return Result{}, err
+		}
+		if typed != nil && typed.OwnerURL != "" {
+			s.owner = typed.OwnerURL
+		}
+		if attempt >= c.MaxReconnects {
+			return Result{}, fmt.Errorf("lifeline: stream %s: gave up after %d reconnections: %w", s.id, attempt, err)
+		}
+		if err := backoff(ctx, attempt); err != nil {
+			return Result{}, err
+		}
+		resp, err = s.resume(ctx)
+	}
+}
+
+// resume asks the next frontend for the stream after s.last: the owner a
+// frontend named if any, else the URL after the current one. It returns
+// the response only when it is the stream (200).
+func (s *session) resume(ctx context.Context) (*http.Response, error) {
+	c := s.c
+	url := s.owner
+	if url == "" {
+		next := (s.at + 1) % len(c.URLs)
+		url = c.URLs[next]
+		if c.URLs[next] != c.URLs[s.at] {
+			c.stats.failovers.Add(1)
+		}
+		s.at = next
+	} else {
+		c.stats.failovers.Add(1)
+	}
+	s.owner = ""
+	h := http.Header{}
+	h.Set("Authorization", "Bearer "+s.token)
+	h.Set("Last-Event-ID", strconv.Itoa(s.last))
+	c.stats.resumes.Add(1)
+	resp, err := c.do(ctx, http.MethodGet, url, "/v1/streams/"+s.id, nil, h)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
+		return nil, readError(resp)
+	}
+	return resp, nil
+}
+
+// resumeElsewhere tells a typed error another attempt may cure: a
+// frontend that is stopping, overloaded or not the stream's owner (5xx,
+// 409, 421, 425 Too Early, 429), or one that does not know the stream
+// (404) while another URL may.
+func resumeElsewhere(e *Error, urls int) bool {
+	switch e.Status {
+	case http.StatusOK: // an error event in the stream
+		switch e.Type {
+		case "frontend_stopping", "taken_over", "not_owner":
+			return true
+		}
+		return false
+	case http.StatusNotFound:
+		return urls > 1 || e.OwnerURL != ""
+	case http.StatusConflict, http.StatusMisdirectedRequest, http.StatusTooEarly, http.StatusTooManyRequests:
+		return true
+	}
+	return e.Status >= 500 || e.OwnerURL != ""
+}
+
+// backoff waits 20 ms × 2^attempt (capped at 64×) plus up to as much
+// again of jitter.
+func backoff(ctx context.Context, attempt int) error {
+	wait := time.Duration(1<<min(attempt, 6)) * 20 * time.Millisecond
+	wait += time.Duration(rand.Int64N(int64(wait)))
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// readStream reads SSE events, delivering tokens after *last; it returns
+// the end chunk's result at the end of the stream, or an error if the stream
+// broke before its end (io.ErrUnexpectedEOF) or ended with a typed error.
+func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
+	rd := sse.NewReader(body)
+	var res Result
+	for {
+		ev, err := rd.Next()
+		switch {
+		case err == io.EOF: // [DONE]
+			return res, nil
+		case err != nil:
+			return Result{}, err
+		case ev.Error != nil:
+			return Result{}, &Error{Status: http.StatusOK, Type: ev.Error.Type, Message: ev.Error.Message, OwnerURL: ownerOf(ev.Data)}
+		}
+		c := ev.Chunk
+		if f := c.Finish(); f != "" {
+			res.FinishReason = f
+		}
+		seq := c.Lifeline.SequenceNo
+		if seq == 0 {
+			res.Migrations, res.LastMigration = c.Lifeline.Migrations, c.Lifeline.LastMigration
+			continue // the end chunk
+		}
+		if seq <= *last {
+			continue // a duplicate after a resume
+		}
+		if seq != *last+1 {
+			return Result{}, fmt.Errorf("lifeline: sequence gap: %d after %d", seq, *last)
+		}
+		*last = seq
+		each(Token{SequenceNo: seq, TokenID: c.Lifeline.TokenID, Text: c.Content(), Instance: c.Lifeline.InstanceID})
+	}
+}
+
+// errorBody is the OpenAI error shape, with the owner a frontend may name.
+type errorBody struct {
+	Error struct {
+		Type, Message string
+		OwnerURL      string `json:"owner_url"`
+	}
+}
+
+// ownerOf reads owner_url from an error event's data.
+func ownerOf(data []byte) string {
+	var b errorBody
+	json.Unmarshal(data, &b)
+	return b.Error.OwnerURL
+}
+
+func readError(resp *http.Response) error {
+	var body errorBody
+	json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&body)
+	e := &Error{Status: resp.StatusCode, Type: body.Error.Type, Message: body.Error.Message, OwnerURL: body.Error.OwnerURL}
+	if u := resp.Header.Get("Lifeline-Owner-URL"); u != "" {
+		e.OwnerURL = u
+	}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		e.RetryAfter = time.Duration(s) * time.Second
+	}
+	return e
+}
