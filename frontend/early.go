@@ -98,14 +98,21 @@ func (s *Server) earlyGuard(next http.Handler) http.Handler {
 	})
 }
 
-// sessionTicketKey derives the TLS session ticket key from the resume
-// secret, so that replicas sharing the secret resume each other's TLS
-// sessions (and accept each other's 0-RTT): a client that fails over to
+// ticketKeys derives TLS session ticket keys from the resume keys, the
+// current one first (it seals new tickets; the others still open old
+// ones), so that frontends sharing the keys resume each other's TLS
+// sessions and accept each other's 0-RTT: a client that fails over to
 // another frontend keeps its round trip saving.
-func sessionTicketKey(secret []byte) [32]byte {
-	m := hmac.New(sha256.New, secret)
-	m.Write([]byte("lifeline tls session ticket key v1"))
-	var k [32]byte
-	copy(k[:], m.Sum(nil))
-	return k
+func (k *resumeKeys) ticketKeys() [][32]byte {
+	k.mu.RLock()
+	defer k.mu.RUnlock()
+	out := make([][32]byte, 0, len(k.keys))
+	for _, key := range k.keys {
+		m := hmac.New(sha256.New, key.Secret)
+		m.Write([]byte("lifeline tls session ticket key v1"))
+		var t [32]byte
+		copy(t[:], m.Sum(nil))
+		out = append(out, t)
+	}
+	return out
 }

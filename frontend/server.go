@@ -329,8 +329,14 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer)
 		ln.Close()
 		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
 	}
-	if len(s.opts.ResumeSecret) > 0 {
-		quicTLS.SetSessionTicketKeys([][32]byte{sessionTicketKey(s.opts.ResumeSecret)})
+	// Session tickets sealed with keys derived from the resume keys: every
+	// frontend of the cluster resumes every other's TLS sessions (and
+	// accepts their 0-RTT), through key rotations.
+	quicTLS.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		c := quicTLS.Clone()
+		c.GetConfigForClient = nil
+		c.SetSessionTicketKeys(s.keys.ticketKeys())
+		return c, nil
 	}
 	mux := s.handler()
 	// 0-RTT on, for idempotent reads only (early.go).
