@@ -78,6 +78,9 @@ type Stream struct {
 	c  *Client
 	st *quic.Stream
 	r  *bufio.Reader
+	// release forgets the cancel on the call's ctx end, once the stream
+	// ended or was abandoned.
+	release func() bool
 }
 
 // openTimeout bounds opening a stream and sending the request: a worker
@@ -100,12 +103,11 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 	st.Close() // done sending; frames come back
 	// The call's ctx ending cancels the request, unless Detach came
 	// first: only the first STOP_SENDING code reaches the worker.
-	go func() {
-		<-ctx.Done()
+	release := context.AfterFunc(ctx, func() {
 		st.CancelRead(CodeCancel)
 		st.CancelWrite(CodeCancel)
-	}()
-	return &Stream{c: c, st: st, r: bufio.NewReader(st)}, nil
+	})
+	return &Stream{c: c, st: st, r: bufio.NewReader(st), release: release}, nil
 }
 
 // Generate starts a generation.
@@ -171,6 +173,7 @@ func (s *Stream) Next() (*wire.Frame, error) {
 		var f wire.Frame
 		if err := frame.Read(s.r, &f); err != nil {
 			if errors.Is(err, io.EOF) {
+				s.release()
 				return nil, io.EOF
 			}
 			return nil, fmt.Errorf("workerclient: stream: %w", err)
@@ -185,8 +188,10 @@ func (s *Stream) Next() (*wire.Frame, error) {
 	}
 }
 
-// Cancel abandons the stream; the worker cancels the request.
+// Cancel abandons the stream; the worker cancels the request. After
+// Detach it changes nothing: only a stream's first STOP_SENDING is sent.
 func (s *Stream) Cancel() {
+	s.release()
 	s.st.CancelRead(CodeCancel)
 	s.st.CancelWrite(CodeCancel)
 }
@@ -195,6 +200,7 @@ func (s *Stream) Cancel() {
 // the worker for an Attach. Called before the call's ctx ends, it wins
 // over the cancel that ctx's end sends.
 func (s *Stream) Detach() {
+	s.release()
 	s.st.CancelRead(CodeDetach)
 	s.st.CancelWrite(CodeDetach)
 }
