@@ -277,8 +277,8 @@ func (s *server) attach(st *quic.Stream, at *wire.Attach, send func(*wire.Frame)
 	case a.from <= ss.log.droppedThrough:
 		through := ss.log.droppedThrough
 		ss.mu.Unlock()
-		fail(wire.Code_NOT_FOUND, "attach: request %s from sequence %d: frames through %d were dropped (the log keeps %d)",
-			at.RequestId, a.from, through, maxLogFrames)
+		fail(wire.Code_NOT_FOUND, "attach: request %s from sequence %d: frames dropped through sequence %d (the log keeps %d)",
+			at.RequestId, a.from, through, ss.log.limit)
 		return
 	}
 	if ss.att != nil {
@@ -319,7 +319,7 @@ func (s *server) serveAttached(ss *session, a *attachment, next int) {
 			ss.mu.Unlock()
 			// This stream fell a whole log behind: end it as an Attach
 			// that came too late would be, and detach the request.
-			if write(errorFrame(ss.id, a.epoch, wire.Code_NOT_FOUND, "frames dropped: the stream fell %d frames behind", maxLogFrames)) == nil {
+			if write(errorFrame(ss.id, a.epoch, wire.Code_NOT_FOUND, "frames dropped: the stream fell %d frames behind", ss.log.limit)) == nil {
 				w.Flush()
 			}
 			s.lost(ss, a, errors.New("stream fell behind its log"))

@@ -52,6 +52,19 @@ func (w *testWorker) dialAbrupt(t *testing.T) (*workerclient.Client, func()) {
 	return workerclient.New(conn, "w", 1), func() { pc.Close() }
 }
 
+// dialDoomed is dialAbrupt; under -short, whose tests do not wait for
+// an idle timeout (quic-go accepts none under 5 s), its kill closes the
+// connection at once instead (CONNECTION_CLOSE: the connection is lost
+// just the same, without a cancel).
+func (w *testWorker) dialDoomed(t *testing.T) (*workerclient.Client, func()) {
+	t.Helper()
+	c, kill := w.dialAbrupt(t)
+	if testing.Short() {
+		return c, func() { c.Close() }
+	}
+	return c, kill
+}
+
 func readN(t *testing.T, s *workerclient.Stream, n int) []*wire.Frame {
 	t.Helper()
 	var fs []*wire.Frame
@@ -133,7 +146,8 @@ func waitHealth(t *testing.T, c *workerclient.Client, what string, ok func(*wire
 }
 
 // TestDetachSurvivesConnectionLoss: the connection of a detachable
-// request's stream dies as a killed process's does (no CONNECTION_CLOSE).
+// request's stream dies as a killed process's does (no CONNECTION_CLOSE;
+// under -short, closed).
 // The worker keeps generating, buffering frames, and an Attach at a higher
 // epoch from another connection gets every frame of the request, equal
 // to a fault-free run's, stamped with its epoch. Once finished, another
@@ -143,17 +157,20 @@ func TestDetachSurvivesConnectionLoss(t *testing.T) {
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	const n = 1500
+	n := int32(1500) // outlasts the idle timeout
+	if testing.Short() {
+		n = 300
+	}
 	ref, err := c.Generate(ctx, seeded("ref", 1, 0, n))
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := clustertest.CollectFrames(t, ref)
-	if len(want) != n+1 || want[n].FinishReason != "length" {
+	if len(want) != int(n)+1 || want[n].FinishReason != "length" {
 		t.Fatalf("reference: %d frames, last %+v", len(want), want[len(want)-1])
 	}
 
-	doomed, kill := w.dialAbrupt(t)
+	doomed, kill := w.dialDoomed(t)
 	s, err := doomed.Generate(ctx, seeded("r", 1, 30*time.Second, n))
 	if err != nil {
 		t.Fatal(err)
@@ -178,14 +195,15 @@ func TestDetachSurvivesConnectionLoss(t *testing.T) {
 }
 
 // TestNotDetachableConnectionLossCancels: without a grace, a stream's
-// connection dying cancels its request, as it always did, and there is
-// nothing to attach to.
+// connection dying (as a killed process's does; under -short, closed)
+// cancels its request, as it always did, and there is nothing to attach
+// to.
 func TestNotDetachableConnectionLossCancels(t *testing.T) {
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	doomed, kill := w.dialAbrupt(t)
+	doomed, kill := w.dialDoomed(t)
 	s, err := doomed.Generate(ctx, seeded("r", 1, 0, 3000))
 	if err != nil {
 		t.Fatal(err)
@@ -371,7 +389,7 @@ func TestDetachFinishedKeptForGrace(t *testing.T) {
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	s, err := c.Generate(ctx, seeded("r", 1, 5*time.Second, 12))
+	s, err := c.Generate(ctx, seeded("r", 1, 2*time.Second, 12))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,7 +405,7 @@ func TestDetachFinishedKeptForGrace(t *testing.T) {
 		epoch++
 		return fs[0].Error.GetCode() == wire.Code_NOT_FOUND, fmt.Sprint(fs[0])
 	})
-	if d := time.Since(ended); d < 5*time.Second {
+	if d := time.Since(ended); d < 2*time.Second {
 		t.Fatalf("forgotten %v after it ended, before its grace", d)
 	}
 }
@@ -496,4 +514,35 @@ func TestDetachDrain(t *testing.T) {
 		contiguous(t, fs[:len(fs)-1], r.from, r.epoch)
 	}
 	waitHealth(t, c, "nothing in flight", func(h *wire.HealthReply) bool { return h.InFlight == 0 && h.Detached == 0 })
+}
+
+// TestAttachAfterFramesDropped: a request's log keeps its newest frames
+// only; an Attach from before them gets NOT_FOUND saying so, one from
+// within them gets the tail, and the health counts what was dropped.
+func TestAttachAfterFramesDropped(t *testing.T) {
+	defer func(n int) { frameLogLimit = n }(frameLogLimit)
+	frameLogLimit = 50
+	w := newTestWorker(t)
+	c := w.dial(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	s, err := c.Generate(ctx, seeded("r", 1, time.Minute, 200))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readN(t, s, 1)
+	s.Detach()
+	h := waitHealth(t, c, "the detached request finished", func(h *wire.HealthReply) bool { return h.InFlight == 0 })
+	if h.FramesDropped != 201-50 || h.FramesBuffered < 150 {
+		t.Fatalf("health: %+v", h)
+	}
+	if e := refused(t, attach(t, ctx, c, "r", 2, 1), wire.Code_NOT_FOUND); !strings.Contains(e.Message, "frames dropped through sequence 151") {
+		t.Fatalf("refusal: %v", e)
+	}
+	refused(t, attach(t, ctx, c, "r", 2, 151), wire.Code_NOT_FOUND)
+	fs := clustertest.CollectFrames(t, attach(t, ctx, c, "r", 2, 152))
+	if len(fs) != 50 || fs[49].FinishReason != "length" {
+		t.Fatalf("%d frames, last %+v", len(fs), fs[len(fs)-1])
+	}
+	contiguous(t, fs[:49], 152, 2)
 }

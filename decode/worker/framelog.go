@@ -7,6 +7,10 @@ import "github.com/lifeline-llm/lifeline/decode/wire"
 // is told so; the frontend then regenerates.
 const maxLogFrames = 1 << 16
 
+// frameLogLimit is the bound new sessions get: maxLogFrames, lowered by
+// tests (no request of the test presets' contexts reaches it).
+var frameLogLimit = maxLogFrames
+
 // frameLog is a detachable request's frames, in order, the newest limit
 // of them kept. Frame i (0 for the first frame the request produced) is
 // kept while first() <= i < n. It is not safe for concurrent use.

@@ -402,7 +402,7 @@ func (s *server) generateDetachable(st *quic.Stream, g *wire.Generate, send func
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	a := newAttachment(st, g.RequestEpoch, 0)
-	ss := &session{id: g.RequestId, grace: grace, cancel: cancel, epoch: g.RequestEpoch, log: newFrameLog(maxLogFrames),
+	ss := &session{id: g.RequestId, grace: grace, cancel: cancel, epoch: g.RequestEpoch, log: newFrameLog(frameLogLimit),
 		att: a, changed: make(chan struct{})}
 	if err := s.register(ss); err != nil {
 		cancel(nil)
