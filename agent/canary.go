@@ -122,6 +122,7 @@ func (a *Agent) look(ctx context.Context, c *workerclient.Client, inst *instance
 	if err != nil {
 		return false, false, 0 // no word from the worker: its canary gets no allowance
 	}
+	a.metrics.workerHealth(inst.id, h)
 	a.mu.Lock()
 	inst.running, inst.queued, inst.freeBlocks = int(h.Running), int(h.Queued), int(h.FreeBlocks)
 	ready := inst.ready

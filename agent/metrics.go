@@ -8,6 +8,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
 )
 
 type metrics struct {
@@ -35,6 +37,11 @@ type metrics struct {
 	// drainOutcomes counts requests in flight by what a drain did with
 	// them: finished_in_place, moved_early, ended_at_deadline.
 	drainOutcomes *prometheus.CounterVec
+	// Detachable requests per instance, as its worker last reported them
+	// (the canary loop's health look): frames generated while detached
+	// and frames dropped from full logs (both cumulative since the
+	// worker started), requests running detached now, accepted Attaches.
+	workerFramesBuffered, workerFramesDropped, workerDetached, workerAttaches *prometheus.GaugeVec
 }
 
 func newMetrics() *metrics {
@@ -57,7 +64,30 @@ func newMetrics() *metrics {
 	}
 	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen, m.etcdWriteErrors)
 	m.registerDrain()
+	m.registerWorker()
 	return m
+}
+
+func (m *metrics) registerWorker() {
+	gauge := func(name, help string) *prometheus.GaugeVec {
+		return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"instance_id"})
+	}
+	m.workerFramesBuffered = gauge("lifeline_agent_worker_frames_buffered",
+		"Frames a worker generated for detachable requests while no stream was attached, since it started.")
+	m.workerFramesDropped = gauge("lifeline_agent_worker_frames_dropped",
+		"Frames a worker dropped from full detachable-request logs, since it started.")
+	m.workerDetached = gauge("lifeline_agent_worker_detached_requests", "Detachable requests a worker runs with no stream attached.")
+	m.workerAttaches = gauge("lifeline_agent_worker_attaches", "Attach operations a worker accepted, since it started.")
+	m.reg.MustRegister(m.workerFramesBuffered, m.workerFramesDropped, m.workerDetached, m.workerAttaches)
+}
+
+// workerHealth exports what a worker's health reply says of its
+// detachable requests.
+func (m *metrics) workerHealth(instanceID string, h *wire.HealthReply) {
+	m.workerFramesBuffered.WithLabelValues(instanceID).Set(float64(h.FramesBuffered))
+	m.workerFramesDropped.WithLabelValues(instanceID).Set(float64(h.FramesDropped))
+	m.workerDetached.WithLabelValues(instanceID).Set(float64(h.Detached))
+	m.workerAttaches.WithLabelValues(instanceID).Set(float64(h.Attaches))
 }
 
 func (m *metrics) registerDrain() {

@@ -90,19 +90,31 @@ const (
 	// DRAINING: the node is being drained (planned maintenance); retryable
 	// elsewhere, and the request's prefix is kept.
 	Code_DRAINING Code = 7
+	// NOT_FOUND: an Attach for a request this worker does not hold (never
+	// seen, cancelled, forgotten after its grace), or whose frames from the
+	// asked sequence number on were dropped: regenerate instead.
+	Code_NOT_FOUND Code = 8
+	// TAKEN_OVER ends a stream whose request a newer Attach took over.
+	Code_TAKEN_OVER Code = 9
+	// STALE_EPOCH: an Attach (or a Generate of a request still held) at an
+	// epoch not above the one the request is served under.
+	Code_STALE_EPOCH Code = 10
 )
 
 // Enum value maps for Code.
 var (
 	Code_name = map[int32]string{
-		0: "OK",
-		1: "INVALID_REQUEST",
-		2: "OVERLOADED",
-		3: "TOO_LARGE",
-		4: "CANCELLED",
-		5: "INTERNAL",
-		6: "SHUTTING_DOWN",
-		7: "DRAINING",
+		0:  "OK",
+		1:  "INVALID_REQUEST",
+		2:  "OVERLOADED",
+		3:  "TOO_LARGE",
+		4:  "CANCELLED",
+		5:  "INTERNAL",
+		6:  "SHUTTING_DOWN",
+		7:  "DRAINING",
+		8:  "NOT_FOUND",
+		9:  "TAKEN_OVER",
+		10: "STALE_EPOCH",
 	}
 	Code_value = map[string]int32{
 		"OK":              0,
@@ -113,6 +125,9 @@ var (
 		"INTERNAL":        5,
 		"SHUTTING_DOWN":   6,
 		"DRAINING":        7,
+		"NOT_FOUND":       8,
+		"TAKEN_OVER":      9,
+		"STALE_EPOCH":     10,
 	}
 )
 
@@ -168,7 +183,18 @@ type Generate struct {
 	// published blocks of prompt ‖ prefix_tokens (a migrated request): the
 	// worker asks its own node's agent to pull what the node lacks before
 	// it prefills, and computes whatever could not be pulled.
-	KvSources     []string `protobuf:"bytes,17,rep,name=kv_sources,json=kvSources,proto3" json:"kv_sources,omitempty"`
+	KvSources []string `protobuf:"bytes,17,rep,name=kv_sources,json=kvSources,proto3" json:"kv_sources,omitempty"`
+	// detach_grace_ms > 0 makes the request detachable: its stream ending
+	// without an explicit cancel (the frontend's process died, the
+	// connection idled out, or the frontend detached on purpose with
+	// STOP_SENDING code 2) does not cancel it. The worker keeps generating
+	// into a bounded per-request frame log for this long, waiting for an
+	// Attach; a detached request nobody attached within it is cancelled
+	// (its blocks freed). STOP_SENDING code 1 (an explicit cancel) cancels
+	// it at once. A finished request's frames are kept for the same grace
+	// after it ended, then forgotten. 0 keeps the stream and the request
+	// tied: the stream's end cancels it.
+	DetachGraceMs uint32 `protobuf:"varint,18,opt,name=detach_grace_ms,json=detachGraceMs,proto3" json:"detach_grace_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +348,86 @@ func (x *Generate) GetKvSources() []string {
 	return nil
 }
 
+func (x *Generate) GetDetachGraceMs() uint32 {
+	if x != nil {
+		return x.DetachGraceMs
+	}
+	return 0
+}
+
+// Attach re-attaches a new stream (another frontend, after a takeover) to
+// a detachable request running on, or recently finished by, this worker.
+// The worker answers on the Attach's stream with every frame of the
+// request from from_sequence_no on (buffered ones, then live ones, through
+// the finish frame), stamped with this request_epoch. The same engine
+// sequence keeps running: frames are identical to those the first stream
+// got. Errors (one error frame): NOT_FOUND for an unknown, cancelled or
+// forgotten request, or when frames older than from_sequence_no were
+// dropped from the log; STALE_EPOCH when request_epoch is not above the
+// epoch the request is served under. An accepted Attach ends the stream
+// attached before (if still open) with TAKEN_OVER.
+type Attach struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestEpoch uint64                 `protobuf:"varint,2,opt,name=request_epoch,json=requestEpoch,proto3" json:"request_epoch,omitempty"`
+	// from_sequence_no is the first token's sequence number wanted (1 or 0:
+	// all); the finish frame always comes.
+	FromSequenceNo int32 `protobuf:"varint,3,opt,name=from_sequence_no,json=fromSequenceNo,proto3" json:"from_sequence_no,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Attach) Reset() {
+	*x = Attach{}
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Attach) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Attach) ProtoMessage() {}
+
+func (x *Attach) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Attach.ProtoReflect.Descriptor instead.
+func (*Attach) Descriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Attach) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *Attach) GetRequestEpoch() uint64 {
+	if x != nil {
+		return x.RequestEpoch
+	}
+	return 0
+}
+
+func (x *Attach) GetFromSequenceNo() int32 {
+	if x != nil {
+		return x.FromSequenceNo
+	}
+	return 0
+}
+
 type Health struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -330,7 +436,7 @@ type Health struct {
 
 func (x *Health) Reset() {
 	*x = Health{}
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +448,7 @@ func (x *Health) String() string {
 func (*Health) ProtoMessage() {}
 
 func (x *Health) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +461,7 @@ func (x *Health) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Health.ProtoReflect.Descriptor instead.
 func (*Health) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
 }
 
 // Admin is the node agent's control of its worker: whether it accepts new
@@ -387,7 +493,7 @@ type Admin struct {
 
 func (x *Admin) Reset() {
 	*x = Admin{}
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -399,7 +505,7 @@ func (x *Admin) String() string {
 func (*Admin) ProtoMessage() {}
 
 func (x *Admin) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -412,7 +518,7 @@ func (x *Admin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admin.ProtoReflect.Descriptor instead.
 func (*Admin) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Admin) GetAccepting() bool {
@@ -471,6 +577,7 @@ type Request struct {
 	//	*Request_Generate
 	//	*Request_Health
 	//	*Request_Admin
+	//	*Request_Attach
 	Op            isRequest_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -478,7 +585,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -490,7 +597,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -503,7 +610,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -540,6 +647,15 @@ func (x *Request) GetAdmin() *Admin {
 	return nil
 }
 
+func (x *Request) GetAttach() *Attach {
+	if x != nil {
+		if x, ok := x.Op.(*Request_Attach); ok {
+			return x.Attach
+		}
+	}
+	return nil
+}
+
 type isRequest_Op interface {
 	isRequest_Op()
 }
@@ -556,11 +672,17 @@ type Request_Admin struct {
 	Admin *Admin `protobuf:"bytes,3,opt,name=admin,proto3,oneof"`
 }
 
+type Request_Attach struct {
+	Attach *Attach `protobuf:"bytes,4,opt,name=attach,proto3,oneof"`
+}
+
 func (*Request_Generate) isRequest_Op() {}
 
 func (*Request_Health) isRequest_Op() {}
 
 func (*Request_Admin) isRequest_Op() {}
+
+func (*Request_Attach) isRequest_Op() {}
 
 type Error struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -573,7 +695,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -585,7 +707,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -598,7 +720,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Error) GetCode() Code {
@@ -654,13 +776,21 @@ type HealthReply struct {
 	// requests allowed to finish that did (not ended by the drain).
 	DrainMovedEarly      uint64 `protobuf:"varint,14,opt,name=drain_moved_early,json=drainMovedEarly,proto3" json:"drain_moved_early,omitempty"`
 	DrainFinishedInPlace uint64 `protobuf:"varint,15,opt,name=drain_finished_in_place,json=drainFinishedInPlace,proto3" json:"drain_finished_in_place,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Detachable requests: frames generated while no stream was attached
+	// (cumulative), frames dropped from a full per-request log (cumulative),
+	// requests running with no stream attached now, and accepted Attach
+	// ops (cumulative).
+	FramesBuffered uint64 `protobuf:"varint,16,opt,name=frames_buffered,json=framesBuffered,proto3" json:"frames_buffered,omitempty"`
+	FramesDropped  uint64 `protobuf:"varint,17,opt,name=frames_dropped,json=framesDropped,proto3" json:"frames_dropped,omitempty"`
+	Detached       uint32 `protobuf:"varint,18,opt,name=detached,proto3" json:"detached,omitempty"`
+	Attaches       uint64 `protobuf:"varint,19,opt,name=attaches,proto3" json:"attaches,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -672,7 +802,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -685,7 +815,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *HealthReply) GetReady() bool {
@@ -793,6 +923,34 @@ func (x *HealthReply) GetDrainFinishedInPlace() uint64 {
 	return 0
 }
 
+func (x *HealthReply) GetFramesBuffered() uint64 {
+	if x != nil {
+		return x.FramesBuffered
+	}
+	return 0
+}
+
+func (x *HealthReply) GetFramesDropped() uint64 {
+	if x != nil {
+		return x.FramesDropped
+	}
+	return 0
+}
+
+func (x *HealthReply) GetDetached() uint32 {
+	if x != nil {
+		return x.Detached
+	}
+	return 0
+}
+
+func (x *HealthReply) GetAttaches() uint64 {
+	if x != nil {
+		return x.Attaches
+	}
+	return 0
+}
+
 type Frame struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId   string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
@@ -816,7 +974,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -828,7 +986,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -841,7 +999,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Frame) GetInstanceId() string {
@@ -932,7 +1090,7 @@ var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xa8\x04\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd0\x04\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -955,7 +1113,13 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x04lane\x18\x0f \x01(\x0e2\x16.lifeline.wire.v1.LaneR\x04lane\x12!\n" +
 	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\x12\x1d\n" +
 	"\n" +
-	"kv_sources\x18\x11 \x03(\tR\tkvSources\"\b\n" +
+	"kv_sources\x18\x11 \x03(\tR\tkvSources\x12&\n" +
+	"\x0fdetach_grace_ms\x18\x12 \x01(\rR\rdetachGraceMs\"v\n" +
+	"\x06Attach\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
+	"\rrequest_epoch\x18\x02 \x01(\x04R\frequestEpoch\x12(\n" +
+	"\x10from_sequence_no\x18\x03 \x01(\x05R\x0efromSequenceNo\"\b\n" +
 	"\x06Health\"\x8a\x02\n" +
 	"\x05Admin\x12\x1c\n" +
 	"\taccepting\x18\x01 \x01(\bR\taccepting\x12\x1e\n" +
@@ -967,16 +1131,17 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x12current_generation\x18\x04 \x01(\x04R\x11currentGeneration\x12\x1a\n" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x12\"\n" +
 	"\rend_in_flight\x18\x06 \x01(\bR\vendInFlight\x123\n" +
-	"\x16drain_deadline_unix_ms\x18\a \x01(\x03R\x13drainDeadlineUnixMs\"\xae\x01\n" +
+	"\x16drain_deadline_unix_ms\x18\a \x01(\x03R\x13drainDeadlineUnixMs\"\xe2\x01\n" +
 	"\aRequest\x128\n" +
 	"\bgenerate\x18\x01 \x01(\v2\x1a.lifeline.wire.v1.GenerateH\x00R\bgenerate\x122\n" +
 	"\x06health\x18\x02 \x01(\v2\x18.lifeline.wire.v1.HealthH\x00R\x06health\x12/\n" +
-	"\x05admin\x18\x03 \x01(\v2\x17.lifeline.wire.v1.AdminH\x00R\x05adminB\x04\n" +
+	"\x05admin\x18\x03 \x01(\v2\x17.lifeline.wire.v1.AdminH\x00R\x05admin\x122\n" +
+	"\x06attach\x18\x04 \x01(\v2\x18.lifeline.wire.v1.AttachH\x00R\x06attachB\x04\n" +
 	"\x02op\"k\n" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x99\x04\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xa1\x05\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -996,7 +1161,11 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\tin_flight\x18\f \x01(\rR\binFlight\x12)\n" +
 	"\x10requests_started\x18\r \x01(\x04R\x0frequestsStarted\x12*\n" +
 	"\x11drain_moved_early\x18\x0e \x01(\x04R\x0fdrainMovedEarly\x125\n" +
-	"\x17drain_finished_in_place\x18\x0f \x01(\x04R\x14drainFinishedInPlace\"\xb1\x03\n" +
+	"\x17drain_finished_in_place\x18\x0f \x01(\x04R\x14drainFinishedInPlace\x12'\n" +
+	"\x0fframes_buffered\x18\x10 \x01(\x04R\x0eframesBuffered\x12%\n" +
+	"\x0eframes_dropped\x18\x11 \x01(\x04R\rframesDropped\x12\x1a\n" +
+	"\bdetached\x18\x12 \x01(\rR\bdetached\x12\x1a\n" +
+	"\battaches\x18\x13 \x01(\x04R\battaches\"\xb1\x03\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1020,7 +1189,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +
 	"\n" +
-	"\x06CANARY\x10\x02*\x80\x01\n" +
+	"\x06CANARY\x10\x02*\xb0\x01\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\x13\n" +
 	"\x0fINVALID_REQUEST\x10\x01\x12\x0e\n" +
@@ -1030,7 +1199,12 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\tCANCELLED\x10\x04\x12\f\n" +
 	"\bINTERNAL\x10\x05\x12\x11\n" +
 	"\rSHUTTING_DOWN\x10\x06\x12\f\n" +
-	"\bDRAINING\x10\aB.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
+	"\bDRAINING\x10\a\x12\r\n" +
+	"\tNOT_FOUND\x10\b\x12\x0e\n" +
+	"\n" +
+	"TAKEN_OVER\x10\t\x12\x0f\n" +
+	"\vSTALE_EPOCH\x10\n" +
+	"B.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
 
 var (
 	file_lifeline_wire_proto_rawDescOnce sync.Once
@@ -1045,31 +1219,33 @@ func file_lifeline_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_lifeline_wire_proto_goTypes = []any{
 	(Lane)(0),           // 0: lifeline.wire.v1.Lane
 	(Code)(0),           // 1: lifeline.wire.v1.Code
 	(*Generate)(nil),    // 2: lifeline.wire.v1.Generate
-	(*Health)(nil),      // 3: lifeline.wire.v1.Health
-	(*Admin)(nil),       // 4: lifeline.wire.v1.Admin
-	(*Request)(nil),     // 5: lifeline.wire.v1.Request
-	(*Error)(nil),       // 6: lifeline.wire.v1.Error
-	(*HealthReply)(nil), // 7: lifeline.wire.v1.HealthReply
-	(*Frame)(nil),       // 8: lifeline.wire.v1.Frame
+	(*Attach)(nil),      // 3: lifeline.wire.v1.Attach
+	(*Health)(nil),      // 4: lifeline.wire.v1.Health
+	(*Admin)(nil),       // 5: lifeline.wire.v1.Admin
+	(*Request)(nil),     // 6: lifeline.wire.v1.Request
+	(*Error)(nil),       // 7: lifeline.wire.v1.Error
+	(*HealthReply)(nil), // 8: lifeline.wire.v1.HealthReply
+	(*Frame)(nil),       // 9: lifeline.wire.v1.Frame
 }
 var file_lifeline_wire_proto_depIdxs = []int32{
 	0, // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
 	2, // 1: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
-	3, // 2: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
-	4, // 3: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
-	1, // 4: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
-	6, // 5: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
-	7, // 6: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
-	7, // [7:7] is the sub-list for method output_type
-	7, // [7:7] is the sub-list for method input_type
-	7, // [7:7] is the sub-list for extension type_name
-	7, // [7:7] is the sub-list for extension extendee
-	0, // [0:7] is the sub-list for field type_name
+	4, // 2: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
+	5, // 3: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
+	3, // 4: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
+	1, // 5: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
+	7, // 6: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
+	8, // 7: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_wire_proto_init() }
@@ -1077,10 +1253,11 @@ func file_lifeline_wire_proto_init() {
 	if File_lifeline_wire_proto != nil {
 		return
 	}
-	file_lifeline_wire_proto_msgTypes[3].OneofWrappers = []any{
+	file_lifeline_wire_proto_msgTypes[4].OneofWrappers = []any{
 		(*Request_Generate)(nil),
 		(*Request_Health)(nil),
 		(*Request_Admin)(nil),
+		(*Request_Attach)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1088,7 +1265,7 @@ func file_lifeline_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

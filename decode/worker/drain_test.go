@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"io"
 	"path/filepath"
@@ -28,6 +29,21 @@ func startWorker(t *testing.T) *workerclient.Client {
 // return and reports its error.
 func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 	t.Helper()
+	w := newTestWorker(t)
+	return w.dial(t), w.stop
+}
+
+// testWorker is an in-process worker of the small preset.
+type testWorker struct {
+	addr    string
+	tlsConf *tls.Config
+	// stop stops the worker as its SIGTERM does (its context ends), waits
+	// for Run to return and reports its error.
+	stop func() error
+}
+
+func newTestWorker(t *testing.T) *testWorker {
+	t.Helper()
 	certs := filepath.Join(t.TempDir(), "certs")
 	if err := pki.Init(certs, nil); err != nil {
 		t.Fatal(err)
@@ -38,6 +54,7 @@ func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 	go func() {
 		done <- Run(ctx, Options{InstanceID: "w", Generation: 1, Role: "decode", Listen: "127.0.0.1:0", CertDir: certs,
 			Engine: decode.Options{Preset: "small", WeightSeed: 1}}, pw)
+		pw.Close()
 	}()
 	var stopErr error
 	stopped := false
@@ -63,12 +80,18 @@ func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := workerclient.Dial(context.Background(), r.Addr, tlsConf, "w", 1)
+	return &testWorker{addr: r.Addr, tlsConf: tlsConf, stop: stop}
+}
+
+// dial connects a client, closed by the test's cleanup.
+func (w *testWorker) dial(t *testing.T) *workerclient.Client {
+	t.Helper()
+	c, err := workerclient.Dial(context.Background(), w.addr, w.tlsConf, "w", 1)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c, stop
+	return c
 }
 
 // TestWorkerDrain: a draining worker that no longer accepts refuses new

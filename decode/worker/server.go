@@ -123,6 +123,13 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	go func() {
 		<-ctx.Done()
 		ln.Close()
+		s.stopDetached()
+	}()
+	// Once every connection is done, nobody can attach to a detachable
+	// request any more: the engine ends after every sequence did.
+	defer func() {
+		s.stopDetached()
+		s.bg.Wait()
 	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -161,6 +168,16 @@ type server struct {
 	mu                          sync.Mutex
 	inFlight                    map[*flight]struct{}
 	drainMoved, drainFinishedIn uint64
+
+	// Detachable requests (detach.go) by request id, guarded by smu
+	// (taken after a session's lock, never before), and their counters.
+	// bg holds their engine pumps; stopping is set once the worker stops.
+	smu                                     sync.Mutex
+	sessions                                map[string]*session
+	framesBuffered, framesDropped, attaches atomic.Uint64
+	detachedNow                             atomic.Int64
+	stopping                                atomic.Bool
+	bg                                      sync.WaitGroup
 }
 
 // PullTimeout bounds how long a migrated request waits for its blocks to
@@ -271,6 +288,8 @@ func (s *server) serveStream(st *quic.Stream) {
 		send(&wire.Frame{Health: s.health()})
 	case *wire.Request_Generate:
 		s.generate(st, op.Generate, send)
+	case *wire.Request_Attach:
+		s.attach(st, op.Attach, send)
 	default:
 		send(&wire.Frame{FinishReason: "error", Error: &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "unknown operation"}})
 	}
@@ -285,6 +304,8 @@ func (s *server) health() *wire.HealthReply {
 	s.mu.Lock()
 	h.InFlight, h.DrainMovedEarly, h.DrainFinishedInPlace = uint32(len(s.inFlight)), s.drainMoved, s.drainFinishedIn
 	s.mu.Unlock()
+	h.FramesBuffered, h.FramesDropped, h.Attaches = s.framesBuffered.Load(), s.framesDropped.Load(), s.attaches.Load()
+	h.Detached = uint32(max(s.detachedNow.Load(), 0))
 	return h
 }
 
@@ -335,17 +356,100 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: s.refusal()})
 		return
 	}
+	if g.DetachGraceMs > 0 {
+		s.generateDetachable(st, g, send)
+		return
+	}
 	// The stream's context ends when the client resets or goes away: that
 	// cancels the sequence and frees its blocks. A drain ends it too
 	// (errDrainMove, errDrainDeadline).
 	ctx, cancel := context.WithCancelCause(st.Context())
 	defer cancel(nil)
+	fl := s.startFlight(g, cancel)
+	if g.Lane != wire.Lane_CANARY {
+		defer s.untrack(fl)
+	}
+	req := request(g, s.opts.InstanceID)
+	if len(g.KvSources) > 0 && s.kv != nil {
+		s.pullPrefix(ctx, g, req)
+	}
+	events, err := s.engine.Generate(ctx, req)
+	if err != nil {
+		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: ErrorFrame(err)})
+		return
+	}
+	s.staleFrame(g, send)
+	for ev := range events {
+		if send(s.frameOf(ctx, g, fl, ev)) != nil {
+			// The client is gone; the stream context cancels the request.
+			for range events {
+			}
+			return
+		}
+	}
+}
+
+// generateDetachable serves a Generate with a detach grace: the sequence
+// runs on its own context (only an explicit cancel, the grace, a drain
+// or the worker's stop end it), the engine's frames go to the session's
+// log, and this stream is its first attachment.
+func (s *server) generateDetachable(st *quic.Stream, g *wire.Generate, send func(*wire.Frame) error) {
+	grace := time.Duration(g.DetachGraceMs) * time.Millisecond
+	if grace > workerclient.MaxDetachGrace {
+		send(errorFrame(g.RequestId, g.RequestEpoch, wire.Code_INVALID_REQUEST, "detach_grace_ms: %d (at most %d)",
+			g.DetachGraceMs, workerclient.MaxDetachGrace.Milliseconds()))
+		return
+	}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	a := newAttachment(st, g.RequestEpoch, 0)
+	ss := &session{id: g.RequestId, grace: grace, cancel: cancel, epoch: g.RequestEpoch, log: newFrameLog(frameLogLimit),
+		att: a, changed: make(chan struct{})}
+	if err := s.register(ss); err != nil {
+		cancel(nil)
+		send(errorFrame(g.RequestId, g.RequestEpoch, wire.Code_STALE_EPOCH, "generate: %v", err))
+		return
+	}
+	fl := s.startFlight(g, cancel)
+	s.staleFrame(g, send)
+	s.bg.Add(1)
+	go s.pump(ctx, ss, g, fl)
+	s.serveAttached(ss, a, 0)
+}
+
+// pump runs a detachable request's sequence into its session's log.
+func (s *server) pump(ctx context.Context, ss *session, g *wire.Generate, fl *flight) {
+	defer s.bg.Done()
+	defer ss.cancel(nil)
+	if g.Lane != wire.Lane_CANARY {
+		defer s.untrack(fl)
+	}
+	req := request(g, s.opts.InstanceID)
+	if len(g.KvSources) > 0 && s.kv != nil {
+		s.pullPrefix(ctx, g, req)
+	}
+	events, err := s.engine.Generate(ctx, req)
+	if err != nil {
+		s.record(ss, &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: ErrorFrame(err)}, true)
+		return
+	}
+	for ev := range events {
+		s.record(ss, s.frameOf(ctx, g, fl, ev), ev.Done)
+	}
+}
+
+// startFlight describes a generation request for drains (canaries
+// excepted, which are not tracked).
+func (s *server) startFlight(g *wire.Generate, cancel context.CancelCauseFunc) *flight {
 	fl := &flight{id: g.RequestId, cancel: cancel, maxTokens: int(g.MaxTokens)}
 	fl.sent.Store(int64(len(g.PrefixTokens)))
 	if g.Lane != wire.Lane_CANARY {
 		s.track(fl)
-		defer s.untrack(fl)
 	}
+	return fl
+}
+
+// request is g for the engine.
+func request(g *wire.Generate, instanceID string) decode.Request {
 	prio := sched.Interactive
 	switch g.Lane {
 	case wire.Lane_BATCH:
@@ -354,7 +458,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		prio = sched.Canary
 	}
 	req := decode.Request{
-		ID: fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, s.opts.InstanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
+		ID: fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, instanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
 		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
 		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
 			PresencePenalty: g.PresencePenalty, Seed: g.Seed},
@@ -363,43 +467,32 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
 	}
-	if len(g.KvSources) > 0 && s.kv != nil {
-		s.pullPrefix(ctx, g, req)
-	}
-	events, err := s.engine.Generate(ctx, req)
-	base := func() *wire.Frame { return &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch} }
-	if err != nil {
-		f := base()
-		f.FinishReason, f.Error = "error", ErrorFrame(err)
-		send(f)
-		return
-	}
+	return req
+}
+
+// staleFrame sends, when FailStaleFrame is armed, a delayed frame of the
+// request's previous epoch, as a zombie worker of an older attempt would.
+func (s *server) staleFrame(g *wire.Generate, send func(*wire.Frame) error) {
 	if failpoint.Hit(FailStaleFrame) != nil && g.RequestEpoch > 0 {
-		// A delayed frame of the request's previous epoch, as a zombie
-		// worker of an older attempt would send.
-		stale := base()
-		stale.RequestEpoch, stale.SequenceNo, stale.TokenId, stale.Text = g.RequestEpoch-1, 1, 0, "STALE-EPOCH-FRAME"
-		send(stale)
+		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch - 1, SequenceNo: 1, Text: "STALE-EPOCH-FRAME"})
 	}
-	for ev := range events {
-		f := base()
-		if ev.Done {
-			if g.PrefillOnly {
-				failpoint.Hit(FailBeforeHandOff)
-			}
-			s.finish(f, ev, context.Cause(ctx))
-			fl.completed = ev.Err == nil
-		} else {
-			f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
-			fl.sent.Store(int64(ev.SequenceNo))
-		}
-		if send(f) != nil {
-			// The client is gone; the stream context cancels the request.
-			for range events {
-			}
-			return
-		}
+}
+
+// frameOf renders an engine event as the request's frame; ctx is the
+// request's (its cause says whether a drain ended it).
+func (s *server) frameOf(ctx context.Context, g *wire.Generate, fl *flight, ev decode.Event) *wire.Frame {
+	f := &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch}
+	if !ev.Done {
+		f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
+		fl.sent.Store(int64(ev.SequenceNo))
+		return f
 	}
+	if g.PrefillOnly {
+		failpoint.Hit(FailBeforeHandOff)
+	}
+	s.finish(f, ev, context.Cause(ctx))
+	fl.completed = ev.Err == nil
+	return f
 }
 
 // finish fills a request's last frame from its Done event; cause is the

@@ -26,6 +26,22 @@ import (
 // generation than the client expects of that instance.
 var ErrStaleGeneration = errors.New("workerclient: frame from a stale generation")
 
+// Stream error codes a client sends (STOP_SENDING, RESET_STREAM) to end a
+// stream. quic-go sends only the first STOP_SENDING of a stream, so the
+// first of Cancel and Detach called wins.
+const (
+	// CodeCancel cancels the request: the worker ends it at once.
+	CodeCancel quic.StreamErrorCode = 1
+	// CodeDetach leaves a detachable request (Generate.detach_grace_ms)
+	// running on the worker for another stream to Attach; a request that
+	// is not detachable is cancelled, as by any stream end.
+	CodeDetach quic.StreamErrorCode = 2
+)
+
+// MaxDetachGrace bounds Generate.detach_grace_ms; a worker refuses a
+// longer one as an invalid request.
+const MaxDetachGrace = 10 * time.Minute
+
 // Client is a connection to one worker instance at one generation.
 type Client struct {
 	conn       *quic.Conn
@@ -42,7 +58,13 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID stri
 	if err != nil {
 		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
 	}
-	return &Client{conn: conn, instanceID: instanceID, generation: generation}, nil
+	return New(conn, instanceID, generation), nil
+}
+
+// New wraps a connection already dialed to a worker that must be
+// instanceID at generation (one dialed on a caller's own quic.Transport).
+func New(conn *quic.Conn, instanceID string, generation uint64) *Client {
+	return &Client{conn: conn, instanceID: instanceID, generation: generation}
 }
 
 // Close closes the connection.
@@ -56,6 +78,9 @@ type Stream struct {
 	c  *Client
 	st *quic.Stream
 	r  *bufio.Reader
+	// release forgets the cancel on the call's ctx end, once the stream
+	// ended or was abandoned.
+	release func() bool
 }
 
 // openTimeout bounds opening a stream and sending the request: a worker
@@ -71,22 +96,30 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 	}
 	st.SetWriteDeadline(time.Now().Add(openTimeout))
 	if err := frame.Write(st, req); err != nil {
-		st.CancelWrite(1)
+		st.CancelWrite(CodeCancel)
 		return nil, fmt.Errorf("workerclient: send request: %w", err)
 	}
 	st.SetWriteDeadline(time.Time{})
 	st.Close() // done sending; frames come back
-	go func() {
-		<-ctx.Done()
-		st.CancelRead(1)
-		st.CancelWrite(1)
-	}()
-	return &Stream{c: c, st: st, r: bufio.NewReader(st)}, nil
+	// The call's ctx ending cancels the request, unless Detach came
+	// first: only the first STOP_SENDING code reaches the worker.
+	release := context.AfterFunc(ctx, func() {
+		st.CancelRead(CodeCancel)
+		st.CancelWrite(CodeCancel)
+	})
+	return &Stream{c: c, st: st, r: bufio.NewReader(st), release: release}, nil
 }
 
 // Generate starts a generation.
 func (c *Client) Generate(ctx context.Context, g *wire.Generate) (*Stream, error) {
 	return c.open(ctx, &wire.Request{Op: &wire.Request_Generate{Generate: g}})
+}
+
+// Attach re-attaches to a detachable request the worker holds (see
+// wire.Attach); the stream's frames are those of the request from
+// a.FromSequenceNo on, stamped with a.RequestEpoch, or one error frame.
+func (c *Client) Attach(ctx context.Context, a *wire.Attach) (*Stream, error) {
+	return c.open(ctx, &wire.Request{Op: &wire.Request_Attach{Attach: a}})
 }
 
 // Health asks the worker for its load and identity.
@@ -140,6 +173,7 @@ func (s *Stream) Next() (*wire.Frame, error) {
 		var f wire.Frame
 		if err := frame.Read(s.r, &f); err != nil {
 			if errors.Is(err, io.EOF) {
+				s.release()
 				return nil, io.EOF
 			}
 			return nil, fmt.Errorf("workerclient: stream: %w", err)
@@ -154,10 +188,21 @@ func (s *Stream) Next() (*wire.Frame, error) {
 	}
 }
 
-// Cancel abandons the stream; the worker cancels the request.
+// Cancel abandons the stream; the worker cancels the request. After
+// Detach it changes nothing: only a stream's first STOP_SENDING is sent.
 func (s *Stream) Cancel() {
-	s.st.CancelRead(1)
-	s.st.CancelWrite(1)
+	s.release()
+	s.st.CancelRead(CodeCancel)
+	s.st.CancelWrite(CodeCancel)
+}
+
+// Detach abandons the stream but leaves a detachable request running on
+// the worker for an Attach. Called before the call's ctx ends, it wins
+// over the cancel that ctx's end sends.
+func (s *Stream) Detach() {
+	s.release()
+	s.st.CancelRead(CodeDetach)
+	s.st.CancelWrite(CodeDetach)
 }
 
 // ALPN is the protocol name of the worker endpoint.
