@@ -308,6 +308,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		first := append([]string{x.nodeOf(x.on), x.nodeOf(x.lastPrefill)}, x.prefillNodes...)
 		g.KvSources = rt.KVSources(first, rt.NodeOf(d.To.InstanceID))
 	}
+	g.DetachGraceMs = x.detachGrace()
 	sctx := x.epochCtx(ctx, d.Epoch)
 	st, err := c.c.Generate(sctx, g)
 	if err != nil {
@@ -319,16 +320,24 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
 	s.track(x, x.on)
-	go x.readFrames(sctx, c, st, d.Epoch, d.To)
+	if g.DetachGraceMs > 0 {
+		s.detachable(st, true)
+	}
+	go x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
 	return nil
 }
 
-// readFrames delivers a decode stream's frames until its finish, or its
-// failure.
-func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to Endpoint) {
+// readFrames delivers a decode stream's frames (first, if not nil, was
+// read already) until its finish, or its failure.
+func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to Endpoint, first *wire.Frame) {
 	defer x.s.pool.release(c)
+	defer x.s.detachable(st, false)
 	for {
-		f, err := st.Next()
+		f, err := first, error(nil)
+		if first == nil {
+			f, err = st.Next()
+		}
+		first = nil
 		if err == nil {
 			err = x.s.fenced(to, f)
 		}

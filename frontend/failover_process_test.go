@@ -167,6 +167,7 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	started := requestsStarted(t, n, "n1-decode-small-0", "n1-decode-small-1")
 	a.Signal(syscall.SIGKILL)
 	<-a.Exited()
 	for i, o := range opens {
@@ -195,6 +196,13 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 	wg.Wait()
 	if got := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`); got != streams {
 		t.Errorf("takeovers ok on B: %v, want %d", got, streams)
+	}
+	// Every worker still held its request: B attached, nothing restarted.
+	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); got != streams {
+		t.Errorf("takeovers attached on B: %v, want %d", got, streams)
+	}
+	if now := requestsStarted(t, n, "n1-decode-small-0", "n1-decode-small-1"); now != started {
+		t.Errorf("worker requests started: %d after the takeovers, %d before", now, started)
 	}
 }
 

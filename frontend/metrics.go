@@ -28,6 +28,8 @@ type metrics struct {
 	// result, request records owned and running, record writes by kind,
 	// records given up (etcd slow or down).
 	takeovers          *prometheus.CounterVec
+	takeoverStarts     *prometheus.CounterVec
+	detachedOnStop     prometheus.Counter
 	crossResumes       *prometheus.CounterVec
 	recordsOutstanding prometheus.Gauge
 	recordWrites       *prometheus.CounterVec
@@ -115,5 +117,9 @@ func (m *metrics) failoverMetrics() {
 		Help: "Request record writes to etcd by kind: admit, complete, refresh, takeover."}, []string{"kind"})
 	m.recordsSkipped = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_request_records_skipped_total",
 		Help: "Streamed requests served without a record: etcd did not store it within a second."})
-	m.reg.MustRegister(m.takeovers, m.crossResumes, m.recordsOutstanding, m.recordWrites, m.recordsSkipped)
+	m.takeoverStarts = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_takeover_starts_total",
+		Help: "How requests taken over started here: attached (to the sequence still running, or just finished, on its worker) or regenerated (no worker held it)."}, []string{"how"})
+	m.detachedOnStop = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_streams_detached_total",
+		Help: "Worker streams handed over (detached, not cancelled) because this frontend stopped: their workers keep generating for a takeover."})
+	m.reg.MustRegister(m.takeovers, m.crossResumes, m.recordsOutstanding, m.recordWrites, m.recordsSkipped, m.takeoverStarts, m.detachedOnStop)
 }

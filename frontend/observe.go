@@ -49,6 +49,13 @@ func (o observer) notReadyAvoided(id string) {
 // drainMigration counts a migration caused by a draining worker.
 func (o observer) drainMigration() { o.m.drainMigrations.Inc() }
 
+// takeover: how a request taken over started here (attached,
+// regenerated).
+func (o observer) takeover(how string) {
+	o.m.takeoverStarts.WithLabelValues(how).Inc()
+	o.log.Info("frontend: request taken over", "request", o.r.ID, "start", how, "epoch", o.r.Epoch)
+}
+
 func (o observer) dispatch(d Dispatch) {
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
 		"generation", d.To.Generation, "sequence_no", len(d.Prefix))

@@ -84,13 +84,21 @@ func (s *Server) checkOwner(key string, value []byte) {
 	rs := st.rec
 	rs.mu.Lock()
 	lost := rs.rev != 0 && rec.Term > rs.rec.Term
-	if lost {
-		rs.movedTo = rec.OwnerURL
-		rs.rev = 0 // this frontend writes the record no more
-	}
 	rs.mu.Unlock()
 	if lost {
-		s.recs.release(rs)
-		st.cancel(&takenOver{url: rec.OwnerURL})
+		s.lostTo(st, rec.OwnerURL)
 	}
+}
+
+// lostTo ends st here: another frontend, at url, took its request over.
+// This frontend writes its record no more.
+func (s *Server) lostTo(st *stream, url string) {
+	if rs := st.rec; rs != nil {
+		rs.mu.Lock()
+		rs.movedTo = url
+		rs.rev = 0
+		rs.mu.Unlock()
+		s.recs.release(rs)
+	}
+	st.cancel(&takenOver{url: url})
 }

@@ -137,6 +137,23 @@ func (rt *Router) Deregister(id string) {
 	}
 }
 
+// InstancesOf lists every instance of model the router knows, ready or
+// not, registered or departed (a worker whose agent lost its lease still
+// serves its streams).
+func (rt *Router) InstancesOf(model string) []Instance {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var out []Instance
+	for _, m := range []map[string]Instance{rt.instances, rt.departed} {
+		for _, in := range m {
+			if in.Model == model {
+				out = append(out, in)
+			}
+		}
+	}
+	return out
+}
+
 // Remove forgets an instance.
 func (rt *Router) Remove(id string) {
 	rt.mu.Lock()

@@ -159,7 +159,7 @@ func (x *run) deliver(ctx context.Context, e event) {
 // loop drives the request's state machine until it ends.
 func (x *run) loop(ctx context.Context) {
 	defer x.cancelAll()
-	acts := x.begin(time.Now())
+	acts := x.begin(ctx, time.Now())
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var deadline <-chan time.Time
@@ -411,6 +411,11 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		x.overloaded = true
 		x.lastFailure = "overloaded: " + e.Message
 		return x.r.OnOverloaded(epoch)
+	case e.Code == wire.Code_TAKEN_OVER:
+		// Another frontend attached to the sequence: it drives the
+		// request now, and this one's client resumes there.
+		x.s.lostTo(x.st, x.takenOverBy(context.Background()))
+		return nil
 	case e.Code == wire.Code_CANCELLED:
 		// This frontend cancels a worker call by resetting its stream and
 		// reads nothing after: a cancel that arrives is the worker's own

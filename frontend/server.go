@@ -96,6 +96,10 @@ type Server struct {
 	active  map[string]map[*run]struct{} // instance id → runs on it
 	nextID  uint64
 	streams map[string]*stream
+	// detach holds the worker streams of requests with a record: a
+	// stopping frontend detaches them (their workers keep generating for
+	// a takeover) rather than cancelling them.
+	detach map[*workerclient.Stream]struct{}
 }
 
 func (s *Server) resumeWindow() time.Duration {
@@ -210,7 +214,16 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	defer s.key.revoke() // before close: agents stop waiting for this one
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	s.ctx = ctx
+	// Requests run under their own context, ended once their worker
+	// streams are detached: a stopping frontend hands them over (the
+	// workers keep generating for a takeover) instead of cancelling them.
+	rctx, stopRequests := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopRequests()
+	defer context.AfterFunc(ctx, func() {
+		s.metrics.detachedOnStop.Add(float64(s.detachAll()))
+		stopRequests()
+	})()
+	s.ctx = rctx
 	// Serve only with a view of the registry: one full read first.
 	rev, err := s.firstSync(ctx, 30*time.Second)
 	if err != nil {
@@ -245,7 +258,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		opts.Policy.CapacityWait = 0
 	}
 	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{},
-		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
+		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]struct{}{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: certs: %w", err)

@@ -158,19 +158,9 @@ func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *re
 
 // begin is the run's first step: a request admitted here starts with a
 // route; one taken over starts as takeoverStart decides.
-func (x *run) begin(now time.Time) []Action {
+func (x *run) begin(ctx context.Context, now time.Time) []Action {
 	if x.takeover {
-		return x.takeoverStart(now)
+		return x.takeoverStart(ctx, now)
 	}
-	return x.r.Start(now)
-}
-
-// takeoverStart starts a request taken over from another frontend. It is
-// where "attach to the sequence still running on its worker, else
-// regenerate" is chosen; this phase always regenerates: from the record,
-// with the same prompt, parameters and seed, so (by the determinism
-// contract) the log refills bit-identically from sequence 1, and the
-// resuming client is served after its Last-Event-ID.
-func (x *run) takeoverStart(now time.Time) []Action {
 	return x.r.Start(now)
 }

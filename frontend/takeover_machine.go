@@ -1,5 +1,7 @@
 package frontend
 
+import "time"
+
 // The request machine's part of a takeover: a request driven by a later
 // owner (term) runs at epochs above every epoch of the earlier ones, and
 // a request this frontend lost to another ends with a typed error.
@@ -30,6 +32,17 @@ func newTakenOverRequest(r *Request, term uint64) *Request {
 	return r
 }
 
+// Attached: a takeover found the request's sequence on its worker at
+// `at` and attached to it at the current epoch; its frames (from
+// sequence 1) come as any decode stream's.
+func (r *Request) Attached(at Endpoint, now time.Time) []Action {
+	if r.State != Admitted {
+		return nil
+	}
+	r.Endpoint, r.State, r.lastFrame = at, Decoding, now
+	return nil
+}
+
 // TakenOver ends the request because another frontend, at ownerURL, took
 // it over: its worker calls end, and nothing more is committed here.
 func (r *Request) TakenOver(ownerURL string) []Action {
@@ -38,6 +51,9 @@ func (r *Request) TakenOver(ownerURL string) []Action {
 		return nil
 	case r.State == Cancelling:
 		return r.CancelDone()
+	}
+	if ownerURL == "" {
+		return r.fail(ErrTakenOver, "another frontend took the request over: resume at any frontend")
 	}
 	return r.fail(ErrTakenOver, "another frontend took the request over: resume at "+ownerURL)
 }

@@ -1,0 +1,100 @@
+package frontend_test
+
+import (
+	"io"
+	"syscall"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+)
+
+// A takeover attaches to the sequence still running on its worker when
+// the worker holds it (no recomputation), and regenerates from the record
+// only when the worker is gone too.
+
+// resumeOn resumes stream o on url after seen tokens and checks the rest
+// against want: 200, bit-identical, contiguous, [DONE].
+func resumeOn(t *testing.T, url string, o opened, seen int, want []clustertest.Token) {
+	t.Helper()
+	resp, err := resumeAt(url, o.id, o.token, seen)
+	if err != nil {
+		t.Fatalf("resume: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(resp.Body)
+		t.Fatalf("resume: %d %s", resp.StatusCode, msg)
+	}
+	toks, errEv, done := readAll(resp.Body)
+	if errEv != nil || !done {
+		t.Fatalf("resumed stream ended with %v, [DONE] %v", errEv, done)
+	}
+	if err := sameTail(toks, want, seen); err != nil {
+		t.Fatalf("resumed after %d: %v", seen, err)
+	}
+}
+
+// TestTakeoverAttachesAfterFrontendStop: frontend A is stopped (SIGTERM)
+// mid-stream: it detaches its worker streams instead of cancelling them,
+// its client gets frontend_stopping, and B, resuming, attaches to the
+// sequence still running: no request starts on any worker, the tail is
+// bit-identical.
+func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	want, _ := clustertest.StreamCompletion(t, b, seeded(3, 96), nil)
+	o := open(t, a.URL, seeded(3, 96))
+	got := clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 20 })
+	started := requestsStarted(t, n, "n1-decode-small-0")
+	a.Signal(syscall.SIGTERM)
+	rest, errEv, _ := readAll(o.resp.Body)
+	o.resp.Body.Close()
+	if errEv == nil || errEv.Type != "frontend_stopping" {
+		t.Fatalf("A's client: stream ended with %+v; want frontend_stopping", errEv)
+	}
+	seen := len(got) + len(rest)
+	<-a.Exited()
+	resumeOn(t, b, o, seen, want)
+	if now := requestsStarted(t, n, "n1-decode-small-0"); now != started {
+		t.Errorf("worker requests started: %d after the takeover, %d before: the request was regenerated, not attached", now, started)
+	}
+	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); got != 1 {
+		t.Errorf("takeovers attached on B: %v, want 1", got)
+	}
+}
+
+// TestTakeoverRegeneratesWhenWorkerDiedToo: frontend A and the stream's
+// decode worker are SIGKILLed together: no worker holds the request any
+// more, so B regenerates it from the record; the tail is bit-identical.
+func TestTakeoverRegeneratesWhenWorkerDiedToo(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	want, _ := clustertest.StreamCompletion(t, b, seeded(5, 96), nil)
+	o := open(t, a.URL, seeded(5, 96))
+	got := clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 20 })
+	on := got[len(got)-1].Instance
+	pid := 0
+	for _, w := range n.NodectlWorkers(t) {
+		if w.InstanceID == on {
+			pid = w.PID
+		}
+	}
+	if pid == 0 {
+		t.Fatalf("no pid for %s", on)
+	}
+	a.Signal(syscall.SIGKILL)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-a.Exited()
+	o.resp.Body.Close()
+	resumeOn(t, b, o, len(got), want)
+	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`); got != 1 {
+		t.Errorf("takeovers regenerated on B: %v, want 1", got)
+	}
+}
