@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -427,11 +428,9 @@ func (w zeroRTTWatch) RecordEvent(ev qlogwriter.Event) {
 	}
 }
 
-// TestClientResumesOnAnotherFrontend (needs cross-frontend takeover,
-// issue 11; it skips itself while a frontend answers 404 for a stream
-// another one took): two frontends share a resume secret; the one
-// serving the stream is killed mid-stream; the client resumes on the
-// other, bit-identical and contiguous.
+// TestClientResumesOnAnotherFrontend: two frontends share a static resume
+// secret; the one serving the stream is killed mid-stream; the client
+// resumes on the other, bit-identical and contiguous.
 func TestClientResumesOnAnotherFrontend(t *testing.T) {
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
@@ -439,49 +438,39 @@ func TestClientResumesOnAnotherFrontend(t *testing.T) {
 	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	a, err := n.Env.StartFrontend("127.0.0.1:0", nil, "--resume-secret-file", secret)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Stop(10 * time.Second) })
+	a := clustertest.StartFrontendProc(t, n, "--resume-secret-file", secret)
 	b := clustertest.StartFrontend(t, n, "--resume-secret-file", secret)
-	if !takesOver(t, a.URL, b) {
-		t.Skip("no cross-frontend takeover in this build: a frontend answers 404 for a stream another one holds")
-	}
 	want := collect(t, client.New(b), 0, nil)
 	c := client.New(a.URL, b)
 	defer c.Close()
-	var got []client.Token
-	_, err = c.Stream(t.Context(), seededRequest(), func(tok client.Token) {
-		got = append(got, tok)
-		if tok.SequenceNo == 40 {
-			a.Stop(0) // SIGTERM and SIGKILL at once
-		}
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	got := collect(t, c, 40, func() { a.Signal(syscall.SIGKILL) })
 	sameClientTokens(t, got, want)
+	if st := c.Stats(); st.Resumes < 1 {
+		t.Fatalf("stats %+v: want a resume", st)
+	}
 }
 
-// takesOver tells whether frontend b serves a resume of a stream that
-// frontend a holds.
-func takesOver(t *testing.T, a, b string) bool {
-	t.Helper()
-	body := `{"model":"small","prompt":"probe","max_tokens":4,"seed":1,"stream":true,"stream_options":{"resumable":true}}`
-	resp, err := http.Post(a+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+// TestClientResumesOnAnotherFrontendHTTP3: two TLS frontends of one
+// cluster (resume tokens and TLS session tickets both from the cluster's
+// key ring); the client streams over HTTP/3 from A, A is SIGKILLed
+// mid-stream, and the client resumes on B with its resume GET as 0-RTT
+// early data (a session ticket A issued, which B accepts): bit-identical,
+// contiguous.
+func TestClientResumesOnAnotherFrontendHTTP3(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	a := clustertest.StartFrontendProc(t, n, "--tls", "--id", "A")
+	aURL := "https://" + strings.TrimPrefix(a.URL, "http://")
+	bURL, roots := tlsFrontend(t, n)
+	want := collect(t, client.NewWith(client.Options{TLS: roots, H3: true}, bURL), 0, nil)
+	c := client.NewWith(client.Options{TLS: roots, H3: true}, aURL, bURL)
+	defer c.Close()
+	got := collect(t, c, 40, func() { a.Signal(syscall.SIGKILL) })
+	sameClientTokens(t, got, want)
+	if st := c.Stats(); st.Resumes < 1 || st.ZeroRTTResumes < 1 {
+		t.Fatalf("stats %+v: want a resume on B sent and accepted as 0-RTT", st)
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, b+"/v1/streams/"+resp.Header.Get("Lifeline-Request-Id"), nil)
-	req.Header.Set("Authorization", "Bearer "+resp.Header.Get("Lifeline-Resume-Token"))
-	r2, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
+	if r := tlsMetric(t, bURL, roots, "lifeline_frontend_zero_rtt_resumes_total"); r < 1 {
+		t.Fatalf("B counted %v 0-RTT resumes", r)
 	}
-	io.Copy(io.Discard, r2.Body)
-	r2.Body.Close()
-	return r2.StatusCode != http.StatusNotFound
 }
