@@ -2,8 +2,15 @@ package frontend_test
 
 import (
 	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 )
@@ -96,5 +103,88 @@ func TestTakeoverRegeneratesWhenWorkerDiedToo(t *testing.T) {
 	resumeOn(t, b, o, len(got), want)
 	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`); got != 1 {
 		t.Errorf("takeovers regenerated on B: %v, want 1", got)
+	}
+}
+
+// roundRobin is a TCP load balancer on loopback: each connection goes to
+// the next backend that accepts it.
+func roundRobin(t *testing.T, backends ...string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var next atomic.Int64
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				for range backends {
+					addr := strings.TrimPrefix(backends[int(next.Add(1))%len(backends)], "http://")
+					up, err := net.DialTimeout("tcp", addr, time.Second)
+					if err != nil {
+						continue
+					}
+					defer up.Close()
+					go io.Copy(up, c)
+					io.Copy(c, up)
+					return
+				}
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String()
+}
+
+// TestEventSourceReconnectsThroughABalancer: an EventSource-style client
+// (plain GETs of the stream's URL, the token in the query since it cannot
+// set headers, Last-Event-ID on reconnection) behind a round-robin load
+// balancer of two frontends: the frontend serving it is SIGKILLed, the
+// client reconnects to the same address and gets the rest, bit-identical.
+func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	want, _ := clustertest.StreamCompletion(t, b, seeded(7, 96), nil)
+	o := open(t, a.URL, seeded(7, 96))
+	o.resp.Body.Close() // the page hands the stream to an EventSource
+	lb := roundRobin(t, a.URL, b)
+	get := func(after int) *http.Response {
+		req, _ := http.NewRequest("GET", lb+"/v1/streams/"+o.id+"?token="+url.QueryEscape(o.token), nil)
+		if after > 0 {
+			req.Header.Set("Last-Event-ID", strconv.Itoa(after))
+		}
+		req.Header.Set("Accept", "text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			msg, _ := io.ReadAll(resp.Body)
+			t.Fatalf("GET through the balancer: %d %s", resp.StatusCode, msg)
+		}
+		return resp
+	}
+	// The first GET may land on B, which takes the stream over from A:
+	// either way A is then killed and the stream goes on.
+	resp := get(0)
+	got := clustertest.ReadSSE(t, resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 30 })
+	a.Signal(syscall.SIGKILL)
+	<-a.Exited()
+	resp.Body.Close()
+	resp = get(len(got))
+	defer resp.Body.Close()
+	toks, errEv, done := readAll(resp.Body)
+	if errEv != nil || !done {
+		t.Fatalf("reconnected stream ended with %v, [DONE] %v", errEv, done)
+	}
+	if err := sameTail(toks, want, len(got)); err != nil {
+		t.Fatal(err)
 	}
 }

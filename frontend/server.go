@@ -153,6 +153,11 @@ func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, b
 	if tok == "" {
 		tok = req.Header.Get("Lifeline-Resume-Token")
 	}
+	if tok == "" && req.Method == http.MethodGet {
+		// An EventSource cannot set headers: it reconnects to the URL it
+		// was given, with Last-Event-ID.
+		tok = req.URL.Query().Get("token")
+	}
 	if err := s.keys.Check(tok, id, time.Now()); err != nil {
 		s.metrics.resumes.WithLabelValues("refused").Inc()
 		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
@@ -430,6 +435,15 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	case rerr != nil:
 		writeRequestError(w, rerr)
 		return
+	}
+	if st.rec != nil {
+		// The resume token in the headers works at every frontend once
+		// they are sent: the record is stored (or given up) first.
+		select {
+		case <-st.rec.stored:
+		case <-req.Context().Done():
+			return
+		}
 	}
 	s.follow(w, req, st, 0, true)
 }
