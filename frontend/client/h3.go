@@ -19,6 +19,13 @@ import (
 // probeTimeout bounds the validation of a new path by Rebind.
 const probeTimeout = 3 * time.Second
 
+// keepAlive is how long a connection that receives nothing waits before
+// it sends a PING: to a frontend whose process died, that PING draws an
+// ICMP port unreachable, which the connected socket reports and which
+// ends the connection (the stream then resumes elsewhere) long before the
+// idle timeout would.
+const keepAlive = 250 * time.Millisecond
+
 // h3Client is the client's HTTP/3 side: an http3.Transport whose Dial
 // gives every QUIC connection a UDP socket of its own and keeps the
 // connection, so that Rebind can move it to another socket and
@@ -44,7 +51,7 @@ type h3Conn struct {
 func newH3Client(tlsConf *tls.Config, idle time.Duration) *h3Client {
 	h := &h3Client{conns: map[*quic.Conn]*h3Conn{}, latest: map[string]*quic.Conn{}, dials: map[string]int{}}
 	h.rt = &http3.Transport{TLSClientConfig: tlsConf, Dial: h.dial, QUICConfig: &quic.Config{
-		MaxIdleTimeout: idle, KeepAlivePeriod: idle / 3, HandshakeIdleTimeout: idle,
+		MaxIdleTimeout: idle, KeepAlivePeriod: min(idle/3, keepAlive), HandshakeIdleTimeout: idle,
 		// The client accepts no streams: requests are its own.
 		MaxIncomingStreams: -1,
 	}}
@@ -58,7 +65,7 @@ func (h *h3Client) dial(ctx context.Context, addr string, tlsConf *tls.Config, c
 	if err != nil {
 		return nil, &dialError{err}
 	}
-	sock, err := listenSocket()
+	sock, err := dialSocket(raddr)
 	if err != nil {
 		return nil, &dialError{err}
 	}
@@ -153,7 +160,11 @@ func (h *h3Client) rebind(ctx context.Context) (int, error) {
 // old socket is silenced (the address it had is gone, as far as this
 // client is concerned).
 func (h *h3Client) migrate(ctx context.Context, conn *quic.Conn, e *h3Conn) error {
-	sock, err := listenSocket()
+	raddr, ok := conn.RemoteAddr().(*net.UDPAddr)
+	if !ok {
+		return fmt.Errorf("remote address %v is not UDP", conn.RemoteAddr())
+	}
+	sock, err := dialSocket(raddr)
 	if err != nil {
 		return err
 	}
@@ -224,30 +235,40 @@ func resolveUDP(ctx context.Context, addr string) (*net.UDPAddr, error) {
 	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(ip.Unmap(), uint16(p))), nil
 }
 
-// socket is a UDP socket that can be retired: a retired socket drops what
-// it would send and what it receives, like an address that is gone. It
-// hides the *net.UDPConn's batch and OOB methods, so quic-go uses it
-// through ReadFrom and WriteTo only.
+// socket is a UDP socket connected to one frontend that can be retired:
+// a retired socket drops what it would send and what it receives, like
+// an address that is gone. Connected, it reports the ICMP errors of its
+// peer (ECONNREFUSED: nothing listens there any more, the frontend
+// died), which end the connection at once. It hides the *net.UDPConn's
+// batch and OOB methods, so quic-go uses it through ReadFrom and WriteTo
+// only.
 type socket struct {
 	c       *net.UDPConn
+	peer    *net.UDPAddr
 	retired atomic.Bool
 }
 
-func listenSocket() (*socket, error) {
-	c, err := net.ListenUDP("udp", nil)
+func dialSocket(peer *net.UDPAddr) (*socket, error) {
+	c, err := net.DialUDP("udp", nil, peer)
 	if err != nil {
 		return nil, err
 	}
-	return &socket{c: c}, nil
+	return &socket{c: c, peer: peer}, nil
 }
 
 func (s *socket) retire() { s.retired.Store(true) }
 
 func (s *socket) ReadFrom(b []byte) (int, net.Addr, error) {
 	for {
-		n, addr, err := s.c.ReadFrom(b)
-		if err != nil || !s.retired.Load() {
-			return n, addr, err
+		n, err := s.c.Read(b)
+		if !s.retired.Load() {
+			return n, s.peer, err
+		}
+		// A retired socket reports nothing: not even an error, which
+		// would close the transport and with it the connection that
+		// moved away from it.
+		if err != nil && errors.Is(err, net.ErrClosed) {
+			return 0, s.peer, err
 		}
 	}
 }
@@ -256,7 +277,10 @@ func (s *socket) WriteTo(b []byte, addr net.Addr) (int, error) {
 	if s.retired.Load() {
 		return len(b), nil
 	}
-	return s.c.WriteTo(b, addr)
+	if a, ok := addr.(*net.UDPAddr); !ok || !a.IP.Equal(s.peer.IP) || a.Port != s.peer.Port {
+		return 0, fmt.Errorf("lifeline: socket connected to %v cannot send to %v", s.peer, addr)
+	}
+	return s.c.Write(b)
 }
 
 func (s *socket) Close() error                       { return s.c.Close() }

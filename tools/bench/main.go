@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain or upgrade")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade or failover")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -44,6 +44,8 @@ func main() {
 		err = runDrainBench(*drains)
 	case "upgrade":
 		err = runUpgradeBench()
+	case "failover":
+		err = runFailoverBench(*kills * 2 / 5)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -67,8 +69,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runUpgradeBench()
 		}
+		if err == nil && *only == "" {
+			err = runFailoverBench(*kills * 2 / 5)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain or upgrade", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade or failover", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
