@@ -1,17 +1,21 @@
 package frontend_test
 
 import (
+	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/client"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 )
 
@@ -186,5 +190,71 @@ func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
 	}
 	if err := sameTail(toks, want, len(got)); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestClientLibraryResumesStreamsOnB: eight seeded streams through the
+// client library with frontends A and B; once every stream passed its
+// random point (5..70% of its tokens), A is SIGKILLed; the library resumes
+// each on B: bit-identical to undisturbed runs, contiguous, no duplicate.
+func TestClientLibraryResumesStreamsOnB(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	const streams, tokens = 8, 96
+	req := func(i int) client.Request {
+		temp := 0.9
+		return client.Request{Model: "small", Prompt: fmt.Sprintf("Tale %d opened with", i), MaxTokens: tokens, Temperature: &temp, Seed: uint64(40 + i), IgnoreEOS: true}
+	}
+	want := make([][]client.Token, streams)
+	for i := range want {
+		c := client.New(b)
+		if _, err := c.Stream(t.Context(), req(i), func(tok client.Token) { want[i] = append(want[i], tok) }); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	var passed sync.WaitGroup
+	passed.Add(streams)
+	kill := make(chan struct{})
+	go func() { passed.Wait(); a.Signal(syscall.SIGKILL); close(kill) }()
+	got := make([][]client.Token, streams)
+	var wg sync.WaitGroup
+	for i := range got {
+		k := tokens*5/100 + rand.IntN(tokens*65/100)
+		wg.Go(func() {
+			c := client.New(a.URL, b)
+			defer c.Close()
+			_, err := c.Stream(t.Context(), req(i), func(tok client.Token) {
+				got[i] = append(got[i], tok)
+				if tok.SequenceNo == k {
+					passed.Done()
+					// Read on slowly until A is gone: the kill lands
+					// mid-stream for every one.
+					<-kill
+				}
+			})
+			if err != nil {
+				t.Errorf("stream %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	for i := range got {
+		if len(got[i]) != len(want[i]) {
+			t.Errorf("stream %d: %d tokens, want %d", i, len(got[i]), len(want[i]))
+			continue
+		}
+		for j := range got[i] {
+			if got[i][j].SequenceNo != j+1 || got[i][j].TokenID != want[i][j].TokenID || got[i][j].Text != want[i][j].Text {
+				t.Errorf("stream %d token %d: %+v, want %+v", i, j+1, got[i][j], want[i][j])
+				break
+			}
+		}
+	}
+	if r := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`); r != streams {
+		t.Errorf("takeovers ok on B: %v, want %d", r, streams)
 	}
 }
