@@ -112,7 +112,11 @@ func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool)
 // log refills bit-identically from sequence 1). Either way the resuming
 // client is served after its Last-Event-ID.
 func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
-	sctx := x.epochCtx(ctx, x.r.Epoch)
+	// Not under the request's context: a request taken over only to be
+	// cancelled (a DELETE at this frontend) attaches first, so that the
+	// cancel reaches its worker's sequence. CancelWorker and the run's
+	// end close the stream.
+	sctx := x.epochCtx(context.WithoutCancel(ctx), x.r.Epoch)
 	a, ok := x.attach(sctx)
 	if !ok {
 		x.obs.takeover("regenerated")

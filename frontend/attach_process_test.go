@@ -1,6 +1,7 @@
 package frontend_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -15,8 +16,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/frontend/client"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // A takeover attaches to the sequence still running on its worker when
@@ -256,5 +260,86 @@ func TestClientLibraryResumesStreamsOnB(t *testing.T) {
 	}
 	if r := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`); r != streams {
 		t.Errorf("takeovers ok on B: %v, want %d", r, streams)
+	}
+}
+
+// workerHealth is instance's health as its worker reports it.
+func workerHealth(t *testing.T, n *clustertest.Node, instance string) *wire.HealthReply {
+	t.Helper()
+	reg := n.WaitRegistration(t, instance, 0)
+	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, instance, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	h, err := c.Health(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestCancelAtAnotherFrontend: A is SIGKILLed mid-stream, its worker keeps
+// the request detached; a DELETE at B takes the request over and cancels
+// it there, and with it the worker's sequence (long before the detach
+// grace would end it); a resume then reports it cancelled, and a DELETE
+// of a finished stream at a frontend that never held it says finished.
+func TestCancelAtAnotherFrontend(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	o := open(t, a.URL, seeded(9, 1500))
+	clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 10 })
+	a.Signal(syscall.SIGKILL)
+	<-a.Exited()
+	o.resp.Body.Close()
+	del := func(url, id, token string) map[string]any {
+		req, _ := http.NewRequest("DELETE", url+"/v1/streams/"+id, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		json.NewDecoder(resp.Body).Decode(&out)
+		if resp.StatusCode != 200 {
+			t.Fatalf("DELETE at %s: %d %v", url, resp.StatusCode, out)
+		}
+		return out
+	}
+	if out := del(b, o.id, o.token); out["cancelled"] != true {
+		t.Fatalf("DELETE at B: %v", out)
+	}
+	proctest.WaitFor(t, 10*time.Second, "the worker's sequence cancelled", func() (bool, string) {
+		h := workerHealth(t, n, "n1-decode-small-0")
+		return h.InFlight == 0 && h.Detached == 0 && h.Running == 0, fmt.Sprintf("in flight %d, detached %d, running %d", h.InFlight, h.Detached, h.Running)
+	})
+	resp, err := resumeAt(b, o.id, o.token, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, errEv, _ := readAll(resp.Body)
+	resp.Body.Close()
+	if errEv == nil || errEv.Type != "cancelled" {
+		t.Fatalf("resume after the cancel: %+v, want a cancelled end", errEv)
+	}
+
+	// A finished stream, deleted at a frontend that never held it.
+	c := clustertest.StartFrontend(t, n, "--id", "C")
+	f := open(t, b, seeded(2, 8))
+	readAll(f.resp.Body)
+	f.resp.Body.Close()
+	proctest.WaitFor(t, 10*time.Second, "the record completed", func() (bool, string) {
+		v := metric(t, b, `lifeline_frontend_request_record_writes_total{kind="complete"}`)
+		return v >= 2, fmt.Sprint("completions written: ", v)
+	})
+	if out := del(c, f.id, f.token); out["cancelled"] != false || out["finished"] != true {
+		t.Fatalf("DELETE of a finished stream at C: %v", out)
 	}
 }

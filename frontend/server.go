@@ -129,22 +129,6 @@ func (s *Server) reapIdle(st *stream) {
 	}
 }
 
-// authorise checks a request's resume token and returns its stream here.
-func (s *Server) authorise(w http.ResponseWriter, req *http.Request) *stream {
-	id, ok := s.checkToken(w, req)
-	if !ok {
-		return nil
-	}
-	s.mu.Lock()
-	st := s.streams[id]
-	s.mu.Unlock()
-	if st == nil {
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
-		return nil
-	}
-	return st
-}
-
 // checkToken checks a request's resume token (Authorization: Bearer, or
 // the Lifeline-Resume-Token header) for the request in its path.
 func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, bool) {
@@ -200,8 +184,15 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 }
 
 func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
-	st := s.authorise(w, req)
+	id, ok := s.checkToken(w, req)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
 	if st == nil {
+		s.cancelFromRecord(w, req, id)
 		return
 	}
 	st.cancel(errClientCancelled)

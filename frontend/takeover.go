@@ -120,6 +120,19 @@ func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec sche
 // driveTakenOver runs a request this frontend just took over, from its
 // record, and follows it for the client after from.
 func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *recordState, from int) {
+	st, err := s.adopt(rs)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
+		return
+	}
+	w.Header().Set("Lifeline-Request-Id", st.id)
+	s.follow(w, req, st, from, false)
+}
+
+// adopt runs a request this frontend just took over, from its record. A
+// record that cannot be driven ends the request for good (so that no
+// one tries again) with an error.
+func (s *Server) adopt(rs *recordState) (*stream, error) {
 	rec := rs.rec
 	var body CompletionRequest
 	err := json.Unmarshal(rec.Body, &body)
@@ -127,13 +140,11 @@ func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *re
 		err = body.validate()
 	}
 	if err != nil {
-		// Taken over but not drivable: end it for good, so no one tries again.
 		r := &Request{ID: rec.ID, State: Failed, Err: &RequestError{Type: ErrBadRequestRecord, Message: err.Error()}}
 		st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 		st.rec = rs
 		go s.recs.complete(context.WithoutCancel(s.ctx), st, r, sse.Lifeline{RequestID: rec.ID})
-		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, fmt.Sprintf("request %s: %v", rec.ID, err))
-		return
+		return nil, fmt.Errorf("request %s: %w", rec.ID, err)
 	}
 	now := time.Now()
 	var deadline time.Time
@@ -152,8 +163,61 @@ func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *re
 	x := newRun(s, r, body, st)
 	x.takeover = true
 	go x.loop(rctx)
-	w.Header().Set("Lifeline-Request-Id", rec.ID)
-	s.follow(w, req, st, from, false)
+	return st, nil
+}
+
+// cancelFromRecord answers a DELETE of request id, whose token was
+// checked, at a frontend that holds no log of it: a running request is
+// taken over and cancelled here (its worker's sequence with it); a
+// finished one is reported finished, not cancelled.
+func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id string) {
+	if s.recs == nil {
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
+	defer cancel()
+	rec, rev, err := s.recs.read(ctx, id)
+	var rs *recordState
+	won := false
+	if err == nil && !rec.Done {
+		rs, won, err = s.recs.takeover(ctx, rec, rev)
+	}
+	switch {
+	case errors.Is(err, errNoRecord):
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+	case errors.Is(err, schema.ErrBadRecord):
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
+	case rec.Done:
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": false, "finished": true})
+	case !won:
+		s.metrics.takeovers.WithLabelValues("lost").Inc()
+		s.mu.Lock()
+		st := s.streams[id]
+		s.mu.Unlock()
+		if st != nil { // the winner is this frontend (a concurrent resume)
+			st.cancel(errClientCancelled)
+			writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": true})
+			return
+		}
+		url := ""
+		if now, _, err := s.recs.read(ctx, id); err == nil {
+			url = now.OwnerURL
+		}
+		w.Header().Set("Lifeline-Owner-URL", url)
+		writeError(w, http.StatusConflict, ErrTakenOver, "another frontend took the request over: cancel it at "+url)
+	default:
+		s.metrics.takeovers.WithLabelValues("ok").Inc()
+		st, err := s.adopt(rs)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
+			return
+		}
+		st.cancel(errClientCancelled)
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": true})
+	}
 }
 
 // begin is the run's first step: a request admitted here starts with a
