@@ -23,7 +23,7 @@ const maxDetachGrace = 30 * time.Second
 
 // attachTimeout bounds a takeover's search for the worker that holds the
 // request: every instance of the model is asked at once.
-const attachTimeout = 2 * time.Second
+const attachTimeout = 3 * time.Second
 
 // detachGrace is the grace a worker gives this request when its stream
 // ends without a cancel: 0 (the stream's end cancels it) without a record.
@@ -34,13 +34,11 @@ func (x *run) detachGrace() uint32 {
 	return uint32(min(x.s.resumeWindow(), maxDetachGrace).Milliseconds())
 }
 
-// attached is a worker stream an Attach opened and the worker accepted,
-// with its first frame.
+// attached is a worker stream an Attach opened and the worker accepted.
 type attached struct {
-	at    Endpoint
-	c     *pooled
-	st    *workerclient.Stream
-	first *wire.Frame
+	at Endpoint
+	c  *pooled
+	st *workerclient.Stream
 }
 
 // attach looks for the worker that holds the request: an Attach at the
@@ -60,18 +58,28 @@ func (x *run) attach(ctx context.Context) (attached, bool) {
 			}
 		})
 	}
-	go func() { wg.Wait(); close(won) }()
-	var got attached
-	var ok bool
-	for a := range won {
-		if ok { // a second holder cannot be: keep the first
-			a.st.Cancel()
-			x.s.pool.release(a.c)
-			continue
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(won); close(all) }()
+	select {
+	case a, ok := <-won:
+		if !ok { // closed: every instance answered, none holds it
+			return attached{}, false
 		}
-		got, ok = a, true
+		// The holder answered: the others are not waited for (a second
+		// holder cannot be; if one answers, it is let go).
+		cancel()
+		go func() {
+			<-all
+			for extra := range won {
+				extra.st.Cancel()
+				x.s.pool.release(extra.c)
+			}
+		}()
+		return a, true
+	case <-all:
+		a, ok := <-won
+		return a, ok
 	}
-	return got, ok
 }
 
 // tryAttach asks one instance for the request. The Attach's stream lives
@@ -94,13 +102,16 @@ func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool)
 	go func() { f, err := st.Next(); ch <- answer{f, err} }()
 	select {
 	case a := <-ch:
-		if a.err == nil && a.f.Error == nil {
-			return attached{at: ep, c: c, st: st, first: a.f}, true
+		// The worker accepts with a frame of sequence 0 (no token, no
+		// error); a refusal is one error frame.
+		if a.err == nil && a.f.Error == nil && a.f.SequenceNo == 0 && a.f.FinishReason == "" {
+			return attached{at: ep, c: c, st: st}, true
 		}
 	case <-actx.Done():
 		st.Cancel()
 		<-ch
 	}
+	st.Cancel()
 	x.s.pool.release(c)
 	return attached{}, false
 }
@@ -119,6 +130,14 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	sctx := x.epochCtx(context.WithoutCancel(ctx), x.r.Epoch)
 	a, ok := x.attach(sctx)
 	if !ok {
+		if ctx.Err() != nil {
+			return nil // cancelled meanwhile: the loop ends it
+		}
+		// Regenerate at the next epoch: a holder that answered too late
+		// (and was cancelled) may still hold the request at this one.
+		x.streams[x.r.Epoch]()
+		delete(x.streams, x.r.Epoch)
+		x.r.Epoch++
 		x.obs.takeover("regenerated")
 		return x.r.Start(now)
 	}
@@ -129,20 +148,20 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	x.nodeOf(x.on)
 	x.s.track(x, x.on)
 	x.st.taken()
-	x.s.detachable(a.st, true)
-	go x.readFrames(sctx, a.c, a.st, x.r.Epoch, a.at, a.first)
+	x.s.detachable(a.st, x.st, true)
+	go x.readFrames(sctx, a.c, a.st, x.r.Epoch, a.at, nil)
 	return acts
 }
 
 // detachable lists (or, with add false, forgets) a worker stream the
 // frontend detaches rather than cancels when it stops.
-func (s *Server) detachable(st *workerclient.Stream, add bool) {
+func (s *Server) detachable(ws *workerclient.Stream, st *stream, add bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if add {
-		s.detach[st] = struct{}{}
+		s.detach[ws] = st
 	} else {
-		delete(s.detach, st)
+		delete(s.detach, ws)
 	}
 }
 
@@ -152,10 +171,19 @@ func (s *Server) detachable(st *workerclient.Stream, add bool) {
 func (s *Server) detachAll() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for st := range s.detach {
-		st.Detach()
+	n := 0
+	for ws, st := range s.detach {
+		// Only a request whose record is stored can be taken over: the
+		// others end with this frontend (their workers cancel them).
+		st.rec.mu.Lock()
+		stored := st.rec.rev != 0
+		st.rec.mu.Unlock()
+		if stored {
+			ws.Detach()
+			n++
+		}
 	}
-	return len(s.detach)
+	return n
 }
 
 // takenOverBy is the URL of the frontend that owns request id now ("" if

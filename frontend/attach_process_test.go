@@ -343,3 +343,38 @@ func TestCancelAtAnotherFrontend(t *testing.T) {
 		t.Fatalf("DELETE of a finished stream at C: %v", out)
 	}
 }
+
+// TestTakeoverAfterAMigration: the stream's worker is SIGKILLed (A
+// migrates it to the other worker, which continues from a prefix), then A
+// is SIGKILLed: the continuation's worker holds frames from the prefix on
+// only, so B's Attach from sequence 1 is refused and B regenerates; the
+// tail is bit-identical.
+func TestTakeoverAfterAMigration(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	want, _ := clustertest.StreamCompletion(t, b, seeded(11, 120), nil)
+	o := open(t, a.URL, seeded(11, 120))
+	got := clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 15 })
+	first := got[len(got)-1].Instance
+	for _, w := range n.NodectlWorkers(t) {
+		if w.InstanceID == first {
+			if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got = append(got, clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 40 })...)
+	if moved := got[len(got)-1].Instance; moved == first {
+		t.Fatalf("token 40 still from %s, the killed worker", moved)
+	}
+	a.Signal(syscall.SIGKILL)
+	<-a.Exited()
+	o.resp.Body.Close()
+	resumeOn(t, b, o, len(got), want)
+	if r := metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`); r != 1 {
+		t.Errorf("takeovers regenerated on B: %v, want 1", r)
+	}
+}

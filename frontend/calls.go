@@ -311,6 +311,12 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	g.DetachGraceMs = x.detachGrace()
 	sctx := x.epochCtx(ctx, d.Epoch)
 	st, err := c.c.Generate(sctx, g)
+	if err != nil && sctx.Err() != nil {
+		// Cancelled meanwhile (the client, this frontend stopping): not
+		// the worker's failure, nor its connection's.
+		s.pool.release(c)
+		return nil
+	}
 	if err != nil {
 		s.pool.release(c)
 		s.dropClient(d.To)
@@ -321,7 +327,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	x.nodeOf(x.on)
 	s.track(x, x.on)
 	if g.DetachGraceMs > 0 {
-		s.detachable(st, true)
+		s.detachable(st, x.st, true)
 	}
 	go x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
 	return nil
@@ -331,7 +337,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 // read already) until its finish, or its failure.
 func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to Endpoint, first *wire.Frame) {
 	defer x.s.pool.release(c)
-	defer x.s.detachable(st, false)
+	defer x.s.detachable(st, nil, false)
 	for {
 		f, err := first, error(nil)
 		if first == nil {

@@ -56,6 +56,9 @@ type recordState struct {
 	// stored is closed once the admission write ended (stored or given
 	// up): no token goes to a client before.
 	stored chan struct{}
+	// wmu serializes this record's compare-and-swaps (a refresh and the
+	// completion), each on the revision the one before wrote.
+	wmu    sync.Mutex
 	mu     sync.Mutex
 	rec    schema.RequestRecord
 	rev    int64 // the record's ModRevision; 0: no record
@@ -154,6 +157,8 @@ func (rc *records) release(rs *recordState) {
 // cas rewrites st's record as rec if it is still the one this frontend
 // wrote last; false when another frontend took it over (or it is gone).
 func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestRecord, kind string) (bool, error) {
+	rs.wmu.Lock()
+	defer rs.wmu.Unlock()
 	rs.mu.Lock()
 	rev := rs.rev
 	rs.mu.Unlock()

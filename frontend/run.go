@@ -414,7 +414,9 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 	case e.Code == wire.Code_TAKEN_OVER:
 		// Another frontend attached to the sequence: it drives the
 		// request now, and this one's client resumes there.
-		x.s.lostTo(x.st, x.takenOverBy(context.Background()))
+		if epoch == x.r.Epoch {
+			go func() { x.s.lostTo(x.st, x.takenOverBy(context.Background())) }()
+		}
 		return nil
 	case e.Code == wire.Code_CANCELLED:
 		// This frontend cancels a worker call by resetting its stream and

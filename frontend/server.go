@@ -99,7 +99,7 @@ type Server struct {
 	// detach holds the worker streams of requests with a record: a
 	// stopping frontend detaches them (their workers keep generating for
 	// a takeover) rather than cancelling them.
-	detach map[*workerclient.Stream]struct{}
+	detach map[*workerclient.Stream]*stream
 }
 
 func (s *Server) resumeWindow() time.Duration {
@@ -113,7 +113,9 @@ func (s *Server) resumeWindow() time.Duration {
 func (s *Server) forgetLater(st *stream) {
 	time.AfterFunc(s.resumeWindow(), func() {
 		s.mu.Lock()
-		delete(s.streams, st.id)
+		if s.streams[st.id] == st { // not a later one of the same id (taken back)
+			delete(s.streams, st.id)
+		}
 		s.mu.Unlock()
 	})
 }
@@ -127,6 +129,25 @@ func (s *Server) reapIdle(st *stream) {
 	if idle {
 		st.cancel(errNotFollowed)
 	}
+}
+
+// localStream is the log of request id this frontend drives, or drove
+// to its end; nil if it has none, or lost the request to another
+// frontend (whose record then says how it goes on).
+func (s *Server) localStream(id string) *stream {
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
+	if st == nil || st.rec == nil {
+		return st
+	}
+	st.rec.mu.Lock()
+	lost := st.rec.movedTo != ""
+	st.rec.mu.Unlock()
+	if lost {
+		return nil
+	}
+	return st
 }
 
 // checkToken checks a request's resume token (Authorization: Bearer, or
@@ -170,9 +191,7 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 		}
 		from = n
 	}
-	s.mu.Lock()
-	st := s.streams[id]
-	s.mu.Unlock()
+	st := s.localStream(id)
 	if st == nil {
 		// Not served here (or not any more): its record says where it is.
 		s.resumeFromRecord(w, req, id, from)
@@ -188,9 +207,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 	if !ok {
 		return
 	}
-	s.mu.Lock()
-	st := s.streams[id]
-	s.mu.Unlock()
+	st := s.localStream(id)
 	if st == nil {
 		s.cancelFromRecord(w, req, id)
 		return
@@ -254,7 +271,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		opts.Policy.CapacityWait = 0
 	}
 	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{},
-		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]struct{}{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
+		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: certs: %w", err)
@@ -433,6 +450,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		select {
 		case <-st.rec.stored:
 		case <-req.Context().Done():
+			st.clientGone()
 			return
 		}
 	}

@@ -41,6 +41,9 @@ type session struct {
 	id     string
 	grace  time.Duration
 	cancel context.CancelCauseFunc
+	// firstSeq is the first sequence number this worker generates: a
+	// migration's continuation starts after the prefix it was given.
+	firstSeq int32
 
 	mu sync.Mutex
 	// epoch is the request epoch it is served under: its Generate's, then
@@ -274,6 +277,12 @@ func (s *server) attach(st *quic.Stream, at *wire.Attach, send func(*wire.Frame)
 		ss.mu.Unlock()
 		fail(wire.Code_STALE_EPOCH, "attach: request %s at epoch %d: it is served under epoch %d", at.RequestId, at.RequestEpoch, epoch)
 		return
+	case a.from < ss.firstSeq:
+		first := ss.firstSeq
+		ss.mu.Unlock()
+		fail(wire.Code_NOT_FOUND, "attach: request %s from sequence %d: this worker continues it from sequence %d (a migration's continuation)",
+			at.RequestId, a.from, first)
+		return
 	case a.from <= ss.log.droppedThrough:
 		through := ss.log.droppedThrough
 		ss.mu.Unlock()
@@ -292,6 +301,10 @@ func (s *server) attach(st *quic.Stream, at *wire.Attach, send func(*wire.Frame)
 	start := ss.log.first()
 	ss.mu.Unlock()
 	s.attaches.Add(1)
+	// Accepted: say so at once (sequence 0, no token), so that the new
+	// owner does not mistake a holder that is still prefilling, or queued,
+	// for one that does not answer.
+	send(&wire.Frame{RequestId: at.RequestId, RequestEpoch: at.RequestEpoch})
 	s.serveAttached(ss, a, start)
 }
 

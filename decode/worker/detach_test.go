@@ -124,6 +124,27 @@ func attach(t *testing.T, ctx context.Context, c *workerclient.Client, id string
 	return s
 }
 
+// attachOK attaches and reads the worker's acceptance (a frame of
+// sequence 0, no token, no error, at the Attach's epoch).
+func attachOK(t *testing.T, ctx context.Context, c *workerclient.Client, id string, epoch uint64, from int32) *workerclient.Stream {
+	t.Helper()
+	s := attach(t, ctx, c, id, epoch, from)
+	acceptance(t, s, epoch)
+	return s
+}
+
+// acceptance reads an Attach's acceptance frame.
+func acceptance(t *testing.T, s *workerclient.Stream, epoch uint64) {
+	t.Helper()
+	f, err := s.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.SequenceNo != 0 || f.Error != nil || f.FinishReason != "" || f.RequestEpoch != epoch {
+		t.Fatalf("want an acceptance frame at epoch %d, got %+v", epoch, f)
+	}
+}
+
 // refused reads a stream that must end with one error frame of code.
 func refused(t *testing.T, s *workerclient.Stream, code wire.Code) *wire.Error {
 	t.Helper()
@@ -183,11 +204,11 @@ func TestDetachSurvivesConnectionLoss(t *testing.T) {
 		t.Fatalf("health while detached: %+v", h)
 	}
 	taker := w.dial(t)
-	got := clustertest.CollectFrames(t, attach(t, ctx, taker, "r", 2, 1))
+	got := clustertest.CollectFrames(t, attachOK(t, ctx, taker, "r", 2, 1))
 	sameFrames(t, got, want, 1, 2)
 	contiguous(t, got[:n], 1, 2)
 
-	tail := clustertest.CollectFrames(t, attach(t, ctx, taker, "r", 3, k+1))
+	tail := clustertest.CollectFrames(t, attachOK(t, ctx, taker, "r", 3, k+1))
 	sameFrames(t, tail, want, k+1, 3)
 	if h, err := c.Health(ctx); err != nil || h.Attaches != 2 || h.Detached != 0 || h.InFlight != 0 || h.FramesDropped != 0 {
 		t.Fatalf("health after the takeovers: %+v %v", h, err)
@@ -279,7 +300,7 @@ func TestDetachThenContextEnd(t *testing.T) {
 		h, err := c.Health(ctx)
 		return err != nil || h.InFlight != 1, fmt.Sprint(h, err)
 	})
-	s2 := attach(t, ctx, c, "r", 2, 1)
+	s2 := attachOK(t, ctx, c, "r", 2, 1)
 	contiguous(t, readN(t, s2, 50), 1, 2)
 	s2.Cancel()
 	waitHealth(t, c, "the request cancelled", func(h *wire.HealthReply) bool { return h.InFlight == 0 })
@@ -323,6 +344,12 @@ func TestAttachRace(t *testing.T) {
 	// e+1 came first and was taken over (accepted), or second and stale.
 	accepted := uint64(2)
 	fs = clustertest.CollectFrames(t, streams[0])
+	if len(fs) > 1 { // accepted, then taken over: its acceptance first
+		if fs[0].SequenceNo != 0 || fs[0].Error != nil || fs[0].FinishReason != "" {
+			t.Fatalf("epoch %d stream: first frame %+v, want its acceptance", e+1, fs[0])
+		}
+		fs = fs[1:]
+	}
 	switch last := fs[len(fs)-1]; last.Error.GetCode() {
 	case wire.Code_TAKEN_OVER:
 		accepted++
@@ -333,12 +360,13 @@ func TestAttachRace(t *testing.T) {
 	default:
 		t.Fatalf("epoch %d stream ended %+v", e+1, last)
 	}
+	acceptance(t, streams[1], e+2)
 	contiguous(t, readN(t, streams[1], 30), 1, e+2)
 
 	for _, epoch := range []uint64{e + 2, e + 1, e} {
 		refused(t, attach(t, ctx, c, "r", epoch, 1), wire.Code_STALE_EPOCH)
 	}
-	last := attach(t, ctx, c, "r", e+3, 1)
+	last := attachOK(t, ctx, c, "r", e+3, 1)
 	contiguous(t, readN(t, last, 60), 1, e+3)
 	fs = clustertest.CollectFrames(t, streams[1])
 	end := fs[len(fs)-1]
@@ -398,7 +426,7 @@ func TestDetachFinishedKeptForGrace(t *testing.T) {
 	if len(want) != 13 || want[12].FinishReason != "length" {
 		t.Fatalf("%d frames, last %+v", len(want), want[len(want)-1])
 	}
-	sameFrames(t, clustertest.CollectFrames(t, attach(t, ctx, c, "r", 2, 9)), want, 9, 2)
+	sameFrames(t, clustertest.CollectFrames(t, attachOK(t, ctx, c, "r", 2, 9)), want, 9, 2)
 	epoch := uint64(3)
 	proctest.WaitFor(t, 30*time.Second, "the finished request forgotten", func() (bool, string) {
 		fs := clustertest.CollectFrames(t, attach(t, ctx, c, "r", epoch, 12))
@@ -505,7 +533,7 @@ func TestDetachDrain(t *testing.T) {
 		s     *workerclient.Stream
 		from  int
 		epoch uint64
-	}{{attached, 2, 1}, {attach(t, ctx, c, "detached", 2, 1), 1, 2}} {
+	}{{attached, 2, 1}, {attachOK(t, ctx, c, "detached", 2, 1), 1, 2}} {
 		fs := clustertest.CollectFrames(t, r.s)
 		last := fs[len(fs)-1]
 		if last.FinishReason != "error" || last.Error.GetCode() != wire.Code_DRAINING || !last.Error.GetRetryable() {
@@ -540,9 +568,42 @@ func TestAttachAfterFramesDropped(t *testing.T) {
 		t.Fatalf("refusal: %v", e)
 	}
 	refused(t, attach(t, ctx, c, "r", 2, 151), wire.Code_NOT_FOUND)
-	fs := clustertest.CollectFrames(t, attach(t, ctx, c, "r", 2, 152))
+	fs := clustertest.CollectFrames(t, attachOK(t, ctx, c, "r", 2, 152))
 	if len(fs) != 50 || fs[49].FinishReason != "length" {
 		t.Fatalf("%d frames, last %+v", len(fs), fs[len(fs)-1])
 	}
 	contiguous(t, fs[:49], 152, 2)
+}
+
+// TestAttachToAContinuation: a migration's continuation (a Generate with
+// a prefix of k tokens) holds frames from k+1 only: an Attach from 1 is
+// refused NOT_FOUND (the new owner, which lacks tokens 1..k, regenerates),
+// one from k+1 gets them, identical to the first stream's.
+func TestAttachToAContinuation(t *testing.T) {
+	w := newTestWorker(t)
+	c := w.dial(t)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	ref, err := c.Generate(ctx, seeded("ref", 1, 0, 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := clustertest.CollectFrames(t, ref)
+	const k = 8
+	g := seeded("r", 1, 30*time.Second, 20)
+	for _, f := range all[:k] {
+		g.PrefixTokens = append(g.PrefixTokens, f.TokenId)
+	}
+	s, err := c.Generate(ctx, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := clustertest.CollectFrames(t, s)
+	if len(want) == 0 || want[0].SequenceNo != k+1 {
+		t.Fatalf("continuation's first frame %+v, want sequence %d", want, k+1)
+	}
+	if e := refused(t, attach(t, ctx, c, "r", 2, 1), wire.Code_NOT_FOUND); !strings.Contains(e.Message, "from sequence 9") {
+		t.Fatalf("refusal %q does not say where the continuation starts", e.Message)
+	}
+	sameFrames(t, clustertest.CollectFrames(t, attachOK(t, ctx, c, "r", 3, k+1)), want, k+1, 3)
 }

@@ -403,7 +403,7 @@ func (s *server) generateDetachable(st *quic.Stream, g *wire.Generate, send func
 	ctx, cancel := context.WithCancelCause(context.Background())
 	a := newAttachment(st, g.RequestEpoch, 0)
 	ss := &session{id: g.RequestId, grace: grace, cancel: cancel, epoch: g.RequestEpoch, log: newFrameLog(frameLogLimit),
-		att: a, changed: make(chan struct{})}
+		att: a, changed: make(chan struct{}), firstSeq: int32(len(g.PrefixTokens)) + 1}
 	if err := s.register(ss); err != nil {
 		cancel(nil)
 		send(errorFrame(g.RequestId, g.RequestEpoch, wire.Code_STALE_EPOCH, "generate: %v", err))

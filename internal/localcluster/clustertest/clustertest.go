@@ -224,28 +224,31 @@ func NoOrphans(t testing.TB, nodes ...*Node) {
 }
 
 // StartFrontend runs a frontend against the node's etcd and returns its
-// URL; a cleanup stops it.
+// URL; a cleanup stops it (and shows its log's tail if the test failed).
 func StartFrontend(t testing.TB, n *Node, extra ...string) string {
 	t.Helper()
-	f, err := n.Env.StartFrontend("127.0.0.1:0", nil, extra...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Stop(10 * time.Second) })
-	return f.URL
+	return StartFrontendProc(t, n, extra...).URL
 }
 
 // StartFrontendProc is StartFrontend that returns the process (to kill
 // or stop it); a cleanup stops it unless it exited.
 func StartFrontendProc(t testing.TB, n *Node, extra ...string) *localcluster.Frontend {
 	t.Helper()
-	f, err := n.Env.StartFrontend("127.0.0.1:0", nil, extra...)
+	var log proctest.SyncBuffer
+	f, err := n.Env.StartFrontend("127.0.0.1:0", &log, extra...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		f.Signal(syscall.SIGCONT)
 		f.Stop(10 * time.Second)
+		if t.Failed() {
+			out := log.String()
+			if len(out) > 8000 {
+				out = "…" + out[len(out)-8000:]
+			}
+			t.Logf("frontend %s %v log:\n%s", f.URL, extra, out)
+		}
 	})
 	return f
 }
