@@ -27,7 +27,7 @@ engine-demo:
 
 # Unit, integration (real binaries as processes) and determinism tests.
 test:
-	$(GO) test -count=1 -timeout 10m ./...
+	$(GO) test -count=1 -timeout 14m ./...
 
 # The fast tier: everything but the process tests.
 test-short:
