@@ -18,11 +18,14 @@ import (
 // ModRevision: of racing frontends exactly one wins, the others answer
 // 409 taken_over naming the winner) and driven here from the record.
 
+// errNoStream answers a resume or cancel of a request no frontend holds.
+const errNoStream = "no such stream (finished longer ago than the resume window?)"
+
 // resumeFromRecord answers a resume of request id after sequence number
 // from, whose token was checked, from its record.
 func (s *Server) resumeFromRecord(w http.ResponseWriter, req *http.Request, id string, from int) {
 	if s.recs == nil {
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
 		return
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
@@ -48,7 +51,7 @@ func (s *Server) resumeFromRecord(w http.ResponseWriter, req *http.Request, id s
 	case errors.Is(err, errNoRecord):
 		s.metrics.takeovers.WithLabelValues("not_found").Inc()
 		s.metrics.crossResumes.WithLabelValues("not_found").Inc()
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
 	case errors.Is(err, schema.ErrBadRecord):
 		s.metrics.crossResumes.WithLabelValues("bad_record").Inc()
 		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
@@ -172,7 +175,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 // finished one is reported finished, not cancelled.
 func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id string) {
 	if s.recs == nil {
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
 		return
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
@@ -185,7 +188,7 @@ func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id s
 	}
 	switch {
 	case errors.Is(err, errNoRecord):
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, "no such stream (finished longer ago than the resume window?)")
+		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
 	case errors.Is(err, schema.ErrBadRecord):
 		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
 	case err != nil:

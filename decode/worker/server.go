@@ -369,11 +369,7 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 	if g.Lane != wire.Lane_CANARY {
 		defer s.untrack(fl)
 	}
-	req := request(g, s.opts.InstanceID)
-	if len(g.KvSources) > 0 && s.kv != nil {
-		s.pullPrefix(ctx, g, req)
-	}
-	events, err := s.engine.Generate(ctx, req)
+	events, err := s.start(ctx, g)
 	if err != nil {
 		send(&wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: ErrorFrame(err)})
 		return
@@ -423,11 +419,7 @@ func (s *server) pump(ctx context.Context, ss *session, g *wire.Generate, fl *fl
 	if g.Lane != wire.Lane_CANARY {
 		defer s.untrack(fl)
 	}
-	req := request(g, s.opts.InstanceID)
-	if len(g.KvSources) > 0 && s.kv != nil {
-		s.pullPrefix(ctx, g, req)
-	}
-	events, err := s.engine.Generate(ctx, req)
+	events, err := s.start(ctx, g)
 	if err != nil {
 		s.record(ss, &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: ErrorFrame(err)}, true)
 		return
@@ -510,4 +502,14 @@ func (s *server) finish(f *wire.Frame, ev decode.Event, cause error) {
 		f.FinishReason = "error"
 		f.Error = &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: cause.Error()}
 	}
+}
+
+// start starts g's engine sequence under ctx, once the KV of its prefix
+// was pulled from the peers it names (what could not be is computed).
+func (s *server) start(ctx context.Context, g *wire.Generate) (<-chan decode.Event, error) {
+	req := request(g, s.opts.InstanceID)
+	if len(g.KvSources) > 0 && s.kv != nil {
+		s.pullPrefix(ctx, g, req)
+	}
+	return s.engine.Generate(ctx, req)
 }
