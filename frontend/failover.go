@@ -41,6 +41,13 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 		return nil
 	}
 	s.recs = &records{etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL}
+	s.recs.lost = func(id string) {
+		rctx, cancel := context.WithTimeout(ctx, takeoverTimeout)
+		defer cancel()
+		if rec, _, err := s.recs.read(rctx, id); err == nil {
+			s.checkRecord(rec)
+		}
+	}
 	go s.watchRequests(ctx, rev)
 	return nil
 }

@@ -72,7 +72,16 @@ func (s *Server) relistRequests(ctx context.Context) (int64, error) {
 // owner than the term this frontend drives it at.
 func (s *Server) checkOwner(key string, value []byte) {
 	rec, err := schema.DecodeRequestRecord(key, value)
-	if err != nil || rec.Owner == s.opts.ID {
+	if err != nil {
+		return
+	}
+	s.checkRecord(rec)
+}
+
+// checkRecord ends the local run of rec's request if rec says another
+// frontend took it over.
+func (s *Server) checkRecord(rec schema.RequestRecord) {
+	if rec.Owner == s.opts.ID {
 		return
 	}
 	s.mu.Lock()

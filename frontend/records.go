@@ -43,6 +43,10 @@ type records struct {
 	log    *slog.Logger
 	// owner and url name this frontend in the records it owns.
 	owner, url string
+	// lost is told of a record whose compare-and-swap failed: another
+	// frontend may own it now (the ownership watch says so too, unless
+	// it is cut off).
+	lost func(id string)
 
 	mu      sync.Mutex
 	lease   clientv3.LeaseID
@@ -173,8 +177,14 @@ func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestR
 	key := schema.RequestsPrefix + rec.ID
 	resp, err := rc.etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
 		Then(clientv3.OpPut(key, string(b), clientv3.WithLease(lease))).Commit()
-	if err != nil || !resp.Succeeded {
+	if err != nil {
 		return false, err
+	}
+	if !resp.Succeeded {
+		if rc.lost != nil {
+			go rc.lost(rec.ID)
+		}
+		return false, nil
 	}
 	rc.m.recordWrites.WithLabelValues(kind).Inc()
 	rs.mu.Lock()
