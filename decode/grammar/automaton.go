@@ -63,18 +63,18 @@ const frameSize = 15
 
 // Object and array phases: what the next byte may be.
 const (
-	oOpen     uint8 = iota // after '{': a key or '}'
-	oKey                   // in a key
-	oColon                 // after a key: ':'
-	oValue                 // after ':': ' ' or a value
-	oValueSp               // after ': ': a value
-	oNext                  // after a value: ',' or '}'
-	oComma                 // after ',': ' ' or a key
-	oCommaSp               // after ', ': a key
-	aOpen                  // after '[': a value or ']'
-	aNext                  // after a value: ',' or ']'
-	aComma                 // after ',': ' ' or a value
-	aCommaSp               // after ', ': a value
+	oOpen    uint8 = iota // after '{': a key or '}'
+	oKey                  // in a key
+	oColon                // after a key: ':'
+	oValue                // after ':': ' ' or a value
+	oValueSp              // after ': ': a value
+	oNext                 // after a value: ',' or '}'
+	oComma                // after ',': ' ' or a key
+	oCommaSp              // after ', ': a key
+	aOpen                 // after '[': a value or ']'
+	aNext                 // after a value: ',' or ']'
+	aComma                // after ',': ' ' or a value
+	aCommaSp              // after ', ': a value
 )
 
 func (f frame) appendTo(b []byte) []byte {
