@@ -49,12 +49,14 @@ func (c *compiler) object(m map[string]any, path string, depth int) (uint16, err
 			}
 			n.addl = int32(id)
 		}
-	default:
+	case map[string]any:
 		id, err := c.compile(a, path+"/additionalProperties", depth+1)
 		if err != nil {
 			return 0, err
 		}
 		n.addl = int32(id)
+	default:
+		return 0, &SchemaError{Path: path, Keyword: "additionalProperties", Reason: "a boolean or a schema is expected", Err: ErrInvalidSchema}
 	}
 	n.minLen = 1 + c.reqCost(&n, 0)
 	if n.required == 0 {
