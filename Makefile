@@ -50,6 +50,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSlotHeader$$' -fuzztime $(FUZZTIME) ./shm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeFileHeader$$' -fuzztime $(FUZZTIME) ./shm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifest$$' -fuzztime $(FUZZTIME) ./kv/
+	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./decode/grammar/
+	$(GO) test -run '^$$' -fuzz '^FuzzAdvance$$' -fuzztime $(FUZZTIME) ./decode/grammar/
 
 # Regenerates committed generated code: kv/kvpb from kv.proto (needs
 # protoc and protoc-gen-go: apt-get install protobuf-compiler;

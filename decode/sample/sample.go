@@ -93,7 +93,31 @@ func orderKey(logit float64, id int) uint64 {
 // position, given the logits of that position and the output tokens before
 // it. The result depends only on its arguments.
 func (s *Sampler) Sample(logits []float32, p Params, history []int, position uint64) int {
+	return s.sample(s.widen(logits), p, history, position)
+}
+
+// SampleAllowed is Sample restricted to the ids with allowed[id] true (a
+// structured-output mask, e.g. from decode/grammar): the others are cut
+// before penalties, temperature and the cut-offs, so the draw is still a
+// pure function of the arguments. allowed must cover the logits and
+// allow at least one id.
+func (s *Sampler) SampleAllowed(logits []float32, p Params, history []int, position uint64, allowed []bool) int {
 	l := s.widen(logits)
+	for id := range l {
+		if !allowed[id] {
+			l[id] = math.Inf(-1)
+		}
+	}
+	id := s.sample(l, p, history, position)
+	if !allowed[id] {
+		// Only rounding at the top of the cumulative sum lands here:
+		// fall back, deterministically, to the best allowed id.
+		id = argmax(l)
+	}
+	return id
+}
+
+func (s *Sampler) sample(l []float64, p Params, history []int, position uint64) int {
 	if (p.FrequencyPenalty != 0 || p.PresencePenalty != 0) && len(history) > 0 {
 		s.penalize(l, p, history)
 	}

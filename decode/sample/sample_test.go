@@ -135,3 +135,26 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestSampleAllowed: a masked draw picks only allowed ids, is a pure
+// function of its arguments, and with every id allowed equals Sample.
+func TestSampleAllowed(t *testing.T) {
+	f := func(seed, lseed uint64, pos uint16, temp uint8, topK uint8, topP uint8, mask uint64) bool {
+		logits := logitsFrom(lseed, 64)
+		p := Params{Temperature: float64(temp) / 100, TopK: int(topK % 70), TopP: float64(topP) / 255, Seed: seed, PresencePenalty: 0.5}
+		hist := []int{1, 2, int(lseed % 64)}
+		allowed, all := make([]bool, 64), make([]bool, 64)
+		for i := range allowed {
+			allowed[i] = mask&(1<<i) != 0
+			all[i] = true
+		}
+		allowed[int(seed%64)] = true
+		var a, b Sampler
+		id := a.SampleAllowed(logits, p, hist, uint64(pos), allowed)
+		return allowed[id] && id == b.SampleAllowed(logits, p, hist, uint64(pos), allowed) &&
+			a.SampleAllowed(logits, p, hist, uint64(pos), all) == b.Sample(logits, p, hist, uint64(pos))
+	}
+	if err := quick.Check(f, quickCfg); err != nil {
+		t.Fatal(err)
+	}
+}
