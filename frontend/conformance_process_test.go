@@ -144,7 +144,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 		}
 		cp := openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}
 		for param, opt := range map[string]option.RequestOption{"response_format": option.WithJSONSet("response_format", map[string]any{"type": "json_object"}),
-			"tools": option.WithJSONSet("tools", []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}),
+			"tools":       option.WithJSONSet("tools", []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}),
 			"tool_choice": option.WithJSONSet("tool_choice", "required"), "top_logprobs": option.WithJSONSet("top_logprobs", 3),
 			"functions": option.WithJSONSet("functions", []any{map[string]any{"name": "f"}}), "parallel_tool_calls": option.WithJSONSet("parallel_tool_calls", true),
 			"prediction": option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "audio": option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "wav"}),
@@ -173,7 +173,9 @@ func TestOpenAISDKConformance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var e struct{ Error struct{ Message, Type string } }
+			var e struct {
+				Error struct{ Message, Type string }
+			}
 			err = json.NewDecoder(resp.Body).Decode(&e)
 			resp.Body.Close()
 			if resp.StatusCode != status || err != nil || e.Error.Message == "" || resp.Header.Get("Content-Type") != "application/json" {
@@ -255,4 +257,3 @@ func chatStream(t *testing.T, c openai.Client, p openai.ChatCompletionNewParams,
 	}
 	return b.String(), seen
 }
-
