@@ -6,22 +6,31 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 )
 
-// CompletionRequest is the body of POST /v1/completions. Unknown fields are
-// ignored, as OpenAI clients expect.
+// CompletionRequest is a request as admitted: what parseRequest read from
+// the OpenAI body, with the seed fixed. It is also the body of the
+// request record (JSON), from which a takeover runs the request again.
 type CompletionRequest struct {
-	Model       string   `json:"model"`
-	Prompt      string   `json:"prompt"`
-	MaxTokens   *int     `json:"max_tokens"`
-	Temperature *float64 `json:"temperature"`
-	TopP        *float64 `json:"top_p"`
-	TopK        int      `json:"top_k"`
-	Seed        uint64   `json:"seed"`
-	Stop        []string `json:"stop"`
-	Stream      bool     `json:"stream"`
+	Model  string `json:"model"`
+	Prompt string `json:"prompt"`
+	// PromptTokens, when set, is the prompt as token ids (without BOS),
+	// used instead of Prompt.
+	PromptTokens []int    `json:"prompt_tokens,omitempty"`
+	MaxTokens    *int     `json:"max_tokens"`
+	Temperature  *float64 `json:"temperature"`
+	TopP         *float64 `json:"top_p"`
+	TopK         int      `json:"top_k"`
+	Seed         uint64   `json:"seed"`
+	// SeedSet: the client named the seed (otherwise one is drawn at
+	// admission, and stored in Seed).
+	SeedSet bool `json:"-"`
+	// SeedDrawn: Seed was drawn at admission; responses report it (the
+	// lifeline object's seed), as the client cannot know it otherwise.
+	SeedDrawn bool     `json:"seed_drawn,omitempty"`
+	Stop      []string `json:"stop"`
+	Stream    bool     `json:"stream"`
 	// IgnoreEOS is an extension for benchmarks and tests.
 	IgnoreEOS bool `json:"ignore_eos"`
 	// TimeoutMs (extension; also the Lifeline-Timeout-Ms header) is the
@@ -33,10 +42,14 @@ type CompletionRequest struct {
 		// Resumable keeps the request running through a client disconnect
 		// for the resume window.
 		Resumable bool `json:"resumable"`
+		// IncludeUsage ends the stream with a chunk carrying the usage
+		// and no choices.
+		IncludeUsage bool `json:"include_usage,omitempty"`
 	} `json:"stream_options"`
 	FrequencyPenalty float64 `json:"frequency_penalty"`
 	PresencePenalty  float64 `json:"presence_penalty"`
-	// Messages is the chat form (POST /v1/chat/completions).
+	// Messages is the chat form (POST /v1/chat/completions), rendered
+	// into Prompt.
 	Messages []ChatMessage `json:"messages"`
 }
 
@@ -57,17 +70,30 @@ func (b *CompletionRequest) maxTokens() int {
 	return DefaultMaxTokens
 }
 
+// promptEstimate is the prompt's length in tokens for the deadline
+// check: exact for token ids, estimated from the bytes of a text.
+func (b *CompletionRequest) promptEstimate() int {
+	if len(b.PromptTokens) > 0 {
+		return len(b.PromptTokens) + 1
+	}
+	return len(b.Prompt)/4 + 1
+}
+
 // chatTemplate renders messages for the reference model, which has no chat
-// tokens of its own: "role: content" lines, then the assistant's turn.
+// tokens of its own: "role: content" lines, then the assistant's turn. A
+// developer message is the newer name of a system message.
 func chatTemplate(msgs []ChatMessage) (string, error) {
 	var b strings.Builder
 	for i, m := range msgs {
-		switch m.Role {
+		role := m.Role
+		switch role {
 		case "system", "user", "assistant":
+		case "developer":
+			role = "system"
 		default:
-			return "", fmt.Errorf("messages[%d].role: %q (system, user or assistant)", i, m.Role)
+			return "", invalid(fmt.Sprintf("messages[%d].role", i), "%q: want system, developer, user or assistant", m.Role)
 		}
-		b.WriteString(m.Role)
+		b.WriteString(role)
 		b.WriteString(": ")
 		b.WriteString(m.Content)
 		b.WriteString("\n")
@@ -76,47 +102,47 @@ func chatTemplate(msgs []ChatMessage) (string, error) {
 	return b.String(), nil
 }
 
+// maxBody bounds a request body.
+const maxBody = 1 << 20
+
 // decodeCompletion reads a completion (or, with chat, a chat completion)
-// request: its body, the Lifeline-Timeout-Ms header, and the chat
-// messages rendered as the prompt. An error is the message of a 400.
+// request: its body and the Lifeline-Timeout-Ms header. An error is a 400:
+// a *ParamError, or a malformed body.
 func decodeCompletion(req *http.Request, chat bool) (CompletionRequest, error) {
-	var body CompletionRequest
-	dec := json.NewDecoder(io.LimitReader(req.Body, 1<<20))
-	if err := dec.Decode(&body); err != nil {
-		return body, fmt.Errorf("malformed JSON: %w", err)
+	data, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
+	if err != nil {
+		return CompletionRequest{}, fmt.Errorf("reading the body: %w", err)
+	}
+	if len(data) > maxBody {
+		return CompletionRequest{}, fmt.Errorf("the body is larger than %d bytes", maxBody)
+	}
+	body, err := parseRequest(data, chat)
+	if err != nil {
+		return body, err
 	}
 	if h := req.Header.Get("Lifeline-Timeout-Ms"); h != "" && body.TimeoutMs == 0 {
-		ms, err := strconv.ParseInt(h, 10, 64)
-		if err != nil {
-			return body, fmt.Errorf("Lifeline-Timeout-Ms: %w", err)
-		}
-		body.TimeoutMs = ms
-	}
-	if chat {
-		if len(body.Messages) == 0 {
-			return body, errors.New("messages: empty")
-		}
-		p, err := chatTemplate(body.Messages)
+		ms, err := parseInt("Lifeline-Timeout-Ms", json.Number(h), 0, maxTimeoutMs)
 		if err != nil {
 			return body, err
 		}
-		body.Prompt = p
+		body.TimeoutMs = ms
 	}
 	return body, body.validate()
 }
 
-// validate checks the fields every request needs; an error is the
-// message of a 400. Whether the model is served is the server's to say.
+// validate checks the fields every request needs (a request record's body
+// too); an error is the message of a 400. Whether the model is served is
+// the server's to say.
 func (b *CompletionRequest) validate() error {
 	switch maxTokens := b.maxTokens(); {
 	case b.Model == "":
-		return errors.New("model: required")
-	case maxTokens <= 0 || maxTokens > 1<<20:
-		return fmt.Errorf("max_tokens: %d", maxTokens)
-	case b.Prompt == "":
-		return errors.New("prompt: empty")
-	case b.TimeoutMs < 0 || b.TimeoutMs > 24*3600*1000:
-		return fmt.Errorf("timeout_ms: %d (0 for none, at most a day)", b.TimeoutMs)
+		return &ParamError{Param: "model", Code: CodeMissingRequired, Message: "model is required"}
+	case maxTokens <= 0 || maxTokens > maxTokensBound:
+		return invalid("max_tokens", "%d is out of range: want an integer in [1, %d]", maxTokens, maxTokensBound)
+	case b.Prompt == "" && len(b.PromptTokens) == 0:
+		return invalid("prompt", "the prompt must not be empty")
+	case b.TimeoutMs < 0 || b.TimeoutMs > maxTimeoutMs:
+		return invalid("timeout_ms", "%d: want 0 for none, at most a day", b.TimeoutMs)
 	}
 	return nil
 }
@@ -140,7 +166,10 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	case ErrOverloaded:
 		code = http.StatusTooManyRequests
 	case ErrInvalidRequest:
-		code = http.StatusBadRequest
+		// The worker refused the request (its context, its vocabulary):
+		// the same 400 as the frontend's own validation.
+		writeParamError(w, workerParamError(e.Message))
+		return
 	case ErrDeadlineExceeded:
 		code = http.StatusGatewayTimeout
 	case ErrCancelledType:
@@ -149,6 +178,43 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 		code = http.StatusConflict
 	}
 	writeError(w, code, e.Type, e.Message)
+}
+
+// workerRefusal is the prefix of a worker's INVALID_REQUEST message,
+// "decode: invalid request: FIELD: REASON".
+const workerRefusal = "decode: invalid request: "
+
+// workerParamError maps a worker's refusal to the parameter it names, in
+// a plain sentence: the engine's package prefix is not the client's
+// business.
+func workerParamError(msg string) *ParamError {
+	msg = strings.TrimPrefix(msg, workerRefusal)
+	e := &ParamError{Code: CodeInvalidValue, Message: msg}
+	if field, reason, ok := strings.Cut(msg, ": "); ok && !strings.Contains(field, " ") {
+		e.Param, e.Message = field, reason
+	}
+	if e.Param == "prefix_tokens" || e.Param == "sampling" {
+		e.Param = "" // the frontend's, or several parameters together
+	}
+	if strings.Contains(e.Message, "the context of") {
+		e.Code = CodeContextLengthExceeded
+	}
+	return e
+}
+
+// writeParamError answers a request refused for a parameter: a 400.
+func writeParamError(w http.ResponseWriter, e *ParamError) {
+	writeErrorBody(w, http.StatusBadRequest, ErrInvalidRequest, e.Code, e.Param, e.Message)
+}
+
+// writeBadRequest answers a request decodeCompletion refused.
+func writeBadRequest(w http.ResponseWriter, err error) {
+	var pe *ParamError
+	if errors.As(err, &pe) {
+		writeParamError(w, pe)
+		return
+	}
+	writeErrorBody(w, http.StatusBadRequest, ErrInvalidRequest, CodeInvalidValue, "", err.Error())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -162,10 +228,21 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // instance has waited for one already.
 var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1", ErrDraining: "2"}
 
-// writeError writes the OpenAI error shape with a stable type.
+// writeError writes the OpenAI error shape with a stable type, which is
+// also its code; no parameter.
 func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {
+	writeErrorBody(w, code, typ, string(typ), "", msg)
+}
+
+// writeErrorBody writes {"error": {"message", "type", "param", "code"}};
+// param is null when empty.
+func writeErrorBody(w http.ResponseWriter, status int, typ ErrorType, code, param, msg string) {
 	if s, ok := retryAfter[typ]; ok {
 		w.Header().Set("Retry-After", s)
 	}
-	writeJSON(w, code, map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": typ}})
+	var p any
+	if param != "" {
+		p = param
+	}
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": p, "code": code}})
 }

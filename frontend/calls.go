@@ -25,6 +25,10 @@ func (x *run) tokenize() {
 		return
 	}
 	tok := tokenizer.NewBuiltin()
+	if len(x.body.PromptTokens) > 0 {
+		x.promptTokens = append([]int{tok.BOS()}, x.body.PromptTokens...)
+		return
+	}
 	ids, err := tok.Encode(x.body.Prompt)
 	if err != nil {
 		x.promptTokens = []int{}
@@ -160,6 +164,9 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	g := &wire.Generate{RequestId: x.r.ID, RequestEpoch: epoch, Prompt: b.Prompt, PrefixTokens: p, MaxTokens: int32(x.r.MaxTokens),
 		TopK: int32(b.TopK), Seed: b.Seed, Stop: b.Stop, IgnoreEos: b.IgnoreEOS, FrequencyPenalty: b.FrequencyPenalty, PresencePenalty: b.PresencePenalty,
 		Temperature: 1, TopP: 1}
+	for _, t := range b.PromptTokens {
+		g.PromptTokens = append(g.PromptTokens, int32(t))
+	}
 	if b.Temperature != nil {
 		g.Temperature = *b.Temperature
 	}

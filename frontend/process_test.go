@@ -134,7 +134,7 @@ func TestFrontendBadInput(t *testing.T) {
 	}
 	// Chat: a non-streaming answer in the OpenAI shape, and bad messages.
 	resp, err = http.Post(url+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true}`))
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true,"seed":1}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestFrontendBadInput(t *testing.T) {
 	// The same chat streamed: chat.completion.chunk deltas that add up to
 	// the same answer, then a chunk with the finish reason.
 	resp, err = http.Post(url+"/v1/chat/completions", "application/json",
-		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true,"stream":true}`))
+		strings.NewReader(`{"model":"tiny","messages":[{"role":"user","content":"hello"}],"max_tokens":6,"ignore_eos":true,"seed":1,"stream":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}

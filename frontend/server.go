@@ -182,14 +182,10 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 	if q := req.URL.Query().Get("starting_after"); q != "" {
 		after = q
 	}
-	from := 0
-	if after != "" {
-		n, err := strconv.Atoi(after)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, ErrInvalidRequest, fmt.Sprintf("last event id %q", after))
-			return
-		}
-		from = n
+	from, err := parsePosition(after)
+	if err != nil {
+		writeParamError(w, err)
+		return
 	}
 	st := s.localStream(id)
 	if st == nil {
@@ -212,8 +208,32 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 		s.cancelFromRecord(w, req, id)
 		return
 	}
+	done, r, _ := st.state()
+	if done && (r.Err == nil || r.Err.Type != ErrCancelledType) {
+		// Nothing left to cancel: it ended on its own.
+		writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": false, "finished": true})
+		return
+	}
 	st.cancel(errClientCancelled)
 	writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": true})
+}
+
+// parsePosition reads a resume position (Last-Event-ID, starting_after):
+// digits only, no sign, no trailing bytes; "" is 0.
+func parsePosition(s string) (int, *ParamError) {
+	if s == "" {
+		return 0, nil
+	}
+	for _, c := range []byte(s) {
+		if c < '0' || c > '9' {
+			return 0, invalid("Last-Event-ID", "%q is not a sequence number", s)
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 32)
+	if err != nil {
+		return 0, invalid("Last-Event-ID", "%q is not a sequence number", s)
+	}
+	return int(n), nil
 }
 
 // Run serves until ctx is done. It writes "frontend: listening on ADDR"
@@ -315,7 +335,22 @@ func (s *Server) handler() *http.ServeMux {
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /readyz", s.handleReady)
+	mux.HandleFunc("GET /v1/models/{id}", s.handleModel)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	// JSON for what the routes above do not take: a known path with
+	// another method (405), any other path (404).
+	allow := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
+		"/v1/models/{id}": "GET", "/v1/streams/{id}": "GET, DELETE", "/healthz": "GET", "/readyz": "GET", "/metrics": "GET"}
+	for path, methods := range allow {
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", methods)
+			writeErrorBody(w, http.StatusMethodNotAllowed, ErrInvalidRequest, "method_not_allowed", "",
+				fmt.Sprintf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, methods))
+		})
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeErrorBody(w, http.StatusNotFound, ErrInvalidRequest, "not_found", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, r.URL.Path))
+	})
 	return mux
 }
 
@@ -420,15 +455,21 @@ func (s *Server) handleChat(w http.ResponseWriter, req *http.Request) { s.serve(
 func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	body, err := decodeCompletion(req, chat)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, ErrInvalidRequest, err.Error())
+		writeBadRequest(w, err)
 		return
 	}
 	if !s.mayServe(body.Model) {
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, fmt.Sprintf("model: %q is not served here", body.Model))
+		writeModelNotFound(w, body.Model)
 		return
+	}
+	if !body.SeedSet {
+		// Fixed now and stored with the request: every migration and
+		// takeover samples with it, and the client can reproduce it.
+		body.Seed, body.SeedSet, body.SeedDrawn = randomSeed(), true, true
 	}
 	st := s.start(body, chat, resumable(body, req))
 	w.Header().Set("Lifeline-Request-Id", st.id)
+	w.Header().Set("Lifeline-Seed", strconv.FormatUint(body.Seed, 10))
 	w.Header().Set("Lifeline-Resume-Token", s.keys.Issue(st.id, time.Now().Add(s.resumeWindow()+time.Hour)))
 	if !body.Stream {
 		s.writeWhole(w, req, st)
@@ -463,16 +504,18 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 func (s *Server) start(body CompletionRequest, chat, resumable bool) *stream {
 	s.mu.Lock()
 	s.nextID++
-	id := fmt.Sprintf("cmpl-%d-%d", time.Now().UnixNano(), s.nextID)
+	prefix := "cmpl"
+	if chat {
+		prefix = "chatcmpl"
+	}
+	id := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano(), s.nextID)
 	s.mu.Unlock()
 	now := time.Now()
 	var deadline time.Time
 	if body.TimeoutMs > 0 {
 		deadline = now.Add(time.Duration(body.TimeoutMs) * time.Millisecond)
 	}
-	// The prompt's length in tokens is not known here; estimate it for the
-	// deadline check from its bytes.
-	r := NewRequest(id, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now)
+	r := NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, s.opts.Policy, now)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
 	if s.recs != nil && body.Stream {
@@ -531,10 +574,27 @@ func (s *Server) mayServe(model string) bool {
 	return s.router.Knows(model) || !s.router.KnowsAny()
 }
 
+// handleModel answers GET /v1/models/{id}: a model with a ready
+// instance, else 404 model_not_found.
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	for _, m := range s.router.ReadyModels() {
+		if m == id {
+			writeJSON(w, http.StatusOK, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "lifeline"})
+			return
+		}
+	}
+	writeModelNotFound(w, id)
+}
+
+func writeModelNotFound(w http.ResponseWriter, model string) {
+	writeErrorBody(w, http.StatusNotFound, ErrInvalidRequest, CodeModelNotFound, "model", fmt.Sprintf("the model %q is not served here", model))
+}
+
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	data := []map[string]any{}
 	for _, m := range s.router.ReadyModels() {
-		data = append(data, map[string]any{"id": m, "object": "model", "owned_by": "lifeline"})
+		data = append(data, map[string]any{"id": m, "object": "model", "created": 0, "owned_by": "lifeline"})
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data})
 }

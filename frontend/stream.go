@@ -38,6 +38,12 @@ type stream struct {
 	// rec is the stream's request record as this frontend owns it (nil:
 	// none is written).
 	rec *recordState
+	// created is the admission, in unix seconds.
+	created int64
+	// router tells the serving instance's facts (nil in unit tests);
+	// facts is what it told, under mu.
+	router *Router
+	facts  responseFacts
 }
 
 // clientCancel is the cause of a request's end that its client chose: a
@@ -59,7 +65,8 @@ func isClientCancel(err error) bool {
 }
 
 func newStream(id string, body CompletionRequest, chat, resumable bool, cancel context.CancelCauseFunc) *stream {
-	return &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel, dispatched: make(chan struct{})}
+	return &stream{id: id, body: body, chat: chat, resumable: resumable, changed: make(chan struct{}), cancel: cancel, dispatched: make(chan struct{}),
+		created: time.Now().Unix()}
 }
 
 func (st *stream) append(toks []Token) {
@@ -129,22 +136,22 @@ func (st *stream) snapshot(after int) (toks []Token, done bool, r *Request, chan
 	return toks, st.done, st.r, st.changed
 }
 
-// awaitStart waits until a worker has taken the request, or it ended, or
-// the client left (false; the client's leaving is handled). A request
-// that ended before streaming anything returns its error, to be answered
-// with an HTTP status.
+// awaitStart waits until a worker has sent the request's first token, or
+// it ended, or the client left (false; the client's leaving is handled). A
+// request that ended before streaming anything returns its error, to be
+// answered with an HTTP status: a worker validates a request (its
+// context, its vocabulary) before its first token, and a refusal is a
+// 400, never an error event after a 200.
 func (st *stream) awaitStart(ctx context.Context) (*RequestError, bool) {
 	for {
-		done, r, changed := st.state()
+		toks, done, r, changed := st.snapshot(0)
 		if done && r.Err != nil && len(r.Output) == 0 {
 			return r.Err, true
 		}
-		if done {
+		if done || len(toks) > 0 {
 			return nil, true
 		}
 		select {
-		case <-st.dispatched:
-			return nil, true
 		case <-changed:
 		case <-ctx.Done():
 			st.clientGone()
@@ -157,6 +164,7 @@ func (st *stream) awaitStart(ctx context.Context) (*RequestError, bool) {
 // end. When the client that made a request that did not ask to be
 // resumable (owner) goes away, the request is cancelled.
 func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, from int, owner bool) {
+	st.useRouter(s.router)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	unwatch := st.watch()
@@ -226,11 +234,15 @@ func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Fl
 // chunk is one streamed piece in the completion or chat shape; finish is
 // nil until the end chunk.
 func (st *stream) chunk(text string, finish *string, ll sse.Lifeline) sse.Chunk {
-	c := sse.Chunk{ID: st.id, Object: "text_completion", Model: st.body.Model, Lifeline: ll}
+	c := sse.Chunk{ID: st.id, Object: "text_completion", Created: st.created, Model: st.body.Model, Lifeline: ll,
+		SystemFingerprint: st.meta(ll.InstanceID)}
 	c.Choices[0].FinishReason = finish
 	if st.chat {
 		c.Object = "chat.completion.chunk"
 		c.Choices[0].Delta = &sse.Delta{Content: text}
+		if ll.SequenceNo == 1 {
+			c.Choices[0].Delta.Role = "assistant"
+		}
 	} else {
 		c.Choices[0].Text = &text
 	}
@@ -255,8 +267,12 @@ func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
 	if r.Err != nil {
 		sw.WriteError(sse.Error{Message: r.Err.Message, Type: string(r.Err.Type)})
 	} else {
-		c := st.chunk("", &r.FinishReason, st.end)
+		c := st.chunk("", &r.FinishReason, st.endSummary())
 		sw.WriteChunk(&c)
+		if st.body.StreamOptions.IncludeUsage {
+			c.Usage = st.usage(len(r.Output))
+			sw.WriteUsage(&c)
+		}
 	}
 	sw.WriteDone()
 	if flusher != nil {
@@ -267,6 +283,7 @@ func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
 // writeWhole answers a request that did not ask to be streamed, once it
 // has ended.
 func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream) {
+	st.useRouter(s.router)
 	defer st.watch()()
 	for {
 		done, r, changed := st.state()
@@ -294,17 +311,39 @@ func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
 	for _, t := range r.Output {
 		text.WriteString(t.Text)
 	}
-	ll := wholeLifeline{Lifeline: st.end, Tokens: len(r.Output)}
-	usage := map[string]any{"completion_tokens": len(r.Output)}
-	if st.chat {
-		writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "chat.completion", "model": st.body.Model, "usage": usage,
-			"choices":  []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()}, "finish_reason": r.FinishReason}},
-			"lifeline": ll})
-		return
+	ll := wholeLifeline{Lifeline: st.endSummary(), Tokens: len(r.Output)}
+	serving := r.Endpoint.InstanceID
+	if n := len(r.Output); n > 0 {
+		serving = r.Output[n-1].instance
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"id": r.ID, "object": "text_completion", "model": st.body.Model, "usage": usage,
-		"choices":  []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}},
-		"lifeline": ll})
+	out := map[string]any{"id": r.ID, "object": "text_completion", "created": st.created, "model": st.body.Model,
+		"system_fingerprint": st.meta(serving), "usage": st.usage(len(r.Output)), "lifeline": ll}
+	if st.chat {
+		out["object"] = "chat.completion"
+		out["choices"] = []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()}, "finish_reason": r.FinishReason}}
+	} else {
+		out["choices"] = []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// endSummary is the end chunk's lifeline object: the request's summary,
+// with the seed when it was drawn at admission.
+func (st *stream) endSummary() sse.Lifeline {
+	end := st.end
+	if st.body.SeedDrawn {
+		end.Seed = &st.body.Seed
+	}
+	return end
+}
+
+// useRouter lets the stream learn its serving instance's facts.
+func (st *stream) useRouter(rt *Router) {
+	st.mu.Lock()
+	if st.router == nil {
+		st.router = rt
+	}
+	st.mu.Unlock()
 }
 
 // wholeLifeline is the lifeline object of a whole (not streamed)

@@ -154,7 +154,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 	if rec.DeadlineUnixNano != 0 {
 		deadline = time.Unix(0, rec.DeadlineUnixNano)
 	}
-	r := newTakenOverRequest(NewRequest(rec.ID, make([]int, len(body.Prompt)/4+1), body.maxTokens(), deadline, s.opts.Policy, now), rec.Term)
+	r := newTakenOverRequest(NewRequest(rec.ID, make([]int, body.promptEstimate()), body.maxTokens(), deadline, s.opts.Policy, now), rec.Term)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	// Taken over by a resume: it lives through its client's disconnects
 	// for the resume window, whatever it asked at admission.

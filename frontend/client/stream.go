@@ -191,6 +191,9 @@ func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
 			return Result{}, &Error{Status: http.StatusOK, Type: ev.Error.Type, Message: ev.Error.Message, OwnerURL: ownerOf(ev.Data)}
 		}
 		c := ev.Chunk
+		if c.Usage != nil {
+			continue // the usage chunk (stream_options.include_usage)
+		}
 		if f := c.Finish(); f != "" {
 			res.FinishReason = f
 		}

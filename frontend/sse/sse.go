@@ -25,10 +25,25 @@ const Done = "[DONE]"
 type Chunk struct {
 	ID     string `json:"id"`
 	Object string `json:"object"` // "text_completion" or "chat.completion.chunk"
-	Model  string `json:"model"`
-	// Choices is one choice: the frontend streams no alternatives.
-	Choices  [1]Choice `json:"choices"`
-	Lifeline Lifeline  `json:"lifeline"`
+	// Created is the request's admission, in unix seconds.
+	Created int64  `json:"created,omitempty"`
+	Model   string `json:"model"`
+	// SystemFingerprint names the numerics of the instance that serves
+	// the request (its numerics id and model revision).
+	SystemFingerprint string `json:"system_fingerprint,omitempty"`
+	// Choices is one choice: the frontend streams no alternatives. (The
+	// usage chunk, written by WriteUsage, has none.)
+	Choices [1]Choice `json:"choices"`
+	// Usage is set on the usage chunk only (stream_options.include_usage).
+	Usage    *Usage   `json:"usage,omitempty"`
+	Lifeline Lifeline `json:"lifeline"`
+}
+
+// Usage counts a request's tokens.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	TotalTokens      int `json:"total_tokens"`
 }
 
 // Choice is a chunk's text (completions) or delta (chat).
@@ -41,6 +56,8 @@ type Choice struct {
 
 // Delta is a chat chunk's piece of the assistant's message.
 type Delta struct {
+	// Role is "assistant" in a chat stream's first delta.
+	Role    string `json:"role,omitempty"`
 	Content string `json:"content,omitempty"`
 }
 
@@ -90,6 +107,9 @@ type Lifeline struct {
 	// nanoseconds by step: failure_seen, routed, dispatched, first_token),
 	// nil when it never moved.
 	LastMigration map[string]int64 `json:"last_migration"`
+	// Seed is the request's sampling seed (the end chunk): the client's,
+	// or the one drawn at admission, which reproduces the output.
+	Seed *uint64 `json:"seed,omitempty"`
 }
 
 // The encoded shapes of Lifeline, in the order the frontend sends their
@@ -106,6 +126,7 @@ type (
 		Migrations        int              `json:"migrations"`
 		KVReusedPositions int              `json:"kv_reused_positions"`
 		LastMigration     map[string]int64 `json:"last_migration,omitempty"`
+		Seed              *uint64          `json:"seed,omitempty"`
 	}
 	pdLifeline struct {
 		endLifeline
@@ -120,7 +141,7 @@ func (l Lifeline) MarshalJSON() ([]byte, error) {
 	if l.SequenceNo > 0 {
 		return json.Marshal(tokenLifeline{RequestID: l.RequestID, SequenceNo: l.SequenceNo, TokenID: l.TokenID, InstanceID: l.InstanceID})
 	}
-	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration}
+	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration, Seed: l.Seed}
 	if l.PD == "" {
 		return json.Marshal(end)
 	}
@@ -179,6 +200,21 @@ func (w *Writer) WriteChunk(c *Chunk) error {
 		w.buf.WriteByte('\n')
 	}
 	return w.data(c)
+}
+
+// WriteUsage writes the usage chunk of a stream that asked for it: c's
+// usage, with no choices, after the end chunk.
+func (w *Writer) WriteUsage(c *Chunk) error {
+	w.buf.Reset()
+	return w.data(struct {
+		ID                string   `json:"id"`
+		Object            string   `json:"object"`
+		Created           int64    `json:"created,omitempty"`
+		Model             string   `json:"model"`
+		SystemFingerprint string   `json:"system_fingerprint,omitempty"`
+		Choices           []Choice `json:"choices"`
+		Usage             *Usage   `json:"usage"`
+	}{c.ID, c.Object, c.Created, c.Model, c.SystemFingerprint, []Choice{}, c.Usage})
 }
 
 // WriteError writes the event that ends a failed stream.

@@ -1,0 +1,464 @@
+package frontend
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// This file reads the OpenAI parameters of /v1/completions and
+// /v1/chat/completions into a CompletionRequest. Every parameter OpenAI
+// documents is known here: it either works or is refused with a 400 that
+// names it; unknown fields are accepted, as OpenAI clients send extras.
+
+// ParamError is a request refused for one parameter: a 400 in the OpenAI
+// error shape with Param set and a stable Code.
+type ParamError struct {
+	Param   string
+	Code    string // invalid_value, unsupported_parameter, missing_required_parameter
+	Message string
+}
+
+func (e *ParamError) Error() string { return e.Param + ": " + e.Message }
+
+// Stable codes of ParamError (and of the worker's refusals, mapped).
+const (
+	CodeInvalidValue             = "invalid_value"
+	CodeUnsupportedParameter     = "unsupported_parameter"
+	CodeMissingRequired          = "missing_required_parameter"
+	CodeContextLengthExceeded    = "context_length_exceeded"
+	CodeModelNotFound            = "model_not_found"
+	maxStop                      = 4
+	maxTokensBound               = 1 << 20
+	maxTimeoutMs                 = 24 * 3600 * 1000
+	errUnsupportedMultiplePrompt = "several prompts in one request are not supported; send one request per prompt"
+)
+
+func invalid(param, format string, args ...any) *ParamError {
+	return &ParamError{Param: param, Code: CodeInvalidValue, Message: fmt.Sprintf(format, args...)}
+}
+
+func unsupported(param, why string) *ParamError {
+	return &ParamError{Param: param, Code: CodeUnsupportedParameter, Message: why}
+}
+
+// openAIRequest is the body as a client sends it. Polymorphic and numeric
+// parameters stay raw: they are parsed here, in the type the engine uses,
+// so that nothing wraps around and each error names its parameter.
+type openAIRequest struct {
+	Model               string            `json:"model"`
+	Prompt              json.RawMessage   `json:"prompt"`
+	Messages            []openAIMessage   `json:"messages"`
+	MaxTokens           *json.Number      `json:"max_tokens"`
+	MaxCompletionTokens *json.Number      `json:"max_completion_tokens"`
+	Temperature         *json.Number      `json:"temperature"`
+	TopP                *json.Number      `json:"top_p"`
+	TopK                *json.Number      `json:"top_k"`
+	Seed                *json.Number      `json:"seed"`
+	Stop                json.RawMessage   `json:"stop"`
+	Stream              *bool             `json:"stream"`
+	StreamOptions       *openAIStreamOpts `json:"stream_options"`
+	FrequencyPenalty    *json.Number      `json:"frequency_penalty"`
+	PresencePenalty     *json.Number      `json:"presence_penalty"`
+	User                *string           `json:"user"`
+	TimeoutMs           *json.Number      `json:"timeout_ms"`
+	IgnoreEOS           *bool             `json:"ignore_eos"`
+
+	// Known, and refused unless at their default (refusals).
+	N                 *json.Number    `json:"n"`
+	Logprobs          json.RawMessage `json:"logprobs"`
+	TopLogprobs       *json.Number    `json:"top_logprobs"`
+	Echo              *bool           `json:"echo"`
+	LogitBias         map[string]any  `json:"logit_bias"`
+	BestOf            *json.Number    `json:"best_of"`
+	ResponseFormat    json.RawMessage `json:"response_format"`
+	Tools             json.RawMessage `json:"tools"`
+	ToolChoice        json.RawMessage `json:"tool_choice"`
+	Functions         json.RawMessage `json:"functions"`
+	FunctionCall      json.RawMessage `json:"function_call"`
+	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
+	Suffix            *string         `json:"suffix"`
+	Prediction        json.RawMessage `json:"prediction"`
+	Audio             json.RawMessage `json:"audio"`
+	Modalities        []string        `json:"modalities"`
+	Store             *bool           `json:"store"`
+	ReasoningEffort   *string         `json:"reasoning_effort"`
+	WebSearchOptions  json.RawMessage `json:"web_search_options"`
+	ServiceTier       *string         `json:"service_tier"`
+}
+
+type openAIStreamOpts struct {
+	IncludeUsage *bool `json:"include_usage"`
+	// Resumable (extension) keeps the request running through a client
+	// disconnect for the resume window.
+	Resumable bool `json:"resumable"`
+}
+
+type openAIMessage struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	ToolCallID *string         `json:"tool_call_id"`
+}
+
+// refusal is a parameter the engine does not support: set reports whether
+// a request sets it to anything but its default. Moving a parameter to
+// "works" is deleting its line here (and reading it).
+type refusal struct {
+	param string
+	set   func(*openAIRequest) bool
+	why   string
+}
+
+var refusals = []refusal{
+	{"n", func(b *openAIRequest) bool { return !numIs(b.N, "1") }, "n > 1 is not supported: one choice per request"},
+	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") },
+		"beam search / best_of is not supported: the candidate tree cannot be migrated"},
+	{"logprobs", func(b *openAIRequest) bool { return !rawIs(b.Logprobs, "false", "0") }, "logprobs are not supported"},
+	{"top_logprobs", func(b *openAIRequest) bool { return !numIs(b.TopLogprobs, "0") }, "top_logprobs are not supported"},
+	{"echo", func(b *openAIRequest) bool { return b.Echo != nil && *b.Echo }, "echo is not supported"},
+	{"logit_bias", func(b *openAIRequest) bool { return len(b.LogitBias) > 0 }, "logit_bias is not supported"},
+	{"response_format", func(b *openAIRequest) bool { return !textFormat(b.ResponseFormat) },
+		"response_format other than {\"type\":\"text\"} is not supported (no structured output)"},
+	{"tools", func(b *openAIRequest) bool { return !rawIs(b.Tools, "[]") }, "tool calls are not supported"},
+	{"tool_choice", func(b *openAIRequest) bool { return !rawIs(b.ToolChoice, `"none"`) }, "tool calls are not supported"},
+	{"functions", func(b *openAIRequest) bool { return !rawIs(b.Functions, "[]") }, "function calls are not supported"},
+	{"function_call", func(b *openAIRequest) bool { return !rawIs(b.FunctionCall, `"none"`) }, "function calls are not supported"},
+	{"parallel_tool_calls", func(b *openAIRequest) bool { return b.ParallelToolCalls != nil }, "tool calls are not supported"},
+	{"suffix", func(b *openAIRequest) bool { return b.Suffix != nil && *b.Suffix != "" }, "suffix (insertion) is not supported"},
+	{"prediction", func(b *openAIRequest) bool { return !rawIs(b.Prediction) }, "predicted outputs are not supported"},
+	{"audio", func(b *openAIRequest) bool { return !rawIs(b.Audio) }, "audio output is not supported"},
+	{"modalities", func(b *openAIRequest) bool {
+		return !(len(b.Modalities) == 0 || len(b.Modalities) == 1 && b.Modalities[0] == "text")
+	},
+		"only the text modality is supported"},
+	{"store", func(b *openAIRequest) bool { return b.Store != nil && *b.Store }, "stored completions are not supported"},
+	{"reasoning_effort", func(b *openAIRequest) bool { return b.ReasoningEffort != nil }, "the models served are not reasoning models"},
+	{"web_search_options", func(b *openAIRequest) bool { return !rawIs(b.WebSearchOptions) }, "web search is not supported"},
+	{"service_tier", func(b *openAIRequest) bool {
+		return b.ServiceTier != nil && *b.ServiceTier != "auto" && *b.ServiceTier != "default"
+	}, "only the default service tier is served"},
+}
+
+// numIs: n is unset, null, or the number def.
+func numIs(n *json.Number, def string) bool {
+	if n == nil {
+		return true
+	}
+	f, err := n.Float64()
+	d, _ := strconv.ParseFloat(def, 64)
+	return err == nil && f == d
+}
+
+// rawIs: raw is unset, null, or one of defs.
+func rawIs(raw json.RawMessage, defs ...string) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return true
+	}
+	for _, d := range defs {
+		if string(raw) == d {
+			return true
+		}
+	}
+	return false
+}
+
+func textFormat(raw json.RawMessage) bool {
+	if rawIs(raw) {
+		return true
+	}
+	var f struct{ Type string }
+	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
+}
+
+// parseRequest reads a request body into the admitted form. An error is a
+// *ParamError (or a malformed body, a plain 400).
+func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
+	var b openAIRequest
+	var out CompletionRequest
+	if !utf8.Valid(data) {
+		// encoding/json replaces invalid UTF-8 silently: refuse it here.
+		return out, invalid(invalidUTF8Param(data), "the body is not valid UTF-8")
+	}
+	if err := json.Unmarshal(data, &b); err != nil {
+		var te *json.UnmarshalTypeError
+		if asType(err, &te) && te.Field != "" {
+			return out, invalid(te.Field, "%s: want a %s", te.Value, te.Type)
+		}
+		return out, fmt.Errorf("malformed JSON: %w", err)
+	}
+	for _, r := range refusals {
+		if r.set(&b) {
+			return out, unsupported(r.param, r.why)
+		}
+	}
+	out.Model = b.Model
+	if b.Model == "" {
+		return out, &ParamError{Param: "model", Code: CodeMissingRequired, Message: "model is required"}
+	}
+	if err := parsePromptOrMessages(&b, &out, chat); err != nil {
+		return out, err
+	}
+	if err := parseSampling(&b, &out, chat); err != nil {
+		return out, err
+	}
+	if b.Stream != nil {
+		out.Stream = *b.Stream
+	}
+	if o := b.StreamOptions; o != nil {
+		if !out.Stream && (o.IncludeUsage != nil && *o.IncludeUsage) {
+			return out, invalid("stream_options", "stream_options.include_usage needs stream: true")
+		}
+		out.StreamOptions.Resumable = o.Resumable
+		out.StreamOptions.IncludeUsage = o.IncludeUsage != nil && *o.IncludeUsage
+	}
+	if b.IgnoreEOS != nil {
+		out.IgnoreEOS = *b.IgnoreEOS
+	}
+	if b.TimeoutMs != nil {
+		ms, err := parseInt("timeout_ms", *b.TimeoutMs, 0, maxTimeoutMs)
+		if err != nil {
+			return out, err
+		}
+		out.TimeoutMs = ms
+	}
+	return out, nil
+}
+
+// parseSampling reads the sampling and length parameters.
+func parseSampling(b *openAIRequest, out *CompletionRequest, chat bool) error {
+	maxTok := b.MaxTokens
+	param := "max_tokens"
+	if chat && b.MaxCompletionTokens != nil {
+		if b.MaxTokens != nil && b.MaxTokens.String() != b.MaxCompletionTokens.String() {
+			return invalid("max_completion_tokens", "max_tokens %s and max_completion_tokens %s disagree; set one", b.MaxTokens, b.MaxCompletionTokens)
+		}
+		maxTok, param = b.MaxCompletionTokens, "max_completion_tokens"
+	} else if b.MaxCompletionTokens != nil {
+		return unsupported("max_completion_tokens", "max_completion_tokens is a chat parameter; use max_tokens")
+	}
+	if maxTok != nil {
+		n, err := parseInt(param, *maxTok, 1, maxTokensBound)
+		if err != nil {
+			return err
+		}
+		v := int(n)
+		out.MaxTokens = &v
+	}
+	for _, f := range []struct {
+		param    string
+		n        *json.Number
+		lo, hi   float64
+		openLow  bool
+		dst      **float64
+		dstPlain *float64
+	}{
+		{"temperature", b.Temperature, 0, 2, false, &out.Temperature, nil},
+		{"top_p", b.TopP, 0, 1, true, &out.TopP, nil},
+		{"frequency_penalty", b.FrequencyPenalty, -2, 2, false, nil, &out.FrequencyPenalty},
+		{"presence_penalty", b.PresencePenalty, -2, 2, false, nil, &out.PresencePenalty},
+	} {
+		if f.n == nil {
+			continue
+		}
+		v, err := f.n.Float64()
+		if err != nil || math.IsNaN(v) || v < f.lo || v > f.hi || f.openLow && v == f.lo {
+			lo := "["
+			if f.openLow {
+				lo = "("
+			}
+			return invalid(f.param, "%s is out of range: want a number in %s%g, %g]", f.n, lo, f.lo, f.hi)
+		}
+		if f.dst != nil {
+			*f.dst = &v
+		} else {
+			*f.dstPlain = v
+		}
+	}
+	if b.TopK != nil {
+		k, err := parseInt("top_k", *b.TopK, 0, math.MaxInt32)
+		if err != nil {
+			return err
+		}
+		out.TopK = int(k)
+	}
+	if b.Seed != nil {
+		s, err := parseInt("seed", *b.Seed, 0, math.MaxInt64)
+		if err != nil {
+			return err
+		}
+		seed := uint64(s)
+		out.Seed, out.SeedSet = seed, true
+	}
+	stop, err := parseStop(b.Stop)
+	out.Stop = stop
+	return err
+}
+
+// parseInt reads an integer in [lo, hi]: no fraction, no wrap-around.
+func parseInt(param string, n json.Number, lo, hi int64) (int64, error) {
+	v, err := strconv.ParseInt(n.String(), 10, 64)
+	if err != nil || v < lo || v > hi {
+		return 0, invalid(param, "%s is out of range: want an integer in [%d, %d]", n, lo, hi)
+	}
+	return v, nil
+}
+
+// parseStop reads stop: a string or an array of at most 4 non-empty ones.
+func parseStop(raw json.RawMessage) ([]string, error) {
+	if rawIs(raw) {
+		return nil, nil
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		if one == "" {
+			return nil, invalid("stop", "a stop sequence must not be empty")
+		}
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, invalid("stop", "want a string or an array of strings")
+	}
+	if len(many) > maxStop {
+		return nil, invalid("stop", "%d stop sequences: at most %d", len(many), maxStop)
+	}
+	for _, s := range many {
+		if s == "" {
+			return nil, invalid("stop", "a stop sequence must not be empty")
+		}
+	}
+	return many, nil
+}
+
+// parsePromptOrMessages reads the prompt (completions) or renders the
+// messages (chat).
+func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) error {
+	if chat {
+		if !rawIs(b.Prompt) {
+			return unsupported("prompt", "a chat completion takes messages, not prompt")
+		}
+		if len(b.Messages) == 0 {
+			return &ParamError{Param: "messages", Code: CodeMissingRequired, Message: "messages is required and must not be empty"}
+		}
+		msgs := make([]ChatMessage, len(b.Messages))
+		for i, m := range b.Messages {
+			c, err := messageContent(i, m)
+			if err != nil {
+				return err
+			}
+			msgs[i] = ChatMessage{Role: m.Role, Content: c}
+		}
+		p, err := chatTemplate(msgs)
+		if err != nil {
+			return err
+		}
+		out.Messages, out.Prompt = msgs, p
+		return nil
+	}
+	if rawIs(b.Prompt) {
+		return &ParamError{Param: "prompt", Code: CodeMissingRequired, Message: "prompt is required"}
+	}
+	var text string
+	if json.Unmarshal(b.Prompt, &text) == nil {
+		out.Prompt = text
+		return checkPromptText(text)
+	}
+	var texts []string
+	if json.Unmarshal(b.Prompt, &texts) == nil {
+		if len(texts) != 1 {
+			return unsupported("prompt", errUnsupportedMultiplePrompt)
+		}
+		out.Prompt = texts[0]
+		return checkPromptText(texts[0])
+	}
+	var ids []int64
+	if json.Unmarshal(b.Prompt, &ids) != nil {
+		var batch [][]int64
+		if json.Unmarshal(b.Prompt, &batch) != nil {
+			return invalid("prompt", "want a string, an array of strings, an array of token ids or an array of token-id arrays")
+		}
+		if len(batch) != 1 {
+			return unsupported("prompt", errUnsupportedMultiplePrompt)
+		}
+		ids = batch[0]
+	}
+	if len(ids) == 0 {
+		return invalid("prompt", "the prompt must not be empty")
+	}
+	out.PromptTokens = make([]int, len(ids))
+	for i, id := range ids {
+		if id < 0 || id > math.MaxInt32 {
+			return invalid("prompt", "token id %d is out of range", id)
+		}
+		out.PromptTokens[i] = int(id)
+	}
+	return nil
+}
+
+func checkPromptText(s string) error {
+	if s == "" {
+		return invalid("prompt", "the prompt must not be empty")
+	}
+	return nil
+}
+
+// messageContent is a message's text: a string, or an array of text parts
+// (joined). Other parts (images, audio, files) are refused.
+func messageContent(i int, m openAIMessage) (string, error) {
+	switch {
+	case !rawIs(m.ToolCalls) || m.ToolCallID != nil || m.Role == "tool" || m.Role == "function":
+		return "", unsupported(fmt.Sprintf("messages[%d]", i), "tool and function messages are not supported")
+	case rawIs(m.Content):
+		if m.Role == "assistant" {
+			return "", nil
+		}
+		return "", &ParamError{Param: fmt.Sprintf("messages[%d].content", i), Code: CodeMissingRequired, Message: "content is required"}
+	}
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string  `json:"type"`
+		Text *string `json:"text"`
+	}
+	if json.Unmarshal(m.Content, &parts) != nil {
+		return "", invalid(fmt.Sprintf("messages[%d].content", i), "want a string or an array of content parts")
+	}
+	var text bytes.Buffer
+	for j, p := range parts {
+		if p.Type != "text" || p.Text == nil {
+			return "", unsupported(fmt.Sprintf("messages[%d].content[%d].type", i, j), fmt.Sprintf("content part %q is not supported: text only", p.Type))
+		}
+		text.WriteString(*p.Text)
+	}
+	return text.String(), nil
+}
+
+// invalidUTF8Param names the top-level field holding invalid UTF-8 ("" if
+// the body is not an object).
+func invalidUTF8Param(data []byte) string {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(data, &fields) != nil {
+		return ""
+	}
+	for k, v := range fields {
+		if !utf8.Valid(v) {
+			return k
+		}
+	}
+	return ""
+}
+
+func asType(err error, target **json.UnmarshalTypeError) bool {
+	te, ok := err.(*json.UnmarshalTypeError)
+	if ok {
+		*target = te
+	}
+	return ok
+}
