@@ -3,6 +3,10 @@ package frontend_test
 import (
 	"bytes"
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
@@ -335,10 +340,16 @@ func TestFailoverTokens(t *testing.T) {
 		return resp.StatusCode
 	}
 	bad := map[string]string{"forged": "AhBmb3JnZWRrZXkAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
-		"another request's": other.token, "none": "", "garbage": "!!", "truncated": o.token[:len(o.token)-4]}
+		"another request's": other.token, "none": "", "garbage": "!!", "truncated": o.token[:len(o.token)-4],
+		"expired": ringToken(t, n, o.id, time.Now().Add(-time.Minute))}
 	for _, url := range urls {
 		if got := status(url, o.token); got != 200 {
 			t.Fatalf("%s: the stream's own token: %d", url, got)
+		}
+		// The same construction, unexpired, is accepted: the expired one
+		// is refused for its expiry alone.
+		if got := status(url, ringToken(t, n, o.id, time.Now().Add(time.Hour))); got != 200 {
+			t.Fatalf("%s: a token made by the test with the ring's key: %d", url, got)
 		}
 		for name, tok := range bad {
 			if got := status(url, tok); got != http.StatusUnauthorized {
@@ -371,6 +382,33 @@ func TestFailoverTokens(t *testing.T) {
 			return got == http.StatusUnauthorized, fmt.Sprint(got)
 		})
 	}
+}
+
+// ringToken signs a resume token for request id, valid until expiry, with
+// the current key of the cluster's ring, in the documented format:
+// base64url(2, len(key id), key id, expiry (unix seconds, big-endian),
+// HMAC-SHA256(secret, key id ‖ 0 ‖ request id ‖ 0 ‖ expiry)).
+func ringToken(t *testing.T, n *clustertest.Node, id string, expiry time.Time) string {
+	t.Helper()
+	resp, err := n.Env.Client.Get(t.Context(), schema.ResumeKeysKey)
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("read the key ring: %v, %d keys", err, len(resp.Kvs))
+	}
+	ring, err := schema.DecodeResumeKeyRing(resp.Kvs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ring.Keys[0]
+	e := binary.BigEndian.AppendUint64(nil, uint64(expiry.Unix()))
+	m := hmac.New(sha256.New, key.Secret)
+	m.Write([]byte(key.ID))
+	m.Write([]byte{0})
+	m.Write([]byte(id))
+	m.Write([]byte{0})
+	m.Write(e)
+	b := append([]byte{2, byte(len(key.ID))}, key.ID...)
+	b = append(append(b, e...), m.Sum(nil)...)
+	return base64.RawURLEncoding.EncodeToString(b)
 }
 
 // TestFailoverEtcdDownDuringTakeover: with etcd stopped, a resume that
