@@ -139,10 +139,16 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}) (done <-chan struct
 }
 
 // Lengths of TestAgentDrainMixed's streams: small-model short and long
-// ones, and the tiny model's, which only node n1 serves.
+// ones, and the tiny model's, which only node n1 serves. The drain's
+// deadline sits at their geometric mean: the worker decides with its own
+// step time at the drain, which on a shared 2-core machine can be a few
+// times lower or higher than the test's look before it, so the lengths
+// are 13× apart (a 3.6× margin either way; at 300 and 2000, 2.6× was
+// once not enough: the long stream was judged to fit). The short ones
+// must still run when the worker decides, about 2 s into the drain.
 const (
-	mixedShort, mixedLong = 300, 2000
-	mixedTiny             = 480 // within the tiny preset's 512-token context
+	mixedShort, mixedLong = 300, 4000 // within the small preset's 4,096-token context
+	mixedTiny             = 480       // within the tiny preset's 512-token context
 )
 
 // mixedCluster is TestAgentDrainMixed's three nodes: each serves the
