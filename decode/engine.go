@@ -308,6 +308,11 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 	if err := r.Sampling.Validate(); err != nil {
 		return nil, badField("sampling", "%v", err)
 	}
+	for id := range r.Sampling.LogitBias {
+		if id >= e.Model.Config.VocabSize {
+			return nil, badField("logit_bias", "token id %d is not in the vocabulary of %d", id, e.Model.Config.VocabSize)
+		}
+	}
 	return prompt, nil
 }
 

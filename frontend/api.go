@@ -48,6 +48,8 @@ type CompletionRequest struct {
 	} `json:"stream_options"`
 	FrequencyPenalty float64 `json:"frequency_penalty"`
 	PresencePenalty  float64 `json:"presence_penalty"`
+	// LogitBias adds its value to the logit of each token id it names.
+	LogitBias map[int]float64 `json:"logit_bias,omitempty"`
 	// Messages is the chat form (POST /v1/chat/completions), rendered
 	// into Prompt.
 	Messages []ChatMessage `json:"messages"`

@@ -170,6 +170,12 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	if b.Temperature != nil {
 		g.Temperature = *b.Temperature
 	}
+	if len(b.LogitBias) > 0 {
+		g.LogitBias = make(map[int32]float64, len(b.LogitBias))
+		for id, v := range b.LogitBias {
+			g.LogitBias[int32(id)] = v
+		}
+	}
 	if b.TopP != nil {
 		g.TopP = *b.TopP
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"syscall"
@@ -12,6 +13,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 )
 
@@ -121,6 +123,24 @@ func TestOpenAISDKConformance(t *testing.T) {
 		}
 	})
 
+	t.Run("logit_bias", func(t *testing.T) {
+		the, err := tokenizer.NewBuiltin().Encode(" the")
+		if err != nil || len(the) != 1 {
+			t.Fatalf("\" the\" is %v (%v): want one token", the, err)
+		}
+		p := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+			MaxTokens: openai.Int(6), Temperature: openai.Float(0.9), Seed: openai.Int(3), LogitBias: map[string]int64{fmt.Sprint(the[0]): 100}}
+		r, err := c.Completions.New(ctx, p, eos)
+		if err != nil || r.Choices[0].Text != strings.Repeat(" the", 6) {
+			t.Fatalf("logit_bias +100 on \" the\": %v, %q", err, r.Choices[0].Text)
+		}
+		p.LogitBias = nil
+		free, err := c.Completions.New(ctx, p, eos)
+		if err != nil || free.Choices[0].Text == r.Choices[0].Text {
+			t.Fatalf("the same request without the bias: %v, %q", err, free.Choices[0].Text)
+		}
+	})
+
 	t.Run("refusals", func(t *testing.T) {
 		base := func() openai.CompletionNewParams {
 			return openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}
@@ -128,7 +148,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 		for param, set := range map[string]func(*openai.CompletionNewParams){
 			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(2) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(2) },
 			"echo": func(p *openai.CompletionNewParams) { p.Echo = openai.Bool(true) }, "best_of": func(p *openai.CompletionNewParams) { p.BestOf = openai.Int(3) },
-			"logit_bias": func(p *openai.CompletionNewParams) { p.LogitBias = map[string]int64{"5": 10} },
+			"logit_bias": func(p *openai.CompletionNewParams) { p.LogitBias = map[string]int64{"999999": 10} }, // past the vocabulary
 			"suffix":     func(p *openai.CompletionNewParams) { p.Suffix = openai.String("z") },
 			"top_p":      func(p *openai.CompletionNewParams) { p.TopP = openai.Float(3) },
 		} {

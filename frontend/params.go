@@ -120,7 +120,6 @@ var refusals = []refusal{
 	{"logprobs", func(b *openAIRequest) bool { return !rawIs(b.Logprobs, "false", "0") }, "logprobs are not supported"},
 	{"top_logprobs", func(b *openAIRequest) bool { return !numIs(b.TopLogprobs, "0") }, "top_logprobs are not supported"},
 	{"echo", func(b *openAIRequest) bool { return b.Echo != nil && *b.Echo }, "echo is not supported"},
-	{"logit_bias", func(b *openAIRequest) bool { return len(b.LogitBias) > 0 }, "logit_bias is not supported"},
 	{"response_format", func(b *openAIRequest) bool { return !textFormat(b.ResponseFormat) },
 		"response_format other than {\"type\":\"text\"} is not supported (no structured output)"},
 	{"tools", func(b *openAIRequest) bool { return !rawIs(b.Tools, "[]") }, "tool calls are not supported"},
@@ -206,6 +205,11 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 	if err := parseSampling(&b, &out, chat); err != nil {
 		return out, err
 	}
+	bias, err := parseLogitBias(b.LogitBias)
+	if err != nil {
+		return out, err
+	}
+	out.LogitBias = bias
 	if b.Stream != nil {
 		out.Stream = *b.Stream
 	}
@@ -461,4 +465,32 @@ func asType(err error, target **json.UnmarshalTypeError) bool {
 		*target = te
 	}
 	return ok
+}
+
+// maxLogitBiasEntries bounds logit_bias (OpenAI's own limit is 300).
+const maxLogitBiasEntries = 1024
+
+// parseLogitBias reads logit_bias: token ids (decimal strings) to biases
+// in [-100, 100], added to those tokens' logits before sampling. Ids past
+// the model's vocabulary are refused by the worker.
+func parseLogitBias(m map[string]any) (map[int]float64, error) {
+	if len(m) == 0 {
+		return nil, nil
+	}
+	if len(m) > maxLogitBiasEntries {
+		return nil, invalid("logit_bias", "%d entries: at most %d", len(m), maxLogitBiasEntries)
+	}
+	out := make(map[int]float64, len(m))
+	for k, v := range m {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 {
+			return nil, invalid("logit_bias", "key %q is not a token id", k)
+		}
+		b, ok := v.(float64)
+		if !ok || math.IsNaN(b) || b < -100 || b > 100 {
+			return nil, invalid("logit_bias", "token %s: bias %v: want a number in [-100, 100]", k, v)
+		}
+		out[int(id)] = b
+	}
+	return out, nil
 }

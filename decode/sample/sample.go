@@ -29,7 +29,14 @@ type Params struct {
 	FrequencyPenalty float64
 	PresencePenalty  float64
 	Seed             uint64
+	// LogitBias adds its value (-100..100) to the logit of each token id
+	// it names before anything else, as OpenAI's logit_bias does: -100
+	// bans a token, 100 all but forces it.
+	LogitBias map[int]float64
 }
+
+// MaxLogitBias bounds a LogitBias value either way.
+const MaxLogitBias = 100
 
 // Validate reports the first out-of-range field by name.
 func (p Params) Validate() error {
@@ -44,6 +51,11 @@ func (p Params) Validate() error {
 		return fmt.Errorf("%w: frequency_penalty %v (want -2..2)", ErrInvalidParams, p.FrequencyPenalty)
 	case math.IsNaN(p.PresencePenalty) || math.Abs(p.PresencePenalty) > 2:
 		return fmt.Errorf("%w: presence_penalty %v (want -2..2)", ErrInvalidParams, p.PresencePenalty)
+	}
+	for id, b := range p.LogitBias {
+		if id < 0 || math.IsNaN(b) || math.Abs(b) > MaxLogitBias {
+			return fmt.Errorf("%w: logit_bias %d: %v (want a token id and -100..100)", ErrInvalidParams, id, b)
+		}
 	}
 	return nil
 }
@@ -118,6 +130,11 @@ func (s *Sampler) SampleAllowed(logits []float32, p Params, history []int, posit
 }
 
 func (s *Sampler) sample(l []float64, p Params, history []int, position uint64) int {
+	for id, b := range p.LogitBias { // additive per id: the order does not matter
+		if id < len(l) {
+			l[id] += b
+		}
+	}
 	if (p.FrequencyPenalty != 0 || p.PresencePenalty != 0) && len(history) > 0 {
 		s.penalize(l, p, history)
 	}

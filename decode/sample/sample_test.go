@@ -90,6 +90,31 @@ func TestTopPNeverPicksOutside(t *testing.T) {
 	}
 }
 
+// TestLogitBias: a bias is added to its token's logit first: -100 bans the
+// greedy pick, +100 forces another token even under sampling.
+func TestLogitBias(t *testing.T) {
+	var s Sampler
+	logits := []float32{1, 3, 2, 0}
+	if id := s.Sample(logits, Params{LogitBias: map[int]float64{1: -100}}, nil, 1); id != 2 {
+		t.Fatalf("greedy with token 1 banned picked %d, want 2", id)
+	}
+	for pos := uint64(1); pos <= 50; pos++ {
+		if id := s.Sample(logits, Params{Temperature: 1, Seed: 9, LogitBias: map[int]float64{3: 100}}, nil, pos); id != 3 {
+			t.Fatalf("position %d: picked %d with token 3 at +100", pos, id)
+		}
+	}
+	// Ids past the logits are ignored by the sampler (the engine refuses
+	// them); out-of-range values are invalid.
+	if id := s.Sample(logits, Params{LogitBias: map[int]float64{99: 100}}, nil, 1); id != 1 {
+		t.Fatalf("a bias past the vocabulary changed the pick: %d", id)
+	}
+	for _, bad := range []map[int]float64{{1: 101}, {-1: 1}, {1: math.NaN()}} {
+		if (Params{LogitBias: bad}).Validate() == nil {
+			t.Fatalf("logit_bias %v validated", bad)
+		}
+	}
+}
+
 func TestGreedyAndPenalties(t *testing.T) {
 	var s Sampler
 	logits := []float32{1, 3, 3, 2}

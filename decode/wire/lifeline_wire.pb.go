@@ -195,6 +195,9 @@ type Generate struct {
 	// after it ended, then forgotten. 0 keeps the stream and the request
 	// tied: the stream's end cancels it.
 	DetachGraceMs uint32 `protobuf:"varint,18,opt,name=detach_grace_ms,json=detachGraceMs,proto3" json:"detach_grace_ms,omitempty"`
+	// logit_bias adds its value (-100..100) to the logit of each token id
+	// it names before sampling (OpenAI's logit_bias).
+	LogitBias     map[int32]float64 `protobuf:"bytes,19,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -353,6 +356,13 @@ func (x *Generate) GetDetachGraceMs() uint32 {
 		return x.DetachGraceMs
 	}
 	return 0
+}
+
+func (x *Generate) GetLogitBias() map[int32]float64 {
+	if x != nil {
+		return x.LogitBias
+	}
+	return nil
 }
 
 // Attach re-attaches a new stream (another frontend, after a takeover) to
@@ -1090,7 +1100,7 @@ var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd0\x04\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd8\x05\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1114,7 +1124,12 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\fprefill_only\x18\x10 \x01(\bR\vprefillOnly\x12\x1d\n" +
 	"\n" +
 	"kv_sources\x18\x11 \x03(\tR\tkvSources\x12&\n" +
-	"\x0fdetach_grace_ms\x18\x12 \x01(\rR\rdetachGraceMs\"v\n" +
+	"\x0fdetach_grace_ms\x18\x12 \x01(\rR\rdetachGraceMs\x12H\n" +
+	"\n" +
+	"logit_bias\x18\x13 \x03(\v2).lifeline.wire.v1.Generate.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"\x0eLogitBiasEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"v\n" +
 	"\x06Attach\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1219,7 +1234,7 @@ func file_lifeline_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_lifeline_wire_proto_goTypes = []any{
 	(Lane)(0),           // 0: lifeline.wire.v1.Lane
 	(Code)(0),           // 1: lifeline.wire.v1.Code
@@ -1231,21 +1246,23 @@ var file_lifeline_wire_proto_goTypes = []any{
 	(*Error)(nil),       // 7: lifeline.wire.v1.Error
 	(*HealthReply)(nil), // 8: lifeline.wire.v1.HealthReply
 	(*Frame)(nil),       // 9: lifeline.wire.v1.Frame
+	nil,                 // 10: lifeline.wire.v1.Generate.LogitBiasEntry
 }
 var file_lifeline_wire_proto_depIdxs = []int32{
-	0, // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
-	2, // 1: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
-	4, // 2: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
-	5, // 3: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
-	3, // 4: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
-	1, // 5: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
-	7, // 6: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
-	8, // 7: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	0,  // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
+	10, // 1: lifeline.wire.v1.Generate.logit_bias:type_name -> lifeline.wire.v1.Generate.LogitBiasEntry
+	2,  // 2: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
+	4,  // 3: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
+	5,  // 4: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
+	3,  // 5: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
+	1,  // 6: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
+	7,  // 7: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
+	8,  // 8: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
+	9,  // [9:9] is the sub-list for method output_type
+	9,  // [9:9] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_wire_proto_init() }
@@ -1265,7 +1282,7 @@ func file_lifeline_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

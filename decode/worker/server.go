@@ -453,7 +453,7 @@ func request(g *wire.Generate, instanceID string) decode.Request {
 		ID: fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, instanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
 		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
 		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
-			PresencePenalty: g.PresencePenalty, Seed: g.Seed},
+			PresencePenalty: g.PresencePenalty, Seed: g.Seed, LogitBias: logitBias(g.LogitBias)},
 		PrefillOnly: g.PrefillOnly,
 	}
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
@@ -512,4 +512,15 @@ func (s *server) start(ctx context.Context, g *wire.Generate) (<-chan decode.Eve
 		s.pullPrefix(ctx, g, req)
 	}
 	return s.engine.Generate(ctx, req)
+}
+
+func logitBias(m map[int32]float64) map[int]float64 {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make(map[int]float64, len(m))
+	for id, b := range m {
+		out[int(id)] = b
+	}
+	return out
 }
