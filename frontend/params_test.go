@@ -73,7 +73,9 @@ func TestParseRequest(t *testing.T) {
 		{name: "top_logprobs", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":2}`, param: "top_logprobs", code: CodeUnsupportedParameter},
 		{name: "echo", body: `{"model":"m","prompt":"a","echo":true}`, param: "echo", code: CodeUnsupportedParameter},
 		{name: "logit_bias", body: `{"model":"m","prompt":"a","logit_bias":{"5":10,"7":-100}}`,
-			check: func(b CompletionRequest) bool { return len(b.LogitBias) == 2 && b.LogitBias[5] == 10 && b.LogitBias[7] == -100 }},
+			check: func(b CompletionRequest) bool {
+				return len(b.LogitBias) == 2 && b.LogitBias[5] == 10 && b.LogitBias[7] == -100
+			}},
 		{name: "logit_bias past 100", body: `{"model":"m","prompt":"a","logit_bias":{"5":101}}`, param: "logit_bias", code: CodeInvalidValue},
 		{name: "logit_bias not a number", body: `{"model":"m","prompt":"a","logit_bias":{"5":"x"}}`, param: "logit_bias", code: CodeInvalidValue},
 		{name: "logit_bias key", body: `{"model":"m","prompt":"a","logit_bias":{"five":1}}`, param: "logit_bias", code: CodeInvalidValue},
