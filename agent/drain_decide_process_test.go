@@ -11,7 +11,6 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
-	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -31,16 +30,7 @@ const drainDecisionOverhead = 600 * time.Millisecond
 // one does not, unless the step time changes about threefold.
 func drainDeadlineBetween(t *testing.T, node *clustertest.Node, id string, short, long int) time.Duration {
 	t.Helper()
-	reg := node.WaitRegistration(t, id, 0)
-	tlsConf, err := workerclient.ClientTLS(node.Env.Certs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, id, reg.Generation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := node.DialWorker(t, id)
 	// The worker reports the longest of its last steps; the lowest of a
 	// few looks leaves out a prefill step still in that window.
 	step := time.Duration(math.MaxInt64)

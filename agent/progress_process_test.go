@@ -38,15 +38,7 @@ func TestAgentBusyWorkerJudgedByProgress(t *testing.T) {
 	})
 	const id = "n1-prefill-small-0"
 	reg := n.WaitRegistration(t, id, 0)
-	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, id, reg.Generation)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := n.DialWorker(t, id)
 	okBefore := canaryCount(scrape(t, metricsAddr), "ok")
 	started := time.Now()
 	// What the worker reports while it works, for the log: how long its

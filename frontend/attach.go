@@ -142,6 +142,7 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 		return x.r.Start(now)
 	}
 	x.obs.takeover("attached")
+	x.tokenize() // not routed: the usage still counts the prompt
 	acts := x.r.Attached(a.at, time.Now())
 	x.taken[x.r.Epoch] = true
 	x.on = a.at.InstanceID

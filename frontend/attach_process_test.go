@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/frontend/client"
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -266,15 +266,7 @@ func TestClientLibraryResumesStreamsOnB(t *testing.T) {
 // workerHealth is instance's health as its worker reports it.
 func workerHealth(t *testing.T, n *clustertest.Node, instance string) *wire.HealthReply {
 	t.Helper()
-	reg := n.WaitRegistration(t, instance, 0)
-	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, instance, reg.Generation)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := n.DialWorker(t, instance)
 	defer c.Close()
 	h, err := c.Health(t.Context())
 	if err != nil {
@@ -376,5 +368,35 @@ func TestTakeoverAfterAMigration(t *testing.T) {
 	resumeOn(t, b, o, len(got), want)
 	if r := metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`); r != 1 {
 		t.Errorf("takeovers regenerated on B: %v, want 1", r)
+	}
+}
+
+// TestStreamServedWithoutRecordWhileEtcdDown: etcd is stopped; a new
+// streamed request is still served, bit-identical, once its admission
+// write is given up (bounded), and counted as served without a record:
+// the data plane does not wait for the control plane.
+func TestStreamServedWithoutRecordWhileEtcdDown(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	url := clustertest.StartFrontend(t, n)
+	want, _ := clustertest.StreamCompletion(t, url, seeded(13, 32), nil)
+	env := n.Env
+	dir, port, certs := env.Etcd.Dir(), env.Etcd.Port(), env.Etcd.CertDir()
+	env.Etcd.Close()
+	began := time.Now()
+	got, _ := clustertest.StreamCompletion(t, url, seeded(13, 32), nil)
+	took := time.Since(began)
+	if err := sameTail(got, want, 0); err != nil {
+		t.Fatalf("served while etcd is down: %v", err)
+	}
+	if took > 10*time.Second {
+		t.Fatalf("the stream took %v with etcd down", took)
+	}
+	if r := metric(t, url, "lifeline_frontend_request_records_skipped_total"); r != 1 {
+		t.Fatalf("records skipped: %v, want 1", r)
+	}
+	var err error
+	if env.Etcd, err = embedetcd.Start(dir, port, certs); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,16 +25,16 @@ func (x *run) tokenize() {
 		return
 	}
 	tok := tokenizer.NewBuiltin()
-	if len(x.body.PromptTokens) > 0 {
-		x.promptTokens = append([]int{tok.BOS()}, x.body.PromptTokens...)
-		return
+	ids, err := x.body.PromptTokens, error(nil)
+	if len(ids) == 0 {
+		ids, err = tok.Encode(x.body.Prompt)
 	}
-	ids, err := tok.Encode(x.body.Prompt)
-	if err != nil {
-		x.promptTokens = []int{}
-		return
+	x.promptTokens = []int{}
+	if err == nil {
+		x.promptTokens = append([]int{tok.BOS()}, ids...)
 	}
-	x.promptTokens = append([]int{tok.BOS()}, ids...)
+	// The usage the client is told counts the same tokens.
+	x.st.setPromptLen(len(x.promptTokens))
 }
 
 func (x *run) route(a Route) []Action {

@@ -55,20 +55,9 @@ func (st *stream) learn(rt *Router, id string) {
 	if in.KVIdentity != nil && in.KVIdentity.TokenizerHash != tok.Hash() {
 		return
 	}
-	st.facts.promptTokens = promptLen(st.body)
-}
-
-// promptLen is the prompt's length in tokens under the built-in
-// tokenizer, BOS included.
-func promptLen(b CompletionRequest) int {
-	if len(b.PromptTokens) > 0 {
-		return len(b.PromptTokens) + 1
+	if st.promptLen > 0 {
+		st.facts.promptTokens = st.promptLen
 	}
-	ids, err := tokenizer.NewBuiltin().Encode(b.Prompt)
-	if err != nil {
-		return -1
-	}
-	return len(ids) + 1
 }
 
 // usage is the request's usage with n tokens generated.
@@ -85,4 +74,13 @@ func (st *stream) meta(instance string) string {
 	defer st.mu.Unlock()
 	st.learn(st.router, instance)
 	return st.facts.fingerprint
+}
+
+// setPromptLen records the prompt's length in tokens under the built-in
+// tokenizer, BOS included, as the run encoded it for routing (0: it
+// could not be encoded).
+func (st *stream) setPromptLen(n int) {
+	st.mu.Lock()
+	st.promptLen = n
+	st.mu.Unlock()
 }

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
@@ -120,23 +119,9 @@ func metric(t *testing.T, url, name string) float64 {
 // requestsStarted sums the workers' started requests on node n.
 func requestsStarted(t *testing.T, n *clustertest.Node, instances ...string) uint64 {
 	t.Helper()
-	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var sum uint64
 	for _, id := range instances {
-		reg := n.WaitRegistration(t, id, 0)
-		c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, id, reg.Generation)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h, err := c.Health(t.Context())
-		c.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sum += h.RequestsStarted
+		sum += workerHealth(t, n, id).RequestsStarted
 	}
 	return sum
 }

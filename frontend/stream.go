@@ -44,6 +44,9 @@ type stream struct {
 	// facts is what it told, under mu.
 	router *Router
 	facts  responseFacts
+	// promptLen is the prompt's length in tokens as the run encoded it
+	// (0: not known), under mu.
+	promptLen int
 }
 
 // clientCancel is the cause of a request's end that its client chose: a
@@ -179,8 +182,9 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 			st.cancel(errClientGone)
 		}
 	}()
-	// Send the headers (request id, resume token) before the first token:
-	// a client cut off during the prefill can still resume.
+	// The status line: a new request's comes once its first token is
+	// there and its record stored (serve), so that its resume token works
+	// at every frontend and no token reaches the client before.
 	w.WriteHeader(http.StatusOK)
 	flusher, _ := w.(http.Flusher)
 	sw := sse.NewWriter(w)
@@ -198,15 +202,6 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 // end; false when the client went away first.
 func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
 	next := from + 1
-	if st.rec != nil {
-		// No token reaches a client before the record is stored: any
-		// frontend can resume what a client has seen.
-		select {
-		case <-st.rec.stored:
-		case <-ctx.Done():
-			return false
-		}
-	}
 	for {
 		toks, done, r, changed := st.snapshot(next - 1)
 		for _, t := range toks {

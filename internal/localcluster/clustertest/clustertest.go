@@ -167,6 +167,23 @@ func (n *Node) WaitRegistration(t testing.TB, instance string, after uint64) sch
 	return r
 }
 
+// DialWorker connects to instance's worker at its registered address and
+// generation, as a frontend would; a cleanup closes the connection.
+func (n *Node) DialWorker(t testing.TB, instance string) *workerclient.Client {
+	t.Helper()
+	reg := n.WaitRegistration(t, instance, 0)
+	tlsConf, err := workerclient.ClientTLS(n.Env.Certs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := workerclient.Dial(t.Context(), reg.Addr, tlsConf, instance, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // WaitWorkerReady waits for the node's single worker to be ready.
 func (n *Node) WaitWorkerReady(t testing.TB) controlapi.Worker {
 	t.Helper()
