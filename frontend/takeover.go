@@ -21,46 +21,56 @@ import (
 // errNoStream answers a resume or cancel of a request no frontend holds.
 const errNoStream = "no such stream (finished longer ago than the resume window?)"
 
-// resumeFromRecord answers a resume of request id after sequence number
-// from, whose token was checked, from its record.
-func (s *Server) resumeFromRecord(w http.ResponseWriter, req *http.Request, id string, from int) {
+// fromRecord reads request id's record and, if it is still running,
+// takes it over (won: this frontend drives it now). It answers for the
+// caller when the record cannot help (none, unreadable, etcd down) and
+// returns false then; result labels the metrics of that answer.
+func (s *Server) fromRecord(ctx context.Context, w http.ResponseWriter, id string, result func(string)) (rec schema.RequestRecord, rs *recordState, won, ok bool) {
 	if s.recs == nil {
 		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
-		return
+		return rec, nil, false, false
 	}
-	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
-	defer cancel()
 	rec, rev, err := s.recs.read(ctx, id)
 	if err == nil && !rec.Done {
-		var rs *recordState
-		rs, ok, terr := s.recs.takeover(ctx, rec, rev)
-		switch {
-		case terr != nil:
-			err = terr
-		case ok:
-			s.metrics.takeovers.WithLabelValues("ok").Inc()
-			s.metrics.crossResumes.WithLabelValues("taken_over").Inc()
-			s.driveTakenOver(w, req, rs, from)
-			return
-		default:
-			s.lostTakeover(w, req, id, from)
-			return
-		}
+		rs, won, err = s.recs.takeover(ctx, rec, rev)
 	}
 	switch {
 	case errors.Is(err, errNoRecord):
-		s.metrics.takeovers.WithLabelValues("not_found").Inc()
-		s.metrics.crossResumes.WithLabelValues("not_found").Inc()
+		result("not_found")
 		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
 	case errors.Is(err, schema.ErrBadRecord):
-		s.metrics.crossResumes.WithLabelValues("bad_record").Inc()
+		result("bad_record")
 		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
 	case err != nil:
-		s.metrics.takeovers.WithLabelValues("unavailable").Inc()
-		s.metrics.crossResumes.WithLabelValues("unavailable").Inc()
+		result("unavailable")
 		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
 	default:
+		return rec, rs, won, true
+	}
+	return rec, nil, false, false
+}
+
+// resumeFromRecord answers a resume of request id after sequence number
+// from, whose token was checked, from its record.
+func (s *Server) resumeFromRecord(w http.ResponseWriter, req *http.Request, id string, from int) {
+	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
+	defer cancel()
+	rec, rs, won, ok := s.fromRecord(ctx, w, id, func(result string) {
+		if result != "bad_record" {
+			s.metrics.takeovers.WithLabelValues(result).Inc()
+		}
+		s.metrics.crossResumes.WithLabelValues(result).Inc()
+	})
+	switch {
+	case !ok:
+	case rec.Done:
 		s.replayRecord(w, req, rec, from)
+	case won:
+		s.metrics.takeovers.WithLabelValues("ok").Inc()
+		s.metrics.crossResumes.WithLabelValues("taken_over").Inc()
+		s.driveTakenOver(w, req, rs, from)
+	default:
+		s.lostTakeover(w, req, id, from)
 	}
 }
 
@@ -174,25 +184,11 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 // taken over and cancelled here (its worker's sequence with it); a
 // finished one is reported finished, not cancelled.
 func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id string) {
-	if s.recs == nil {
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
-		return
-	}
 	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
 	defer cancel()
-	rec, rev, err := s.recs.read(ctx, id)
-	var rs *recordState
-	won := false
-	if err == nil && !rec.Done {
-		rs, won, err = s.recs.takeover(ctx, rec, rev)
-	}
+	rec, rs, won, ok := s.fromRecord(ctx, w, id, func(string) {})
 	switch {
-	case errors.Is(err, errNoRecord):
-		writeError(w, http.StatusNotFound, ErrInvalidRequest, errNoStream)
-	case errors.Is(err, schema.ErrBadRecord):
-		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
-	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
+	case !ok:
 	case rec.Done:
 		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": false, "finished": true})
 	case !won:
