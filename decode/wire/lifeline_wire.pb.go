@@ -158,6 +158,57 @@ func (Code) EnumDescriptor() ([]byte, []int) {
 	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
 }
 
+type Structured_Kind int32
+
+const (
+	Structured_NONE Structured_Kind = 0
+	// Any JSON object.
+	Structured_JSON_OBJECT Structured_Kind = 1
+	// A JSON schema of the supported subset (in schema).
+	Structured_JSON_SCHEMA Structured_Kind = 2
+)
+
+// Enum value maps for Structured_Kind.
+var (
+	Structured_Kind_name = map[int32]string{
+		0: "NONE",
+		1: "JSON_OBJECT",
+		2: "JSON_SCHEMA",
+	}
+	Structured_Kind_value = map[string]int32{
+		"NONE":        0,
+		"JSON_OBJECT": 1,
+		"JSON_SCHEMA": 2,
+	}
+)
+
+func (x Structured_Kind) Enum() *Structured_Kind {
+	p := new(Structured_Kind)
+	*p = x
+	return p
+}
+
+func (x Structured_Kind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Structured_Kind) Descriptor() protoreflect.EnumDescriptor {
+	return file_lifeline_wire_proto_enumTypes[2].Descriptor()
+}
+
+func (Structured_Kind) Type() protoreflect.EnumType {
+	return &file_lifeline_wire_proto_enumTypes[2]
+}
+
+func (x Structured_Kind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Structured_Kind.Descriptor instead.
+func (Structured_Kind) EnumDescriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1, 0}
+}
+
 type Generate struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	RequestId        string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -197,7 +248,18 @@ type Generate struct {
 	DetachGraceMs uint32 `protobuf:"varint,18,opt,name=detach_grace_ms,json=detachGraceMs,proto3" json:"detach_grace_ms,omitempty"`
 	// logit_bias adds its value (-100..100) to the logit of each token id
 	// it names before sampling (OpenAI's logit_bias).
-	LogitBias     map[int32]float64 `protobuf:"bytes,19,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	LogitBias map[int32]float64 `protobuf:"bytes,19,rep,name=logit_bias,json=logitBias,proto3" json:"logit_bias,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// structured constrains the output to a grammar (structured output and
+	// tool calls); unset: free text.
+	Structured *Structured `protobuf:"bytes,20,opt,name=structured,proto3" json:"structured,omitempty"`
+	// logprobs asks for the log-probability of every sampled token on its
+	// frame, and top_logprobs (0..20) for that many most likely
+	// alternatives. They are the log-softmax of the model's raw logits at
+	// that position (before logit_bias, penalties, temperature, top-k/top-p
+	// and any grammar mask), computed in float64: a pure function of the
+	// token prefix, so identical after a migration.
+	Logprobs      bool  `protobuf:"varint,21,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs   int32 `protobuf:"varint,22,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -365,6 +427,152 @@ func (x *Generate) GetLogitBias() map[int32]float64 {
 	return nil
 }
 
+func (x *Generate) GetStructured() *Structured {
+	if x != nil {
+		return x.Structured
+	}
+	return nil
+}
+
+func (x *Generate) GetLogprobs() bool {
+	if x != nil {
+		return x.Logprobs
+	}
+	return false
+}
+
+func (x *Generate) GetTopLogprobs() int32 {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return 0
+}
+
+// Structured is a grammar the output must follow. The worker compiles it
+// into a byte-level automaton, replays the automaton's state over
+// prefix_tokens (a migrated request continues exactly where the first
+// worker was), and masks the logits so that only tokens that keep the
+// output a valid prefix, and that still let it close within max_tokens,
+// can be sampled; end-of-sequence is allowed only once the value is
+// complete, and the sequence ends (finish_reason stop) when the value
+// closes. A schema the worker cannot compile, or a max_tokens too small to
+// close the shortest valid value, is refused with INVALID_REQUEST.
+type Structured struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Kind   Structured_Kind        `protobuf:"varint,1,opt,name=kind,proto3,enum=lifeline.wire.v1.Structured_Kind" json:"kind,omitempty"`
+	Schema []byte                 `protobuf:"bytes,2,opt,name=schema,proto3" json:"schema,omitempty"`
+	// optional lets the output be free text instead: the grammar binds only
+	// if the output's first byte is '{' (tool_choice auto: the model decides
+	// between answering and calling a tool).
+	Optional      bool `protobuf:"varint,3,opt,name=optional,proto3" json:"optional,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Structured) Reset() {
+	*x = Structured{}
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Structured) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Structured) ProtoMessage() {}
+
+func (x *Structured) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Structured.ProtoReflect.Descriptor instead.
+func (*Structured) Descriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Structured) GetKind() Structured_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return Structured_NONE
+}
+
+func (x *Structured) GetSchema() []byte {
+	if x != nil {
+		return x.Schema
+	}
+	return nil
+}
+
+func (x *Structured) GetOptional() bool {
+	if x != nil {
+		return x.Optional
+	}
+	return false
+}
+
+// TopLogprob is one of the most likely tokens at a position.
+type TopLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenId       int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopLogprob) Reset() {
+	*x = TopLogprob{}
+	mi := &file_lifeline_wire_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopLogprob) ProtoMessage() {}
+
+func (x *TopLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_wire_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
+func (*TopLogprob) Descriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TopLogprob) GetTokenId() int32 {
+	if x != nil {
+		return x.TokenId
+	}
+	return 0
+}
+
+func (x *TopLogprob) GetLogprob() float64 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
 // Attach re-attaches a new stream (another frontend, after a takeover) to
 // a detachable request running on, or recently finished by, this worker.
 // The worker answers on the Attach's stream with every frame of the
@@ -389,7 +597,7 @@ type Attach struct {
 
 func (x *Attach) Reset() {
 	*x = Attach{}
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +609,7 @@ func (x *Attach) String() string {
 func (*Attach) ProtoMessage() {}
 
 func (x *Attach) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +622,7 @@ func (x *Attach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attach.ProtoReflect.Descriptor instead.
 func (*Attach) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Attach) GetRequestId() string {
@@ -446,7 +654,7 @@ type Health struct {
 
 func (x *Health) Reset() {
 	*x = Health{}
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -458,7 +666,7 @@ func (x *Health) String() string {
 func (*Health) ProtoMessage() {}
 
 func (x *Health) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -471,7 +679,7 @@ func (x *Health) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Health.ProtoReflect.Descriptor instead.
 func (*Health) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
 }
 
 // Admin is the node agent's control of its worker: whether it accepts new
@@ -503,7 +711,7 @@ type Admin struct {
 
 func (x *Admin) Reset() {
 	*x = Admin{}
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +723,7 @@ func (x *Admin) String() string {
 func (*Admin) ProtoMessage() {}
 
 func (x *Admin) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +736,7 @@ func (x *Admin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admin.ProtoReflect.Descriptor instead.
 func (*Admin) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Admin) GetAccepting() bool {
@@ -595,7 +803,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +815,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +828,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -705,7 +913,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -717,7 +925,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -730,7 +938,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Error) GetCode() Code {
@@ -794,13 +1002,17 @@ type HealthReply struct {
 	FramesDropped  uint64 `protobuf:"varint,17,opt,name=frames_dropped,json=framesDropped,proto3" json:"frames_dropped,omitempty"`
 	Detached       uint32 `protobuf:"varint,18,opt,name=detached,proto3" json:"detached,omitempty"`
 	Attaches       uint64 `protobuf:"varint,19,opt,name=attaches,proto3" json:"attaches,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Speculative decoding (a worker started with a draft model): draft
+	// tokens proposed and those the target model verified (cumulative).
+	DraftProposed uint64 `protobuf:"varint,20,opt,name=draft_proposed,json=draftProposed,proto3" json:"draft_proposed,omitempty"`
+	DraftAccepted uint64 `protobuf:"varint,21,opt,name=draft_accepted,json=draftAccepted,proto3" json:"draft_accepted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -812,7 +1024,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -825,7 +1037,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HealthReply) GetReady() bool {
@@ -961,6 +1173,20 @@ func (x *HealthReply) GetAttaches() uint64 {
 	return 0
 }
 
+func (x *HealthReply) GetDraftProposed() uint64 {
+	if x != nil {
+		return x.DraftProposed
+	}
+	return 0
+}
+
+func (x *HealthReply) GetDraftAccepted() uint64 {
+	if x != nil {
+		return x.DraftAccepted
+	}
+	return 0
+}
+
 type Frame struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId   string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
@@ -977,14 +1203,18 @@ type Frame struct {
 	ReusedPositions uint32       `protobuf:"varint,11,opt,name=reused_positions,json=reusedPositions,proto3" json:"reused_positions,omitempty"`
 	// kv_keys are the 32-byte identity keys of the prompt's full blocks,
 	// in chain order, on the finish frame of a prefill_only request.
-	KvKeys        [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
+	KvKeys [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
+	// logprob and top_logprobs of this token (Generate.logprobs): most
+	// likely first, ties by lower token id.
+	Logprob       float64       `protobuf:"fixed64,14,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopLogprobs   []*TopLogprob `protobuf:"bytes,15,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_lifeline_wire_proto_msgTypes[7]
+	mi := &file_lifeline_wire_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -996,7 +1226,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[7]
+	mi := &file_lifeline_wire_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1009,7 +1239,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{7}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Frame) GetInstanceId() string {
@@ -1096,11 +1326,25 @@ func (x *Frame) GetKvKeys() [][]byte {
 	return nil
 }
 
+func (x *Frame) GetLogprob() float64 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *Frame) GetTopLogprobs() []*TopLogprob {
+	if x != nil {
+		return x.TopLogprobs
+	}
+	return nil
+}
+
 var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd8\x05\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd5\x06\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1126,10 +1370,28 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"kv_sources\x18\x11 \x03(\tR\tkvSources\x12&\n" +
 	"\x0fdetach_grace_ms\x18\x12 \x01(\rR\rdetachGraceMs\x12H\n" +
 	"\n" +
-	"logit_bias\x18\x13 \x03(\v2).lifeline.wire.v1.Generate.LogitBiasEntryR\tlogitBias\x1a<\n" +
+	"logit_bias\x18\x13 \x03(\v2).lifeline.wire.v1.Generate.LogitBiasEntryR\tlogitBias\x12<\n" +
+	"\n" +
+	"structured\x18\x14 \x01(\v2\x1c.lifeline.wire.v1.StructuredR\n" +
+	"structured\x12\x1a\n" +
+	"\blogprobs\x18\x15 \x01(\bR\blogprobs\x12!\n" +
+	"\ftop_logprobs\x18\x16 \x01(\x05R\vtopLogprobs\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"v\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xab\x01\n" +
+	"\n" +
+	"Structured\x125\n" +
+	"\x04kind\x18\x01 \x01(\x0e2!.lifeline.wire.v1.Structured.KindR\x04kind\x12\x16\n" +
+	"\x06schema\x18\x02 \x01(\fR\x06schema\x12\x1a\n" +
+	"\boptional\x18\x03 \x01(\bR\boptional\"2\n" +
+	"\x04Kind\x12\b\n" +
+	"\x04NONE\x10\x00\x12\x0f\n" +
+	"\vJSON_OBJECT\x10\x01\x12\x0f\n" +
+	"\vJSON_SCHEMA\x10\x02\"A\n" +
+	"\n" +
+	"TopLogprob\x12\x19\n" +
+	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x01R\alogprob\"v\n" +
 	"\x06Attach\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1156,7 +1418,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xa1\x05\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xef\x05\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -1180,7 +1442,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x0fframes_buffered\x18\x10 \x01(\x04R\x0eframesBuffered\x12%\n" +
 	"\x0eframes_dropped\x18\x11 \x01(\x04R\rframesDropped\x12\x1a\n" +
 	"\bdetached\x18\x12 \x01(\rR\bdetached\x12\x1a\n" +
-	"\battaches\x18\x13 \x01(\x04R\battaches\"\xb1\x03\n" +
+	"\battaches\x18\x13 \x01(\x04R\battaches\x12%\n" +
+	"\x0edraft_proposed\x18\x14 \x01(\x04R\rdraftProposed\x12%\n" +
+	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\"\x8c\x04\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1199,7 +1463,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x06health\x18\n" +
 	" \x01(\v2\x1d.lifeline.wire.v1.HealthReplyR\x06health\x12)\n" +
 	"\x10reused_positions\x18\v \x01(\rR\x0freusedPositions\x12\x17\n" +
-	"\akv_keys\x18\f \x03(\fR\x06kvKeysJ\x04\b\r\x10\x0e*.\n" +
+	"\akv_keys\x18\f \x03(\fR\x06kvKeys\x12\x18\n" +
+	"\alogprob\x18\x0e \x01(\x01R\alogprob\x12?\n" +
+	"\ftop_logprobs\x18\x0f \x03(\v2\x1c.lifeline.wire.v1.TopLogprobR\vtopLogprobsJ\x04\b\r\x10\x0e*.\n" +
 	"\x04Lane\x12\x0f\n" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +
@@ -1233,36 +1499,42 @@ func file_lifeline_wire_proto_rawDescGZIP() []byte {
 	return file_lifeline_wire_proto_rawDescData
 }
 
-var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_lifeline_wire_proto_goTypes = []any{
-	(Lane)(0),           // 0: lifeline.wire.v1.Lane
-	(Code)(0),           // 1: lifeline.wire.v1.Code
-	(*Generate)(nil),    // 2: lifeline.wire.v1.Generate
-	(*Attach)(nil),      // 3: lifeline.wire.v1.Attach
-	(*Health)(nil),      // 4: lifeline.wire.v1.Health
-	(*Admin)(nil),       // 5: lifeline.wire.v1.Admin
-	(*Request)(nil),     // 6: lifeline.wire.v1.Request
-	(*Error)(nil),       // 7: lifeline.wire.v1.Error
-	(*HealthReply)(nil), // 8: lifeline.wire.v1.HealthReply
-	(*Frame)(nil),       // 9: lifeline.wire.v1.Frame
-	nil,                 // 10: lifeline.wire.v1.Generate.LogitBiasEntry
+	(Lane)(0),            // 0: lifeline.wire.v1.Lane
+	(Code)(0),            // 1: lifeline.wire.v1.Code
+	(Structured_Kind)(0), // 2: lifeline.wire.v1.Structured.Kind
+	(*Generate)(nil),     // 3: lifeline.wire.v1.Generate
+	(*Structured)(nil),   // 4: lifeline.wire.v1.Structured
+	(*TopLogprob)(nil),   // 5: lifeline.wire.v1.TopLogprob
+	(*Attach)(nil),       // 6: lifeline.wire.v1.Attach
+	(*Health)(nil),       // 7: lifeline.wire.v1.Health
+	(*Admin)(nil),        // 8: lifeline.wire.v1.Admin
+	(*Request)(nil),      // 9: lifeline.wire.v1.Request
+	(*Error)(nil),        // 10: lifeline.wire.v1.Error
+	(*HealthReply)(nil),  // 11: lifeline.wire.v1.HealthReply
+	(*Frame)(nil),        // 12: lifeline.wire.v1.Frame
+	nil,                  // 13: lifeline.wire.v1.Generate.LogitBiasEntry
 }
 var file_lifeline_wire_proto_depIdxs = []int32{
 	0,  // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
-	10, // 1: lifeline.wire.v1.Generate.logit_bias:type_name -> lifeline.wire.v1.Generate.LogitBiasEntry
-	2,  // 2: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
-	4,  // 3: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
-	5,  // 4: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
-	3,  // 5: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
-	1,  // 6: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
-	7,  // 7: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
-	8,  // 8: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
-	9,  // [9:9] is the sub-list for method output_type
-	9,  // [9:9] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	13, // 1: lifeline.wire.v1.Generate.logit_bias:type_name -> lifeline.wire.v1.Generate.LogitBiasEntry
+	4,  // 2: lifeline.wire.v1.Generate.structured:type_name -> lifeline.wire.v1.Structured
+	2,  // 3: lifeline.wire.v1.Structured.kind:type_name -> lifeline.wire.v1.Structured.Kind
+	3,  // 4: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
+	7,  // 5: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
+	8,  // 6: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
+	6,  // 7: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
+	1,  // 8: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
+	10, // 9: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
+	11, // 10: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
+	5,  // 11: lifeline.wire.v1.Frame.top_logprobs:type_name -> lifeline.wire.v1.TopLogprob
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_wire_proto_init() }
@@ -1270,7 +1542,7 @@ func file_lifeline_wire_proto_init() {
 	if File_lifeline_wire_proto != nil {
 		return
 	}
-	file_lifeline_wire_proto_msgTypes[4].OneofWrappers = []any{
+	file_lifeline_wire_proto_msgTypes[6].OneofWrappers = []any{
 		(*Request_Generate)(nil),
 		(*Request_Health)(nil),
 		(*Request_Admin)(nil),
@@ -1281,8 +1553,8 @@ func file_lifeline_wire_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   9,
+			NumEnums:      3,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
