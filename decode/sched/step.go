@@ -35,12 +35,12 @@ func (s *Scheduler) Step() (bool, error) {
 	// is cleared (Cancel waits for it).
 	began := time.Now()
 	err := s.model.Forward(&s.ws, s.store, b.in)
-	var ids []int
+	var picks []pick
 	if err == nil {
 		for _, seq := range b.seqs {
 			s.publish(seq)
 		}
-		ids = s.sampleAll(b.sampled)
+		picks = s.sampleAll(b.sampled)
 	}
 
 	s.mu.Lock()
@@ -51,7 +51,7 @@ func (s *Scheduler) Step() (bool, error) {
 	if err == nil {
 		s.computed += uint64(len(b.in))
 	}
-	return true, s.commitLocked(b, ids, err)
+	return true, s.commitLocked(b, picks, err)
 }
 
 // stepBatch is the work of one step.
@@ -98,9 +98,9 @@ func (s *Scheduler) planLocked() stepBatch {
 
 // commitLocked ends the step of b: a failed forward pass (err) ends the
 // whole batch; otherwise cancellations asked for during the step take
-// effect, finished prefills end, and every sampled token ids[i] is
+// effect, finished prefills end, and every sampled token picks[i] is
 // delivered.
-func (s *Scheduler) commitLocked(b stepBatch, ids []int, err error) error {
+func (s *Scheduler) commitLocked(b stepBatch, picks []pick, err error) error {
 	for _, seq := range b.seqs {
 		seq.inFlight = false
 	}
@@ -123,17 +123,18 @@ func (s *Scheduler) commitLocked(b stepBatch, ids []int, err error) error {
 	}
 	for i, seq := range b.sampled {
 		if !seq.finished {
-			s.deliverLocked(seq, ids[i])
+			s.deliverLocked(seq, picks[i])
 		}
 	}
 	return nil
 }
 
-// deliverLocked appends the sampled token id to seq, hands it to OnToken,
+// deliverLocked appends the sampled token to seq, hands it to OnToken,
 // and ends seq on a stop token, when OnToken declines more, or when its
 // budget is spent.
-func (s *Scheduler) deliverLocked(seq *sequence, id int) {
+func (s *Scheduler) deliverLocked(seq *sequence, p pick) {
 	r := &seq.req
+	id := p.id
 	pos := seq.nOutput + 1
 	seq.tokens = append(seq.tokens, id)
 	seq.nOutput++
@@ -155,8 +156,8 @@ func (s *Scheduler) deliverLocked(seq *sequence, id int) {
 
 // sampleAll picks the next token of every sequence. Sampling is a pure
 // function of its inputs, so the sequences are split across goroutines.
-func (s *Scheduler) sampleAll(seqs []*sequence) []int {
-	ids := make([]int, len(seqs))
+func (s *Scheduler) sampleAll(seqs []*sequence) []pick {
+	picks := make([]pick, len(seqs))
 	workers := min(runtime.GOMAXPROCS(0), (len(seqs)+3)/4)
 	for len(s.samplers) < workers {
 		s.samplers = append(s.samplers, new(sample.Sampler))
@@ -164,13 +165,12 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []int {
 	sampleFrom := func(w int) {
 		for i := w; i < len(seqs); i += workers {
 			seq := seqs[i]
-			r := &seq.req
-			ids[i] = s.samplers[w].Sample(seq.logits, r.Sampling, seq.tokens[len(r.Prompt):], uint64(seq.nOutput+1))
+			picks[i] = pickNext(s.samplers[w], seq, seq.logits, seq.tokens[len(seq.req.Prompt):])
 		}
 	}
 	if workers == 1 {
 		sampleFrom(0) // small batches: no goroutine per step
-		return ids
+		return picks
 	}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
@@ -181,5 +181,5 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []int {
 		}()
 	}
 	wg.Wait()
-	return ids
+	return picks
 }
