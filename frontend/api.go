@@ -53,12 +53,29 @@ type CompletionRequest struct {
 	// Messages is the chat form (POST /v1/chat/completions), rendered
 	// into Prompt.
 	Messages []ChatMessage `json:"messages"`
+	// Structured constrains the output to a grammar (response_format, or
+	// the tools' calls); nil: free text.
+	Structured *StructuredOutput `json:"structured,omitempty"`
+	// Logprobs asks for every token's log-probability, TopLogprobs for
+	// that many alternatives (chat: top_logprobs; completions: logprobs).
+	Logprobs    bool `json:"logprobs,omitempty"`
+	TopLogprobs int  `json:"top_logprobs,omitempty"`
+	// Echo (completions) puts the prompt before the output.
+	Echo bool `json:"echo,omitempty"`
+	// Tools are the functions a chat request may call; ToolCalls how the
+	// output is read (tools.go).
+	Tools     []Tool     `json:"tools,omitempty"`
+	ToolCalls *ToolCalls `json:"tool_calls,omitempty"`
 }
 
 // ChatMessage is one message of a chat completion request.
 type ChatMessage struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+	// ToolCalls are an assistant message's calls; ToolCallID the call a
+	// tool message answers.
+	ToolCalls  []HistoryCall `json:"tool_calls,omitempty"`
+	ToolCallID string        `json:"tool_call_id,omitempty"`
 }
 
 // DefaultMaxTokens is a request's max_tokens when it names none.
@@ -92,12 +109,15 @@ func chatTemplate(msgs []ChatMessage) (string, error) {
 		case "system", "user", "assistant":
 		case "developer":
 			role = "system"
+		case "tool":
+			role = "tool " + m.ToolCallID
 		default:
-			return "", invalid(fmt.Sprintf("messages[%d].role", i), "%q: want system, developer, user or assistant", m.Role)
+			return "", invalid(fmt.Sprintf("messages[%d].role", i), "%q: want system, developer, user, assistant or tool", m.Role)
 		}
 		b.WriteString(role)
 		b.WriteString(": ")
 		b.WriteString(m.Content)
+		b.WriteString(renderHistoryCalls(m.ToolCalls))
 		b.WriteString("\n")
 	}
 	b.WriteString("assistant:")
@@ -160,7 +180,12 @@ func resumable(body CompletionRequest, req *http.Request) bool {
 // Retry-After) once it or another is back.
 const ErrDraining ErrorType = "draining"
 
-func writeRequestError(w http.ResponseWriter, e *RequestError) {
+func writeRequestError(w http.ResponseWriter, e *RequestError) { writeRequestErrorFor(w, e, nil) }
+
+// writeRequestErrorFor answers a request that ended before streaming
+// anything; body (nil: unknown) names the parameter a worker's refusal is
+// about where the worker's field is not the client's.
+func writeRequestErrorFor(w http.ResponseWriter, e *RequestError, body *CompletionRequest) {
 	code := http.StatusInternalServerError
 	switch e.Type {
 	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable, ErrDraining:
@@ -170,7 +195,11 @@ func writeRequestError(w http.ResponseWriter, e *RequestError) {
 	case ErrInvalidRequest:
 		// The worker refused the request (its context, its vocabulary):
 		// the same 400 as the frontend's own validation.
-		writeParamError(w, workerParamError(e.Message))
+		pe := workerParamError(e.Message)
+		if body != nil {
+			pe = structuredParamError(body, pe)
+		}
+		writeParamError(w, pe)
 		return
 	case ErrDeadlineExceeded:
 		code = http.StatusGatewayTimeout

@@ -179,6 +179,8 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	if b.TopP != nil {
 		g.TopP = *b.TopP
 	}
+	g.Structured = b.Structured.wire()
+	g.Logprobs, g.TopLogprobs = b.Logprobs, int32(b.TopLogprobs)
 	return g
 }
 

@@ -253,6 +253,8 @@ type Frame struct {
 	// ReusedPositions (finish frame) counts prompt positions whose K/V the
 	// worker read from the arena instead of computing.
 	ReusedPositions int
+	// Logprobs of the token, when the request asked for them.
+	Logprobs *TokenLogprobs
 }
 
 // OnFrame commits a worker's token if it is the next one of the current
@@ -277,7 +279,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 			r.Gaps++
 			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
 		}
-		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, instance: f.From.InstanceID}
+		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, instance: f.From.InstanceID}
 		r.Output = append(r.Output, t)
 		acts = append(acts, Deliver{Tokens: []Token{t}})
 	}

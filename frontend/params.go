@@ -67,27 +67,29 @@ type openAIRequest struct {
 	TimeoutMs           *json.Number      `json:"timeout_ms"`
 	IgnoreEOS           *bool             `json:"ignore_eos"`
 
-	// Known, and refused unless at their default (refusals).
-	N                 *json.Number    `json:"n"`
+	// Read in their own files: logprobs.go, structured.go, tools.go.
 	Logprobs          json.RawMessage `json:"logprobs"`
 	TopLogprobs       *json.Number    `json:"top_logprobs"`
 	Echo              *bool           `json:"echo"`
-	LogitBias         map[string]any  `json:"logit_bias"`
-	BestOf            *json.Number    `json:"best_of"`
 	ResponseFormat    json.RawMessage `json:"response_format"`
 	Tools             json.RawMessage `json:"tools"`
 	ToolChoice        json.RawMessage `json:"tool_choice"`
 	Functions         json.RawMessage `json:"functions"`
 	FunctionCall      json.RawMessage `json:"function_call"`
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
-	Suffix            *string         `json:"suffix"`
-	Prediction        json.RawMessage `json:"prediction"`
-	Audio             json.RawMessage `json:"audio"`
-	Modalities        []string        `json:"modalities"`
-	Store             *bool           `json:"store"`
-	ReasoningEffort   *string         `json:"reasoning_effort"`
-	WebSearchOptions  json.RawMessage `json:"web_search_options"`
-	ServiceTier       *string         `json:"service_tier"`
+
+	// Known, and refused unless at their default (refusals).
+	N                *json.Number    `json:"n"`
+	LogitBias        map[string]any  `json:"logit_bias"`
+	BestOf           *json.Number    `json:"best_of"`
+	Suffix           *string         `json:"suffix"`
+	Prediction       json.RawMessage `json:"prediction"`
+	Audio            json.RawMessage `json:"audio"`
+	Modalities       []string        `json:"modalities"`
+	Store            *bool           `json:"store"`
+	ReasoningEffort  *string         `json:"reasoning_effort"`
+	WebSearchOptions json.RawMessage `json:"web_search_options"`
+	ServiceTier      *string         `json:"service_tier"`
 }
 
 type openAIStreamOpts struct {
@@ -117,16 +119,6 @@ var refusals = []refusal{
 	{"n", func(b *openAIRequest) bool { return !numIs(b.N, "1") }, "n > 1 is not supported: one choice per request"},
 	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") },
 		"beam search / best_of is not supported: the candidate tree cannot be migrated"},
-	{"logprobs", func(b *openAIRequest) bool { return !rawIs(b.Logprobs, "false", "0") }, "logprobs are not supported"},
-	{"top_logprobs", func(b *openAIRequest) bool { return !numIs(b.TopLogprobs, "0") }, "top_logprobs are not supported"},
-	{"echo", func(b *openAIRequest) bool { return b.Echo != nil && *b.Echo }, "echo is not supported"},
-	{"response_format", func(b *openAIRequest) bool { return !textFormat(b.ResponseFormat) },
-		"response_format other than {\"type\":\"text\"} is not supported (no structured output)"},
-	{"tools", func(b *openAIRequest) bool { return !rawIs(b.Tools, "[]") }, "tool calls are not supported"},
-	{"tool_choice", func(b *openAIRequest) bool { return !rawIs(b.ToolChoice, `"none"`) }, "tool calls are not supported"},
-	{"functions", func(b *openAIRequest) bool { return !rawIs(b.Functions, "[]") }, "function calls are not supported"},
-	{"function_call", func(b *openAIRequest) bool { return !rawIs(b.FunctionCall, `"none"`) }, "function calls are not supported"},
-	{"parallel_tool_calls", func(b *openAIRequest) bool { return b.ParallelToolCalls != nil }, "tool calls are not supported"},
 	{"suffix", func(b *openAIRequest) bool { return b.Suffix != nil && *b.Suffix != "" }, "suffix (insertion) is not supported"},
 	{"prediction", func(b *openAIRequest) bool { return !rawIs(b.Prediction) }, "predicted outputs are not supported"},
 	{"audio", func(b *openAIRequest) bool { return !rawIs(b.Audio) }, "audio output is not supported"},
@@ -164,14 +156,6 @@ func rawIs(raw json.RawMessage, defs ...string) bool {
 		}
 	}
 	return false
-}
-
-func textFormat(raw json.RawMessage) bool {
-	if rawIs(raw) {
-		return true
-	}
-	var f struct{ Type string }
-	return json.Unmarshal(raw, &f) == nil && f.Type == "text"
 }
 
 // parseRequest reads a request body into the admitted form. An error is a
@@ -230,7 +214,7 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 		}
 		out.TimeoutMs = ms
 	}
-	return out, nil
+	return out, parseOutputShape(&b, &out, chat)
 }
 
 // parseSampling reads the sampling and length parameters.
@@ -351,11 +335,11 @@ func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) 
 		}
 		msgs := make([]ChatMessage, len(b.Messages))
 		for i, m := range b.Messages {
-			c, err := messageContent(i, m)
+			msg, err := historyMessage(i, m)
 			if err != nil {
 				return err
 			}
-			msgs[i] = ChatMessage{Role: m.Role, Content: c}
+			msgs[i] = msg
 		}
 		p, err := chatTemplate(msgs)
 		if err != nil {
@@ -415,8 +399,8 @@ func checkPromptText(s string) error {
 // (joined). Other parts (images, audio, files) are refused.
 func messageContent(i int, m openAIMessage) (string, error) {
 	switch {
-	case !rawIs(m.ToolCalls) || m.ToolCallID != nil || m.Role == "tool" || m.Role == "function":
-		return "", unsupported(fmt.Sprintf("messages[%d]", i), "tool and function messages are not supported")
+	case m.Role == "function":
+		return "", unsupported(fmt.Sprintf("messages[%d].role", i), "function messages are deprecated and not supported: use tool messages")
 	case rawIs(m.Content):
 		if m.Role == "assistant" {
 			return "", nil

@@ -68,10 +68,13 @@ func TestParseRequest(t *testing.T) {
 		{name: "defaults of the refused", body: `{"model":"m","prompt":"a","n":1,"best_of":1,"logprobs":null,"echo":false,"logit_bias":{},"user":"u","suffix":"","response_format":{"type":"text"}}`},
 		{name: "chat logprobs false", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":false,"top_logprobs":0,"tools":[],"modalities":["text"]}`},
 		{name: "n 2", body: `{"model":"m","prompt":"a","n":2}`, param: "n", code: CodeUnsupportedParameter},
-		{name: "logprobs 1", body: `{"model":"m","prompt":"a","logprobs":1}`, param: "logprobs", code: CodeUnsupportedParameter},
-		{name: "logprobs true", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true}`, param: "logprobs", code: CodeUnsupportedParameter},
-		{name: "top_logprobs", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":2}`, param: "top_logprobs", code: CodeUnsupportedParameter},
-		{name: "echo", body: `{"model":"m","prompt":"a","echo":true}`, param: "echo", code: CodeUnsupportedParameter},
+		// logprobs, echo, response_format and tools work since issue 12
+		// (structured_test.go has their cases); what stays refused here is
+		// what needs what it lacks.
+		{name: "logprobs 1", body: `{"model":"m","prompt":"a","logprobs":1}`, check: func(b CompletionRequest) bool { return b.Logprobs && b.TopLogprobs == 1 }},
+		{name: "logprobs true", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":true}`, check: func(b CompletionRequest) bool { return b.Logprobs }},
+		{name: "top_logprobs", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"top_logprobs":2}`, param: "top_logprobs", code: CodeInvalidValue},
+		{name: "echo", body: `{"model":"m","prompt":"a","echo":true}`, check: func(b CompletionRequest) bool { return b.Echo }},
 		{name: "logit_bias", body: `{"model":"m","prompt":"a","logit_bias":{"5":10,"7":-100}}`,
 			check: func(b CompletionRequest) bool {
 				return len(b.LogitBias) == 2 && b.LogitBias[5] == 10 && b.LogitBias[7] == -100
@@ -82,16 +85,20 @@ func TestParseRequest(t *testing.T) {
 		{name: "logit_bias negative id", body: `{"model":"m","prompt":"a","logit_bias":{"-1":1}}`, param: "logit_bias", code: CodeInvalidValue},
 		{name: "logit_bias id past int32", body: `{"model":"m","prompt":"a","logit_bias":{"4294967301":1}}`, param: "logit_bias", code: CodeInvalidValue},
 		{name: "best_of", body: `{"model":"m","prompt":"a","best_of":3}`, param: "best_of", code: CodeUnsupportedParameter},
-		{name: "json_object", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"response_format":{"type":"json_object"}}`, param: "response_format", code: CodeUnsupportedParameter},
-		{name: "tools", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{"name":"f"}}]}`, param: "tools", code: CodeUnsupportedParameter},
-		{name: "tool_choice", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tool_choice":"auto"}`, param: "tool_choice", code: CodeUnsupportedParameter},
+		{name: "json_object", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"response_format":{"type":"json_object"}}`,
+			check: func(b CompletionRequest) bool { return b.Structured != nil && b.Structured.Kind == StructuredJSONObject }},
+		{name: "tools", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
+			check: func(b CompletionRequest) bool { return len(b.Tools) == 1 && b.ToolCalls != nil && b.ToolCalls.Optional }},
+		{name: "tool_choice", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tool_choice":"auto"}`, param: "tool_choice", code: CodeInvalidValue},
 		{name: "functions", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"functions":[{"name":"f"}]}`, param: "functions", code: CodeUnsupportedParameter},
 		{name: "suffix", body: `{"model":"m","prompt":"a","suffix":"z"}`, param: "suffix", code: CodeUnsupportedParameter},
-		{name: "parallel_tool_calls", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"parallel_tool_calls":true}`, param: "parallel_tool_calls", code: CodeUnsupportedParameter},
+		{name: "parallel_tool_calls", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"parallel_tool_calls":true}`, param: "parallel_tool_calls", code: CodeInvalidValue},
 		{name: "prediction", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"prediction":{"type":"content","content":"x"}}`, param: "prediction", code: CodeUnsupportedParameter},
 		{name: "audio", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"audio":{"voice":"x"}}`, param: "audio", code: CodeUnsupportedParameter},
 		{name: "modalities", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"modalities":["text","audio"]}`, param: "modalities", code: CodeUnsupportedParameter},
-		{name: "tool message", chat: true, body: `{"model":"m","messages":[{"role":"tool","content":"a","tool_call_id":"x"}]}`, param: "messages[0]", code: CodeUnsupportedParameter},
+		{name: "tool message", chat: true, body: `{"model":"m","messages":[{"role":"tool","content":"a","tool_call_id":"x"}]}`,
+			check: func(b CompletionRequest) bool { return b.Prompt == "tool x: a\nassistant:" }},
+		{name: "function message", chat: true, body: `{"model":"m","messages":[{"role":"function","content":"a","name":"f"}]}`, param: "messages[0].role", code: CodeUnsupportedParameter},
 		{name: "timeout_ms", body: `{"model":"m","prompt":"a","timeout_ms":-5}`, param: "timeout_ms", code: CodeInvalidValue},
 		{name: "wrong type", body: `{"model":"m","prompt":"a","stream":"yes"}`, param: "stream", code: CodeInvalidValue},
 	} {

@@ -85,7 +85,10 @@ type Token struct {
 	SequenceNo int // 1-based
 	ID         int
 	Text       string
-	instance   string // who produced it, for the client's information
+	// Logprobs are the token's log-probabilities, when the request asked
+	// for them: kept in the log, so a resume replays them unchanged.
+	Logprobs *TokenLogprobs
+	instance string // who produced it, for the client's information
 }
 
 // Policy bounds recovery.

@@ -43,11 +43,11 @@ func FuzzResumeToken(f *testing.F) {
 }
 
 func TestChatTemplate(t *testing.T) {
-	p, err := chatTemplate([]ChatMessage{{"system", "be brief"}, {"user", "hi"}})
+	p, err := chatTemplate([]ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi"}})
 	if err != nil || p != "system: be brief\nuser: hi\nassistant:" {
 		t.Fatalf("%q %v", p, err)
 	}
-	if _, err := chatTemplate([]ChatMessage{{"wizard", "x"}}); err == nil {
+	if _, err := chatTemplate([]ChatMessage{{Role: "wizard", Content: "x"}}); err == nil {
 		t.Fatal("unknown role accepted")
 	}
 }

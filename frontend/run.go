@@ -299,7 +299,8 @@ func (x *run) finish() {
 // summary is the lifeline object of the request's end.
 func (x *run) summary() sse.Lifeline {
 	r := x.r
-	l := sse.Lifeline{RequestID: r.ID, Migrations: r.Migrations, KVReusedPositions: r.ReusedPositions, LastMigration: x.tl.lastMigration()}
+	l := sse.Lifeline{RequestID: r.ID, Migrations: r.Migrations, KVReusedPositions: r.ReusedPositions, LastMigration: x.tl.lastMigration(),
+		ToolCalls: callIDs(r.ID, x.body.ToolCalls, r.Output)}
 	if r.PD != "" {
 		l.PD, l.KVTransferBytes, l.PDTimelineMs = r.PD, r.TransferBytes, x.tl.pdMs()
 	}
@@ -341,7 +342,8 @@ func (x *run) handle(e event, now time.Time) []Action {
 	}
 	f := e.frame
 	return x.r.OnFrame(Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
-		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions)}, now)
+		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions),
+		Logprobs: x.frameLogprobs(f)}, now)
 }
 
 // onAnnouncedFailure: the registry announced an instance's death; it

@@ -482,7 +482,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	case !ok:
 		return
 	case rerr != nil:
-		writeRequestError(w, rerr)
+		writeRequestErrorFor(w, rerr, &st.body)
 		return
 	}
 	if st.rec != nil {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -201,11 +200,14 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 // writeFrom writes the log after sequence number from as it grows, then its
 // end; false when the client went away first.
 func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
-	next := from + 1
+	if st.body.ToolCalls != nil {
+		return st.writeCallsFrom(ctx, sw, flusher, from)
+	}
+	next, offset := from+1, -1
 	for {
 		toks, done, r, changed := st.snapshot(next - 1)
 		for _, t := range toks {
-			c := st.chunk(t.Text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
+			c := st.tokenChunk(t, &offset)
 			if err := sw.WriteChunk(&c); err != nil {
 				return false
 			}
@@ -262,7 +264,8 @@ func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
 	if r.Err != nil {
 		sw.WriteError(sse.Error{Message: r.Err.Message, Type: string(r.Err.Type)})
 	} else {
-		c := st.chunk("", &r.FinishReason, st.endSummary())
+		finish := st.finishReason(r)
+		c := st.chunk(st.endText(r), &finish, st.endSummary())
 		sw.WriteChunk(&c)
 		if st.body.StreamOptions.IncludeUsage {
 			c.Usage = st.usage(len(r.Output))
@@ -299,12 +302,8 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 // completion or chat shape.
 func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
 	if r.Err != nil {
-		writeRequestError(w, r.Err)
+		writeRequestErrorFor(w, r.Err, &st.body)
 		return
-	}
-	var text strings.Builder
-	for _, t := range r.Output {
-		text.WriteString(t.Text)
 	}
 	ll := wholeLifeline{Lifeline: st.endSummary(), Tokens: len(r.Output)}
 	serving := r.Endpoint.InstanceID
@@ -315,10 +314,8 @@ func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
 		"system_fingerprint": st.meta(serving), "usage": st.usage(len(r.Output)), "lifeline": ll}
 	if st.chat {
 		out["object"] = "chat.completion"
-		out["choices"] = []map[string]any{{"index": 0, "message": map[string]any{"role": "assistant", "content": text.String()}, "finish_reason": r.FinishReason}}
-	} else {
-		out["choices"] = []map[string]any{{"index": 0, "text": text.String(), "finish_reason": r.FinishReason}}
 	}
+	out["choices"] = []map[string]any{st.wholeChoice(r)}
 	writeJSON(w, http.StatusOK, out)
 }
 

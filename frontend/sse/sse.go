@@ -48,10 +48,13 @@ type Usage struct {
 
 // Choice is a chunk's text (completions) or delta (chat).
 type Choice struct {
-	Index        int     `json:"index"`
-	Text         *string `json:"text,omitempty"`  // completions
-	Delta        *Delta  `json:"delta,omitempty"` // chat
-	FinishReason *string `json:"finish_reason"`   // null until the end chunk
+	Index int     `json:"index"`
+	Text  *string `json:"text,omitempty"`  // completions
+	Delta *Delta  `json:"delta,omitempty"` // chat
+	// Logprobs is set when the request asked for them: the chat shape
+	// (Content) or the completions' legacy shape (Tokens...).
+	Logprobs     *Logprobs `json:"logprobs,omitempty"`
+	FinishReason *string   `json:"finish_reason"` // null until the end chunk
 }
 
 // Delta is a chat chunk's piece of the assistant's message.
@@ -59,6 +62,55 @@ type Delta struct {
 	// Role is "assistant" in a chat stream's first delta.
 	Role    string `json:"role,omitempty"`
 	Content string `json:"content,omitempty"`
+	// ToolCalls are whole calls: a call is sent once, complete, in one
+	// chunk (never as argument fragments), so a resumed stream either has
+	// it or not.
+	ToolCalls []ToolCall `json:"tool_calls,omitempty"`
+}
+
+// ToolCall is one function call of a chat completion. ID is a pure
+// function of the request id and the call's index: a migrated or taken
+// over request delivers the same call under the same id.
+type ToolCall struct {
+	// Index is the call's position in the message (streamed deltas only).
+	Index    *int         `json:"index,omitempty"`
+	ID       string       `json:"id"`
+	Type     string       `json:"type"` // "function"
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names the function and holds its arguments as JSON text.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Logprobs are the log-probabilities of a chunk's tokens: Content in the
+// chat shape; Tokens, TokenLogprobs, TopLogprobs and TextOffset in the
+// legacy completions shape.
+type Logprobs struct {
+	Content []TokenLogprob `json:"content,omitempty"`
+
+	Tokens        []string             `json:"tokens,omitempty"`
+	TokenLogprobs []float64            `json:"token_logprobs,omitempty"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs,omitempty"`
+	TextOffset    []int                `json:"text_offset,omitempty"`
+}
+
+// TokenLogprob is one token's log-probability in the chat shape, with
+// its most likely alternatives (most likely first).
+type TokenLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
+
+// TopLogprob is one alternative at a position.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
 }
 
 // Content is the chunk's text in either shape.
@@ -110,6 +162,9 @@ type Lifeline struct {
 	// Seed is the request's sampling seed (the end chunk): the client's,
 	// or the one drawn at admission, which reproduces the output.
 	Seed *uint64 `json:"seed,omitempty"`
+	// ToolCalls (the end chunk) are the ids of the tool calls the request
+	// delivered, in order: also kept in the request record.
+	ToolCalls []string `json:"tool_calls,omitempty"`
 }
 
 // The encoded shapes of Lifeline, in the order the frontend sends their
@@ -127,6 +182,7 @@ type (
 		KVReusedPositions int              `json:"kv_reused_positions"`
 		LastMigration     map[string]int64 `json:"last_migration,omitempty"`
 		Seed              *uint64          `json:"seed,omitempty"`
+		ToolCalls         []string         `json:"tool_calls,omitempty"`
 	}
 	pdLifeline struct {
 		endLifeline
@@ -141,7 +197,8 @@ func (l Lifeline) MarshalJSON() ([]byte, error) {
 	if l.SequenceNo > 0 {
 		return json.Marshal(tokenLifeline{RequestID: l.RequestID, SequenceNo: l.SequenceNo, TokenID: l.TokenID, InstanceID: l.InstanceID})
 	}
-	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration, Seed: l.Seed}
+	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration, Seed: l.Seed,
+		ToolCalls: l.ToolCalls}
 	if l.PD == "" {
 		return json.Marshal(end)
 	}
