@@ -86,7 +86,9 @@ func TestParseRequest(t *testing.T) {
 		{name: "logit_bias id past int32", body: `{"model":"m","prompt":"a","logit_bias":{"4294967301":1}}`, param: "logit_bias", code: CodeInvalidValue},
 		{name: "best_of", body: `{"model":"m","prompt":"a","best_of":3}`, param: "best_of", code: CodeUnsupportedParameter},
 		{name: "json_object", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"response_format":{"type":"json_object"}}`,
-			check: func(b CompletionRequest) bool { return b.Structured != nil && b.Structured.Kind == StructuredJSONObject }},
+			check: func(b CompletionRequest) bool {
+				return b.Structured != nil && b.Structured.Kind == StructuredJSONObject
+			}},
 		{name: "tools", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tools":[{"type":"function","function":{"name":"f"}}]}`,
 			check: func(b CompletionRequest) bool { return len(b.Tools) == 1 && b.ToolCalls != nil && b.ToolCalls.Optional }},
 		{name: "tool_choice", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"tool_choice":"auto"}`, param: "tool_choice", code: CodeInvalidValue},
