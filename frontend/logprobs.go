@@ -177,3 +177,24 @@ func (st *stream) echoText() string {
 	}
 	return st.body.Prompt
 }
+
+// record is lp as a request record keeps it (nil: none).
+func (lp *TokenLogprobs) record() json.RawMessage {
+	if lp == nil {
+		return nil
+	}
+	b, _ := json.Marshal(lp) // floats from the worker: finite
+	return b
+}
+
+// recordLogprobs reads what record wrote (nil: none, or unreadable).
+func recordLogprobs(raw json.RawMessage) *TokenLogprobs {
+	if len(raw) == 0 {
+		return nil
+	}
+	var lp TokenLogprobs
+	if json.Unmarshal(raw, &lp) != nil {
+		return nil
+	}
+	return &lp
+}

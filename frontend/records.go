@@ -236,7 +236,7 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 	}
 	rec.Output = make([]schema.RecordToken, len(r.Output))
 	for i, t := range r.Output {
-		rec.Output[i] = schema.RecordToken{ID: t.ID, Text: t.Text}
+		rec.Output[i] = schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()}
 	}
 	if b, err := json.Marshal(end); err == nil {
 		raw := json.RawMessage(b)

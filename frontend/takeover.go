@@ -119,7 +119,7 @@ func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec sche
 		r.State, r.Err = Failed, &RequestError{Type: ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
 	}
 	for i, t := range rec.Output {
-		r.Output = append(r.Output, Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text})
+		r.Output = append(r.Output, Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
 	}
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 	st.append(r.Output)

@@ -93,6 +93,10 @@ type RequestRecord struct {
 type RecordToken struct {
 	ID   int    `json:"id"`
 	Text string `json:"text"`
+	// Logprobs are the token's log-probabilities as the frontend keeps
+	// them (absent unless the request asked for them), so a replay of a
+	// done request carries them unchanged.
+	Logprobs json.RawMessage `json:"logprobs,omitempty"`
 }
 
 // MaxRecordTerm bounds a record's term: request epochs carry the term in
