@@ -146,8 +146,11 @@ func TestOpenAISDKConformance(t *testing.T) {
 			return openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}
 		}
 		for param, set := range map[string]func(*openai.CompletionNewParams){
-			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(2) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(2) },
-			"echo": func(p *openai.CompletionNewParams) { p.Echo = openai.Bool(true) }, "best_of": func(p *openai.CompletionNewParams) { p.BestOf = openai.Int(3) },
+			// logprobs and echo work (conformance_structured_process_test.go):
+			// what is refused is past their range, or their combination.
+			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(2) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(6) },
+			"echo":       func(p *openai.CompletionNewParams) { p.Echo, p.Logprobs = openai.Bool(true), openai.Int(1) },
+			"best_of":    func(p *openai.CompletionNewParams) { p.BestOf = openai.Int(3) },
 			"logit_bias": func(p *openai.CompletionNewParams) { p.LogitBias = map[string]int64{"999999": 10} }, // past the vocabulary
 			"suffix":     func(p *openai.CompletionNewParams) { p.Suffix = openai.String("z") },
 			"top_p":      func(p *openai.CompletionNewParams) { p.TopP = openai.Float(3) },
@@ -163,8 +166,10 @@ func TestOpenAISDKConformance(t *testing.T) {
 			wantAPIError(t, st.Err(), 400, param, "")
 		}
 		cp := openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}
-		for param, opt := range map[string]option.RequestOption{"response_format": option.WithJSONSet("response_format", map[string]any{"type": "json_object"}),
-			"tools":       option.WithJSONSet("tools", []any{map[string]any{"type": "function", "function": map[string]any{"name": "f"}}}),
+		// response_format and tools work (conformance_structured_process_test.go):
+		// what is refused is a format or tools of the wrong shape.
+		for param, opt := range map[string]option.RequestOption{"response_format": option.WithJSONSet("response_format", map[string]any{"type": "yaml"}),
+			"tools":       option.WithJSONSet("tools", map[string]any{"type": "function", "function": map[string]any{"name": "f"}}),
 			"tool_choice": option.WithJSONSet("tool_choice", "required"), "top_logprobs": option.WithJSONSet("top_logprobs", 3),
 			"functions": option.WithJSONSet("functions", []any{map[string]any{"name": "f"}}), "parallel_tool_calls": option.WithJSONSet("parallel_tool_calls", true),
 			"prediction": option.WithJSONSet("prediction", map[string]any{"type": "content", "content": "x"}), "audio": option.WithJSONSet("audio", map[string]any{"voice": "alloy", "format": "wav"}),
