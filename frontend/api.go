@@ -53,6 +53,13 @@ type CompletionRequest struct {
 	// Messages is the chat form (POST /v1/chat/completions), rendered
 	// into Prompt.
 	Messages []ChatMessage `json:"messages"`
+	// N (choices per prompt) and Batch (a prompt array of k > 1, Batch[0]
+	// also in Prompt / PromptTokens) ask for several choices; Choice
+	// places one of them, a request of its own, in its parent
+	// (choices.go).
+	N      int           `json:"n,omitempty"`
+	Batch  []BatchPrompt `json:"batch,omitempty"`
+	Choice *ChoiceOf     `json:"choice,omitempty"`
 }
 
 // ChatMessage is one message of a chat completion request.

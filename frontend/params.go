@@ -26,15 +26,14 @@ func (e *ParamError) Error() string { return e.Param + ": " + e.Message }
 
 // Stable codes of ParamError (and of the worker's refusals, mapped).
 const (
-	CodeInvalidValue             = "invalid_value"
-	CodeUnsupportedParameter     = "unsupported_parameter"
-	CodeMissingRequired          = "missing_required_parameter"
-	CodeContextLengthExceeded    = "context_length_exceeded"
-	CodeModelNotFound            = "model_not_found"
-	maxStop                      = 4
-	maxTokensBound               = 1 << 20
-	maxTimeoutMs                 = 24 * 3600 * 1000
-	errUnsupportedMultiplePrompt = "several prompts in one request are not supported; send one request per prompt"
+	CodeInvalidValue          = "invalid_value"
+	CodeUnsupportedParameter  = "unsupported_parameter"
+	CodeMissingRequired       = "missing_required_parameter"
+	CodeContextLengthExceeded = "context_length_exceeded"
+	CodeModelNotFound         = "model_not_found"
+	maxStop                   = 4
+	maxTokensBound            = 1 << 20
+	maxTimeoutMs              = 24 * 3600 * 1000
 )
 
 func invalid(param, format string, args ...any) *ParamError {
@@ -114,8 +113,8 @@ type refusal struct {
 }
 
 var refusals = []refusal{
-	{"n", func(b *openAIRequest) bool { return !numIs(b.N, "1") }, "n > 1 is not supported: one choice per request"},
-	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") },
+	// best_of == n is n choices; more candidates than choices is a search.
+	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") && !sameNum(b.BestOf, b.N) },
 		"beam search / best_of is not supported: the candidate tree cannot be migrated"},
 	{"logprobs", func(b *openAIRequest) bool { return !rawIs(b.Logprobs, "false", "0") }, "logprobs are not supported"},
 	{"top_logprobs", func(b *openAIRequest) bool { return !numIs(b.TopLogprobs, "0") }, "top_logprobs are not supported"},
@@ -200,6 +199,9 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 		return out, &ParamError{Param: "model", Code: CodeMissingRequired, Message: "model is required"}
 	}
 	if err := parsePromptOrMessages(&b, &out, chat); err != nil {
+		return out, err
+	}
+	if err := parseChoices(&b, &out); err != nil {
 		return out, err
 	}
 	if err := parseSampling(&b, &out, chat); err != nil {
@@ -374,11 +376,7 @@ func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) 
 	}
 	var texts []string
 	if json.Unmarshal(b.Prompt, &texts) == nil {
-		if len(texts) != 1 {
-			return unsupported("prompt", errUnsupportedMultiplePrompt)
-		}
-		out.Prompt = texts[0]
-		return checkPromptText(texts[0])
+		return batchOfTexts(texts, out)
 	}
 	var ids []int64
 	if json.Unmarshal(b.Prompt, &ids) != nil {
@@ -386,22 +384,26 @@ func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) 
 		if json.Unmarshal(b.Prompt, &batch) != nil {
 			return invalid("prompt", "want a string, an array of strings, an array of token ids or an array of token-id arrays")
 		}
-		if len(batch) != 1 {
-			return unsupported("prompt", errUnsupportedMultiplePrompt)
-		}
-		ids = batch[0]
+		return batchOfTokens(batch, out)
 	}
+	toks, err := promptTokens("prompt", ids)
+	out.PromptTokens = toks
+	return err
+}
+
+// promptTokens checks a prompt of token ids: not empty, each an int32.
+func promptTokens(param string, ids []int64) ([]int, error) {
 	if len(ids) == 0 {
-		return invalid("prompt", "the prompt must not be empty")
+		return nil, invalid(param, "the prompt must not be empty")
 	}
-	out.PromptTokens = make([]int, len(ids))
+	out := make([]int, len(ids))
 	for i, id := range ids {
 		if id < 0 || id > math.MaxInt32 {
-			return invalid("prompt", "token id %d is out of range", id)
+			return nil, invalid(param, "token id %d is out of range", id)
 		}
-		out.PromptTokens[i] = int(id)
+		out[i] = int(id)
 	}
-	return nil
+	return out, nil
 }
 
 func checkPromptText(s string) error {

@@ -205,7 +205,7 @@ func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Fl
 	for {
 		toks, done, r, changed := st.snapshot(next - 1)
 		for _, t := range toks {
-			c := st.chunk(t.Text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
+			c := st.tokenChunk(t)
 			if err := sw.WriteChunk(&c); err != nil {
 				return false
 			}
@@ -224,6 +224,11 @@ func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Fl
 			return false
 		}
 	}
+}
+
+// tokenChunk is the chunk of token t.
+func (st *stream) tokenChunk(t Token) sse.Chunk {
+	return st.chunk(t.Text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
 }
 
 // chunk is one streamed piece in the completion or chat shape; finish is
