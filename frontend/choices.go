@@ -1,7 +1,6 @@
 package frontend
 
 import (
-	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -132,14 +131,20 @@ func parseChoices(b *openAIRequest, out *CompletionRequest) error {
 	return nil
 }
 
-// sameNum: a and b are both set to the same number.
-func sameNum(a, b *json.Number) bool {
-	if a == nil || b == nil {
+// bestOfAboveN: best_of asks for more candidates than choices (n, 1 if
+// unset), a search whose candidate tree cannot be migrated.
+func bestOfAboveN(b *openAIRequest) bool {
+	if b.BestOf == nil {
 		return false
 	}
-	x, err1 := a.Float64()
-	y, err2 := b.Float64()
-	return err1 == nil && err2 == nil && x == y
+	bo, err := b.BestOf.Float64()
+	n := 1.0
+	if b.N != nil {
+		if v, err := b.N.Float64(); err == nil {
+			n = v
+		}
+	}
+	return err != nil || bo > n
 }
 
 // batchOfTexts reads a prompt array of strings: one is a plain prompt,

@@ -146,7 +146,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 			return openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}
 		}
 		for param, set := range map[string]func(*openai.CompletionNewParams){
-			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(2) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(2) },
+			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(17) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(2) },
 			"echo": func(p *openai.CompletionNewParams) { p.Echo = openai.Bool(true) }, "best_of": func(p *openai.CompletionNewParams) { p.BestOf = openai.Int(3) },
 			"logit_bias": func(p *openai.CompletionNewParams) { p.LogitBias = map[string]int64{"999999": 10} }, // past the vocabulary
 			"suffix":     func(p *openai.CompletionNewParams) { p.Suffix = openai.String("z") },

@@ -114,7 +114,7 @@ type refusal struct {
 
 var refusals = []refusal{
 	// best_of == n is n choices; more candidates than choices is a search.
-	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") && !sameNum(b.BestOf, b.N) },
+	{"best_of", bestOfAboveN,
 		"beam search / best_of is not supported: the candidate tree cannot be migrated"},
 	{"logprobs", func(b *openAIRequest) bool { return !rawIs(b.Logprobs, "false", "0") }, "logprobs are not supported"},
 	{"top_logprobs", func(b *openAIRequest) bool { return !numIs(b.TopLogprobs, "0") }, "top_logprobs are not supported"},
