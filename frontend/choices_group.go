@@ -160,10 +160,22 @@ func (g *group) usage(rs []*Request) *sse.Usage {
 		}
 	}
 	for _, i := range g.firstOfPrompts() {
-		u.PromptTokens += g.children[i].usage(0).PromptTokens
+		st := g.children[i]
+		if r := rs[i]; r != nil {
+			st.meta(serving(r)) // learns the prompt's length, if not yet
+		}
+		u.PromptTokens += st.usage(0).PromptTokens
 	}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	return u
+}
+
+// serving is the instance that served r last.
+func serving(r *Request) string {
+	if n := len(r.Output); n > 0 {
+		return r.Output[n-1].instance
+	}
+	return r.Endpoint.InstanceID
 }
 
 // firstOfPrompts is the index of each prompt's first choice.
@@ -348,14 +360,14 @@ func (g *group) writeCompletion(w http.ResponseWriter, rs []*Request) {
 	choices := make([]map[string]any, len(rs))
 	ll := make([]wholeLifeline, len(rs))
 	tokens := 0
-	serving := ""
+	at := ""
 	for i, r := range rs {
 		var text strings.Builder
 		for _, t := range r.Output {
 			text.WriteString(t.Text)
 		}
-		if n := len(r.Output); n > 0 && serving == "" {
-			serving = r.Output[n-1].instance
+		if i == 0 {
+			at = serving(r)
 		}
 		tokens += len(r.Output)
 		st := g.children[i]
@@ -367,7 +379,7 @@ func (g *group) writeCompletion(w http.ResponseWriter, rs []*Request) {
 		ll[i] = wholeLifeline{Lifeline: st.endSummary(), Tokens: len(r.Output)}
 	}
 	out := map[string]any{"id": g.id, "object": "text_completion", "created": first.created, "model": first.body.Model,
-		"system_fingerprint": first.meta(serving), "usage": g.usage(rs), "choices": choices,
+		"system_fingerprint": first.meta(at), "usage": g.usage(rs), "choices": choices,
 		"lifeline": map[string]any{"request_id": g.id, "tokens": tokens, "choices": ll}}
 	if first.chat {
 		out["object"] = "chat.completion"
