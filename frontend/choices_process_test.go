@@ -111,18 +111,19 @@ func killWorker(t *testing.T, n *clustertest.Node, id string) {
 	t.Fatalf("no worker %s", id)
 }
 
-// TestChoicesMigrateOnWorkerKill: n = 2 streamed; the decode worker
-// serving choice 0 is SIGKILLed mid-stream: every choice's tokens are
-// identical to a fault-free run's, contiguous, with no duplicate; a
-// choice that was on the other worker never moved.
+// TestChoicesMigrateOnWorkerKill: n = 4 streamed over two decode workers;
+// the worker serving choice 0 is SIGKILLed mid-stream: every choice's
+// tokens are identical to a fault-free run's, contiguous, with no
+// duplicate; the choices on the other worker never moved (each choice
+// migrates alone).
 func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
 	url := clustertest.StartFrontend(t, n)
-	const tokens = 120
-	resp := postChoices(t, url, choiceBody(2, tokens, false))
-	want := readChoices(resp.Body, 2, nil)
+	const tokens, k = 120, 4
+	resp := postChoices(t, url, choiceBody(k, tokens, false))
+	want := readChoices(resp.Body, k, nil)
 	resp.Body.Close()
 	for i, toks := range want.toks {
 		if len(toks) != tokens {
@@ -130,28 +131,29 @@ func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 		}
 	}
 	if want.toks[0][5].TokenID == want.toks[1][5].TokenID && want.toks[0][10].TokenID == want.toks[1][10].TokenID {
-		t.Fatal("both choices sampled alike: the seeds are not per choice")
+		t.Fatal("two choices sampled alike: the seeds are not per choice")
 	}
-	if want.usage == nil || want.usage.CompletionTokens != 2*tokens {
+	if want.usage == nil || want.usage.CompletionTokens != k*tokens {
 		t.Fatalf("usage %+v", want.usage)
 	}
-	killed, other := "", ""
-	resp = postChoices(t, url, choiceBody(2, tokens, false))
-	got := readChoices(resp.Body, 2, func(i int, tok clustertest.Token) bool {
+	killed := ""
+	at := make([]string, k) // each choice's worker when choice 0's was killed
+	resp = postChoices(t, url, choiceBody(k, tokens, false))
+	got := readChoices(resp.Body, k, func(i int, tok clustertest.Token) bool {
+		if killed == "" {
+			at[i] = tok.Instance
+		}
 		if i == 0 && tok.Seq == 30 && killed == "" {
 			killed = tok.Instance
 			killWorker(t, n, killed)
 		}
-		if i == 1 && killed == "" {
-			other = tok.Instance
-		}
 		return false
 	})
 	resp.Body.Close()
-	if killed == "" || got.errEv != nil || !got.done || len(got.finishes) != 2 {
+	if killed == "" || got.errEv != nil || !got.done || len(got.finishes) != k {
 		t.Fatalf("killed %q; error %v, [DONE] %v, finishes %v", killed, got.errEv, got.done, got.finishes)
 	}
-	for i := range 2 {
+	for i := range k {
 		if err := sameTail(got.toks[i], want.toks[i], 0); err != nil {
 			t.Fatalf("choice %d after killing %s: %v", i, killed, err)
 		}
@@ -163,15 +165,19 @@ func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 	if !moved {
 		t.Fatalf("choice 0 never moved off %s", killed)
 	}
-	if other != killed {
-		// Choice 1 was on the other worker: it streamed on, unmoved.
-		for _, tok := range got.toks[1] {
-			if tok.Instance != other {
-				t.Fatalf("choice 1 moved from %s to %s though its worker lived", other, tok.Instance)
+	alone := 0
+	for i := 1; i < k; i++ {
+		if at[i] == "" || at[i] == killed {
+			continue
+		}
+		alone++
+		for _, tok := range got.toks[i] {
+			if tok.Instance != at[i] {
+				t.Fatalf("choice %d moved from %s to %s though its worker lived", i, at[i], tok.Instance)
 			}
 		}
 	}
-	t.Logf("killed %s under choice 0 at 30 (choice 1 on %s): both choices bit-identical", killed, other)
+	t.Logf("killed %s under choice 0 at 30 (choices on %v): every choice bit-identical, %d streamed on unmoved", killed, at, alone)
 }
 
 // TestChoicesResumeFromTheMiddle: a resumable n = 2 stream read to a
