@@ -66,6 +66,13 @@ type CompletionRequest struct {
 	// output is read (tools.go).
 	Tools     []Tool     `json:"tools,omitempty"`
 	ToolCalls *ToolCalls `json:"tool_calls,omitempty"`
+	// N (choices per prompt) and Batch (a prompt array of k > 1, Batch[0]
+	// also in Prompt / PromptTokens) ask for several choices; Choice
+	// places one of them, a request of its own, in its parent
+	// (choices.go).
+	N      int           `json:"n,omitempty"`
+	Batch  []BatchPrompt `json:"batch,omitempty"`
+	Choice *ChoiceOf     `json:"choice,omitempty"`
 }
 
 // ChatMessage is one message of a chat completion request.

@@ -148,7 +148,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 		for param, set := range map[string]func(*openai.CompletionNewParams){
 			// logprobs and echo work (conformance_structured_process_test.go):
 			// what is refused is past their range, or their combination.
-			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(2) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(6) },
+			"n": func(p *openai.CompletionNewParams) { p.N = openai.Int(17) }, "logprobs": func(p *openai.CompletionNewParams) { p.Logprobs = openai.Int(6) },
 			"echo":       func(p *openai.CompletionNewParams) { p.Echo, p.Logprobs = openai.Bool(true), openai.Int(1) },
 			"best_of":    func(p *openai.CompletionNewParams) { p.BestOf = openai.Int(3) },
 			"logit_bias": func(p *openai.CompletionNewParams) { p.LogitBias = map[string]int64{"999999": 10} }, // past the vocabulary

@@ -244,14 +244,6 @@ func validates(t *testing.T, schema, text string) {
 	}
 }
 
-func killWorker(t *testing.T, n *clustertest.Node, instance string) {
-	for _, w := range n.NodectlWorkers(t) {
-		if w.InstanceID == instance {
-			syscall.Kill(w.PID, syscall.SIGKILL)
-		}
-	}
-}
-
 type streamedCall struct{ id, name, args string }
 
 // chatOutput is what a chat stream delivered.

@@ -26,15 +26,14 @@ func (e *ParamError) Error() string { return e.Param + ": " + e.Message }
 
 // Stable codes of ParamError (and of the worker's refusals, mapped).
 const (
-	CodeInvalidValue             = "invalid_value"
-	CodeUnsupportedParameter     = "unsupported_parameter"
-	CodeMissingRequired          = "missing_required_parameter"
-	CodeContextLengthExceeded    = "context_length_exceeded"
-	CodeModelNotFound            = "model_not_found"
-	maxStop                      = 4
-	maxTokensBound               = 1 << 20
-	maxTimeoutMs                 = 24 * 3600 * 1000
-	errUnsupportedMultiplePrompt = "several prompts in one request are not supported; send one request per prompt"
+	CodeInvalidValue          = "invalid_value"
+	CodeUnsupportedParameter  = "unsupported_parameter"
+	CodeMissingRequired       = "missing_required_parameter"
+	CodeContextLengthExceeded = "context_length_exceeded"
+	CodeModelNotFound         = "model_not_found"
+	maxStop                   = 4
+	maxTokensBound            = 1 << 20
+	maxTimeoutMs              = 24 * 3600 * 1000
 )
 
 func invalid(param, format string, args ...any) *ParamError {
@@ -116,8 +115,8 @@ type refusal struct {
 }
 
 var refusals = []refusal{
-	{"n", func(b *openAIRequest) bool { return !numIs(b.N, "1") }, "n > 1 is not supported: one choice per request"},
-	{"best_of", func(b *openAIRequest) bool { return !numIs(b.BestOf, "1") },
+	// best_of == n is n choices; more candidates than choices is a search.
+	{"best_of", bestOfAboveN,
 		"beam search / best_of is not supported: the candidate tree cannot be migrated"},
 	{"suffix", func(b *openAIRequest) bool { return b.Suffix != nil && *b.Suffix != "" }, "suffix (insertion) is not supported"},
 	{"prediction", func(b *openAIRequest) bool { return !rawIs(b.Prediction) }, "predicted outputs are not supported"},
@@ -186,6 +185,9 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 	if err := parsePromptOrMessages(&b, &out, chat); err != nil {
 		return out, err
 	}
+	if err := parseChoices(&b, &out); err != nil {
+		return out, err
+	}
 	if err := parseSampling(&b, &out, chat); err != nil {
 		return out, err
 	}
@@ -214,7 +216,15 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 		}
 		out.TimeoutMs = ms
 	}
-	return out, parseOutputShape(&b, &out, chat)
+	if err := parseOutputShape(&b, &out, chat); err != nil {
+		return out, err
+	}
+	if out.ToolCalls != nil && out.choiceCount() > 1 {
+		// Each choice would need its own call scanner and call ids in
+		// the multiplexed stream: not built.
+		return out, unsupported("n", "several choices with tools are not supported: ask for one choice per request")
+	}
+	return out, nil
 }
 
 // parseSampling reads the sampling and length parameters.
@@ -358,11 +368,7 @@ func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) 
 	}
 	var texts []string
 	if json.Unmarshal(b.Prompt, &texts) == nil {
-		if len(texts) != 1 {
-			return unsupported("prompt", errUnsupportedMultiplePrompt)
-		}
-		out.Prompt = texts[0]
-		return checkPromptText(texts[0])
+		return batchOfTexts(texts, out)
 	}
 	var ids []int64
 	if json.Unmarshal(b.Prompt, &ids) != nil {
@@ -370,22 +376,26 @@ func parsePromptOrMessages(b *openAIRequest, out *CompletionRequest, chat bool) 
 		if json.Unmarshal(b.Prompt, &batch) != nil {
 			return invalid("prompt", "want a string, an array of strings, an array of token ids or an array of token-id arrays")
 		}
-		if len(batch) != 1 {
-			return unsupported("prompt", errUnsupportedMultiplePrompt)
-		}
-		ids = batch[0]
+		return batchOfTokens(batch, out)
 	}
+	toks, err := promptTokens("prompt", ids)
+	out.PromptTokens = toks
+	return err
+}
+
+// promptTokens checks a prompt of token ids: not empty, each an int32.
+func promptTokens(param string, ids []int64) ([]int, error) {
 	if len(ids) == 0 {
-		return invalid("prompt", "the prompt must not be empty")
+		return nil, invalid(param, "the prompt must not be empty")
 	}
-	out.PromptTokens = make([]int, len(ids))
+	out := make([]int, len(ids))
 	for i, id := range ids {
 		if id < 0 || id > math.MaxInt32 {
-			return invalid("prompt", "token id %d is out of range", id)
+			return nil, invalid(param, "token id %d is out of range", id)
 		}
-		out.PromptTokens[i] = int(id)
+		out[i] = int(id)
 	}
-	return nil
+	return out, nil
 }
 
 func checkPromptText(s string) error {

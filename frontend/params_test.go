@@ -20,7 +20,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "plain", body: `{"model":"m","prompt":"hi"}`, check: func(b CompletionRequest) bool { return b.Prompt == "hi" && !b.SeedSet }},
 		{name: "unknown field", body: `{"model":"m","prompt":"hi","x_whatever":{"a":1}}`},
 		{name: "prompt array of one", body: `{"model":"m","prompt":["hi"]}`, check: func(b CompletionRequest) bool { return b.Prompt == "hi" }},
-		{name: "prompt array of two", body: `{"model":"m","prompt":["a","b"]}`, param: "prompt", code: CodeUnsupportedParameter},
+		{name: "prompt array past its bound", body: `{"model":"m","prompt":["a","b","c","d","e","f","g","h","i","j","k","l","m","n","o","p","q"]}`, param: "prompt", code: CodeInvalidValue},
 		{name: "token ids", body: `{"model":"m","prompt":[5,6,7]}`, check: func(b CompletionRequest) bool { return len(b.PromptTokens) == 3 && b.PromptTokens[2] == 7 }},
 		{name: "token id arrays of one", body: `{"model":"m","prompt":[[5,6]]}`, check: func(b CompletionRequest) bool { return len(b.PromptTokens) == 2 }},
 		{name: "token id wraps", body: `{"model":"m","prompt":[4294967301]}`, param: "prompt", code: CodeInvalidValue},
@@ -67,7 +67,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "include_usage unstreamed", body: `{"model":"m","prompt":"a","stream_options":{"include_usage":true}}`, param: "stream_options", code: CodeInvalidValue},
 		{name: "defaults of the refused", body: `{"model":"m","prompt":"a","n":1,"best_of":1,"logprobs":null,"echo":false,"logit_bias":{},"user":"u","suffix":"","response_format":{"type":"text"}}`},
 		{name: "chat logprobs false", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":false,"top_logprobs":0,"tools":[],"modalities":["text"]}`},
-		{name: "n 2", body: `{"model":"m","prompt":"a","n":2}`, param: "n", code: CodeUnsupportedParameter},
+		{name: "n past its bound", body: `{"model":"m","prompt":"a","n":17}`, param: "n", code: CodeInvalidValue},
 		// logprobs, echo, response_format and tools work since issue 12
 		// (structured_test.go has their cases); what stays refused here is
 		// what needs what it lacks.

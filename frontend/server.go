@@ -175,7 +175,7 @@ func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, b
 // (Last-Event-ID, or ?starting_after=N) and follows it to its end.
 func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 	id, ok := s.checkToken(w, req)
-	if !ok {
+	if !ok || s.resumeChoices(w, req, id) {
 		return
 	}
 	after := req.Header.Get("Last-Event-ID")
@@ -200,7 +200,7 @@ func (s *Server) handleResume(w http.ResponseWriter, req *http.Request) {
 
 func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 	id, ok := s.checkToken(w, req)
-	if !ok {
+	if !ok || s.cancelChoices(w, req, id) {
 		return
 	}
 	st := s.localStream(id)
@@ -216,24 +216,6 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 	}
 	st.cancel(errClientCancelled)
 	writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": true})
-}
-
-// parsePosition reads a resume position (Last-Event-ID, starting_after):
-// digits only, no sign, no trailing bytes; "" is 0.
-func parsePosition(s string) (int, *ParamError) {
-	if s == "" {
-		return 0, nil
-	}
-	for _, c := range []byte(s) {
-		if c < '0' || c > '9' {
-			return 0, invalid("Last-Event-ID", "%q is not a sequence number", s)
-		}
-	}
-	n, err := strconv.ParseInt(s, 10, 32)
-	if err != nil {
-		return 0, invalid("Last-Event-ID", "%q is not a sequence number", s)
-	}
-	return int(n), nil
 }
 
 // Run serves until ctx is done. It writes "frontend: listening on ADDR"
@@ -467,6 +449,10 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		// takeover samples with it, and the client can reproduce it.
 		body.Seed, body.SeedSet, body.SeedDrawn = randomSeed(), true, true
 	}
+	if body.choiceCount() > 1 {
+		s.serveChoices(w, req, body, chat)
+		return
+	}
 	st := s.start(body, chat, resumable(body, req))
 	w.Header().Set("Lifeline-Request-Id", st.id)
 	w.Header().Set("Lifeline-Seed", strconv.FormatUint(body.Seed, 10))
@@ -502,14 +488,22 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 // not on the connection that made it: a resumable one survives its
 // client's disconnect.
 func (s *Server) start(body CompletionRequest, chat, resumable bool) *stream {
+	return s.startAs(s.newID(chat), body, chat, resumable)
+}
+
+func (s *Server) newID(chat bool) string {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.nextID++
 	prefix := "cmpl"
 	if chat {
 		prefix = "chatcmpl"
 	}
-	id := fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano(), s.nextID)
-	s.mu.Unlock()
+	return fmt.Sprintf("%s-%d-%d", prefix, time.Now().UnixNano(), s.nextID)
+}
+
+// startAs admits and runs a request under id.
+func (s *Server) startAs(id string, body CompletionRequest, chat, resumable bool) *stream {
 	now := time.Now()
 	var deadline time.Time
 	if body.TimeoutMs > 0 {

@@ -167,12 +167,12 @@ func TestToolCallConversion(t *testing.T) {
 			t.Fatalf("%s read as a call", bad)
 		}
 	}
-	if _, ok := outputCalls("r", &ToolCalls{Optional: true}, toks("Hello", " {")); ok {
+	if _, ok := outputCalls("r", &ToolCalls{Optional: true}, textToks("Hello", " {")); ok {
 		t.Fatal("text read as a call")
 	}
 }
 
-func toks(texts ...string) []Token {
+func textToks(texts ...string) []Token {
 	out := make([]Token, len(texts))
 	for i, s := range texts {
 		out[i] = Token{SequenceNo: i + 1, ID: 300 + i, Text: s, instance: "d0"}
@@ -215,7 +215,7 @@ func events(t *testing.T, st *stream, from int) []sse.Event {
 // says tool_calls and lists the ids delivered.
 func TestToolCallStream(t *testing.T) {
 	body := CompletionRequest{Model: "m", ToolCalls: &ToolCalls{Parallel: true, Optional: true}}
-	out := toks(`{"tool_calls":[`, `{"a":{"s":"}]"`, `}},`, `{"b":`, `{}}`, `]}`)
+	out := textToks(`{"tool_calls":[`, `{"a":{"s":"}]"`, `}},`, `{"b":`, `{}}`, `]}`)
 	st := finishedWith("chatcmpl-9", body, true, out, "stop")
 	evs := events(t, st, 0)
 	if len(evs) != 3 {
@@ -240,14 +240,14 @@ func TestToolCallStream(t *testing.T) {
 	}
 
 	// tool_choice auto, and the model answered with text: it streams.
-	st = finishedWith("chatcmpl-10", body, true, toks("Hi", " there"), "stop")
+	st = finishedWith("chatcmpl-10", body, true, textToks("Hi", " there"), "stop")
 	evs = events(t, st, 0)
 	if len(evs) != 3 || evs[0].Chunk.Content() != "Hi" || evs[2].Chunk.Finish() != "stop" || evs[2].Chunk.Lifeline.ToolCalls != nil {
 		t.Fatalf("text answer %+v", evs)
 	}
 
 	// Whole: the message holds the calls, no content.
-	st = finishedWith("chatcmpl-11", CompletionRequest{Model: "m", ToolCalls: &ToolCalls{}}, true, toks(`{"f":`, `{"x":1}}`), "stop")
+	st = finishedWith("chatcmpl-11", CompletionRequest{Model: "m", ToolCalls: &ToolCalls{}}, true, textToks(`{"f":`, `{"x":1}}`), "stop")
 	var res struct {
 		Choices []struct {
 			Message struct {
@@ -331,7 +331,7 @@ func TestLogprobsRendering(t *testing.T) {
 
 // TestEcho: the prompt before the text, whole and in the first chunk.
 func TestEcho(t *testing.T) {
-	st := finishedWith("cmpl-4", CompletionRequest{Model: "m", Prompt: "Say:", Echo: true}, false, toks(" a", " b"), "length")
+	st := finishedWith("cmpl-4", CompletionRequest{Model: "m", Prompt: "Say:", Echo: true}, false, textToks(" a", " b"), "length")
 	if evs := events(t, st, 0); evs[0].Chunk.Content() != "Say: a" || evs[1].Chunk.Content() != " b" {
 		t.Fatalf("%+v", evs)
 	}

@@ -105,10 +105,22 @@ func (s *Server) lostTakeover(w http.ResponseWriter, req *http.Request, id strin
 // replayRecord streams a finished request's stored output after from,
 // then its end, in the same shape as its owner did.
 func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec schema.RequestRecord, from int) {
+	st, err := recordStream(rec)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, err.Error())
+		return
+	}
+	s.metrics.takeovers.WithLabelValues("done_replay").Inc()
+	s.metrics.crossResumes.WithLabelValues("replayed").Inc()
+	w.Header().Set("Lifeline-Request-Id", rec.ID)
+	s.follow(w, req, st, from, false)
+}
+
+// recordStream is the finished log of a finished request's record.
+func recordStream(rec schema.RequestRecord) (*stream, error) {
 	var body CompletionRequest
 	if err := json.Unmarshal(rec.Body, &body); err != nil {
-		writeError(w, http.StatusInternalServerError, ErrBadRequestRecord, fmt.Sprintf("request %s: body: %v", rec.ID, err))
-		return
+		return nil, fmt.Errorf("request %s: body: %v", rec.ID, err)
 	}
 	var end sse.Lifeline
 	if rec.End != nil {
@@ -124,10 +136,7 @@ func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec sche
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 	st.append(r.Output)
 	st.finish(r, end)
-	s.metrics.takeovers.WithLabelValues("done_replay").Inc()
-	s.metrics.crossResumes.WithLabelValues("replayed").Inc()
-	w.Header().Set("Lifeline-Request-Id", rec.ID)
-	s.follow(w, req, st, from, false)
+	return st, nil
 }
 
 // driveTakenOver runs a request this frontend just took over, from its

@@ -46,6 +46,9 @@ type Request struct {
 	Seed        uint64   `json:"seed"`
 	Stop        []string `json:"stop,omitempty"`
 	IgnoreEOS   bool     `json:"ignore_eos,omitempty"`
+	// N > 1 asks for N choices: each Token names its choice (Index), and
+	// Result has each one's finish reason.
+	N int `json:"n,omitempty"`
 }
 
 // Token is one streamed token.
@@ -54,6 +57,9 @@ type Token struct {
 	TokenID    int
 	Text       string
 	Instance   string
+	// Index is the token's choice (0 unless Request.N > 1); SequenceNo
+	// counts within it.
+	Index int
 }
 
 // Result is what a finished stream reports besides its tokens.
@@ -64,6 +70,9 @@ type Result struct {
 	// (unix nanoseconds by step), nil when it never moved.
 	Migrations    int
 	LastMigration map[string]int64
+	// FinishReasons is each choice's finish reason (Request.N > 1;
+	// FinishReason is then choice 0's), Migrations their sum.
+	FinishReasons []string
 }
 
 // Options configure a client.
@@ -205,6 +214,9 @@ func (c *Client) Stream(ctx context.Context, r Request, each func(Token)) (Resul
 	s, resp, err := c.start(ctx, body)
 	if err != nil {
 		return Result{}, err
+	}
+	if r.N > 1 {
+		s.multi = newChoices(r.N)
 	}
 	return s.follow(ctx, resp, each)
 }

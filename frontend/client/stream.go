@@ -25,6 +25,8 @@ type session struct {
 	at    int
 	owner string
 	last  int
+	// multi tracks a stream of several choices (nil: one).
+	multi *choices
 }
 
 // start posts the request, to the preferred URL first and on to the next
@@ -82,7 +84,11 @@ func (s *session) follow(ctx context.Context, resp *http.Response, each func(Tok
 	for attempt := 0; ; attempt++ {
 		if resp != nil {
 			var res Result
-			res, err = readStream(resp.Body, &s.last, each)
+			if s.multi != nil {
+				res, err = s.multi.read(resp.Body, each)
+			} else {
+				res, err = readStream(resp.Body, &s.last, each)
+			}
 			resp.Body.Close()
 			if err == nil {
 				return res, nil
@@ -126,7 +132,12 @@ func (s *session) resume(ctx context.Context) (*http.Response, error) {
 	s.owner = ""
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+s.token)
-	h.Set("Last-Event-ID", strconv.Itoa(s.last))
+	switch {
+	case s.multi == nil:
+		h.Set("Last-Event-ID", strconv.Itoa(s.last))
+	case s.multi.id != "":
+		h.Set("Last-Event-ID", s.multi.id)
+	}
 	c.stats.resumes.Add(1)
 	resp, err := c.do(ctx, http.MethodGet, url, "/v1/streams/"+s.id, nil, h)
 	if err != nil {

@@ -7,7 +7,9 @@
 // A stream is a comment (a keepalive), then one event per token whose id
 // is the token's sequence number (what Last-Event-ID resumes after), then
 // either an end chunk (no id, the finish reason and the request's summary)
-// or an error event, then the data [DONE].
+// or an error event, then the data [DONE]. A stream of several choices
+// interleaves them, one choice per chunk, and its event ids hold one
+// position per choice (FormatPositions).
 package sse
 
 import (
@@ -31,8 +33,9 @@ type Chunk struct {
 	// SystemFingerprint names the numerics of the instance that serves
 	// the request (its numerics id and model revision).
 	SystemFingerprint string `json:"system_fingerprint,omitempty"`
-	// Choices is one choice: the frontend streams no alternatives. (The
-	// usage chunk, written by WriteUsage, has none.)
+	// Choices is one choice, OpenAI's streaming shape: a stream of
+	// several choices names each chunk's in Index. (The usage chunk,
+	// written by WriteUsage, has none.)
 	Choices [1]Choice `json:"choices"`
 	// Usage is set on the usage chunk only (stream_options.include_usage).
 	Usage    *Usage   `json:"usage,omitempty"`
@@ -254,6 +257,18 @@ func (w *Writer) WriteChunk(c *Chunk) error {
 	if seq := c.Lifeline.SequenceNo; seq > 0 {
 		w.buf.WriteString("id: ")
 		w.buf.WriteString(strconv.Itoa(seq))
+		w.buf.WriteByte('\n')
+	}
+	return w.data(c)
+}
+
+// WriteChunkID writes c as one event with the given id ("": none), the
+// positions of a stream of several choices.
+func (w *Writer) WriteChunkID(c *Chunk, id string) error {
+	w.buf.Reset()
+	if id != "" {
+		w.buf.WriteString("id: ")
+		w.buf.WriteString(id)
 		w.buf.WriteByte('\n')
 	}
 	return w.data(c)
