@@ -68,6 +68,7 @@ func TestParseRequest(t *testing.T) {
 		{name: "defaults of the refused", body: `{"model":"m","prompt":"a","n":1,"best_of":1,"logprobs":null,"echo":false,"logit_bias":{},"user":"u","suffix":"","response_format":{"type":"text"}}`},
 		{name: "chat logprobs false", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"logprobs":false,"top_logprobs":0,"tools":[],"modalities":["text"]}`},
 		{name: "n past its bound", body: `{"model":"m","prompt":"a","n":17}`, param: "n", code: CodeInvalidValue},
+		{name: "tools with n 2", chat: true, body: `{"model":"m","messages":[{"role":"user","content":"a"}],"n":2,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]}`, param: "n", code: CodeUnsupportedParameter},
 		// logprobs, echo, response_format and tools work since issue 12
 		// (structured_test.go has their cases); what stays refused here is
 		// what needs what it lacks.
