@@ -139,6 +139,26 @@ func (a *Automaton) Accepting(s State) bool {
 	return s.depth == 0 && s.done && (s.val.kind == valNone || a.canEnd(s.val))
 }
 
+// Closed reports whether the value is complete and no byte can extend it:
+// the root object, array, string or literal has ended, or a root number
+// is at its longest. A root number that may go on is accepting but not
+// closed; it ends with end-of-sequence or the token budget.
+func (a *Automaton) Closed(s State) bool {
+	if s.depth > 0 || !s.done {
+		return false
+	}
+	v := s.val
+	switch v.kind {
+	case valNone:
+		return true
+	case valNumber:
+		integer := a.nodes[v.node].kind == kInteger
+		return v.u8 == nExp && v.pos >= maxExpDigits ||
+			integer && (v.u8 == nZero || v.u8 == nInt && v.pos >= maxIntDigits)
+	}
+	return false
+}
+
 // ErrRejected is wrapped by Replay's error for a prefix the automaton
 // does not accept.
 var ErrRejected = errors.New("grammar: token not allowed")

@@ -1,7 +1,10 @@
 package grammar
 
 import (
+	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -102,6 +105,30 @@ func TestPropertyCountsAdvance(t *testing.T) {
 		}
 		if c, ok := tt.a.Advance(s, []byte(tt.closing)); !ok || !tt.a.Accepting(c) {
 			t.Errorf("%q + %q does not close", tt.in, tt.closing)
+		}
+	}
+}
+
+// TestClosedMeansNoByteMore: Closed is exactly "accepting, and no byte
+// extends the value", along sampled outputs of random schemas.
+func TestClosedMeansNoByteMore(t *testing.T) {
+	v, pieces := builtinVocab()
+	r := rand.New(rand.NewPCG(5, 12))
+	for range 60 {
+		schema, _ := json.Marshal(randomSchema(r, 1))
+		a, err := Compile(schema)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, states := sampleOnce(t, r, a, v, pieces, 30+r.IntN(30))
+		for _, s := range states {
+			extends := slices.ContainsFunc(allBytes, func(b byte) bool {
+				_, ok := a.Advance(s, []byte{b})
+				return ok
+			})
+			if want := a.Accepting(s) && !extends; a.Closed(s) != want {
+				t.Fatalf("schema %s: Closed %v, want %v", schema, a.Closed(s), want)
+			}
 		}
 	}
 }
