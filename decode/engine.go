@@ -92,6 +92,7 @@ type Engine struct {
 	stop    context.CancelFunc
 	done    chan struct{}
 	closers []func() error
+	gvocab  grammarVocab
 }
 
 // NewEngine loads the model and starts the scheduler loop; Close stops it.
@@ -235,6 +236,13 @@ type Request struct {
 	// PrefillOnly computes and publishes the prompt's K/V and ends with
 	// FinishPrefilled and the prompt's tokens (Event.PromptTokens).
 	PrefillOnly bool
+	// Structured constrains the output (nil: free text); the sequence ends
+	// with FinishStop when the value closes.
+	Structured *Structured
+	// Logprobs asks for every token's log-probability, TopLogprobs
+	// (0..20) for that many most likely alternatives.
+	Logprobs    bool
+	TopLogprobs int
 }
 
 // Event is one streamed output token, or the end of the stream.
@@ -245,6 +253,9 @@ type Event struct {
 	// empty (a partial character or a possible stop-string start is held).
 	Text   string
 	Logits []float32
+	// Logprob and TopLogprobs are set when the request asked for logprobs.
+	Logprob     float64
+	TopLogprobs []sample.TopLogprob
 	// Done marks the last event; it carries no token. FinishReason is set
 	// on it, and also on the token that ended the stream when one did.
 	Done         bool
@@ -307,6 +318,9 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 	}
 	if err := r.Sampling.Validate(); err != nil {
 		return nil, badField("sampling", "%v", err)
+	}
+	if err := checkStructured(r); err != nil {
+		return nil, err
 	}
 	for id := range r.Sampling.LogitBias {
 		if id >= e.Model.Config.VocabSize {
@@ -382,11 +396,12 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 	sr := sched.Request{
 		ID: r.ID, Prompt: prompt, Prefix: r.PrefixTokens, MaxTokens: r.MaxTokens,
 		Sampling: r.Sampling, StopTokens: stops, Priority: r.Priority, KeepLogits: r.KeepLogits, PrefillOnly: r.PrefillOnly,
+		Grammar: e.schedGrammar(&r), Logprobs: r.Logprobs, TopLogprobs: r.TopLogprobs,
 		OnToken: func(t sched.Token) bool {
 			chunk, stopped := text.push(t.ID, t.Last)
-			ev := Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits}
+			ev := Event{SequenceNo: t.SequenceNo, TokenID: t.ID, Text: chunk, Logits: t.Logits, Logprob: t.Logprob, TopLogprobs: t.TopLogprobs}
 			switch {
-			case stopped || (t.Last && slices.Contains(stops, t.ID)):
+			case stopped || t.Closed || (t.Last && slices.Contains(stops, t.ID)):
 				ev.FinishReason = sched.FinishStop
 			case t.Last:
 				ev.FinishReason = sched.FinishLength
@@ -407,7 +422,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		},
 	}
 	if err := e.sched.Submit(sr); err != nil {
-		return nil, err
+		return nil, submitError(err)
 	}
 	go func() {
 		select {

@@ -54,7 +54,7 @@ type State struct {
 type frame struct {
 	node  uint16
 	phase uint8
-	count uint16 // array: items started
+	count uint16 // array: items started; object with maxProperties: keys started
 	prop  uint16 // object: the node of the value after the current key
 	seen  uint64 // object: declared properties present
 }
@@ -137,6 +137,26 @@ func (a *Automaton) Advance(s State, b []byte) (State, bool) {
 // Accepting reports whether the bytes so far are a complete value.
 func (a *Automaton) Accepting(s State) bool {
 	return s.depth == 0 && s.done && (s.val.kind == valNone || a.canEnd(s.val))
+}
+
+// Closed reports whether the value is complete and no byte can extend it:
+// the root object, array, string or literal has ended, or a root number
+// is at its longest. A root number that may go on is accepting but not
+// closed; it ends with end-of-sequence or the token budget.
+func (a *Automaton) Closed(s State) bool {
+	if s.depth > 0 || !s.done {
+		return false
+	}
+	v := s.val
+	switch v.kind {
+	case valNone:
+		return true
+	case valNumber:
+		integer := a.nodes[v.node].kind == kInteger
+		return v.u8 == nExp && v.pos >= maxExpDigits ||
+			integer && (v.u8 == nZero || v.u8 == nInt && v.pos >= maxIntDigits)
+	}
+	return false
 }
 
 // ErrRejected is wrapped by Replay's error for a prefix the automaton
@@ -244,25 +264,21 @@ func (a *Automaton) startsWith(id uint16, c byte) bool {
 	return false
 }
 
-func (a *Automaton) canAddKey(n *node, seen uint64) bool {
-	return n.addl >= 0 || n.keys.nodes[0].mask&^seen != 0
-}
-
 func (a *Automaton) objectStep(s *State, n *node, c byte) bool {
 	f := &s.top
 	switch f.phase {
 	case oOpen:
-		if c == '}' && n.required == 0 {
+		if c == '}' && due(n, 0) == 0 {
 			s.pop()
 			return true
 		}
 		return c == '"' && a.startKey(s, n)
 	case oNext:
 		switch {
-		case c == ',' && a.canAddKey(n, f.seen):
+		case c == ',' && a.canAddKey(n, *f):
 			f.phase = oComma
 			return true
-		case c == '}' && n.required&^f.seen == 0:
+		case c == '}' && due(n, f.seen) == 0:
 			s.pop()
 			return true
 		}
@@ -288,8 +304,11 @@ func (a *Automaton) objectStep(s *State, n *node, c byte) bool {
 }
 
 func (a *Automaton) startKey(s *State, n *node) bool {
-	if !a.canAddKey(n, s.top.seen) {
+	if !a.canAddKey(n, s.top) {
 		return false
+	}
+	if n.maxProps != unbounded {
+		s.top.count++ // below maxProps <= unbounded: no overflow
 	}
 	s.top.phase = oKey
 	s.val = scalar{kind: valKey, node: s.top.node}

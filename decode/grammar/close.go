@@ -68,7 +68,7 @@ func (a *Automaton) frameClose(f frame) int {
 		}
 		return max(1, left) * (m + 1) // after ',': an item is due
 	}
-	req := reqCost(a.nodes, n, f.seen)
+	req := dueCost(a.nodes, n, f.seen)
 	switch f.phase {
 	case oOpen:
 		return max(1, req)
@@ -107,22 +107,23 @@ func (a *Automaton) keyClose(s State) int {
 	v, f := s.val, s.top
 	n := &a.nodes[f.node]
 	best := 1 << 30
+	declared, addl := keyRoom(n, f)
 	if v.pos != offTrie {
 		t := &n.keys.nodes[v.pos]
 		for i, name := range n.names {
 			bit := uint64(1) << i
-			if t.mask&bit != 0 && f.seen&bit == 0 {
+			if t.mask&bit != 0 && declared&bit != 0 {
 				rest := len(name) - t.depth + 2 + a.nodes[n.propNode[i]].minLen
-				best = min(best, rest+reqCost(a.nodes, n, f.seen|bit)+1)
+				best = min(best, rest+dueCost(a.nodes, n, f.seen|bit)+1)
 			}
 		}
 	}
-	if n.addl >= 0 {
+	if addl {
 		extra := u8Pending[v.u8]
 		if v.pos != offTrie && n.keys.nodes[v.pos].term >= 0 {
 			extra = 1 // a declared name already present: one more character
 		}
-		best = min(best, extra+2+a.nodes[n.addl].minLen+reqCost(a.nodes, n, f.seen)+1)
+		best = min(best, extra+2+a.nodes[n.addl].minLen+dueCost(a.nodes, n, f.seen)+1)
 	}
 	return best
 }

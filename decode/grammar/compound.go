@@ -3,6 +3,7 @@ package grammar
 import (
 	"encoding/json"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 )
@@ -58,11 +59,43 @@ func (c *compiler) object(m map[string]any, path string, depth int) (uint16, err
 	default:
 		return 0, &SchemaError{Path: path, Keyword: "additionalProperties", Reason: "a boolean or a schema is expected", Err: ErrInvalidSchema}
 	}
-	n.minLen = 1 + c.reqCost(&n, 0)
-	if n.required == 0 {
+	if err := c.propCounts(&n, m, path); err != nil {
+		return 0, err
+	}
+	sortOptional(c.nodes, &n)
+	n.minLen = 1 + dueCost(c.nodes, &n, 0)
+	if due(&n, 0) == 0 {
 		n.minLen = 2
 	}
 	return c.add(n)
+}
+
+// propCounts reads minProperties and maxProperties, refusing bounds no
+// object of the node can meet and, with additional properties allowed, a
+// minimum the declared properties cannot meet (props.go says why).
+func (c *compiler) propCounts(n *node, m map[string]any, path string) error {
+	var err error
+	if n.minProps, err = count(m, path, "minProperties", 0, MaxProperties); err != nil {
+		return err
+	}
+	if n.maxProps, err = count(m, path, "maxProperties", unbounded, math.MaxInt); err != nil {
+		return err
+	}
+	n.maxProps = min(n.maxProps, unbounded)
+	bad := func(kw, reason string, e error) error {
+		return &SchemaError{Path: path, Keyword: kw, Reason: reason, Err: e}
+	}
+	switch {
+	case n.minProps > len(n.names) && n.addl >= 0:
+		return bad("minProperties", "above the declared properties: only declared ones count towards it", ErrUnsupported)
+	case n.minProps > len(n.names):
+		return bad("minProperties", "above the declared properties, and no additional ones are allowed", ErrInvalidSchema)
+	case n.maxProps < n.minProps:
+		return bad("maxProperties", "below minProperties", ErrInvalidSchema)
+	case n.maxProps < bits.OnesCount64(n.required):
+		return bad("maxProperties", "below the required properties", ErrInvalidSchema)
+	}
+	return nil
 }
 
 func (c *compiler) required(n *node, m map[string]any, path string) error {
@@ -83,22 +116,6 @@ func (c *compiler) required(n *node, m map[string]any, path string) error {
 		n.required |= 1 << i
 	}
 	return nil
-}
-
-// reqCost is the bytes of `,"name":value` for every required property not
-// in seen, each value at its shortest.
-func (c *compiler) reqCost(n *node, seen uint64) int {
-	return reqCost(c.nodes, n, seen)
-}
-
-func reqCost(nodes []node, n *node, seen uint64) int {
-	cost := 0
-	for i, name := range n.names {
-		if n.required&^seen&(1<<i) != 0 {
-			cost += len(name) + 4 + nodes[n.propNode[i]].minLen
-		}
-	}
-	return cost
 }
 
 func (c *compiler) array(m map[string]any, path string, depth int) (uint16, error) {
@@ -158,7 +175,7 @@ func (c *compiler) anyValue() (uint16, error) {
 		return 0, err
 	}
 	c.any = int32(id)
-	obj, err := c.add(node{kind: kObject, keys: finished(newTrie()), addl: int32(id), minLen: 2})
+	obj, err := c.add(node{kind: kObject, keys: finished(newTrie()), addl: int32(id), maxProps: unbounded, minLen: 2})
 	if err != nil {
 		return 0, err
 	}

@@ -3,11 +3,12 @@ package grammar
 // Vocab is a vocabulary prepared for masking: a byte trie of its pieces,
 // built once and shared by every automaton and request.
 type Vocab struct {
-	nodes []vnode
-	edges []vedge
-	ids   []int32
-	eos   int
-	size  int
+	pieces [][]byte
+	nodes  []vnode
+	edges  []vedge
+	ids    []int32
+	eos    int
+	size   int
 }
 
 type vnode struct {
@@ -45,7 +46,7 @@ func NewVocab(pieces [][]byte, eos int) *Vocab {
 		}
 		tree[at].ids = append(tree[at].ids, int32(id))
 	}
-	v := &Vocab{eos: eos, size: len(pieces), nodes: make([]vnode, len(tree))}
+	v := &Vocab{pieces: pieces, eos: eos, size: len(pieces), nodes: make([]vnode, len(tree))}
 	for i, t := range tree {
 		n := &v.nodes[i]
 		n.firstEdge, n.firstID = int32(len(v.edges)), int32(len(v.ids))
@@ -63,6 +64,18 @@ func NewVocab(pieces [][]byte, eos int) *Vocab {
 
 // Size is the number of token ids.
 func (v *Vocab) Size() int { return v.size }
+
+// Piece returns the bytes of token id (nil for specials and ids outside
+// the vocabulary). The caller must not modify them.
+func (v *Vocab) Piece(id int) []byte {
+	if id < 0 || id >= v.size {
+		return nil
+	}
+	return v.pieces[id]
+}
+
+// EOS is the end-of-sequence id.
+func (v *Vocab) EOS() int { return v.eos }
 
 // Mask sets allowed[id] to whether token id may follow s: every byte of its
 // piece advances the automaton; eos only once s is accepting. allowed must

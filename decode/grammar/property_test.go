@@ -82,6 +82,31 @@ func randomObject(r *rand.Rand, depth int) map[string]any {
 	case 1:
 		s["additionalProperties"] = map[string]any{"type": "integer"}
 	}
+	lo := 0
+	if r.IntN(3) == 0 {
+		lo = r.IntN(len(props) + 1) // only declared properties count towards it
+		s["minProperties"] = json.Number(fmt.Sprint(lo))
+	}
+	if r.IntN(3) == 0 {
+		s["maxProperties"] = json.Number(fmt.Sprint(max(lo, len(req)) + r.IntN(3)))
+	}
+	return s
+}
+
+// randomToolCalls is the schema a frontend compiles for tools: exactly
+// one property, named after a function, holding its arguments; in an
+// array of them for parallel calls.
+func randomToolCalls(r *rand.Rand) map[string]any {
+	fns := map[string]any{}
+	for _, name := range propNames[:1+r.IntN(len(propNames))] {
+		args := randomObject(r, 2)
+		args["additionalProperties"] = false
+		fns[name] = args
+	}
+	s := map[string]any{"type": "object", "properties": fns, "minProperties": json.Number("1"), "maxProperties": json.Number("1")}
+	if r.IntN(2) == 0 {
+		return map[string]any{"type": "array", "items": s, "minItems": json.Number("1")}
+	}
 	return s
 }
 
@@ -173,6 +198,12 @@ func validateObject(s map[string]any, v any) error {
 	}
 	props, _ := s["properties"].(map[string]any)
 	req, _ := s["required"].([]any)
+	if n, ok := s["minProperties"].(json.Number); ok && len(m) < atoi(n) {
+		return fmt.Errorf("%d properties, want at least %s", len(m), n)
+	}
+	if n, ok := s["maxProperties"].(json.Number); ok && len(m) > atoi(n) {
+		return fmt.Errorf("%d properties, want at most %s", len(m), n)
+	}
 	for _, name := range req {
 		if _, ok := m[name.(string)]; !ok {
 			return fmt.Errorf("required %q missing", name)
@@ -290,8 +321,11 @@ func TestMaskedSamplingYieldsValidJSON(t *testing.T) {
 	r := rand.New(rand.NewPCG(12, 2026))
 	for i := range cases {
 		raw := randomSchema(r, 1)
-		if i%5 == 0 {
+		switch {
+		case i%5 == 0:
 			raw = randomObject(r, 1) // structured output is mostly objects
+		case i%5 == 1 && i%3 == 0:
+			raw = randomToolCalls(r)
 		}
 		schema, _ := json.Marshal(raw)
 		a, err := Compile(schema)

@@ -186,12 +186,13 @@ func (a *Automaton) scanKey(s *State, c byte) scanResult {
 	if c == '"' && v.u8 == u8Start {
 		return a.endKey(s, n)
 	}
+	declared, addl := keyRoom(n, *f)
 	next := -1
 	if v.pos != offTrie {
 		next = n.keys.next(int(v.pos), c)
 	}
-	if n.addl < 0 {
-		if next < 0 || n.keys.nodes[next].mask&^f.seen == 0 {
+	if !addl {
+		if next < 0 || n.keys.nodes[next].mask&declared == 0 {
 			return scanRefused
 		}
 		v.pos = uint16(next)
@@ -218,13 +219,14 @@ func (a *Automaton) endKey(s *State, n *node) scanResult {
 	if v.pos != offTrie {
 		term = n.keys.nodes[v.pos].term
 	}
+	declared, addl := keyRoom(n, *f)
 	switch {
-	case term >= 0 && f.seen&(1<<term) != 0:
-		return scanRefused // a property twice
+	case term >= 0 && declared&(1<<term) == 0:
+		return scanRefused // a property twice, or one that leaves no room
 	case term >= 0:
 		f.seen |= 1 << term
 		f.prop = n.propNode[term]
-	case n.addl >= 0:
+	case addl:
 		f.prop = uint16(n.addl)
 	default:
 		return scanRefused

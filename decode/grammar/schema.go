@@ -44,6 +44,10 @@ type node struct {
 	keys     *trie // the names, terminal = property index
 	required uint64
 	addl     int32 // node of additional properties' values; -1: refused
+	// minProps and maxProps bound the properties (unbounded: no maximum);
+	// optByCost are the optional properties, cheapest first (props.go).
+	minProps, maxProps int
+	optByCost          []uint8
 	// array
 	items              uint16
 	minItems, maxItems int
@@ -56,7 +60,7 @@ type node struct {
 }
 
 var (
-	objectKeywords = []string{"properties", "required", "additionalProperties"}
+	objectKeywords = []string{"properties", "required", "additionalProperties", "minProperties", "maxProperties"}
 	arrayKeywords  = []string{"items", "minItems", "maxItems"}
 	// annotations carry no constraint and are accepted as is.
 	annotations = []string{"title", "description", "$schema", "$id", "$comment", "default", "examples"}
@@ -70,7 +74,7 @@ type compiler struct {
 
 // Compile compiles a JSON schema of the supported subset: objects
 // (properties, required, additionalProperties: false by default, true or a
-// schema), arrays (items, minItems, maxItems), strings, numbers, integers,
+// schema, minProperties and maxProperties: see props.go), arrays (items, minItems, maxItems), strings, numbers, integers,
 // booleans, null, enum and const of scalar literals, type lists, and nesting
 // up to MaxDepth. Anything else is a *SchemaError.
 func Compile(schema []byte) (*Automaton, error) {

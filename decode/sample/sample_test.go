@@ -183,3 +183,30 @@ func TestSampleAllowed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestLogprobs(t *testing.T) {
+	logits := []float32{1, 3, 3, -2, 0.5, 3}
+	var sum float64
+	for _, v := range logits {
+		sum += math.Exp(float64(v))
+	}
+	lp, top := Logprobs(logits, 4, 4, nil)
+	if want := 0.5 - math.Log(sum); math.Abs(lp-want) > 1e-12 {
+		t.Fatalf("logprob %v, want %v", lp, want)
+	}
+	wantIDs := []int{1, 2, 5, 0} // ties by lower id
+	if len(top) != len(wantIDs) {
+		t.Fatalf("top %v", top)
+	}
+	for i, w := range wantIDs {
+		if top[i].ID != w || math.Abs(top[i].Logprob-(float64(logits[w])-math.Log(sum))) > 1e-12 {
+			t.Fatalf("top[%d] = %+v, want id %d", i, top[i], w)
+		}
+	}
+	if _, top := Logprobs(logits, 0, 0, nil); len(top) != 0 {
+		t.Fatalf("top 0: %v", top)
+	}
+	if _, top := Logprobs(logits, 0, 50, nil); len(top) != len(logits) {
+		t.Fatalf("top 50 of %d: %d", len(logits), len(top))
+	}
+}

@@ -3,6 +3,8 @@ package sched
 import (
 	"fmt"
 	"slices"
+
+	"github.com/lifeline-llm/lifeline/decode/sample"
 )
 
 // blocksFor is the number of blocks a request reserves: every position up to
@@ -58,7 +60,26 @@ func (s *Scheduler) validate(r *Request) error {
 	if err := r.Sampling.Validate(); err != nil {
 		return bad("%v", err)
 	}
+	if r.TopLogprobs < 0 || r.TopLogprobs > sample.MaxTopLogprobs {
+		return bad("top_logprobs %d (want 0..%d)", r.TopLogprobs, sample.MaxTopLogprobs)
+	}
+	if g := r.Grammar; g != nil && g.Vocab != nil && g.Vocab.Size() != c.VocabSize {
+		return bad("grammar vocabulary of %d tokens, model %d", g.Vocab.Size(), c.VocabSize)
+	}
 	return nil
+}
+
+// admitGrammar returns a structured request's state after its prefix, or
+// the refusal: a *GrammarError.
+func admitGrammar(r *Request) (gramState, error) {
+	if r.Grammar == nil || r.PrefillOnly {
+		return gramState{}, nil
+	}
+	gs, err := r.Grammar.admit(r)
+	if err != nil {
+		return gs, &GrammarError{ID: r.ID, Err: err}
+	}
+	return gs, nil
 }
 
 // Submit admits a request, starting it at once when a slot and its KV
@@ -66,6 +87,10 @@ func (s *Scheduler) validate(r *Request) error {
 // returns an *OverloadedError and changes nothing.
 func (s *Scheduler) Submit(r Request) error {
 	if err := s.validate(&r); err != nil {
+		return err
+	}
+	gs, err := admitGrammar(&r)
+	if err != nil {
 		return err
 	}
 	s.mu.Lock()
@@ -80,7 +105,10 @@ func (s *Scheduler) Submit(r Request) error {
 	if need > s.store.Capacity() {
 		return fmt.Errorf("%w: request %q needs %d blocks of %d", ErrTooLarge, r.ID, need, s.store.Capacity())
 	}
-	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix)}
+	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix), gram: gs}
+	if r.Grammar != nil {
+		seq.allowed = make([]bool, s.model.Config.VocabSize)
+	}
 	if r.Priority == Canary {
 		if s.canaryRunningLocked() {
 			return &OverloadedError{Limit: LimitCanary, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}

@@ -23,6 +23,9 @@ var (
 	// ErrKVLost ends a sequence whose KV blocks were taken back and could
 	// not be replaced; the request can be retried or migrated.
 	ErrKVLost = errors.New("sched: KV blocks lost")
+	// ErrNoAllowedToken ends a structured sequence whose grammar allowed
+	// no token of the vocabulary (one without single-byte tokens).
+	ErrNoAllowedToken = errors.New("sched: the grammar allows no token of the vocabulary")
 )
 
 // Limit names the hard limit that rejected a request.

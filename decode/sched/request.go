@@ -52,9 +52,16 @@ type Token struct {
 	ID         int
 	// Logits of this position, when the request asked to keep them.
 	Logits []float32
-	// Last is set when this token ends the sequence by itself (a stop token
-	// or the max_tokens budget).
+	// Logprob and TopLogprobs, when the request asked for logprobs: the
+	// log-softmax of the position's raw logits (sample.Logprobs).
+	Logprob     float64
+	TopLogprobs []sample.TopLogprob
+	// Last is set when this token ends the sequence by itself (a stop
+	// token, the structured value closing, or the max_tokens budget).
 	Last bool
+	// Closed is set when this token closed the structured value: the
+	// sequence ends with FinishStop.
+	Closed bool
 }
 
 // Finish ends a sequence. Err is ErrCancelled for a cancel and the step
@@ -81,6 +88,13 @@ type Request struct {
 	StopTokens []int
 	Priority   Priority
 	KeepLogits bool
+	// Grammar, when set, constrains the output (structured.go): the state
+	// is replayed from Prefix at admission and advanced on every token.
+	Grammar *Grammar
+	// Logprobs asks for each token's log-probability, TopLogprobs
+	// (0..sample.MaxTopLogprobs) for that many most likely alternatives.
+	Logprobs    bool
+	TopLogprobs int
 	// PrefillOnly computes the prompt's K/V (publishing its full blocks
 	// where the store shares them) and finishes with FinishPrefilled
 	// without sampling: the prefill half of a P/D split.
@@ -106,4 +120,8 @@ type sequence struct {
 	blocks                        []kvcache.BlockID
 	logits                        []float32
 	nOutput                       int
+	// gram is a structured sequence's grammar state after its delivered
+	// output; allowed is its mask's scratch (one sampler at a time).
+	gram    gramState
+	allowed []bool
 }

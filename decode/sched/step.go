@@ -130,20 +130,28 @@ func (s *Scheduler) commitLocked(b stepBatch, picks []pick, err error) error {
 }
 
 // deliverLocked appends the sampled token to seq, hands it to OnToken,
-// and ends seq on a stop token, when OnToken declines more, or when its
-// budget is spent.
+// and ends seq on a stop token, when its structured value closed, when
+// OnToken declines more, or when its budget is spent.
 func (s *Scheduler) deliverLocked(seq *sequence, p pick) {
 	r := &seq.req
+	if p.stuck {
+		s.finishLocked(seq, Finish{Reason: FinishError, Err: ErrNoAllowedToken})
+		return
+	}
 	id := p.id
 	pos := seq.nOutput + 1
 	seq.tokens = append(seq.tokens, id)
 	seq.nOutput++
 	s.generated++
-	tok := Token{SequenceNo: pos, ID: id}
+	tok := Token{SequenceNo: pos, ID: id, Logprob: p.logprob, TopLogprobs: p.top}
 	if r.KeepLogits {
 		tok.Logits = slices.Clone(seq.logits)
 	}
-	stop := slices.Contains(r.StopTokens, id)
+	if g := r.Grammar; g != nil {
+		seq.gram, _ = g.advance(seq.gram, id) // the mask allowed id
+		tok.Closed = g.closed(seq.gram)
+	}
+	stop := slices.Contains(r.StopTokens, id) || tok.Closed
 	tok.Last = stop || seq.nOutput >= r.MaxTokens
 	more := r.OnToken(tok)
 	switch {

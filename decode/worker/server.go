@@ -178,6 +178,8 @@ type server struct {
 	detachedNow                             atomic.Int64
 	stopping                                atomic.Bool
 	bg                                      sync.WaitGroup
+	// schemas are compiled structured-output schemas (structured.go).
+	schemas schemaCache
 }
 
 // PullTimeout bounds how long a migrated request waits for its blocks to
@@ -454,7 +456,7 @@ func request(g *wire.Generate, instanceID string) decode.Request {
 		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
 		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
 			PresencePenalty: g.PresencePenalty, Seed: g.Seed, LogitBias: logitBias(g.LogitBias)},
-		PrefillOnly: g.PrefillOnly,
+		PrefillOnly: g.PrefillOnly, Logprobs: g.Logprobs, TopLogprobs: int(g.TopLogprobs),
 	}
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
@@ -476,6 +478,7 @@ func (s *server) frameOf(ctx context.Context, g *wire.Generate, fl *flight, ev d
 	f := &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch}
 	if !ev.Done {
 		f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
+		setLogprobs(f, ev)
 		fl.sent.Store(int64(ev.SequenceNo))
 		return f
 	}
@@ -508,6 +511,10 @@ func (s *server) finish(f *wire.Frame, ev decode.Event, cause error) {
 // was pulled from the peers it names (what could not be is computed).
 func (s *server) start(ctx context.Context, g *wire.Generate) (<-chan decode.Event, error) {
 	req := request(g, s.opts.InstanceID)
+	var err error
+	if req.Structured, err = s.structured(g); err != nil {
+		return nil, err
+	}
 	if len(g.KvSources) > 0 && s.kv != nil {
 		s.pullPrefix(ctx, g, req)
 	}
