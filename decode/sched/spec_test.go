@@ -1,16 +1,19 @@
 package sched
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 var small = sync.OnceValue(func() *model.Model {
@@ -316,5 +319,57 @@ func TestSpeculateRefusesBadDrafts(t *testing.T) {
 	}
 	if err := s.Speculate(Speculation{Draft: tiny, K: 2}); !errors.Is(err, ErrInvalidRequest) {
 		t.Fatalf("second Speculate: %v", err)
+	}
+}
+
+// TestSpeculationCancelMidRunFreesEverything: cancelling speculating
+// sequences while Run steps them ends them with what was delivered so far
+// (a prefix of the plain run) and frees their target and draft blocks.
+func TestSpeculationCancelMidRunFreesEverything(t *testing.T) {
+	reqs := specRequests(func(i int) sample.Params { return sample.Params{Seed: uint64(i), Temperature: 0.5} })
+	for i := range reqs {
+		reqs[i].MaxTokens = 400
+	}
+	plain, _ := run(t, tiny, nil, nil, reqs)
+	s, store := newSched(t, 256, DefaultLimits)
+	if err := s.Speculate(Speculation{Draft: tiny, K: 4}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	recs := map[string]*recorder{}
+	for _, r := range reqs {
+		recs[r.ID] = newRecorder()
+		if err := s.Submit(recs[r.ID].attach(r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proctest.WaitFor(t, 30*time.Second, "tokens delivered", func() (bool, string) {
+		st := s.Stats()
+		return st.Generated > 20, fmt.Sprint(st.Generated)
+	})
+	for _, r := range reqs {
+		if err := s.Cancel(r.ID); err != nil && !errors.Is(err, ErrUnknownSequence) {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range reqs {
+		rec := recs[r.ID]
+		<-rec.done
+		rec.mu.Lock()
+		got := ids(rec.tokens)
+		rec.mu.Unlock()
+		if want := ids(plain[r.ID].tokens); !slices.Equal(got, want[:len(got)]) {
+			t.Fatalf("%s: %v is not a prefix of %v", r.ID, got, want)
+		}
+	}
+	stop()
+	<-done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if store.NumFree() != store.Capacity() || s.spec.store.NumFree() != s.spec.store.Capacity() || len(s.spec.seqs) != 0 {
+		t.Fatalf("leaked: %d target blocks, %d draft blocks, %d draft states", store.Capacity()-store.NumFree(),
+			s.spec.store.Capacity()-s.spec.store.NumFree(), len(s.spec.seqs))
 	}
 }

@@ -43,6 +43,9 @@ func TestSpeculativeWorkerFramesEqualPlain(t *testing.T) {
 		{Preset: "small", WeightSeed: 1, DraftLayers: 2, DraftK: 3},
 	} {
 		t.Run(fmt.Sprintf("draft=%q/layers=%d", eopts.DraftPreset, eopts.DraftLayers), func(t *testing.T) {
+			if testing.Short() && eopts.DraftLayers != 0 {
+				t.Skip("one draft under -short")
+			}
 			w := newTestWorkerWith(t, eopts)
 			for _, g := range gens {
 				sameFrames(t, frames(w, g), want[g.RequestId], 1, 0)
