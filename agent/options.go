@@ -48,6 +48,11 @@ type InstanceSpec struct {
 	// (0: the engine's defaults).
 	MaxRunning int `json:"max_running"`
 	MaxQueued  int `json:"max_queued"`
+	// DraftPreset or DraftLayers turn on speculative decoding in the
+	// workers, DraftK draft tokens per step (0: the engine's default).
+	DraftPreset string `json:"draft_preset,omitempty"`
+	DraftLayers int    `json:"draft_layers,omitempty"`
+	DraftK      int    `json:"draft_k,omitempty"`
 }
 
 // Options are the agent's whole configuration, from a JSON file and flags.
@@ -233,6 +238,10 @@ func (o *Options) Validate() error {
 			return bad(fmt.Sprintf("instances[%d].count", i), "%d (0..64)", in.Count)
 		case in.MaxRunning < 0 || in.MaxQueued < 0:
 			return bad(fmt.Sprintf("instances[%d].max_running", i), "%d / max_queued %d (0 = default)", in.MaxRunning, in.MaxQueued)
+		case in.DraftPreset != "" && in.DraftPreset != "tiny" && in.DraftPreset != "small", in.DraftPreset != "" && in.DraftLayers != 0:
+			return bad(fmt.Sprintf("instances[%d].draft_preset", i), "%q (tiny or small, and not with draft_layers)", in.DraftPreset)
+		case in.DraftLayers < 0 || in.DraftK < 0 || in.DraftK > 16:
+			return bad(fmt.Sprintf("instances[%d].draft_layers", i), "%d / draft_k %d (draft_k 0..16, 0 = default)", in.DraftLayers, in.DraftK)
 		}
 	}
 	return nil

@@ -12,7 +12,8 @@ import (
 // parses, through the worker's flag set, to the instance's settings.
 func TestWorkerArgsParseBack(t *testing.T) {
 	a := &Agent{opts: Options{CertDir: "/etc/lifeline/certs"}, kvSocket: "/var/lib/lifeline/kv.sock", kvAddr: "10.0.0.1:7100"}
-	inst := &instance{id: "n1-prefill-small-2", spec: InstanceSpec{Role: "prefill", Preset: "small", WeightSeed: 5, MaxRunning: 3, MaxQueued: 6}}
+	inst := &instance{id: "n1-prefill-small-2", spec: InstanceSpec{Role: "prefill", Preset: "small", WeightSeed: 5, MaxRunning: 3, MaxQueued: 6,
+		DraftLayers: 2, DraftK: 5}}
 	argv := a.workerArgs(inst, 12).Argv()
 	var got workerclient.Args
 	fs := pflag.NewFlagSet(workerclient.Command, pflag.ContinueOnError)
@@ -21,7 +22,8 @@ func TestWorkerArgsParseBack(t *testing.T) {
 		t.Fatalf("parse %q: %v", argv, err)
 	}
 	want := workerclient.Args{InstanceID: "n1-prefill-small-2", Generation: 12, Role: "prefill", Listen: "127.0.0.1:0", CertDir: "/etc/lifeline/certs",
-		Preset: "small", WeightSeed: 5, KVSocket: "/var/lib/lifeline/kv.sock", KVTransfer: "10.0.0.1:7100", MaxRunning: 3, MaxQueued: 6}
+		Preset: "small", WeightSeed: 5, KVSocket: "/var/lib/lifeline/kv.sock", KVTransfer: "10.0.0.1:7100", MaxRunning: 3, MaxQueued: 6,
+		DraftLayers: 2, DraftK: 5}
 	if got != want {
 		t.Errorf("worker argv %q parses to\n %+v, want\n %+v", argv, got, want)
 	}

@@ -61,6 +61,12 @@ type Options struct {
 	KVSocket   string
 	InstanceID string
 	Generation uint64
+	// DraftPreset ("tiny", "small") or DraftLayers (the target's first
+	// layers) turn on speculative decoding with that draft model, DraftK
+	// tokens proposed per step (0: DefaultDraftK); see speculate.go.
+	DraftPreset string
+	DraftLayers int
+	DraftK      int
 }
 
 // Validate reports the first bad option by name.
@@ -77,7 +83,7 @@ func (o *Options) Validate() error {
 	case o.KVSocket != "" && o.InstanceID == "":
 		return badField("instance_id", "a writer to the shared arena needs an instance id")
 	}
-	return nil
+	return o.validateDraft()
 }
 
 // Engine is one running instance of the reference engine.
@@ -100,6 +106,19 @@ func NewEngine(opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
+	e, err := newEngine(opts)
+	if err != nil || !opts.speculates() {
+		return e, err
+	}
+	if err := e.speculate(opts); err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// newEngine is NewEngine without speculation.
+func newEngine(opts Options) (*Engine, error) {
 	var (
 		m   *model.Model
 		tok tokenizer.Tokenizer

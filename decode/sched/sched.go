@@ -69,6 +69,8 @@ type Scheduler struct {
 	computed  uint64
 	stepTimes [recentSteps]time.Duration
 	stepCount int
+	// spec is the draft side when speculative decoding is on (spec.go).
+	spec *speculator
 }
 
 // recentSteps is how many steps StepTime looks back over.

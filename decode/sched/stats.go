@@ -27,14 +27,21 @@ type Stats struct {
 	// sampling): what a request arriving now may wait behind, and what
 	// each of its own steps may take while that load lasts.
 	StepTime time.Duration
+	// DraftProposed counts draft tokens proposed by speculative decoding;
+	// DraftAccepted those committed because the target chose them too.
+	DraftProposed, DraftAccepted uint64
 }
 
 // Stats returns the current load.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed, Generated: s.generated,
+	st := Stats{Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), TotalBlocks: s.store.Capacity(), FreeErrors: s.freeErrors, ReusedPositions: s.reusedPositions, StepErrors: s.stepErrors, Recomputed: s.recomputed, Generated: s.generated,
 		Computed: s.computed, StepTime: slices.Max(s.stepTimes[:])}
+	if s.spec != nil {
+		st.DraftProposed, st.DraftAccepted = s.spec.proposed, s.spec.accepted
+	}
+	return st
 }
 
 func (s *Scheduler) queuedLocked() int {

@@ -34,6 +34,7 @@ func (s *Scheduler) Step() (bool, error) {
 	// Unlocked: nobody else touches the batch's sequences until inFlight
 	// is cleared (Cancel waits for it).
 	began := time.Now()
+	s.propose(b.in, b.spec)
 	err := s.model.Forward(&s.ws, s.store, b.in)
 	var picks []pick
 	if err == nil {
@@ -41,6 +42,7 @@ func (s *Scheduler) Step() (bool, error) {
 			s.publish(seq)
 		}
 		picks = s.sampleAll(b.sampled)
+		s.verifyAll(b.spec)
 	}
 
 	s.mu.Lock()
@@ -60,6 +62,8 @@ type stepBatch struct {
 	// seqs are the sequences computed, marked inFlight; sampled are those
 	// whose last position is in the batch, in the order of their logits.
 	seqs, sampled []*sequence
+	// spec are the speculated sequences (also in seqs, not in sampled).
+	spec []*specRun
 }
 
 // planLocked fills one step's token budget, highest priority first: a
@@ -74,6 +78,10 @@ func (s *Scheduler) planLocked() stepBatch {
 	for _, seq := range order {
 		if budget == 0 {
 			break
+		}
+		if k := s.specWidthLocked(seq, budget); k > 0 {
+			budget -= s.planSpecLocked(&b, seq, k)
+			continue
 		}
 		remaining := len(seq.tokens) - seq.computed
 		chunk := min(remaining, budget)
@@ -124,6 +132,11 @@ func (s *Scheduler) commitLocked(b stepBatch, picks []pick, err error) error {
 	for i, seq := range b.sampled {
 		if !seq.finished {
 			s.deliverLocked(seq, picks[i])
+		}
+	}
+	for _, r := range b.spec {
+		if !r.seq.finished {
+			s.commitSpecLocked(r)
 		}
 	}
 	return nil

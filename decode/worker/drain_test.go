@@ -44,6 +44,12 @@ type testWorker struct {
 
 func newTestWorker(t *testing.T) *testWorker {
 	t.Helper()
+	return newTestWorkerWith(t, decode.Options{Preset: "small", WeightSeed: 1})
+}
+
+// newTestWorkerWith is newTestWorker with the engine options eopts.
+func newTestWorkerWith(t *testing.T, eopts decode.Options) *testWorker {
+	t.Helper()
 	certs := filepath.Join(t.TempDir(), "certs")
 	if err := pki.Init(certs, nil); err != nil {
 		t.Fatal(err)
@@ -53,7 +59,7 @@ func newTestWorker(t *testing.T) *testWorker {
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, Options{InstanceID: "w", Generation: 1, Role: "decode", Listen: "127.0.0.1:0", CertDir: certs,
-			Engine: decode.Options{Preset: "small", WeightSeed: 1}}, pw)
+			Engine: eopts}, pw)
 		pw.Close()
 	}()
 	var stopErr error

@@ -29,6 +29,11 @@ type Args struct {
 	// engine's defaults).
 	MaxRunning int
 	MaxQueued  int
+	// DraftPreset or DraftLayers (the target's first layers) turn on
+	// speculative decoding with DraftK tokens proposed per step.
+	DraftPreset string
+	DraftLayers int
+	DraftK      int
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -47,6 +52,9 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&a.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")
 	fs.IntVar(&a.MaxRunning, "max-running", 0, "hard limit on running sequences (0: default)")
 	fs.IntVar(&a.MaxQueued, "max-queued", 0, "hard limit on queued requests (0: default, or none when max-running is set)")
+	fs.StringVar(&a.DraftPreset, "draft-preset", "", "speculative decoding with this synthetic draft preset (tiny)")
+	fs.IntVar(&a.DraftLayers, "draft-layers", 0, "speculative decoding with the target's first N layers as the draft (self-speculation)")
+	fs.IntVar(&a.DraftK, "draft-k", 4, "draft tokens proposed per step")
 }
 
 // Argv is the command line, after the subcommand, that parses back to a:

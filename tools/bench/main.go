@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover or structured")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover, structured or spec")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -48,6 +48,8 @@ func main() {
 		err = runFailoverBench(*kills * 2 / 5)
 	case "structured":
 		err = runStructuredBench()
+	case "spec":
+		err = runSpecBench(*tokens)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -77,8 +79,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runStructuredBench()
 		}
+		if err == nil && *only == "" {
+			err = runSpecBench(*tokens)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover or structured", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover, structured or spec", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
