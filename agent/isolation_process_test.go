@@ -92,10 +92,11 @@ func probeBinary(t *testing.T) string {
 	return bin
 }
 
-// asOtherUser runs p as otherUID through bin and returns the attempts.
-func asOtherUser(bin string, p probe) ([]attempt, error) {
+// asOtherUser runs p as otherUID through bin and returns the attempts;
+// ctx's end kills the probe.
+func asOtherUser(ctx context.Context, bin string, p probe) ([]attempt, error) {
 	plan, _ := json.Marshal(p)
-	cmd := exec.Command(bin, "-test.run=^TestIsolationProbe$", "-test.count=1")
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestIsolationProbe$", "-test.count=1")
 	cmd.Dir = "/"
 	cmd.Env = []string{probeEnv + "=" + string(plan), "PATH=/usr/bin:/bin"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: otherUID, Gid: otherUID, NoSetGroups: true}}
@@ -234,6 +235,10 @@ func probeWorker(p probe, try func(string, error)) {
 }
 
 func probeEtcd(p probe, try func(string, error)) {
+	// The renewals start at once, while the lease still lives; the
+	// client port's attempts run meanwhile.
+	peer := make(chan error, 1)
+	go func() { peer <- renewOnPeer(p) }()
 	if p.EtcdClient != "" {
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{p.EtcdClient}, DialTimeout: 2 * time.Second, TLS: noCert("h2")})
 		if err == nil {
@@ -250,18 +255,30 @@ func probeEtcd(p probe, try func(string, error)) {
 		try("etcd put over plain HTTP", httpOK(resp, err))
 	}
 	if p.EtcdPeer != "" {
-		body, _ := proto.Marshal(&pb.LeaseKeepAliveRequest{ID: p.Lease})
-		cl := &http.Client{Timeout: 2 * time.Second}
-		// Every renewal that works is one too many: report the first.
-		var err error = errors.New("no keepalive sent")
-		for end := time.Now().Add(p.KeepAliveFor); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
-			resp, perr := cl.Post(p.EtcdPeer+"/leases", "application/protobuf", bytes.NewReader(body))
-			if err = httpOK(resp, perr); err == nil {
-				break
-			}
-		}
-		try("etcd lease keepalive on the peer port", err)
+		try("etcd lease keepalive on the peer port", <-peer)
 	}
+}
+
+// renewOnPeer sends keepalives of p.Lease to etcd's peer port for the
+// whole of p.KeepAliveFor (a working attacker would not stop either); it
+// returns nil if any renewal worked, else the last refusal.
+func renewOnPeer(p probe) error {
+	if p.EtcdPeer == "" {
+		return nil
+	}
+	body, _ := proto.Marshal(&pb.LeaseKeepAliveRequest{ID: p.Lease})
+	cl := &http.Client{Timeout: 2 * time.Second}
+	last, renewed := errors.New("no keepalive sent"), false
+	for end := time.Now().Add(p.KeepAliveFor); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		resp, err := cl.Post(p.EtcdPeer+"/leases", "application/protobuf", bytes.NewReader(body))
+		if last = httpOK(resp, err); last == nil {
+			renewed = true
+		}
+	}
+	if renewed {
+		return nil
+	}
+	return last
 }
 
 // httpOK is nil only for a 200 answer.
@@ -342,7 +359,7 @@ func TestAnotherUserCannotReachTheNode(t *testing.T) {
 			t.Errorf("%s: mode %v (%v), want %v", path, fi.Mode(), err, want)
 		}
 	}
-	as, err := asOtherUser(probeBinary(t), p)
+	as, err := asOtherUser(t.Context(), probeBinary(t), p)
 	refused(t, as, err)
 	if planted, _ := filepath.Glob(filepath.Join(o.DataDir, "*", "planted")); len(planted) > 0 {
 		t.Errorf("files planted in the node's directories: %v", planted)
@@ -481,11 +498,14 @@ func TestAnotherUserCannotKeepADeadNodeRegistered(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	started := time.Now()
-	go func() { as, err := asOtherUser(bin, p); done <- result{as, err} }()
+	go func() { as, err := asOtherUser(t.Context(), bin, p); done <- result{as, err} }()
 	// TTL 3 s: the registration goes well before the other user stops.
 	proctest.WaitFor(t, hammer-5*time.Second, "the dead agent's registration to expire", func() (bool, string) {
 		r, err := n.Env.Client.Get(t.Context(), key)
-		return err == nil && len(r.Kvs) == 0, fmt.Sprint(err)
+		if err != nil {
+			return false, err.Error()
+		}
+		return len(r.Kvs) == 0, fmt.Sprintf("still registered under lease %x", p.Lease)
 	})
 	if time.Since(started) >= hammer {
 		t.Fatal("the registration expired only once the renewals stopped")
