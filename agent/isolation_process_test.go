@@ -25,6 +25,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
@@ -514,5 +515,22 @@ func TestAnotherUserCannotKeepADeadNodeRegistered(t *testing.T) {
 	refused(t, r.as, r.err)
 	if r, err := n.Env.Client.Get(t.Context(), p.PutKey); err != nil || len(r.Kvs) != 0 {
 		t.Errorf("planted key: %v %v", err, r)
+	}
+}
+
+// TestBindAddressNamesOneInterface: workers listen on one address, never
+// every interface or a name, and the refusal names the field.
+func TestBindAddressNamesOneInterface(t *testing.T) {
+	for _, bind := range []string{"0.0.0.0", "::", "localhost", "10.0.0.1:7000"} {
+		o := agent.Options{NodeID: "a", DataDir: "d", Socket: "s", Etcd: []string{"x:1"}, CertDir: "c", ArenaPath: "/dev/shm/x", BindAddress: bind}
+		o.Defaults()
+		if err := o.Validate(); !errors.Is(err, agent.ErrBadConfig) || !strings.Contains(err.Error(), "bind_address") {
+			t.Errorf("bind_address %q: %v, want a bind_address refusal", bind, err)
+		}
+	}
+	o := agent.Options{NodeID: "a", DataDir: "d", Socket: "s", Etcd: []string{"x:1"}, CertDir: "c", ArenaPath: "/dev/shm/x"}
+	o.Defaults()
+	if err := o.Validate(); err != nil || o.BindAddress != "127.0.0.1" {
+		t.Errorf("default bind_address %q: %v", o.BindAddress, err)
 	}
 }
