@@ -184,7 +184,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
-	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
+	if err := privateDir(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("agent: data_dir: %w", err)
 	}
 	var err error
@@ -192,6 +192,16 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("agent: certs: %w", err)
 	}
 	return a, nil
+}
+
+// privateDir creates dir, or narrows an existing one, to mode 0700:
+// everything under the data directory (Badger's files, the KV socket) is
+// the agent's user's alone, whatever the umask or an older release left.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700)
 }
 
 // exitWait bounds how long Run waits, once stopped, for the goroutines it

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"time"
 
@@ -50,7 +51,7 @@ func (a *Agent) canaryLoop(ctx context.Context, inst *instance, gen uint64, proc
 			addr := inst.addr
 			a.mu.Unlock()
 			dctx, cancel := context.WithTimeout(ctx, time.Duration(a.opts.CanaryTimeout)+time.Second)
-			c, err := workerclient.Dial(dctx, addr, a.tlsConf, inst.id, gen)
+			c, err := workerclient.DialFrom(dctx, net.ParseIP(a.opts.BindAddress), addr, a.tlsConf, inst.id, gen)
 			timedOut := errors.Is(dctx.Err(), context.DeadlineExceeded)
 			cancel()
 			if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/internal/unixsock"
 )
 
 func (a *Agent) workers() []controlapi.Worker {
@@ -119,17 +119,13 @@ func (a *Agent) handleReadyz(w http.ResponseWriter, r *http.Request) {
 // serveControl answers nodectl on a unix socket that only the agent's user
 // can reach.
 func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
-	if err := os.MkdirAll(filepath.Dir(a.opts.Socket), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(a.opts.Socket), 0o700); err != nil {
 		return nil, err
 	}
-	os.Remove(a.opts.Socket)
-	ln, err := net.Listen("unix", a.opts.Socket)
+	// Mode 0600 from the start: nodectl runs as the agent's user or root.
+	ln, err := unixsock.Listen(a.opts.Socket, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("agent: control socket: %w", err)
-	}
-	if err := os.Chmod(a.opts.Socket, 0o600); err != nil {
-		ln.Close()
-		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.status()) })

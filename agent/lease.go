@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
@@ -223,7 +224,7 @@ func (a *Agent) callWorker(ctx context.Context, inst *instance, call func(contex
 	}
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := workerclient.Dial(cctx, addr, a.tlsConf, inst.id, cur)
+	c, err := workerclient.DialFrom(cctx, net.ParseIP(a.opts.BindAddress), addr, a.tlsConf, inst.id, cur)
 	if err != nil {
 		return nil, err
 	}

@@ -112,6 +112,13 @@ type Options struct {
 	// address peers and frontends are told (default: the bound address).
 	TransferListen    string `json:"transfer_listen"`
 	TransferAdvertise string `json:"transfer_advertise"`
+	// BindAddress is the IP of the interface the workers' QUIC endpoints
+	// listen on and the agent's canaries dial them from (default
+	// 127.0.0.1: workers reachable from this host only). It names one
+	// address, never every interface: a registration tells frontends
+	// where to dial. KV transfers to peers leave from TransferListen's
+	// address (or, when that is unspecified, the one routing to the peer).
+	BindAddress string `json:"bind_address"`
 	// RDMAGIDIndex is the GID index the verbs transport addresses peers
 	// with (binaries built with the rdma tag, on RDMA hardware): on RoCE
 	// v2 fabrics, the index of the transfer interface's RoCE v2 GID
@@ -154,6 +161,9 @@ func (o *Options) Defaults() {
 	}
 	if o.TransferListen == "" {
 		o.TransferListen = "127.0.0.1:0"
+	}
+	if o.BindAddress == "" {
+		o.BindAddress = "127.0.0.1"
 	}
 	if o.WorkerBinary == "" {
 		o.WorkerBinary, _ = os.Executable()
@@ -209,10 +219,8 @@ func (o *Options) Validate() error {
 	if err := o.validateRecovery(bad); err != nil {
 		return err
 	}
-	if host, _, err := net.SplitHostPort(o.TransferListen); err != nil {
-		return bad("transfer_listen", "%q: %v", o.TransferListen, err)
-	} else if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && o.TransferAdvertise == "" {
-		return bad("transfer_advertise", "required when transfer_listen %q names no single address: peers must be told where to connect", o.TransferListen)
+	if err := o.validateAddresses(bad); err != nil {
+		return err
 	}
 	if o.RDMAGIDIndex < 0 || o.RDMAGIDIndex > 255 {
 		return bad("rdma_gid_index", "%d (0..255)", o.RDMAGIDIndex)
@@ -243,6 +251,21 @@ func (o *Options) Validate() error {
 		case in.DraftLayers < 0 || in.DraftK < 0 || in.DraftK > 16:
 			return bad(fmt.Sprintf("instances[%d].draft_layers", i), "%d / draft_k %d (draft_k 0..16, 0 = default)", in.DraftLayers, in.DraftK)
 		}
+	}
+	return nil
+}
+
+// validateAddresses checks the transfer endpoint's and the workers'
+// addresses: each names one interface unless the configuration says where
+// peers must connect instead.
+func (o *Options) validateAddresses(bad func(field, format string, args ...any) error) error {
+	if host, _, err := net.SplitHostPort(o.TransferListen); err != nil {
+		return bad("transfer_listen", "%q: %v", o.TransferListen, err)
+	} else if ip := net.ParseIP(host); (host == "" || (ip != nil && ip.IsUnspecified())) && o.TransferAdvertise == "" {
+		return bad("transfer_advertise", "required when transfer_listen %q names no single address: peers must be told where to connect", o.TransferListen)
+	}
+	if ip := net.ParseIP(o.BindAddress); ip == nil || ip.IsUnspecified() {
+		return bad("bind_address", "%q (one interface's IP address, not a name or the wildcard)", o.BindAddress)
 	}
 	return nil
 }

@@ -15,7 +15,11 @@ import (
 // workers it runs, which a restarted agent adopts, and whether the node
 // is drained.
 func (a *Agent) openStore() error {
-	db, err := badger.Open(badger.DefaultOptions(filepath.Join(a.opts.DataDir, "agent")).WithLogger(nil).
+	dir := filepath.Join(a.opts.DataDir, "agent")
+	if err := privateDir(dir); err != nil {
+		return fmt.Errorf("agent: state store: %w", err)
+	}
+	db, err := badger.Open(badger.DefaultOptions(dir).WithLogger(nil).
 		WithMemTableSize(8 << 20).WithValueLogFileSize(16 << 20).WithBlockCacheSize(4 << 20).WithIndexCacheSize(4 << 20))
 	if err != nil {
 		return fmt.Errorf("agent: state store: %w", err)

@@ -58,6 +58,11 @@ func (a *Agent) startTransfer(ctx context.Context) error {
 		}
 	}
 	os.WriteFile(remembered, []byte(ln.Addr().String()), 0o600)
+	// Pulls from peers leave from the transfer interface (an unspecified
+	// listen address leaves the choice to the route to each peer).
+	if ip := ln.Addr().(*net.UDPAddr).IP; !ip.IsUnspecified() {
+		tr.Local = ip
+	}
 	a.kvAddr = ln.Addr().String()
 	if a.opts.TransferAdvertise != "" {
 		a.kvAddr = a.opts.TransferAdvertise

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -63,7 +64,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 
 // workerArgs is the command line of inst's worker at generation gen.
 func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
-	return workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: "127.0.0.1:0", CertDir: a.opts.CertDir,
+	return workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.opts.CertDir,
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
 		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}

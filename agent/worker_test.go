@@ -11,7 +11,7 @@ import (
 // TestWorkerArgsParseBack: the command line the agent spawns a worker with
 // parses, through the worker's flag set, to the instance's settings.
 func TestWorkerArgsParseBack(t *testing.T) {
-	a := &Agent{opts: Options{CertDir: "/etc/lifeline/certs"}, kvSocket: "/var/lib/lifeline/kv.sock", kvAddr: "10.0.0.1:7100"}
+	a := &Agent{opts: Options{CertDir: "/etc/lifeline/certs", BindAddress: "127.0.0.1"}, kvSocket: "/var/lib/lifeline/kv.sock", kvAddr: "10.0.0.1:7100"}
 	inst := &instance{id: "n1-prefill-small-2", spec: InstanceSpec{Role: "prefill", Preset: "small", WeightSeed: 5, MaxRunning: 3, MaxQueued: 6,
 		DraftLayers: 2, DraftK: 5}}
 	argv := a.workerArgs(inst, 12).Argv()

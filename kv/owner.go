@@ -157,6 +157,12 @@ func Open(opts Options) (*Owner, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Badger creates some files with the umask's mode: the directory is
+	// what keeps other users out, whatever was there before.
+	if err := privateDir(opts.DBDir); err != nil {
+		arena.Close()
+		return nil, err
+	}
 	bopts := badger.DefaultOptions(opts.DBDir).
 		WithLogger(nil).
 		WithMemTableSize(8 << 20).
@@ -226,3 +232,14 @@ func (o *Owner) Arena() *shm.Arena { return o.arena }
 
 // LeaseTTL is the session lease duration.
 func (o *Owner) LeaseTTL() time.Duration { return o.opts.LeaseTTL }
+
+// privateDir creates dir, or narrows an existing one, to mode 0700.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("kv: %w", err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("kv: %w", err)
+	}
+	return nil
+}

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/internal/unixsock"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -121,14 +121,11 @@ func Serve(ctx context.Context, o *Owner, socketPath string) error {
 }
 
 func serve(ctx context.Context, o *Owner, socketPath string, ready chan<- struct{}) error {
-	os.Remove(socketPath) // a stale socket of a previous owner
-	ln, err := net.Listen("unix", socketPath)
+	// Mode 0600 from the start (workers run as the agent's user); it
+	// replaces a stale socket of a previous owner.
+	ln, err := unixsock.Listen(socketPath, 0o600)
 	if err != nil {
-		return fmt.Errorf("kv: listen %s: %w", socketPath, err)
-	}
-	if err := os.Chmod(socketPath, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("kv: chmod %s: %w", socketPath, err)
+		return fmt.Errorf("kv: %w", err)
 	}
 	o.StartGrace()
 	if ready != nil {

@@ -36,6 +36,9 @@ var (
 	ErrGeometry = errors.New("shm: arena geometry differs")
 	// ErrBadHeader is wrapped by errors decoding a slot header.
 	ErrBadHeader = errors.New("shm: bad slot header")
+	// ErrNotOwned means the arena path is not a regular file of this
+	// process's user: another user could read or write what it holds.
+	ErrNotOwned = errors.New("shm: arena not owned by this user")
 	// ErrBadSlot is returned for a slot index out of range.
 	ErrBadSlot = errors.New("shm: slot out of range")
 )
@@ -137,7 +140,7 @@ func OpenOrCreate(path string, g Geometry) (a *Arena, created bool, err error) {
 	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if errors.Is(err, os.ErrExist) {
-		a, err := Open(path)
+		a, err := open(path, true)
 		if err != nil {
 			return nil, false, err
 		}
@@ -151,6 +154,10 @@ func OpenOrCreate(path string, g Geometry) (a *Arena, created bool, err error) {
 		return nil, false, fmt.Errorf("shm: create %s: %w", path, err)
 	}
 	defer f.Close()
+	if err := f.Chmod(0o600); err != nil { // exactly, whatever the umask
+		os.Remove(path)
+		return nil, false, fmt.Errorf("shm: chmod %s: %w", path, err)
+	}
 	// Allocate every page now: a full /dev/shm then fails here, with an
 	// error, instead of as a SIGBUS in a worker's first write, and writers
 	// never pay for page allocation on the hot path.
@@ -176,13 +183,21 @@ func OpenOrCreate(path string, g Geometry) (a *Arena, created bool, err error) {
 	return a, true, nil
 }
 
-// Open maps an existing arena read-write.
-func Open(path string) (*Arena, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+// Open maps an existing arena read-write. It must be a regular file of
+// this process's user, not a link: /dev/shm is writable by everyone, and
+// an arena another user planted there would be theirs to read and write.
+func Open(path string) (*Arena, error) { return open(path, false) }
+
+// open is Open; the owner (narrow) also sets the file's mode to 0600.
+func open(path string, narrow bool) (*Arena, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|unix.O_NOFOLLOW, 0)
 	if err != nil {
 		return nil, fmt.Errorf("shm: open %s: %w", path, err)
 	}
 	defer f.Close()
+	if err := checkOwned(f, path, narrow); err != nil {
+		return nil, err
+	}
 	hdr := make([]byte, 64)
 	if _, err := f.ReadAt(hdr, 0); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrBadArena, path, err)
@@ -203,6 +218,26 @@ func Open(path string) (*Arena, error) {
 		return nil, fmt.Errorf("shm: map %s: %w", path, err)
 	}
 	return &Arena{path: path, geo: g, mem: mem}, nil
+}
+
+// checkOwned refuses a file that is not a regular file of this process's
+// effective user; with narrow, it leaves the file mode 0600.
+func checkOwned(f *os.File, path string, narrow bool) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("shm: stat %s: %w", path, err)
+	}
+	switch {
+	case st.Mode&unix.S_IFMT != unix.S_IFREG:
+		return fmt.Errorf("%w: %s is not a regular file", ErrNotOwned, path)
+	case int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%w: %s belongs to uid %d, this process runs as uid %d", ErrNotOwned, path, st.Uid, os.Geteuid())
+	case narrow && st.Mode&0o777 != 0o600:
+		if err := f.Chmod(0o600); err != nil {
+			return fmt.Errorf("shm: chmod %s: %w", path, err)
+		}
+	}
+	return nil
 }
 
 // mapArena maps the whole file shared and faults every page in writable

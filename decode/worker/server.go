@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -69,10 +70,19 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("worker: role: %q (want decode, prefill or both)", o.Role)
 	case o.Listen == "":
 		return errors.New("worker: listen: empty")
+	case !oneAddress(o.Listen):
+		return fmt.Errorf("worker: listen: %q (want IP:port of one interface, not a name or the wildcard: the Ready line tells clients where to dial)", o.Listen)
 	case o.CertDir == "":
 		return errors.New("worker: certs: empty (components only talk mutual TLS)")
 	}
 	return o.Engine.Validate()
+}
+
+// oneAddress reports whether hostport names one IP address.
+func oneAddress(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	ip := net.ParseIP(host)
+	return err == nil && ip != nil && !ip.IsUnspecified()
 }
 
 // Run loads the engine, serves until ctx is done, and prints a Ready line

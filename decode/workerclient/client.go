@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/quicdial"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
 
@@ -52,9 +54,16 @@ type Client struct {
 	staleFrames uint64
 }
 
-// Dial connects to a worker that must be instanceID at generation.
+// Dial connects to a worker that must be instanceID at generation, from
+// a socket bound to the local address that routes to addr (loopback for a
+// loopback worker), never to every interface.
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
-	conn, err := quic.DialAddr(ctx, addr, tlsConf, QUICConfig())
+	return DialFrom(ctx, nil, addr, tlsConf, instanceID, generation)
+}
+
+// DialFrom is Dial from a socket bound to local (nil: as Dial).
+func DialFrom(ctx context.Context, local net.IP, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
+	conn, err := quicdial.Dial(ctx, local, addr, tlsConf, QUICConfig())
 	if err != nil {
 		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
 	}
@@ -66,6 +75,9 @@ func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID stri
 func New(conn *quic.Conn, instanceID string, generation uint64) *Client {
 	return &Client{conn: conn, instanceID: instanceID, generation: generation}
 }
+
+// LocalAddr is the address of the client's socket.
+func (c *Client) LocalAddr() net.Addr { return c.conn.LocalAddr() }
 
 // Close closes the connection.
 func (c *Client) Close() error { return c.conn.CloseWithError(0, "") }

@@ -51,7 +51,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// 0700 even when it existed: the CA key, etcd and every node's data
+	// live under it.
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
 		return err
 	}
 	unlock, err := lockDataDir(dir)

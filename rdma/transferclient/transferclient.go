@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/quicdial"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
@@ -41,6 +43,10 @@ func TLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
 // (by index) so that bulk fetches can spread over cores.
 type Dialer struct {
 	TLS *tls.Config
+	// Local is the address every connection's socket is bound to (the
+	// agent's transfer interface); nil: the address that routes to the
+	// peer. Never every interface.
+	Local net.IP
 
 	mu      sync.Mutex
 	conns   map[string]*quic.Conn  // by "addr#index"
@@ -90,7 +96,7 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	}
 	dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	c, err := quic.DialAddr(dctx, addr, d.TLS, QUICConfig())
+	c, err := quicdial.Dial(dctx, d.Local, addr, d.TLS, QUICConfig())
 	if err != nil {
 		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
 	}
