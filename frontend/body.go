@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -35,13 +36,16 @@ func (e *BodyError) Error() string { return e.Msg }
 // readBody reads req's body under the limits.
 func (s *Server) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
 	lim := s.limits
+	rc := http.NewResponseController(w)
+	// The deadline stays when the body is refused: the server may read
+	// what is left of it (to reuse the connection), and must not wait on
+	// a drip for that either.
+	timed := !lim.Off && rc.SetReadDeadline(time.Now().Add(lim.BodyTimeout)) == nil
 	if req.ContentLength > lim.MaxBodyBytes {
 		return nil, tooLarge(lim.MaxBodyBytes)
 	}
-	rc := http.NewResponseController(w)
-	timed := !lim.Off && rc.SetReadDeadline(time.Now().Add(lim.BodyTimeout)) == nil
-	data, err := io.ReadAll(http.MaxBytesReader(w, req.Body, lim.MaxBodyBytes))
-	if timed {
+	data, err := readAll(http.MaxBytesReader(w, req.Body, lim.MaxBodyBytes), req.ContentLength)
+	if timed && err == nil {
 		// Off again at once: a streamed response's connection keeps
 		// reading (the client's close), and a deadline left behind would
 		// end the stream.
@@ -59,6 +63,42 @@ func (s *Server) readBody(w http.ResponseWriter, req *http.Request) ([]byte, err
 			Msg: fmt.Sprintf("the body did not arrive within %v", lim.BodyTimeout)}
 	}
 	return nil, fmt.Errorf("reading the body: %w", err)
+}
+
+// readAll reads r whole: into one buffer of the body's declared size, or
+// (chunked) in pieces joined at the end. io.ReadAll grows a large buffer
+// by a quarter at a time and bytes.Buffer doubles it; either leaves a
+// multiple of a refused body behind, and 50 refused at once are hundreds
+// of MB. Here a refused body costs what was read of it.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	if size >= 0 {
+		b := make([]byte, 0, size+1) // +1: the read that finds EOF
+		for {
+			n, err := r.Read(b[len(b):cap(b)])
+			b = b[:len(b)+n]
+			if err == io.EOF {
+				return b, nil
+			}
+			if err != nil {
+				return nil, err
+			}
+			if len(b) == cap(b) {
+				b = append(b, 0)[:len(b)] // more than declared: MaxBytesReader decides
+			}
+		}
+	}
+	var pieces [][]byte
+	for {
+		p := make([]byte, 32<<10)
+		n, err := io.ReadFull(r, p)
+		pieces = append(pieces, p[:n])
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return bytes.Join(pieces, nil), nil
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 }
 
 func tooLarge(limit int64) *BodyError {
