@@ -232,13 +232,21 @@ func TestFrontendRefusesOversizedRequests(t *testing.T) {
 }
 
 // TestFrontendConnectionCap: beyond --max-conns a connection reads a 503
-// with Retry-After and is closed, counted; a place freed serves again.
+// with Retry-After and is closed, counted; a place freed serves again
+// (and the metrics it is counted in are not on the API port).
 // Under 2,000 idle hostile connections (below the default cap, held: no
 // bytes sent) a normal request still completes.
 func TestFrontendConnectionCap(t *testing.T) {
 	raiseNoFile(t, 4096)
 	n := limitsNode(t)
 	capped := clustertest.StartFrontend(t, n, "--max-conns", "16", "--read-header-timeout", "1m")
+	// The metrics are on their own loopback listener, not the API port.
+	if code, body := getJSON(capped + "/metrics"); code != 404 || !strings.Contains(body, "not_found") {
+		t.Fatalf("/metrics on the API port: %d %s", code, body)
+	}
+	if m := clustertest.MetricsURL(t, capped); !strings.HasPrefix(m, "http://127.0.0.1:") || m == capped {
+		t.Fatalf("metrics listener %s (API %s)", m, capped)
+	}
 	var held []net.Conn
 	for range 16 {
 		held = append(held, dialRaw(t, capped))
