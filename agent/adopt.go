@@ -20,7 +20,8 @@ import (
 // the caller's to fill). Agent.mu must be held.
 func (inst *instance) recordLocked() workerRecord {
 	return workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
-		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics, KVIdentity: inst.kvIdentity}
+		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics, KVIdentity: inst.kvIdentity,
+		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash}
 }
 
 // workerRecord is what the agent remembers of a running worker, so that a
@@ -42,6 +43,9 @@ type workerRecord struct {
 	Numerics  string `json:"numerics_id"`
 	// KVIdentity is the worker's block identity (from its Ready line).
 	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
+	// ContextLen and TokenizerHash are the worker's (its Ready line).
+	ContextLen    int    `json:"context_len,omitempty"`
+	TokenizerHash string `json:"tokenizer_hash,omitempty"`
 }
 
 func workerKey(instance string) []byte { return []byte("worker/" + instance) }
@@ -148,6 +152,7 @@ func (a *Agent) adopted(ctx context.Context, inst *instance, rec *workerRecord) 
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
 	inst.kvIdentity = rec.KVIdentity
+	inst.contextLen, inst.tokenizerHash = rec.ContextLen, rec.TokenizerHash
 	if inst.kvGen == 0 {
 		inst.kvGen = rec.Generation
 	}

@@ -91,10 +91,14 @@ type instance struct {
 	revision   string
 	numerics   string
 	kvIdentity *kv.Identity
-	canaryFail int
-	running    int
-	queued     int
-	freeBlocks int
+	// contextLen and tokenizerHash are the worker's, registered for
+	// frontends' prompt checks.
+	contextLen    int
+	tokenizerHash string
+	canaryFail    int
+	running       int
+	queued        int
+	freeBlocks    int
 	// nextAttempt is when an instance in crash_loop is tried again;
 	// crashLoops counts its crash loops in a row.
 	nextAttempt time.Time

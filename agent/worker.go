@@ -177,6 +177,7 @@ func (a *Agent) watchWorker(ctx, wctx context.Context, inst *instance, gen uint6
 func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	a.mu.Lock()
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
+	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
 	rec := inst.recordLocked()
 	a.mu.Unlock()
 	if st, err := processStartTime(pid); err == nil {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 )
@@ -73,6 +72,8 @@ type CompletionRequest struct {
 	N      int           `json:"n,omitempty"`
 	Batch  []BatchPrompt `json:"batch,omitempty"`
 	Choice *ChoiceOf     `json:"choice,omitempty"`
+	// tokenized is Prompt encoded by the admission check (nil: not).
+	tokenized *tokenizedPrompt
 }
 
 // ChatMessage is one message of a chat completion request.
@@ -131,20 +132,10 @@ func chatTemplate(msgs []ChatMessage) (string, error) {
 	return b.String(), nil
 }
 
-// maxBody bounds a request body.
-const maxBody = 1 << 20
-
 // decodeCompletion reads a completion (or, with chat, a chat completion)
-// request: its body and the Lifeline-Timeout-Ms header. An error is a 400:
-// a *ParamError, or a malformed body.
-func decodeCompletion(req *http.Request, chat bool) (CompletionRequest, error) {
-	data, err := io.ReadAll(io.LimitReader(req.Body, maxBody+1))
-	if err != nil {
-		return CompletionRequest{}, fmt.Errorf("reading the body: %w", err)
-	}
-	if len(data) > maxBody {
-		return CompletionRequest{}, fmt.Errorf("the body is larger than %d bytes", maxBody)
-	}
+// request: its body data and the Lifeline-Timeout-Ms header. An error is a
+// 400: a *ParamError, or a malformed body.
+func decodeCompletion(data []byte, req *http.Request, chat bool) (CompletionRequest, error) {
 	body, err := parseRequest(data, chat)
 	if err != nil {
 		return body, err

@@ -26,7 +26,11 @@ func (x *run) tokenize() {
 	}
 	tok := tokenizer.NewBuiltin()
 	ids, err := x.body.PromptTokens, error(nil)
-	if len(ids) == 0 {
+	switch t := x.body.tokenized; {
+	case len(ids) > 0:
+	case t != nil && t.text == x.body.Prompt:
+		ids = t.ids // encoded by the admission check
+	default:
 		ids, err = tok.Encode(x.body.Prompt)
 	}
 	x.promptTokens = []int{}

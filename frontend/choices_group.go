@@ -30,7 +30,7 @@ func (s *Server) serveChoices(w http.ResponseWriter, req *http.Request, body Com
 	g := s.startGroup(body, chat, resumable(body, req))
 	w.Header().Set("Lifeline-Request-Id", g.id)
 	w.Header().Set("Lifeline-Seed", strconv.FormatUint(body.Seed, 10))
-	w.Header().Set("Lifeline-Resume-Token", s.keys.Issue(g.id, time.Now().Add(s.resumeWindow()+time.Hour)))
+	w.Header().Set("Lifeline-Resume-Token", s.keys.IssueFor(g.id, time.Now(), s.resumeWindow()))
 	if !body.Stream {
 		s.writeWholeGroup(w, req, g)
 		return

@@ -36,6 +36,10 @@ type metrics struct {
 	recordsSkipped     prometheus.Counter
 	zeroRTTResumes     prometheus.Counter
 	tooEarly           prometheus.Counter
+	// Limits: requests refused before they ran, connections refused at
+	// the cap.
+	refused      *prometheus.CounterVec
+	connsRefused prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -70,6 +74,11 @@ func newMetrics() *metrics {
 		Help: "Resume reads served from HTTP/3 0-RTT early data (before the handshake completed, or as the first request of a connection whose early data was accepted)."})
 	m.tooEarly = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_too_early_total",
 		Help: "Requests other than idempotent reads that arrived as 0-RTT early data, refused with 425 Too Early (replay-safe: they reached no handler)."})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_requests_refused_total",
+		Help: "Requests refused before they ran, by code: request_too_large (413), request_timeout (408: a body slower than the body timeout), context_length_exceeded (a prompt that cannot fit its model's context)."}, []string{"code"})
+	m.connsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_connections_refused_total",
+		Help: "TCP connections refused at the connection cap (cleartext: a 503 with Retry-After; TLS: closed)."})
+	m.reg.MustRegister(m.refused, m.connsRefused)
 	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations, m.zeroRTTResumes, m.tooEarly)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)
@@ -80,6 +89,13 @@ func newMetrics() *metrics {
 func (m *metrics) gaugeConns(open func() int) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_worker_connections",
 		Help: "Open connections to workers (one per endpoint in use; a retired generation's closes with its last stream)."},
+		func() float64 { return float64(open()) }))
+}
+
+// gaugeOpen exports the number of open client connections (TCP).
+func (m *metrics) gaugeOpen(open func() int) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_client_connections",
+		Help: "Open client TCP connections of the API listener (at most the connection cap)."},
 		func() float64 { return float64(open()) }))
 }
 

@@ -78,15 +78,10 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 	if m, _ := ll["migrations"].(float64); m < 1 {
 		t.Fatalf("final chunk reports %v migrations", ll["migrations"])
 	}
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	metrics := clustertest.Metrics(t, url)
 	for _, want := range []string{`lifeline_frontend_migrations_total{result="success"} 1`, "lifeline_frontend_sequence_gaps_total 0",
 		"lifeline_frontend_routed_to_not_ready_total 0", "lifeline_frontend_migration_seconds_count 1"} {
-		if !strings.Contains(string(metrics), want) {
+		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
@@ -517,13 +512,8 @@ func TestFrontendDropsOldEpochFrames(t *testing.T) {
 			t.Fatalf("token %d: %+v", i+1, tok)
 		}
 	}
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(b), "lifeline_frontend_stale_epoch_frames_total 1") {
+	b := clustertest.Metrics(t, url)
+	if !strings.Contains(b, "lifeline_frontend_stale_epoch_frames_total 1") {
 		t.Fatalf("stale frame not counted:\n%s", b)
 	}
 }

@@ -34,7 +34,26 @@ type resumeKeys struct {
 	// static: the keys came from a configured secret, not from the
 	// cluster's ring.
 	static bool
+	// maxAge caps a token's lifetime, at issue and at check (0: the
+	// default).
+	maxAge time.Duration
 }
+
+// DefaultResumeTokenMaxAge is the longest lifetime a resume token is
+// accepted with.
+const DefaultResumeTokenMaxAge = 24 * time.Hour
+
+func (k *resumeKeys) maxLifetime() time.Duration {
+	if k.maxAge > 0 {
+		return k.maxAge
+	}
+	return DefaultResumeTokenMaxAge
+}
+
+// decoyKey stands in for a key id the ring does not hold, so that such a
+// token is checked the way a known key's is (one MAC, one comparison):
+// the time of a refusal tells nothing about which key ids exist.
+var decoyKey = newResumeKey()
 
 // newResumeKeys holds a static key of secret, or (with none) a random
 // one until the cluster's ring is loaded.
@@ -91,17 +110,33 @@ func (k *resumeKeys) Check(token, id string, now time.Time) error {
 	keyID := string(b[2 : 2+b[1]])
 	rest := b[2+b[1]:]
 	e := int64(binary.BigEndian.Uint64(rest[:8]))
-	key, ok := k.key(keyID)
-	if !ok {
+	key, known := k.key(keyID)
+	if !known {
+		key = decoyKey
+	}
+	// hmac.Equal compares in constant time: no early exit on the first
+	// byte that differs.
+	good := hmac.Equal(rest[8:], mac(key, id, e))
+	switch {
+	case !known:
 		return fmt.Errorf("%w: signed with an unknown key (rotated out?)", ErrBadResumeToken)
-	}
-	if !hmac.Equal(rest[8:], mac(key, id, e)) {
+	case !good:
 		return fmt.Errorf("%w: not issued for this request", ErrBadResumeToken)
-	}
-	if now.Unix() > e {
+	case now.Unix() > e:
 		return fmt.Errorf("%w: expired", ErrBadResumeToken)
+	case e > now.Add(k.maxLifetime()).Unix():
+		// Signed, but for longer than any token this cluster issues: a
+		// key holder cannot mint tokens that outlive the server's cap.
+		return fmt.Errorf("%w: expiry beyond the maximum lifetime of %v", ErrBadResumeToken, k.maxLifetime())
 	}
 	return nil
+}
+
+// IssueFor returns the token of a request admitted at now: valid for the
+// resume window and an hour (a stream resumed late still ends), within
+// the maximum lifetime.
+func (k *resumeKeys) IssueFor(id string, now time.Time, window time.Duration) string {
+	return k.Issue(id, now.Add(min(window+time.Hour, k.maxLifetime())))
 }
 
 func (k *resumeKeys) key(id string) (schema.ResumeKey, bool) {

@@ -34,6 +34,10 @@ type Instance struct {
 	// KVIdentity describes the instance's KV blocks; nil when it does not
 	// share them.
 	KVIdentity *blockid.Identity
+	// ContextLen and TokenizerHash are the worker's (0, "": not
+	// registered): the admission check of prompt sizes.
+	ContextLen    int
+	TokenizerHash string
 }
 
 // Router picks instances. It keeps its last view when the registry is
@@ -262,6 +266,30 @@ func (rt *Router) HasModel(model string) bool {
 		}
 	}
 	return false
+}
+
+// Context is the largest context of model's instances (registered or
+// departed) and their tokenizer ("" when they differ); 0 when none
+// registered one.
+func (rt *Router) Context(model string) (ctxLen int, tokenizerHash string) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	mixed := false
+	for _, m := range []map[string]Instance{rt.instances, rt.departed} {
+		for _, in := range m {
+			if in.Model != model || in.ContextLen <= 0 {
+				continue
+			}
+			if ctxLen > 0 && in.TokenizerHash != tokenizerHash {
+				mixed = true
+			}
+			ctxLen, tokenizerHash = max(ctxLen, in.ContextLen), in.TokenizerHash
+		}
+	}
+	if mixed {
+		tokenizerHash = ""
+	}
+	return ctxLen, tokenizerHash
 }
 
 // Knows reports whether any registration since the router started named

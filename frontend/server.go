@@ -3,7 +3,6 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,9 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/quic-go/quic-go"
-	"github.com/quic-go/quic-go/http3"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
@@ -62,11 +58,22 @@ type Options struct {
 	// it acknowledges the registrations it applied (default: host, pid
 	// and a random suffix).
 	ID string
+	// Limits bound what clients can hold: connections, streams, time and
+	// bytes (limits.go).
+	Limits Limits
+	// MetricsAddr is where /metrics is served, apart from the API (""
+	// serves none; the command's default is a loopback port).
+	MetricsAddr string
+	// ResumeTokenMaxAge caps a resume token's lifetime: one whose expiry
+	// lies further ahead is refused, whoever signed it (default
+	// DefaultResumeTokenMaxAge).
+	ResumeTokenMaxAge time.Duration
 }
 
 // Server is one frontend replica.
 type Server struct {
 	opts    Options
+	limits  Limits // opts.Limits with the defaults
 	log     *slog.Logger
 	etcd    *clientv3.Client
 	workTLS *tls.Config
@@ -254,6 +261,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		ln.Close()
 		return err
 	}
+	if err := s.serveMetrics(ctx, ready); err != nil {
+		ln.Close()
+		return err
+	}
 	if !s.opts.TLS {
 		return s.serveCleartext(ctx, ln, ready)
 	}
@@ -263,6 +274,12 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 // newServer sets up a server's clients: of workers, of agents' KV
 // transfer endpoints, and of etcd. close releases them.
 func newServer(opts Options, log *slog.Logger) (*Server, error) {
+	if err := opts.Limits.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.ResumeTokenMaxAge < 0 {
+		return nil, fmt.Errorf("frontend: ResumeTokenMaxAge %v < 0", opts.ResumeTokenMaxAge)
+	}
 	if opts.Policy == (Policy{}) {
 		opts.Policy = DefaultPolicy
 	}
@@ -273,7 +290,9 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		opts.Policy.CapacityWait = 0
 	}
 	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{},
-		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics()}
+		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics(),
+		limits: opts.Limits.withDefaults()}
+	s.keys.maxAge = opts.ResumeTokenMaxAge
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: certs: %w", err)
@@ -307,127 +326,6 @@ func (s *Server) close() {
 	s.kv.Close()
 }
 
-// handler routes the API.
-func (s *Server) handler() *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", s.handleCompletions)
-	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
-	mux.HandleFunc("GET /v1/models", s.handleModels)
-	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
-	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
-	mux.HandleFunc("GET /healthz", s.handleHealth)
-	mux.HandleFunc("GET /readyz", s.handleReady)
-	mux.HandleFunc("GET /v1/models/{id}", s.handleModel)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	// JSON for what the routes above do not take: a known path with
-	// another method (405), any other path (404).
-	allow := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
-		"/v1/models/{id}": "GET", "/v1/streams/{id}": "GET, DELETE", "/healthz": "GET", "/readyz": "GET", "/metrics": "GET"}
-	for path, methods := range allow {
-		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
-			w.Header().Set("Allow", methods)
-			writeErrorBody(w, http.StatusMethodNotAllowed, ErrInvalidRequest, "method_not_allowed", "",
-				fmt.Sprintf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, methods))
-		})
-	}
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeErrorBody(w, http.StatusNotFound, ErrInvalidRequest, "not_found", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, r.URL.Path))
-	})
-	return mux
-}
-
-// serveCleartext serves plain HTTP/1.1 and cleartext HTTP/2 (prior
-// knowledge) on ln until ctx ends.
-func (s *Server) serveCleartext(ctx context.Context, ln net.Listener, ready io.Writer) error {
-	srv := &http.Server{Handler: s.handler(), ReadHeaderTimeout: 10 * time.Second}
-	srv.Protocols = new(http.Protocols)
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	stopped := make(chan struct{})
-	go func() { <-ctx.Done(); shutdown(srv); close(stopped) }()
-	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	<-stopped // Serve returns as the shutdown begins: let the streams end
-	return nil
-}
-
-// serveTLS serves HTTPS on ln (HTTP/2 negotiated by ALPN) and HTTP/3 on
-// the same UDP port, advertised with Alt-Svc, until ctx ends. Clients of
-// the API are not components: no client certificate.
-func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer) error {
-	base, err := pki.Load(s.opts.CertDir, "h2")
-	if err != nil {
-		ln.Close()
-		return err
-	}
-	tcpTLS := base.Clone()
-	tcpTLS.ClientAuth, tcpTLS.NextProtos = tls.NoClientCert, []string{"h2", "http/1.1"}
-	quicTLS := base.Clone()
-	quicTLS.ClientAuth, quicTLS.NextProtos = tls.NoClientCert, []string{"h3"}
-	port := ln.Addr().(*net.TCPAddr).Port
-	udp, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ln.Addr().(*net.TCPAddr).IP, port))
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
-	}
-	// Session tickets sealed with keys derived from the resume keys: every
-	// frontend of the cluster resumes every other's TLS sessions (and
-	// accepts their 0-RTT), through key rotations.
-	quicTLS.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
-		c := quicTLS.Clone()
-		c.GetConfigForClient = nil
-		c.SetSessionTicketKeys(s.keys.ticketKeys())
-		return c, nil
-	}
-	mux := s.handler()
-	// 0-RTT on, for idempotent reads only (early.go).
-	h3 := &http3.Server{Handler: s.earlyGuard(mux), TLSConfig: quicTLS, QUICConfig: &quic.Config{Allow0RTT: true}, ConnContext: withQUICConn}
-	altSvc := fmt.Sprintf(`h3=":%d"; ma=86400`, port)
-	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, TLSConfig: tcpTLS, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Alt-Svc", altSvc)
-		mux.ServeHTTP(w, r)
-	})}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		<-ctx.Done()
-		var wg sync.WaitGroup
-		wg.Go(func() {
-			gctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-			defer cancel()
-			h3.Shutdown(gctx)
-			h3.Close()
-		})
-		shutdown(srv)
-		wg.Wait()
-		udp.Close()
-	}()
-	go h3.Serve(udp)
-	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
-	if err := srv.Serve(tls.NewListener(ln, tcpTLS)); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	<-stopped
-	return nil
-}
-
-// shutdownGrace is how long a stopping frontend lets its streams write
-// their end (the requests end as frontend_stopping) before it closes
-// their connections.
-const shutdownGrace = 2 * time.Second
-
-// shutdown stops srv: no new connections, a grace for open streams to
-// write their end, then every connection closed.
-func shutdown(srv *http.Server) {
-	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-	defer cancel()
-	if srv.Shutdown(ctx) != nil {
-		srv.Close()
-	}
-}
-
 func (s *Server) handleCompletions(w http.ResponseWriter, req *http.Request) { s.serve(w, req, false) }
 
 func (s *Server) handleChat(w http.ResponseWriter, req *http.Request) { s.serve(w, req, true) }
@@ -435,9 +333,9 @@ func (s *Server) handleChat(w http.ResponseWriter, req *http.Request) { s.serve(
 // serve answers a completion or chat completion request: whole, or
 // streamed from the moment a worker takes it.
 func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
-	body, err := decodeCompletion(req, chat)
+	body, err := s.admit(w, req, chat)
 	if err != nil {
-		writeBadRequest(w, err)
+		s.refuse(w, req, err)
 		return
 	}
 	if !s.mayServe(body.Model) {
@@ -456,7 +354,7 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 	st := s.start(body, chat, resumable(body, req))
 	w.Header().Set("Lifeline-Request-Id", st.id)
 	w.Header().Set("Lifeline-Seed", strconv.FormatUint(body.Seed, 10))
-	w.Header().Set("Lifeline-Resume-Token", s.keys.Issue(st.id, time.Now().Add(s.resumeWindow()+time.Hour)))
+	w.Header().Set("Lifeline-Resume-Token", s.keys.IssueFor(st.id, time.Now(), s.resumeWindow()))
 	if !body.Stream {
 		s.writeWhole(w, req, st)
 		return

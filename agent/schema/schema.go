@@ -83,6 +83,10 @@ type Registration struct {
 	KVAddr string `json:"kv_addr,omitempty"`
 	// KVIdentity describes the instance's KV blocks (cache-aware routing).
 	KVIdentity *blockid.Identity `json:"kv_identity,omitempty"`
+	// ContextLen and TokenizerHash are the worker's (its Ready line):
+	// frontends refuse prompts that cannot fit before routing them.
+	ContextLen    int    `json:"context_len,omitempty"`
+	TokenizerHash string `json:"tokenizer_hash,omitempty"`
 }
 
 // Failure is the value of a failure key.

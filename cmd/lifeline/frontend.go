@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/frontend"
@@ -61,6 +62,9 @@ func frontendCmd() *cobra.Command {
 	f.BoolVar(&opts.NoKVPull, "no-kv-pull", false, "do not let a migrated request's new worker pull its prefix KV from peers (it recomputes what its node lacks)")
 	f.DurationVar(&capacityWait, "capacity-wait", frontend.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
+	f.StringVar(&opts.MetricsAddr, "metrics-addr", "127.0.0.1:0", "where /metrics is served, apart from the API (empty: nowhere)")
+	f.DurationVar(&opts.ResumeTokenMaxAge, "resume-token-max-age", frontend.DefaultResumeTokenMaxAge, "refuse resume tokens whose expiry lies further ahead than this, even when validly signed")
+	limitFlags(f, &opts.Limits)
 	cmd.AddCommand(rotateResumeKeyCmd())
 	return cmd
 }
@@ -107,4 +111,16 @@ func rotateResumeKeyCmd() *cobra.Command {
 	f.BoolVar(&etcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
 	f.StringVar(&certs, "certs", "", "certificate directory (lifeline certs init)")
 	return cmd
+}
+
+// limitFlags binds the frontend's resource limits.
+func limitFlags(f *pflag.FlagSet, l *frontend.Limits) {
+	f.IntVar(&l.MaxConns, "max-conns", frontend.DefaultMaxConns, "open client TCP connections at most; beyond, new ones are refused (cleartext: 503 with Retry-After; TLS: closed)")
+	f.IntVar(&l.MaxStreams, "max-streams", frontend.DefaultMaxStreams, "concurrent streams of one HTTP/2 or HTTP/3 connection")
+	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body; larger ones get 413 request_too_large")
+	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", frontend.DefaultReadHeaderTimeout, "time to read a request's headers (and a new connection's wait for its first)")
+	f.DurationVar(&l.BodyTimeout, "body-timeout", frontend.DefaultBodyTimeout, "time to read a request's body; slower ones get 408 request_timeout")
+	f.DurationVar(&l.IdleTimeout, "idle-timeout", frontend.DefaultIdleTimeout, "close keep-alive connections (HTTP/1.1, HTTP/2, HTTP/3) idle this long")
+	f.BoolVar(&l.Off, "no-limits", false, "no connection cap, body or idle timeout, default stream limits (to measure what the limits cost)")
+	f.MarkHidden("no-limits")
 }

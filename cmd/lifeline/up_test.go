@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"os/exec"
@@ -95,6 +96,23 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 	resp.Body.Close()
 	if len(toks) != 12 {
 		t.Fatalf("%d tokens through lifeline up", len(toks))
+	}
+	// The frontend's metrics: on the loopback listener it prints, not on
+	// the API port.
+	var metricsURL string
+	for _, l := range strings.Split(up.out.String(), "\n") {
+		if m, ok := strings.CutPrefix(l, "  metrics "); ok {
+			metricsURL = m
+		}
+	}
+	if !strings.HasPrefix(metricsURL, "http://127.0.0.1:") {
+		t.Fatalf("lifeline up printed no loopback metrics address:\n%s", up.out.String())
+	}
+	if code, page := getPage(t, metricsURL); code != 200 || !strings.Contains(page, "lifeline_frontend_") {
+		t.Fatalf("metrics listener: %d %.200s", code, page)
+	}
+	if code, _ := getPage(t, up.url+"/metrics"); code != 404 {
+		t.Fatalf("/metrics on the API port: %d, want 404", code)
 	}
 	up.cmd.Process.Signal(syscall.SIGINT)
 	select {
@@ -314,4 +332,16 @@ func TestDemoFailover(t *testing.T) {
 		t.Fatalf("demo failover: %v\n%s\n%s", err, out, errOut)
 	}
 	t.Log("\n" + out)
+}
+
+// getPage gets url: status and body.
+func getPage(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

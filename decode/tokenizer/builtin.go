@@ -141,3 +141,7 @@ func (b *Builtin) Encode(text string) ([]int, error) {
 	}
 	return ids, nil
 }
+
+// MaxPieceLen is the longest piece in bytes: a text of n bytes encodes
+// to at least n / MaxPieceLen tokens.
+func (b *Builtin) MaxPieceLen() int { return b.maxLen }

@@ -232,6 +232,12 @@ type Ready struct {
 	// shared arena): a router that can tokenize the same way computes the
 	// keys of a prompt from it and finds nodes that hold its prefix.
 	KVIdentity *blockid.Identity `json:"kv_identity,omitempty"`
+	// ContextLen is the model's context in tokens (BOS, prompt and
+	// output); TokenizerHash names its tokenizer. A frontend that
+	// tokenizes the same way refuses a prompt that cannot fit before it
+	// reaches a worker.
+	ContextLen    int    `json:"context_len,omitempty"`
+	TokenizerHash string `json:"tokenizer_hash,omitempty"`
 }
 
 // QUICConfig is the worker endpoint's QUIC configuration, the same on both

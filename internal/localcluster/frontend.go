@@ -6,17 +6,20 @@ import (
 	"io"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
 
 // Frontend is a frontend process of the Env's binary.
 type Frontend struct {
-	// URL is where it serves HTTP, once Ready is closed.
-	URL    string
-	cmd    *exec.Cmd
-	ready  chan struct{}
-	exited chan struct{}
+	// URL is where it serves HTTP, once Ready is closed; MetricsURL its
+	// metrics listener's (http://host:port, /metrics), set before.
+	URL        string
+	MetricsURL string
+	cmd        *exec.Cmd
+	ready      chan struct{}
+	exited     chan struct{}
 }
 
 // LaunchFrontend starts a frontend on this Env's etcd listening on listen
@@ -38,6 +41,12 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			if a, ok := strings.CutPrefix(sc.Text(), "frontend: metrics on "); ok && f.MetricsURL == "" {
+				f.MetricsURL = "http://" + a
+			}
+			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok && f.URL == "" && f.MetricsURL != "" {
+				metricsURLs.Store(a, f.MetricsURL)
+			}
 			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok && f.URL == "" {
 				f.URL = "http://" + a
 				close(f.ready)
@@ -101,4 +110,22 @@ func (f *Frontend) ExitState() string {
 	default:
 		return ""
 	}
+}
+
+// metricsURLs maps the host:port of every frontend this process launched
+// to its metrics listener's URL.
+var metricsURLs sync.Map
+
+// MetricsURLOf is the metrics listener's URL (http://host:port) of the
+// frontend serving at url (http:// or https://), if this process
+// launched it.
+func MetricsURLOf(url string) (string, bool) {
+	if _, rest, ok := strings.Cut(url, "://"); ok {
+		url = rest
+	}
+	m, ok := metricsURLs.Load(strings.TrimSuffix(url, "/"))
+	if !ok {
+		return "", false
+	}
+	return m.(string), true
 }

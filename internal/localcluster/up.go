@@ -309,9 +309,9 @@ func (u *up) stop() {
 
 func (u *up) printUsage(out io.Writer, opts Options) {
 	u.mu.Lock()
-	var urls []string
+	var urls, metrics []string
 	for _, f := range u.frontends {
-		urls = append(urls, f.URL)
+		urls, metrics = append(urls, f.URL), append(metrics, f.MetricsURL)
 	}
 	u.mu.Unlock()
 	url := urls[0]
@@ -326,8 +326,9 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 		fmt.Fprintf(out, "\n  Any frontend resumes any stream (GET /v1/streams/{id} with its resume token and Last-Event-ID).\n")
 	}
 	fmt.Fprintln(out)
-	for _, l := range urls {
+	for i, l := range urls {
 		fmt.Fprintf(out, "URL %s\n", l)
+		fmt.Fprintf(out, "  metrics %s/metrics\n", metrics[i])
 	}
 	fmt.Fprintf(out, "Ctrl-C stops everything.\n")
 }

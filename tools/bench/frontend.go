@@ -100,6 +100,9 @@ func runFrontendBench(kills int) error {
 	fmt.Printf("| tokens/s (256-token stream, median of 3) | %.0f | %.0f | %.2f |\n", med(dT), med(fT), med(fT)/med(dT))
 	fmt.Printf("| inter-token latency p50 | %v | %v | |\n", pct(dGaps, 50), pct(fGaps, 50))
 	fmt.Printf("| inter-token latency p99 | %v | %v | |\n\n", pct(dGaps, 99), pct(fGaps, 99))
+	if err := limitsCost(cluster); err != nil {
+		return err
+	}
 
 	// RTO: kill the serving worker right after sequence 64 arrives.
 	var rto, detect, announce, routing, prefill []time.Duration

@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover, structured or spec")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured or spec")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -34,6 +34,8 @@ func main() {
 		err = runKVBench()
 	case "frontend":
 		err = runFrontendBench(*kills / 5)
+	case "limits":
+		err = runLimitsBench()
 	case "transfer":
 		err = runTransferBench()
 	case "rto":
@@ -83,7 +85,7 @@ func main() {
 			err = runSpecBench(*tokens)
 		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, transfer, rto, pd, drain, upgrade, failover, structured or spec", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured or spec", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 )
 
 // recordsCost measures what the request records cost: streamed
@@ -154,7 +155,11 @@ func etcdWritesPerRequest(c *benchCluster, url string, n int) (float64, error) {
 
 // completeWrites is the frontend's count of completion record writes.
 func completeWrites(url string) float64 {
-	resp, err := http.Get(url + "/metrics")
+	m, ok := localcluster.MetricsURLOf(url)
+	if !ok {
+		return 0
+	}
+	resp, err := http.Get(m + "/metrics")
 	if err != nil {
 		return 0
 	}

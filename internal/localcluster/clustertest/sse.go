@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 )
 
 // Token is one streamed token as a test sees it.
@@ -87,10 +88,22 @@ func readTokens(r io.Reader, each func(Token) bool, other func(sse.Event)) []Tok
 	}
 }
 
-// Metrics returns the frontend's Prometheus metrics page.
+// MetricsURL is the metrics listener's URL (http://host:port) of the
+// frontend serving at url (http:// or https://), one this process started.
+func MetricsURL(t testing.TB, url string) string {
+	t.Helper()
+	m, ok := localcluster.MetricsURLOf(url)
+	if !ok {
+		t.Fatalf("no metrics listener known for the frontend at %s", url)
+	}
+	return m
+}
+
+// Metrics returns the frontend's Prometheus metrics page, from its
+// metrics listener.
 func Metrics(t testing.TB, url string) string {
 	t.Helper()
-	resp, err := http.Get(url + "/metrics")
+	resp, err := http.Get(MetricsURL(t, url) + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
