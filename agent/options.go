@@ -15,6 +15,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // ErrBadConfig is wrapped by every configuration error.
@@ -173,6 +175,8 @@ func (o *Options) Validate() error {
 	switch {
 	case o.NodeID == "" || strings.ContainsAny(o.NodeID, "/ "):
 		return bad("node_id", "%q (non-empty, no '/' or spaces)", o.NodeID)
+	case pki.ValidNode(o.NodeID) != nil:
+		return bad("node_id", "%v", pki.ValidNode(o.NodeID))
 	case o.DataDir == "":
 		return bad("data_dir", "empty")
 	case o.Socket == "":

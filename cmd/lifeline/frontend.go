@@ -81,7 +81,7 @@ func rotateResumeKeyCmd() *cobra.Command {
 			}
 			cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second}
 			if etcdTLS {
-				tlsConf, err := pki.Load(certs, "h2")
+				tlsConf, err := pki.EtcdClientTLS(certs)
 				if err != nil {
 					return err
 				}

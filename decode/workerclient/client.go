@@ -52,13 +52,21 @@ type Client struct {
 	staleFrames uint64
 }
 
-// Dial connects to a worker that must be instanceID at generation.
+// Dial connects to a worker that must be instanceID at generation: the
+// server's certificate must be that instance's worker (of the node the
+// instance id names, signed by that node's CA).
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
-	conn, err := quic.DialAddr(ctx, addr, tlsConf, QUICConfig())
+	conn, err := quic.DialAddr(ctx, addr, ExpectWorker(tlsConf, instanceID), QUICConfig())
 	if err != nil {
 		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
 	}
 	return New(conn, instanceID, generation), nil
+}
+
+// ExpectWorker is tlsConf for dialing instanceID's worker: the handshake
+// fails unless the server's certificate names that worker.
+func ExpectWorker(tlsConf *tls.Config, instanceID string) *tls.Config {
+	return pki.Accept(tlsConf, nil, pki.Peer{Role: pki.RoleWorker, Instance: instanceID})
 }
 
 // New wraps a connection already dialed to a worker that must be
@@ -229,4 +237,29 @@ func QUICConfig() *quic.Config {
 }
 
 // ClientTLS loads the mutual-TLS config a client of workers presents.
+// Dial adds the check that the server is the worker of the instance it
+// dials.
 func ClientTLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
+
+// ServerTLS loads a worker endpoint's mutual-TLS config: its certificate
+// must be a worker's, and it accepts frontends and its own node's agent
+// only; onRefuse (when not nil) hears each refused peer.
+func ServerTLS(certDir string, onRefuse func(error)) (*tls.Config, pki.Identity, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, pki.Identity{}, err
+	}
+	self, err := pki.Self(conf)
+	if err != nil {
+		return nil, self, err
+	}
+	if self.Role != pki.RoleWorker {
+		return nil, self, fmt.Errorf("workerclient: %s holds %s, not a worker certificate", certDir, self)
+	}
+	return pki.Accept(conf, onRefuse, WorkerPeers(self.Node())...), self, nil
+}
+
+// WorkerPeers are the peers a worker of node accepts.
+func WorkerPeers(node string) []pki.Peer {
+	return []pki.Peer{{Role: pki.RoleFrontend}, {Role: pki.RoleAgent, Node: node}}
+}

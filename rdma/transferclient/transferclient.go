@@ -34,8 +34,41 @@ func QUICConfig() *quic.Config {
 	}
 }
 
-// TLS loads the transfer endpoint's mutual-TLS configuration.
-func TLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
+// TLS loads the mutual-TLS configuration a client of transfer endpoints
+// presents: the server must be an agent.
+func TLS(certDir string) (*tls.Config, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, err
+	}
+	return pki.Accept(conf, nil, pki.Peer{Role: pki.RoleAgent}), nil
+}
+
+// ServerTLS loads an agent's transfer endpoint configuration: its
+// certificate must be an agent's, and it accepts agents (peers fetching
+// blocks), frontends (asking for pulls) and its own node's workers
+// (pulling a migrated request's blocks) only; onRefuse (when not nil)
+// hears each refused peer.
+func ServerTLS(certDir string, onRefuse func(error)) (*tls.Config, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, err
+	}
+	self, err := pki.Self(conf)
+	if err != nil {
+		return nil, err
+	}
+	if self.Role != pki.RoleAgent {
+		return nil, fmt.Errorf("transferclient: %s holds %s, not an agent certificate", certDir, self)
+	}
+	return pki.Accept(conf, onRefuse, EndpointPeers(self.Node())...), nil
+}
+
+// EndpointPeers are the peers the transfer endpoint of node's agent
+// accepts.
+func EndpointPeers(node string) []pki.Peer {
+	return []pki.Peer{{Role: pki.RoleAgent}, {Role: pki.RoleFrontend}, {Role: pki.RoleWorker, Node: node}}
+}
 
 // Dialer keeps connections to transfer endpoints, several per address
 // (by index) so that bulk fetches can spread over cores.
