@@ -48,8 +48,20 @@ type Client struct {
 	instanceID string
 	generation uint64
 
+	// explain names the certificate a worker refused (Dial's
+	// connections): with QUIC the refusal arrives after the client's
+	// side of the handshake, on the first stream.
+	explain func(error) error
+
 	mu          sync.Mutex
 	staleFrames uint64
+}
+
+func (c *Client) explained(err error) error {
+	if c.explain == nil {
+		return err
+	}
+	return c.explain(err)
 }
 
 // Dial connects to a worker that must be instanceID at generation: the
@@ -57,10 +69,14 @@ type Client struct {
 // instance id names, signed by that node's CA).
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
 	conn, err := quic.DialAddr(ctx, addr, ExpectWorker(tlsConf, instanceID), QUICConfig())
+	node, _ := pki.InstanceNode(instanceID)
+	explain := func(err error) error { return pki.Explain(err, tlsConf, WorkerPeers(node)...) }
 	if err != nil {
-		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, explain(err))
 	}
-	return New(conn, instanceID, generation), nil
+	c := New(conn, instanceID, generation)
+	c.explain = explain
+	return c, nil
 }
 
 // ExpectWorker is tlsConf for dialing instanceID's worker: the handshake
@@ -100,12 +116,12 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 	st, err := c.conn.OpenStreamSync(octx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("workerclient: open stream: %w", err)
+		return nil, fmt.Errorf("workerclient: open stream: %w", c.explained(err))
 	}
 	st.SetWriteDeadline(time.Now().Add(openTimeout))
 	if err := frame.Write(st, req); err != nil {
 		st.CancelWrite(CodeCancel)
-		return nil, fmt.Errorf("workerclient: send request: %w", err)
+		return nil, fmt.Errorf("workerclient: send request: %w", c.explained(err))
 	}
 	st.SetWriteDeadline(time.Time{})
 	st.Close() // done sending; frames come back
@@ -184,7 +200,7 @@ func (s *Stream) Next() (*wire.Frame, error) {
 				s.release()
 				return nil, io.EOF
 			}
-			return nil, fmt.Errorf("workerclient: stream: %w", err)
+			return nil, fmt.Errorf("workerclient: stream: %w", s.c.explained(err))
 		}
 		if f.InstanceId != s.c.instanceID || f.Generation < s.c.generation {
 			s.c.mu.Lock()

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/quic-go/quic-go"
 )
 
 // Peer is a kind of peer an endpoint accepts: a role and, when set, the
@@ -43,6 +45,10 @@ type RefusedError struct {
 	// Reason says why it is not one (empty when it is an identity).
 	Reason   string
 	Accepted []Peer
+	// Remote: the other end refused this end's certificate (Presented);
+	// Err is the error the handshake failed with here.
+	Remote bool
+	Err    error
 }
 
 func (e *RefusedError) Error() string {
@@ -54,10 +60,13 @@ func (e *RefusedError) Error() string {
 	if e.Reason != "" {
 		what += " (" + e.Reason + ")"
 	}
+	if e.Remote {
+		return fmt.Sprintf("pki: the endpoint refused this certificate, %s; it accepts %s (%v)", what, strings.Join(acc, ", "), e.Err)
+	}
 	return fmt.Sprintf("pki: peer presented %s; this endpoint accepts %s", what, strings.Join(acc, ", "))
 }
 
-func (e *RefusedError) Unwrap() error { return ErrRefused }
+func (e *RefusedError) Unwrap() []error { return []error{ErrRefused, e.Err} }
 
 // Check is the identity a verified chain proves, or a *RefusedError when
 // that is none of peers.
@@ -107,4 +116,25 @@ func EtcdClientTLS(dir string) (*tls.Config, error) {
 		return nil, err
 	}
 	return Accept(conf, nil, Peer{Role: RoleEtcd}), nil
+}
+
+// badCertificate is the QUIC error code of a TLS bad_certificate alert
+// (0x100 + 42): what an endpoint sends when VerifyConnection refuses the
+// peer's role. The alert carries no text; the endpoint logs its reason.
+const badCertificate quic.TransportErrorCode = 0x100 + 42
+
+// Explain turns err, when it is the other end's refusal of conf's
+// certificate, into a *RefusedError naming the certificate presented and
+// the peers that end accepts; any other err is returned as is.
+func Explain(err error, conf *tls.Config, accepted ...Peer) error {
+	var te *quic.TransportError
+	if err == nil || !errors.As(err, &te) || !te.Remote || te.ErrorCode != badCertificate {
+		return err
+	}
+	self, serr := Self(conf)
+	presented := self.String()
+	if serr != nil {
+		presented = "a certificate that names no identity"
+	}
+	return &RefusedError{Presented: presented, Accepted: accepted, Remote: true, Err: err}
 }

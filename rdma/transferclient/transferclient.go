@@ -125,7 +125,7 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	defer cancel()
 	c, err := quic.DialAddr(dctx, addr, d.TLS, QUICConfig())
 	if err != nil {
-		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("rdma: dial %s: %w", addr, d.explain(err))
 	}
 	d.mu.Lock()
 	if old := d.conns[key]; old != nil && old != c {
@@ -134,6 +134,13 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	d.conns[key] = c
 	d.mu.Unlock()
 	return c, nil
+}
+
+// explain names the certificate an endpoint refused: with QUIC the
+// refusal arrives after the client's side of the handshake, on the first
+// stream. Which node's workers the endpoint accepts is not known here.
+func (d *Dialer) explain(err error) error {
+	return pki.Explain(err, d.TLS, pki.Peer{Role: pki.RoleAgent}, pki.Peer{Role: pki.RoleFrontend}, pki.Peer{Role: pki.RoleWorker, Node: "its own"})
 }
 
 // Drop forgets a connection that failed.
@@ -158,7 +165,7 @@ func (d *Dialer) Stream(ctx context.Context, addr string, index int) (st *quic.S
 	st, err = c.OpenStreamSync(ctx)
 	if err != nil {
 		d.Drop(c)
-		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, err)
+		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, d.explain(err))
 	}
 	stop = context.AfterFunc(ctx, func() { st.CancelRead(0); st.CancelWrite(0) })
 	return st, c, stop, nil
@@ -176,14 +183,14 @@ func (d *Dialer) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*tr
 		if c.Context().Err() != nil {
 			d.Drop(c)
 		}
-		return nil, err
+		return nil, d.explain(err)
 	}
 	var reply transferpb.PullReply
 	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
 		if c.Context().Err() != nil {
 			d.Drop(c)
 		}
-		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)
+		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, d.explain(err))
 	}
 	return &reply, nil
 }
