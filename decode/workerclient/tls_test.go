@@ -5,8 +5,8 @@ import (
 	"errors"
 	"strings"
 	"sync"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/pki/pkitest"
