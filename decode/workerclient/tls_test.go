@@ -2,6 +2,7 @@ package workerclient
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"strings"
 	"sync"
@@ -96,5 +97,42 @@ func TestClientExpectsTheInstanceItDials(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "peer presented "+server.String()+"; this endpoint accepts worker n1-decode-tiny-0") {
 			t.Errorf("server %s: %s", server, pkitest.Describe(err))
 		}
+	}
+}
+
+// BenchmarkWorkerHandshake is the cost of a new worker connection (a full
+// QUIC + TLS 1.3 handshake with client certificates on loopback, through
+// the server's Accept) with the role checks on both ends and without.
+func BenchmarkWorkerHandshake(b *testing.B) {
+	certs := pkitest.New(b)
+	const inst = "n1-decode-tiny-0"
+	plainServer, err := pki.Load(certs.Dir(b, pki.Worker("n1", inst)), ALPN)
+	if err != nil {
+		b.Fatal(err)
+	}
+	checkedServer, _, err := ServerTLS(certs.Dir(b, pki.Worker("n1", inst)), nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	client, err := ClientTLS(certs.Dir(b, pki.Frontend("f1")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name           string
+		server, client *tls.Config
+	}{
+		{"no-role-check", plainServer, client},
+		{"role-checked", checkedServer, ExpectWorker(client, inst)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			addr, accepted := pkitest.Serve(b, tc.server)
+			b.ResetTimer()
+			for range b.N {
+				if err := pkitest.Handshake(addr, tc.client, accepted); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

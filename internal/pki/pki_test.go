@@ -32,7 +32,7 @@ func files(t *testing.T, dir string) []string {
 	return out
 }
 
-func leaf(t *testing.T, dir string) (*x509.Certificate, []*x509.Certificate) {
+func leaf(t testing.TB, dir string) (*x509.Certificate, []*x509.Certificate) {
 	t.Helper()
 	conf, err := Load(dir, "x")
 	if err != nil {
@@ -242,5 +242,29 @@ func TestIdentityNames(t *testing.T) {
 	}
 	if n, ok := InstanceNode("node-0-decode-tiny-3"); !ok || n != "node-0" {
 		t.Fatalf("InstanceNode = %q %v", n, ok)
+	}
+}
+
+// BenchmarkCheck is the role check a handshake adds on each end, on a
+// worker's chain (the longest: leaf, node CA, root).
+func BenchmarkCheck(b *testing.B) {
+	root := b.TempDir()
+	a, err := InitIdentity(root, Agent("n1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	w := filepath.Join(root, "w")
+	if err := IssueWorker(a, w, "n1-decode-tiny-0"); err != nil {
+		b.Fatal(err)
+	}
+	_, chain := leaf(b, w)
+	rootCA, _ := loadSigner(filepath.Join(root, "ca", CAFile), filepath.Join(root, "ca", CAKey))
+	chain = append(chain, rootCA.cert)
+	peers := []Peer{{Role: RoleFrontend}, {Role: RoleWorker, Instance: "n1-decode-tiny-0"}}
+	b.ResetTimer()
+	for range b.N {
+		if _, err := Check(chain, peers...); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
