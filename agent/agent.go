@@ -15,7 +15,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
-	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma"
@@ -192,8 +191,8 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 		return nil, fmt.Errorf("agent: data_dir: %w", err)
 	}
 	var err error
-	if a.tlsConf, err = workerclient.ClientTLS(opts.CertDir); err != nil {
-		return nil, fmt.Errorf("agent: certs: %w", err)
+	if a.tlsConf, err = agentTLS(opts); err != nil {
+		return nil, err
 	}
 	return a, nil
 }

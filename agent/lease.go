@@ -21,7 +21,7 @@ func (a *Agent) startEtcd(ctx context.Context) error {
 	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second}
 	if a.opts.EtcdTLS {
 		var err error
-		if ecfg.TLS, err = pki.Load(a.opts.CertDir, "h2"); err != nil {
+		if ecfg.TLS, err = pki.EtcdClientTLS(a.opts.CertDir); err != nil {
 			return fmt.Errorf("agent: etcd_tls: %w", err)
 		}
 	}

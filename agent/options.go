@@ -13,8 +13,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // ErrBadConfig is wrapped by every configuration error.
@@ -181,8 +182,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("%w: %s: %s", ErrBadConfig, field, fmt.Sprintf(format, args...))
 	}
 	switch {
-	case o.NodeID == "" || strings.ContainsAny(o.NodeID, "/ "):
-		return bad("node_id", "%q (non-empty, no '/' or spaces)", o.NodeID)
+	case pki.ValidNode(o.NodeID) != nil: // it names the agent's certificate and etcd keys
+		return bad("node_id", "%v", pki.ValidNode(o.NodeID))
 	case o.DataDir == "":
 		return bad("data_dir", "empty")
 	case o.Socket == "":

@@ -359,7 +359,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 		t.Fatalf("in-flight stream ended %+v", last)
 	}
 	// etcd returns: re-registered at a higher generation, same process.
-	e2, err := embedetcd.Start(etcdDir, port, n.Env.Certs)
+	e2, err := embedetcd.Start(etcdDir, port, n.Env.Etcd.CertDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +454,7 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 		w := n.NodectlWorkers(t)[0]
 		return w.State == "crash_loop", fmt.Sprintf("%+v", w)
 	})
-	e2, err := embedetcd.Start(etcdDir, port, n.Env.Certs)
+	e2, err := embedetcd.Start(etcdDir, port, n.Env.Etcd.CertDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,8 +498,7 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 // without a certificate of the cluster CA.
 func TestEtcdRequiresClientCertificates(t *testing.T) {
 	t.Parallel() // mostly waits out etcd outages and dial timeouts
-	certs := clustertest.CertDir(t)
-	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), certs)
+	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), clustertest.CADir(t))
 	if err != nil {
 		t.Fatal(err)
 	}

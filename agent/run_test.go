@@ -26,8 +26,8 @@ import (
 func runOptions(t *testing.T) (Options, *clientv3.Client) {
 	t.Helper()
 	dir := t.TempDir()
-	certs := filepath.Join(dir, "certs")
-	if err := pki.Init(certs, nil); err != nil {
+	certs, err := pki.InitIdentity(filepath.Join(dir, "certs"), pki.Agent("n1"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	e, cli := testEtcd(t)

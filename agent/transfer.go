@@ -24,11 +24,17 @@ import (
 func (a *Agent) startTransfer(ctx context.Context) error {
 	a.transport = rdma.Discover()
 	a.log.Info("KV transfer transport", "transport", a.transport.Transport, "reason", a.transport.Reason)
-	tlsConf, err := transferclient.TLS(a.opts.CertDir)
+	clientConf, err := transferclient.TLS(a.opts.CertDir)
 	if err != nil {
 		return fmt.Errorf("agent: transfer certs: %w", err)
 	}
-	tr := rdma.NewQUIC(tlsConf)
+	tlsConf, err := transferclient.ServerTLS(a.opts.CertDir, func(err error) {
+		a.log.Warn("KV transfer endpoint refused a connection", "err", err)
+	})
+	if err != nil {
+		return fmt.Errorf("agent: transfer certs: %w", err)
+	}
+	tr := rdma.NewQUIC(clientConf)
 	a.transfer = rdma.NewEngine(a.kvOwner, tr)
 	var closer func() error = tr.Close
 	if a.transport.Transport == "rdma" {

@@ -64,7 +64,7 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 
 // workerArgs is the command line of inst's worker at generation gen.
 func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
-	return workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.opts.CertDir,
+	return workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.workerCertDir(inst.id),
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
 		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}
@@ -73,6 +73,9 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 // startWorker spawns inst's worker at generation gen, places it and
 // watches it.
 func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
+	if err := a.issueWorkerCert(inst.id); err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(a.opts.WorkerBinary, append([]string{workerclient.Command}, a.workerArgs(inst, gen).Argv()...)...)
 	// Workers outlive an agent restart (systemd KillMode=process): their
 	// own process group, no parent-death signal.

@@ -304,7 +304,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	s.metrics.gaugeConns(s.pool.openConns)
 	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
 	if opts.EtcdTLS {
-		if ecfg.TLS, err = pki.Load(opts.CertDir, "h2"); err != nil {
+		if ecfg.TLS, err = pki.EtcdClientTLS(opts.CertDir); err != nil {
 			return nil, err
 		}
 	}
@@ -312,8 +312,8 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("frontend: etcd: %w", err)
 	}
 	s.kv = transferclient.NewDialer(kvTLS)
-	if opts.ID == "" {
-		s.opts.ID = defaultFrontendID()
+	if s.opts.ID, err = frontendID(opts, s.workTLS); err != nil {
+		return nil, err
 	}
 	s.key = &frontendKey{etcd: s.etcd, id: s.opts.ID}
 	s.ack = newAcker(s.key.put, ackEvery)

@@ -36,8 +36,8 @@ type node struct {
 
 func certs(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	if err := pki.Init(dir, nil); err != nil {
+	dir, err := pki.InitIdentity(t.TempDir(), pki.Agent("rdmatest"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -395,8 +395,8 @@ func TestPullRejectsHostileSources(t *testing.T) {
 // BenchmarkFetchQUIC moves 64 MiB of 1 MiB blocks between two owners over
 // the QUIC transport (profile it with -cpuprofile).
 func BenchmarkFetchQUIC(b *testing.B) {
-	c := b.TempDir()
-	if err := pki.Init(c, nil); err != nil {
+	c, err := pki.InitIdentity(b.TempDir(), pki.Agent("rdmatest"))
+	if err != nil {
 		b.Fatal(err)
 	}
 	benchNode := func() *node { return newNodeTB(b, c, 1<<20) }

@@ -69,7 +69,7 @@ func agentCmd() *cobra.Command {
 	f.StringVar(&opts.DataDir, "data-dir", "", "state directory")
 	f.StringVar(&opts.Socket, "socket", "/run/lifeline/agent.sock", "control socket for nodectl")
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
-	f.StringVar(&opts.CertDir, "certs", "", "certificate directory")
+	f.StringVar(&opts.CertDir, "certs", "", "this agent's certificate directory (lifeline certs issue --role agent)")
 	f.StringVar(&opts.Metrics, "metrics-listen", "", "address of /metrics, /livez, /readyz")
 	f.StringVar(&opts.ArenaPath, "arena", "", "the node's KV arena file under /dev/shm")
 	return cmd

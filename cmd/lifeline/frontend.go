@@ -53,8 +53,8 @@ func frontendCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "HTTP address")
 	f.StringSliceVar(&opts.Etcd, "etcd", nil, "etcd endpoints host:port,...")
-	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
-	f.StringVar(&opts.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	f.BoolVar(&opts.EtcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the --certs certificate; etcd maps its CN to a user)")
+	f.StringVar(&opts.CertDir, "certs", "", "this frontend's certificate directory (lifeline certs issue --role frontend)")
 	f.StringVar(&secretFile, "resume-secret-file", "", "a static key for resume tokens instead of the cluster's key ring in etcd (replicas must then share the file to accept each other's tokens)")
 	f.StringVar(&opts.ID, "id", "", "this frontend's id in etcd (its record, the requests it owns; default: host, pid and a random suffix)")
 	f.StringVar(&opts.AdvertiseURL, "advertise-url", "", "where clients reach this frontend, named to clients of streams it took over (default: http(s)://<listen address>)")
@@ -85,7 +85,7 @@ func rotateResumeKeyCmd() *cobra.Command {
 			}
 			cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second}
 			if etcdTLS {
-				tlsConf, err := pki.Load(certs, "h2")
+				tlsConf, err := pki.EtcdClientTLS(certs)
 				if err != nil {
 					return err
 				}
@@ -108,8 +108,8 @@ func rotateResumeKeyCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringSliceVar(&endpoints, "etcd", nil, "etcd endpoints host:port,...")
-	f.BoolVar(&etcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the node certificate)")
-	f.StringVar(&certs, "certs", "", "certificate directory (lifeline certs init)")
+	f.BoolVar(&etcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the --certs certificate; etcd maps its CN to a user)")
+	f.StringVar(&certs, "certs", "", "an admin's (or a frontend's) certificate directory")
 	return cmd
 }
 

@@ -10,7 +10,6 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 func workerCmd() *cobra.Command { return newWorkerCmd(worker.Run) }
@@ -40,25 +39,4 @@ func workerOptions(a workerclient.Args) worker.Options {
 		o.Engine.Limits = sched.Limits{MaxRunning: a.MaxRunning, MaxQueued: a.MaxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}
 	}
 	return o
-}
-
-func certsCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "certs", Short: "Cluster certificates for mutual TLS between components"}
-	var (
-		dir   string
-		hosts []string
-	)
-	initCmd := &cobra.Command{
-		Use:   "init",
-		Short: "Create a cluster CA and a node certificate in --dir (kept if present)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return pki.Init(dir, hosts)
-		},
-	}
-	initCmd.Flags().StringVar(&dir, "dir", "", "certificate directory")
-	initCmd.Flags().StringSliceVar(&hosts, "host", nil, "extra DNS names or IPs for the node certificate")
-	initCmd.MarkFlagRequired("dir")
-	cmd.AddCommand(initCmd)
-	return cmd
 }

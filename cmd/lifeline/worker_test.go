@@ -16,9 +16,11 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
-// startWorker runs `lifeline worker` and returns its Ready line.
-func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...string) (*exec.Cmd, workerclient.Ready) {
+// startWorker runs `lifeline worker` with a certificate of instance (on
+// node "test") issued by the CA in ca, and returns its Ready line.
+func startWorker(t *testing.T, ca, instance string, gen uint64, extra ...string) (*exec.Cmd, workerclient.Ready) {
 	t.Helper()
+	certs := clustertest.Issue(t, ca, "worker", "test/"+instance)
 	cmd := exec.Command(proctest.Lifeline(t), append([]string{"worker", "--instance-id", instance, "--generation", fmt.Sprint(gen), "--certs", certs}, extra...)...)
 	out, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
@@ -52,8 +54,9 @@ func startWorker(t *testing.T, certs, instance string, gen uint64, extra ...stri
 // a client with an unknown certificate is refused; frames of an older
 // generation than the client expects are dropped and counted.
 func TestWorkerServesOverMutualTLS(t *testing.T) {
-	certs := clustertest.CertDir(t)
-	_, ready := startWorker(t, certs, "decode-7", 3)
+	ca := clustertest.CADir(t)
+	_, ready := startWorker(t, ca, "decode-7", 3)
+	certs := clustertest.Issue(t, ca, "frontend", "client")
 	if ready.Generation != 3 || ready.NumericsID == "" {
 		t.Fatalf("ready line %+v", ready)
 	}

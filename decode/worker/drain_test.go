@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"io"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +49,13 @@ func newTestWorker(t *testing.T) *testWorker {
 // newTestWorkerWith is newTestWorker with the engine options eopts.
 func newTestWorkerWith(t *testing.T, eopts decode.Options) *testWorker {
 	t.Helper()
-	certs := filepath.Join(t.TempDir(), "certs")
-	if err := pki.Init(certs, nil); err != nil {
+	root := t.TempDir()
+	certs, err := pki.InitIdentity(root, pki.Worker("test", "w"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientCerts, err := pki.InitIdentity(root, pki.Frontend("test"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -82,7 +86,7 @@ func newTestWorkerWith(t *testing.T, eopts decode.Options) *testWorker {
 		t.Fatal(err)
 	}
 	go io.Copy(io.Discard, pr)
-	tlsConf, err := workerclient.ClientTLS(certs)
+	tlsConf, err := workerclient.ClientTLS(clientCerts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
-	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
@@ -95,7 +94,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
-	tlsConf, err := pki.Load(opts.CertDir, workerclient.ALPN)
+	tlsConf, err := serverTLS(opts)
 	if err != nil {
 		return err
 	}

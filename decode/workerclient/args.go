@@ -43,7 +43,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&a.Generation, "generation", 0, "instance generation, stamped on every frame")
 	fs.StringVar(&a.Role, "role", "decode", "decode, prefill or both")
 	fs.StringVar(&a.Listen, "listen", "127.0.0.1:0", "UDP address of the QUIC endpoint")
-	fs.StringVar(&a.CertDir, "certs", "", "certificate directory (lifeline certs init)")
+	fs.StringVar(&a.CertDir, "certs", "", "this worker's certificate directory (its agent issues it with the node CA)")
 	fs.StringVar(&a.Preset, "preset", "tiny", "synthetic model preset")
 	fs.Uint64Var(&a.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
 	fs.StringVar(&a.ModelPath, "model", "", "llama2.c model.bin")

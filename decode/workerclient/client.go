@@ -50,24 +50,48 @@ type Client struct {
 	instanceID string
 	generation uint64
 
+	// explain names the certificate a worker refused (Dial's
+	// connections): with QUIC the refusal arrives after the client's
+	// side of the handshake, on the first stream.
+	explain func(error) error
+
 	mu          sync.Mutex
 	staleFrames uint64
 }
 
-// Dial connects to a worker that must be instanceID at generation, from
-// a socket bound to the local address that routes to addr (loopback for a
-// loopback worker), never to every interface.
+func (c *Client) explained(err error) error {
+	if c.explain == nil {
+		return err
+	}
+	return c.explain(err)
+}
+
+// Dial connects to a worker that must be instanceID at generation: the
+// server's certificate must be that instance's worker (of the node the
+// instance id names, signed by that node's CA). The client's socket is
+// bound to the local address that routes to addr (loopback for a loopback
+// worker), never to every interface.
 func Dial(ctx context.Context, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
 	return DialFrom(ctx, nil, addr, tlsConf, instanceID, generation)
 }
 
 // DialFrom is Dial from a socket bound to local (nil: as Dial).
 func DialFrom(ctx context.Context, local net.IP, addr string, tlsConf *tls.Config, instanceID string, generation uint64) (*Client, error) {
-	conn, err := quicdial.Dial(ctx, local, addr, tlsConf, QUICConfig())
+	conn, err := quicdial.Dial(ctx, local, addr, ExpectWorker(tlsConf, instanceID), QUICConfig())
+	node, _ := pki.InstanceNode(instanceID)
+	explain := func(err error) error { return pki.Explain(err, tlsConf, WorkerPeers(node)...) }
 	if err != nil {
-		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("workerclient: dial %s: %w", addr, explain(err))
 	}
-	return New(conn, instanceID, generation), nil
+	c := New(conn, instanceID, generation)
+	c.explain = explain
+	return c, nil
+}
+
+// ExpectWorker is tlsConf for dialing instanceID's worker: the handshake
+// fails unless the server's certificate names that worker.
+func ExpectWorker(tlsConf *tls.Config, instanceID string) *tls.Config {
+	return pki.Accept(tlsConf, nil, pki.Peer{Role: pki.RoleWorker, Instance: instanceID})
 }
 
 // New wraps a connection already dialed to a worker that must be
@@ -104,12 +128,12 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 	st, err := c.conn.OpenStreamSync(octx)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("workerclient: open stream: %w", err)
+		return nil, fmt.Errorf("workerclient: open stream: %w", c.explained(err))
 	}
 	st.SetWriteDeadline(time.Now().Add(openTimeout))
 	if err := frame.Write(st, req); err != nil {
 		st.CancelWrite(CodeCancel)
-		return nil, fmt.Errorf("workerclient: send request: %w", err)
+		return nil, fmt.Errorf("workerclient: send request: %w", c.explained(err))
 	}
 	st.SetWriteDeadline(time.Time{})
 	st.Close() // done sending; frames come back
@@ -188,7 +212,7 @@ func (s *Stream) Next() (*wire.Frame, error) {
 				s.release()
 				return nil, io.EOF
 			}
-			return nil, fmt.Errorf("workerclient: stream: %w", err)
+			return nil, fmt.Errorf("workerclient: stream: %w", s.c.explained(err))
 		}
 		if f.InstanceId != s.c.instanceID || f.Generation < s.c.generation {
 			s.c.mu.Lock()
@@ -247,4 +271,29 @@ func QUICConfig() *quic.Config {
 }
 
 // ClientTLS loads the mutual-TLS config a client of workers presents.
+// Dial adds the check that the server is the worker of the instance it
+// dials.
 func ClientTLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
+
+// ServerTLS loads a worker endpoint's mutual-TLS config: its certificate
+// must be a worker's, and it accepts frontends and its own node's agent
+// only; onRefuse (when not nil) hears each refused peer.
+func ServerTLS(certDir string, onRefuse func(error)) (*tls.Config, pki.Identity, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, pki.Identity{}, err
+	}
+	self, err := pki.Self(conf)
+	if err != nil {
+		return nil, self, err
+	}
+	if self.Role != pki.RoleWorker {
+		return nil, self, fmt.Errorf("workerclient: %s holds %s, not a worker certificate", certDir, self)
+	}
+	return pki.Accept(conf, onRefuse, WorkerPeers(self.Node())...), self, nil
+}
+
+// WorkerPeers are the peers a worker of node accepts.
+func WorkerPeers(node string) []pki.Peer {
+	return []pki.Peer{{Role: pki.RoleFrontend}, {Role: pki.RoleAgent, Node: node}}
+}

@@ -8,15 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
 
-	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
-
-	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // Server is a running embedded etcd.
@@ -27,6 +23,7 @@ type Server struct {
 	port     int
 	once     sync.Once
 	certDir  string
+	peer     string
 }
 
 // CertDir is the certificate directory it requires client certificates
@@ -47,9 +44,12 @@ func freePort() (int, error) {
 }
 
 // Start runs etcd with its data in dir and waits until it serves. If
-// clientPort is 0 a free one is picked. With certDir (a `lifeline certs
-// init` directory) clients must present a certificate of the cluster CA:
-// mutual TLS, like every other connection between components.
+// clientPort is 0 a free one is picked. With certDir (an etcd identity's
+// directory, `lifeline certs issue --role etcd`) both ports are mutual
+// TLS: clients must present a certificate of the cluster CA (etcd maps
+// its common name to a user once auth is on: internal/etcdauth), and the
+// peer port accepts only etcd members' certificates. Without it
+// (in-process tests only) both are plain HTTP.
 func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	// A port found free can be taken by another process before etcd binds
 	// it; when the ports were ours to pick, pick again.
@@ -79,13 +79,12 @@ func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	scheme := "http"
 	if len(certDir) > 0 && certDir[0] != "" {
 		scheme = "https"
-		cfg.ClientTLSInfo = transport.TLSInfo{
-			CertFile: filepath.Join(certDir[0], pki.CertFile), KeyFile: filepath.Join(certDir[0], pki.KeyFile),
-			TrustedCAFile: filepath.Join(certDir[0], pki.CAFile), ClientCertAuth: true,
+		if err := lockDown(cfg, certDir[0]); err != nil {
+			return nil, err
 		}
 	}
 	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, clientPort))
-	pu, _ := url.Parse(fmt.Sprintf("http://127.0.0.1:%d", peerPort))
+	pu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, peerPort))
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())
@@ -99,7 +98,7 @@ func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedetcd: not ready after 30s")
 	}
-	s := &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort}
+	s := &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort, peer: pu.String()}
 	if scheme == "https" {
 		s.certDir = certDir[0]
 	}

@@ -6,29 +6,45 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+	"github.com/lifeline-llm/lifeline/internal/etcdauth"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // Env is the ground a local cluster stands on: a directory, the cluster's
-// certificates, an embedded etcd that requires them, a client of it, and
-// the lifeline binary every child process runs.
+// CA and one certificate directory per component, an embedded etcd that
+// requires them with its users and roles set up, an admin client of it,
+// and the lifeline binary every child process runs.
 type Env struct {
 	Dir    string
 	Binary string
-	Certs  string
+	// CA is the root CA's directory. Its key never leaves it: only this
+	// process reads it (children get their own directories, never this
+	// path).
+	CA string
+	// Certs is a frontend identity ("frontend:client") for tests and
+	// tools that dial workers and transfer endpoints as a frontend does.
+	Certs string
+	// Admin is the admin identity Client uses (etcd's root role).
+	Admin  string
 	Etcd   *embedetcd.Server
 	Client *clientv3.Client
+
+	mu        sync.Mutex
+	issued    map[pki.Identity]bool
+	frontends int
 }
 
-// NewEnv creates certificates under dir (unless certs names existing
-// ones) and starts an embedded etcd in dir/etcd.
-func NewEnv(dir, binary, certs string) (_ *Env, err error) {
+// NewEnv creates the CA under dir (unless ca names an existing one),
+// issues etcd's, an admin's and a client frontend's certificates, starts
+// an embedded etcd in dir/etcd and turns its auth on.
+func NewEnv(dir, binary, ca string) (_ *Env, err error) {
 	if binary == "" {
 		if binary, err = os.Executable(); err != nil {
 			return nil, err
@@ -37,25 +53,75 @@ func NewEnv(dir, binary, certs string) (_ *Env, err error) {
 	if dir, err = filepath.Abs(dir); err != nil {
 		return nil, err
 	}
-	e := &Env{Dir: dir, Binary: binary, Certs: certs}
-	if e.Certs == "" {
-		e.Certs = filepath.Join(dir, "certs")
-		if err := pki.Init(e.Certs, nil); err != nil {
-			return nil, err
-		}
+	e := &Env{Dir: dir, Binary: binary, CA: ca, issued: map[pki.Identity]bool{}}
+	if e.CA == "" {
+		e.CA = filepath.Join(dir, "ca")
 	}
-	if e.Etcd, err = embedetcd.Start(filepath.Join(dir, "etcd"), 0, e.Certs); err != nil {
+	if err := pki.Init(e.CA); err != nil {
 		return nil, err
 	}
-	tlsConf, err := pki.Load(e.Certs, "h2")
+	etcdCerts, err := e.issue(pki.Etcd("local"))
+	if err != nil {
+		return nil, err
+	}
+	if e.Admin, err = e.issue(pki.Admin("local")); err != nil {
+		return nil, err
+	}
+	if e.Etcd, err = embedetcd.Start(filepath.Join(dir, "etcd"), 0, etcdCerts); err != nil {
+		return nil, err
+	}
+	tlsConf, err := pki.EtcdClientTLS(e.Admin)
 	if err == nil {
 		e.Client, err = clientv3.New(clientv3.Config{Endpoints: []string{e.Etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: tlsConf})
 	}
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = etcdauth.Enable(ctx, e.Client, pki.Admin("local"))
+		cancel()
+	}
+	if err == nil {
+		e.Certs, err = e.Identity(pki.Frontend("client"))
+	}
 	if err != nil {
-		e.Etcd.Close()
-		return nil, fmt.Errorf("localcluster: etcd client: %w", err)
+		e.Close()
+		return nil, fmt.Errorf("localcluster: etcd: %w", err)
 	}
 	return e, nil
+}
+
+// IdentityDir is where id's certificate directory is (or will be).
+func (e *Env) IdentityDir(id pki.Identity) string {
+	return filepath.Join(e.Dir, "certs", id.DirName())
+}
+
+// issue writes id's certificate directory unless it is there.
+func (e *Env) issue(id pki.Identity) (string, error) {
+	dir := e.IdentityDir(id)
+	if _, err := os.Stat(filepath.Join(dir, pki.KeyFile)); err == nil {
+		return dir, nil
+	}
+	return dir, pki.Issue(e.CA, dir, id, nil)
+}
+
+// Identity returns id's certificate directory, issuing it and adding id
+// to etcd's users (agents, frontends) the first time.
+func (e *Env) Identity(id pki.Identity) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	dir, err := e.issue(id)
+	if err != nil || e.issued[id] {
+		return dir, err
+	}
+	if id.Role == pki.RoleAgent || id.Role == pki.RoleFrontend || id.Role == pki.RoleAdmin {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err = etcdauth.Add(ctx, e.Client, id)
+		cancel()
+		if err != nil {
+			return dir, err
+		}
+	}
+	e.issued[id] = true
+	return dir, nil
 }
 
 // Close stops the etcd client and server.

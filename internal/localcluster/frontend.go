@@ -9,6 +9,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // Frontend is a frontend process of the Env's binary.
@@ -23,10 +25,15 @@ type Frontend struct {
 }
 
 // LaunchFrontend starts a frontend on this Env's etcd listening on listen
-// with extra flags, copies its log to logTo (when not nil), and returns at
+// with extra flags and a certificate of its own (named by its --id, or
+// fe-<n>: its id then defaults to that name), copies its log to logTo (when not nil), and returns at
 // once: Ready is closed when it serves (URL is set then).
 func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
-	args := append([]string{"frontend", "--listen", listen, "--etcd", e.Etcd.Endpoint, "--etcd-tls", "--certs", e.Certs}, extra...)
+	certs, err := e.Identity(pki.Frontend(e.frontendName(extra)))
+	if err != nil {
+		return nil, fmt.Errorf("localcluster: frontend certificate: %w", err)
+	}
+	args := append([]string{"frontend", "--listen", listen, "--etcd", e.Etcd.Endpoint, "--etcd-tls", "--certs", certs}, extra...)
 	cmd := exec.Command(e.Binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -128,4 +135,21 @@ func MetricsURLOf(url string) (string, bool) {
 		return "", false
 	}
 	return m.(string), true
+}
+
+// frontendName is the name of the certificate a frontend started with
+// extra gets: its --id, or a fresh fe-<n>.
+func (e *Env) frontendName(extra []string) string {
+	for i, a := range extra {
+		if v, ok := strings.CutPrefix(a, "--id="); ok {
+			return v
+		}
+		if a == "--id" && i+1 < len(extra) {
+			return extra[i+1]
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.frontends++
+	return fmt.Sprintf("fe-%d", e.frontends)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // Node is one node agent run as a process of the Env's binary, with its
@@ -37,12 +38,12 @@ type Node struct {
 }
 
 // NodeOptions returns the configuration of node id under dir: this Env's
-// etcd and certificates, a fresh arena under /dev/shm, and one tiny decode
+// etcd and the node's agent certificate (issued by Start), a fresh arena under /dev/shm, and one tiny decode
 // instance; callers change what they need before Start.
 func (e *Env) NodeOptions(id, dir string) agent.Options {
 	return agent.Options{
 		NodeID: id, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "agent.sock"),
-		Etcd: []string{e.Etcd.Endpoint}, EtcdTLS: true, CertDir: e.Certs,
+		Etcd: []string{e.Etcd.Endpoint}, EtcdTLS: true, CertDir: e.IdentityDir(pki.Agent(id)),
 		ArenaPath:  filepath.Join("/dev/shm", fmt.Sprintf("lifeline-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id)),
 		ArenaSlots: 128, ArenaSlotBytes: 8192,
 		Instances:    []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}},
@@ -58,6 +59,11 @@ func (e *Env) NewNode(opts agent.Options) *Node {
 
 // Start writes the configuration and starts the agent.
 func (n *Node) Start() error {
+	if id := pki.Agent(n.Options.NodeID); n.Options.CertDir == n.env.IdentityDir(id) {
+		if _, err := n.env.Identity(id); err != nil {
+			return fmt.Errorf("localcluster: agent %s: %w", n.Options.NodeID, err)
+		}
+	}
 	if err := os.MkdirAll(filepath.Dir(n.Config), 0o700); err != nil {
 		return err
 	}

@@ -18,8 +18,8 @@ import (
 // returns the listener and a client configuration of the same cluster.
 func listen(t *testing.T) (*quic.Listener, *tls.Config) {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "certs")
-	if err := pki.Init(dir, nil); err != nil {
+	dir, err := pki.InitIdentity(filepath.Join(t.TempDir(), "certs"), pki.Frontend("quicdial-test"))
+	if err != nil {
 		t.Fatal(err)
 	}
 	tlsConf, err := pki.Load(dir, "quicdial-test")

@@ -36,8 +36,41 @@ func QUICConfig() *quic.Config {
 	}
 }
 
-// TLS loads the transfer endpoint's mutual-TLS configuration.
-func TLS(certDir string) (*tls.Config, error) { return pki.Load(certDir, ALPN) }
+// TLS loads the mutual-TLS configuration a client of transfer endpoints
+// presents: the server must be an agent.
+func TLS(certDir string) (*tls.Config, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, err
+	}
+	return pki.Accept(conf, nil, pki.Peer{Role: pki.RoleAgent}), nil
+}
+
+// ServerTLS loads an agent's transfer endpoint configuration: its
+// certificate must be an agent's, and it accepts agents (peers fetching
+// blocks), frontends (asking for pulls) and its own node's workers
+// (pulling a migrated request's blocks) only; onRefuse (when not nil)
+// hears each refused peer.
+func ServerTLS(certDir string, onRefuse func(error)) (*tls.Config, error) {
+	conf, err := pki.Load(certDir, ALPN)
+	if err != nil {
+		return nil, err
+	}
+	self, err := pki.Self(conf)
+	if err != nil {
+		return nil, err
+	}
+	if self.Role != pki.RoleAgent {
+		return nil, fmt.Errorf("transferclient: %s holds %s, not an agent certificate", certDir, self)
+	}
+	return pki.Accept(conf, onRefuse, EndpointPeers(self.Node())...), nil
+}
+
+// EndpointPeers are the peers the transfer endpoint of node's agent
+// accepts.
+func EndpointPeers(node string) []pki.Peer {
+	return []pki.Peer{{Role: pki.RoleAgent}, {Role: pki.RoleFrontend}, {Role: pki.RoleWorker, Node: node}}
+}
 
 // Dialer keeps connections to transfer endpoints, several per address
 // (by index) so that bulk fetches can spread over cores.
@@ -98,7 +131,7 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	defer cancel()
 	c, err := quicdial.Dial(dctx, d.Local, addr, d.TLS, QUICConfig())
 	if err != nil {
-		return nil, fmt.Errorf("rdma: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("rdma: dial %s: %w", addr, d.explain(err))
 	}
 	d.mu.Lock()
 	if old := d.conns[key]; old != nil && old != c {
@@ -107,6 +140,13 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	d.conns[key] = c
 	d.mu.Unlock()
 	return c, nil
+}
+
+// explain names the certificate an endpoint refused: with QUIC the
+// refusal arrives after the client's side of the handshake, on the first
+// stream. Which node's workers the endpoint accepts is not known here.
+func (d *Dialer) explain(err error) error {
+	return pki.Explain(err, d.TLS, pki.Peer{Role: pki.RoleAgent}, pki.Peer{Role: pki.RoleFrontend}, pki.Peer{Role: pki.RoleWorker, Node: "its own"})
 }
 
 // Drop forgets a connection that failed.
@@ -131,7 +171,7 @@ func (d *Dialer) Stream(ctx context.Context, addr string, index int) (st *quic.S
 	st, err = c.OpenStreamSync(ctx)
 	if err != nil {
 		d.Drop(c)
-		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, err)
+		return nil, nil, nil, fmt.Errorf("rdma: open stream to %s: %w", addr, d.explain(err))
 	}
 	stop = context.AfterFunc(ctx, func() { st.CancelRead(0); st.CancelWrite(0) })
 	return st, c, stop, nil
@@ -149,14 +189,14 @@ func (d *Dialer) Pull(ctx context.Context, addr string, p *transferpb.Pull) (*tr
 		if c.Context().Err() != nil {
 			d.Drop(c)
 		}
-		return nil, err
+		return nil, d.explain(err)
 	}
 	var reply transferpb.PullReply
 	if err := frame.Read(bufio.NewReader(st), &reply); err != nil {
 		if c.Context().Err() != nil {
 			d.Drop(c)
 		}
-		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, err)
+		return nil, fmt.Errorf("rdma: pull from %s: %w", addr, d.explain(err))
 	}
 	return &reply, nil
 }

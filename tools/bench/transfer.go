@@ -37,10 +37,11 @@ func runTransferBench() error {
 		return err
 	}
 	defer os.RemoveAll(certs)
-	if err := pki.Init(certs, nil); err != nil {
+	agentCerts, err := pki.InitIdentity(certs, pki.Agent("bench"))
+	if err != nil {
 		return err
 	}
-	tlsConf, err := transferclient.TLS(certs)
+	tlsConf, err := transferclient.TLS(agentCerts)
 	if err != nil {
 		return err
 	}

@@ -275,14 +275,32 @@ func Instances(role string, count int) []agent.InstanceSpec {
 	return []agent.InstanceSpec{{Role: role, Preset: "tiny", Count: count}}
 }
 
-// CertDir creates a fresh certificate directory with `lifeline certs init`.
-func CertDir(t testing.TB) string {
+// CADir creates a fresh cluster CA with `lifeline certs init`.
+func CADir(t testing.TB) string {
 	t.Helper()
-	dir := filepath.Join(t.TempDir(), "certs")
+	dir := filepath.Join(t.TempDir(), "ca")
 	if _, errOut, err := proctest.Run(t, "certs", "init", "--dir", dir); err != nil {
 		t.Fatalf("certs init: %v %s", err, errOut)
 	}
 	return dir
+}
+
+// Issue issues a certificate of role and name from the CA in ca with
+// `lifeline certs issue` and returns its directory.
+func Issue(t testing.TB, ca, role, name string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), role)
+	if _, errOut, err := proctest.Run(t, "certs", "issue", "--ca", ca, "--role", role, "--name", name, "--dir", dir); err != nil {
+		t.Fatalf("certs issue: %v %s", err, errOut)
+	}
+	return dir
+}
+
+// CertDir creates a fresh CA and returns the directory of a frontend
+// certificate ("frontend:client") it issued.
+func CertDir(t testing.TB) string {
+	t.Helper()
+	return Issue(t, CADir(t), "frontend", "client")
 }
 
 // CollectFrames reads a worker stream to its end.
