@@ -400,13 +400,20 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		stops = append(stops, e.Tokenizer.EOS())
 	}
 	text := newTextStream(e.Tokenizer, prompt[len(prompt)-1], r.Stop)
-	for _, id := range r.PrefixTokens {
+	for i, id := range r.PrefixTokens {
 		// Replay the prefix so that held-back text and partial characters
 		// are exactly where the uninterrupted run had them.
-		if _, stopped := text.push(id, false); stopped {
+		_, stopped := text.push(id, false)
+		stopToken := slices.Contains(stops, id)
+		switch {
+		case (stopped || stopToken) && i == len(r.PrefixTokens)-1:
+			// The sequence ended with its last token, and only the
+			// finish frame was lost (its worker died between the two): a
+			// migration of a finished request finishes here at once.
+			return finishedStream(sched.FinishStop), nil
+		case stopped:
 			return nil, badField("prefix_tokens", "the prefix already contains a stop string")
-		}
-		if slices.Contains(stops, id) {
+		case stopToken:
 			return nil, badField("prefix_tokens", "the prefix contains stop token %d", id)
 		}
 	}
@@ -441,6 +448,9 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		},
 	}
 	if err := e.sched.Submit(sr); err != nil {
+		if errors.Is(err, sched.ErrPrefixFinished) {
+			return finishedStream(sched.FinishStop), nil
+		}
 		return nil, submitError(err)
 	}
 	go func() {
@@ -451,6 +461,15 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 		}
 	}()
 	return events, nil
+}
+
+// finishedStream is the stream of a request whose prefix already ended
+// it: no token, then Done with reason.
+func finishedStream(reason sched.FinishReason) <-chan Event {
+	events := make(chan Event, 1)
+	events <- Event{Done: true, FinishReason: reason}
+	close(events)
+	return events
 }
 
 // textStream turns tokens into text chunks: UTF-8 reassembly, then stop

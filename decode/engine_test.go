@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/grammar"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
@@ -252,7 +253,7 @@ func TestBadInput(t *testing.T) {
 		"max tokens > ctx":  {Request{Prompt: "hi", MaxTokens: ctxLen}, "max_tokens"},
 		"bad prefix id":     {Request{Prompt: "hi", MaxTokens: 5, PrefixTokens: []int{1 << 30}}, "prefix_tokens"},
 		"prefix fills":      {Request{Prompt: "hi", MaxTokens: 2, PrefixTokens: []int{400, 401}}, "prefix_tokens"},
-		"prefix has eos":    {Request{Prompt: "hi", MaxTokens: 5, PrefixTokens: []int{2}}, "prefix_tokens"},
+		"prefix has eos":    {Request{Prompt: "hi", MaxTokens: 5, PrefixTokens: []int{2, 400}}, "prefix_tokens"},
 		"bad temperature":   {Request{Prompt: "hi", MaxTokens: 5, Sampling: sample.Params{Temperature: -1}}, "sampling"},
 		"empty stop string": {Request{Prompt: "hi", MaxTokens: 5, Stop: []string{""}}, "stop"},
 		"empty token list":  {Request{PromptTokens: []int{}, MaxTokens: 5}, "prompt"},
@@ -288,4 +289,64 @@ func TestOverloadIsTypedAtEngineLevel(t *testing.T) {
 		t.Fatalf("second request: %v, want *sched.OverloadedError", err)
 	}
 	collect(t, ch)
+}
+
+// TestFinishedPrefixFinishesAtOnce: a continuation whose prefix already
+// ended the sequence — its last token a stop token, the end of a stop
+// string, or the close of a structured value — is what a migration sends
+// when the first worker died after its last token and before its finish
+// frame. It finishes at once with stop and no token (not an
+// invalid-request error), while the same prefix continued past its end is
+// still refused.
+func TestFinishedPrefixFinishesAtOnce(t *testing.T) {
+	e := newTinyEngine(t)
+	eos := e.Tokenizer.EOS()
+	for name, r := range map[string]Request{
+		"stop token": {Prompt: "hi", MaxTokens: 8, PrefixTokens: []int{400, eos}},
+		"stop id":    {Prompt: "hi", MaxTokens: 8, PrefixTokens: []int{400, 401}, StopTokenIDs: []int{401}},
+	} {
+		got := generate(t, e, r)
+		if len(got.events) != 0 || got.finish.FinishReason != sched.FinishStop || got.finish.Err != nil {
+			t.Fatalf("%s: %d tokens, finish %+v", name, len(got.events), got.finish)
+		}
+	}
+	// A stop string completed by the prefix's last token.
+	base := Request{Prompt: "Once upon a time", MaxTokens: 30, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 5}}
+	full := generate(t, e, base)
+	stopAt := 6
+	stop := full.events[stopAt].Text
+	if strings.TrimSpace(stop) == "" {
+		t.Skipf("token %d has no text to stop at", stopAt)
+	}
+	r := base
+	r.Stop = []string{stop}
+	first := generate(t, e, r)
+	var prefix []int
+	for _, ev := range full.events[:stopAt+1] {
+		prefix = append(prefix, ev.TokenID)
+	}
+	if first.finish.FinishReason != sched.FinishStop || len(first.events) > stopAt+1 {
+		t.Fatalf("the stop string %q did not end the first run at token %d: %d tokens, %s", stop, stopAt+1, len(first.events), first.finish.FinishReason)
+	}
+	r.PrefixTokens = prefix[:len(first.events)]
+	if !strings.Contains(textOf(result{events: full.events[:len(first.events)]}), stop) {
+		t.Fatalf("test setup: %q not in the prefix's text", stop)
+	}
+	if got := generate(t, e, r); len(got.events) != 0 || got.finish.FinishReason != sched.FinishStop {
+		t.Fatalf("stop string: %d tokens, finish %+v", len(got.events), got.finish)
+	}
+	// A closed structured value.
+	a, err := grammar.Compile([]byte(`{"type":"object","properties":{"a":{"type":"null"}},"required":["a"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed, _ := e.Tokenizer.Encode(`{"a":null}`)
+	sr := Request{Prompt: "hi", MaxTokens: 20, PrefixTokens: closed, Structured: &Structured{Automaton: a}}
+	if got := generate(t, e, sr); len(got.events) != 0 || got.finish.FinishReason != sched.FinishStop {
+		t.Fatalf("closed value: %d tokens, finish %+v", len(got.events), got.finish)
+	}
+	// Past the end is still bad input.
+	if _, err := e.Generate(context.Background(), Request{Prompt: "hi", MaxTokens: 8, PrefixTokens: []int{eos, 400}}); err == nil {
+		t.Fatal("a prefix continuing past its stop token was accepted")
+	}
 }

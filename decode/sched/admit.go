@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
@@ -76,6 +77,9 @@ func admitGrammar(r *Request) (gramState, error) {
 		return gramState{}, nil
 	}
 	gs, err := r.Grammar.admit(r)
+	if errors.Is(err, ErrPrefixFinished) {
+		return gs, fmt.Errorf("request %q: %w", r.ID, err)
+	}
 	if err != nil {
 		return gs, &GrammarError{ID: r.ID, Err: err}
 	}

@@ -23,6 +23,10 @@ var (
 	// ErrKVLost ends a sequence whose KV blocks were taken back and could
 	// not be replaced; the request can be retried or migrated.
 	ErrKVLost = errors.New("sched: KV blocks lost")
+	// ErrPrefixFinished refuses a continuation whose prefix already ended
+	// the sequence (a structured value closed by its last token): the
+	// caller finishes it with FinishStop instead of generating.
+	ErrPrefixFinished = errors.New("sched: the prefix already ends the sequence")
 	// ErrNoAllowedToken ends a structured sequence whose grammar allowed
 	// no token of the vocabulary (one without single-byte tokens).
 	ErrNoAllowedToken = errors.New("sched: the grammar allows no token of the vocabulary")

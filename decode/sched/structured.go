@@ -121,7 +121,7 @@ func (g *Grammar) admit(r *Request) (gramState, error) {
 		return gs, err
 	}
 	if g.closed(gs) {
-		return gs, errors.New("the prefix already holds the whole structured value")
+		return gs, ErrPrefixFinished
 	}
 	left := r.MaxTokens - len(r.Prefix)
 	if mc := g.Automaton.MinClose(gs.st); gs.mode == gramBound && mc > left {

@@ -43,6 +43,12 @@ const (
 	// FailBeforeHandOff is hit by a prefill-only request after its blocks
 	// are published, before the hand-off frame is sent.
 	FailBeforeHandOff = "worker.before-handoff"
+	// FailBeforeFinish is hit by a request that generated tokens here
+	// (canaries excluded) after its last token's frame, before its finish
+	// frame: a
+	// worker dying exactly there leaves a frontend with every token and no
+	// end.
+	FailBeforeFinish = "worker.before-finish"
 )
 
 // Options configure one worker process (rank 0 of an instance).
@@ -495,6 +501,8 @@ func (s *server) frameOf(ctx context.Context, g *wire.Generate, fl *flight, ev d
 	}
 	if g.PrefillOnly {
 		failpoint.Hit(FailBeforeHandOff)
+	} else if fl.sent.Load() > int64(len(g.PrefixTokens)) && g.Lane != wire.Lane_CANARY {
+		failpoint.Hit(FailBeforeFinish)
 	}
 	s.finish(f, ev, context.Cause(ctx))
 	fl.completed = ev.Err == nil
