@@ -38,6 +38,8 @@ type Agent struct {
 
 	detector         ebpf.Detector
 	detectorFallback error
+	// ooms counts the worker cgroup's OOM kills (nil without one).
+	ooms *oomCounter
 	// gpu is nil without a GPU; gpuErr says why.
 	gpu    *gpuChecker
 	gpuErr error
@@ -187,6 +189,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
+	if opts.WorkerCgroup != "" {
+		a.ooms = newOOMCounter(opts.WorkerCgroup)
+	}
 	if err := privateDir(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("agent: data_dir: %w", err)
 	}

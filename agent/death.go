@@ -18,6 +18,11 @@ import (
 // deregister, announce, reclaim its KV blocks.
 func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Event {
 	reason := controlapi.ReasonExitCode
+	if !ex.OOM && ex.Signal == 9 && a.ooms.killedSince() {
+		// The probes saw a SIGKILL but missed the OOM mark (its thread
+		// was gone before it could be resolved): the cgroup counted it.
+		ex.OOM = true
+	}
 	switch {
 	case ex.OOM:
 		reason = controlapi.ReasonOOM
