@@ -114,6 +114,25 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 	if code, _ := getPage(t, up.url+"/metrics"); code != 404 {
 		t.Fatalf("/metrics on the API port: %d, want 404", code)
 	}
+	// Every agent's metrics, on the loopback address printed for it.
+	agents := 0
+	for _, l := range strings.Split(up.out.String(), "\n") {
+		_, m, ok := strings.Cut(l, "(agent metrics ")
+		if !ok {
+			continue
+		}
+		agents++
+		m = strings.TrimSuffix(m, ")")
+		if !strings.HasPrefix(m, "http://127.0.0.1:") {
+			t.Fatalf("agent metrics at %q, not loopback", m)
+		}
+		if code, page := getPage(t, m); code != 200 || !strings.Contains(page, "lifeline_agent_") {
+			t.Fatalf("agent metrics %s: %d %.200s", m, code, page)
+		}
+	}
+	if agents != 2 {
+		t.Fatalf("%d agent metrics addresses printed for 2 nodes:\n%s", agents, up.out.String())
+	}
 	up.cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case <-up.exited:

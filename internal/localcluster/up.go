@@ -108,6 +108,14 @@ func (u *up) startNodes() error {
 		o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-node-%d", os.Getpid(), i))
 		o.ArenaSlots, o.ArenaSlotBytes = 256, 131072
 		o.WorkerBinary = ""
+		// Each agent serves its metrics on a loopback port of its own,
+		// printed with the usage.
+		m, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("up: metrics port: %w", err)
+		}
+		o.Metrics = m.Addr().String()
+		m.Close()
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: opts.Preset, Count: 1}}
 		if np := opts.Prefill/opts.Nodes + b2i((opts.Nodes-1-i) < opts.Prefill%opts.Nodes); np > 0 {
 			o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: opts.Preset, Count: np})
@@ -320,7 +328,7 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
 	for _, n := range u.nodes {
-		fmt.Fprintf(out, "  nodectl --socket %s status\n", n.Options.Socket)
+		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
 	}
 	if len(urls) > 1 {
 		fmt.Fprintf(out, "\n  Any frontend resumes any stream (GET /v1/streams/{id} with its resume token and Last-Event-ID).\n")
