@@ -187,7 +187,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 // newAgent is an agent with nothing started: its data directory exists
 // and it holds the certificates it dials its workers with.
 func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
-	a := &Agent{opts: opts, log: log, events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
+	a := &Agent{opts: opts, log: log.With("node_id", opts.NodeID), events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
 	if opts.WorkerCgroup != "" {
 		a.ooms = newOOMCounter(opts.WorkerCgroup)

@@ -315,6 +315,9 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	if s.opts.ID, err = frontendID(opts, s.workTLS); err != nil {
 		return nil, err
 	}
+	// Every line this frontend logs carries its id (a correlation field
+	// beside request_id and request_epoch).
+	s.log = s.log.With("frontend_id", s.opts.ID)
 	s.key = &frontendKey{etcd: s.etcd, id: s.opts.ID}
 	s.ack = newAcker(s.key.put, ackEvery)
 	s.key.lost = s.ack.rewrite
