@@ -52,7 +52,7 @@ func Summary(w io.Writer, rs []Report) {
 		var fs []string
 		for _, k := range keyFigures {
 			if v, ok := r.Figures[k]; ok {
-				fs = append(fs, fmt.Sprintf("%s %s", k, formatFigure(v)))
+				fs = append(fs, fmt.Sprintf("%s %s", k, FormatFigure(v)))
 			}
 		}
 		fmt.Fprintf(w, "| %d | %s | **%s** | %s | %s |\n", r.Number, r.Name, r.Result, strings.Join(fs, ", "), r.Detail)
@@ -82,7 +82,7 @@ func RenderHTML(w io.Writer, doc Document) error {
 		counts[r.Result]++
 		c := card{Report: r, Keys: sortedKeys(r.Figures), Figs: map[string]string{}, Timeline: timelineSVG(r)}
 		for k, v := range r.Figures {
-			c.Figs[k] = formatFigure(v)
+			c.Figs[k] = FormatFigure(v)
 		}
 		for _, name := range sortedKeys(r.Latencies) {
 			c.Histogram = append(c.Histogram, histogramSVG(name, r.Latencies[name]))
@@ -102,7 +102,7 @@ func timelineSVG(r Report) template.HTML {
 	if len(r.Timeline) == 0 {
 		return ""
 	}
-	const width, left, right, lane = 760.0, 110.0, 20.0, 22.0
+	const width, left, right, lane = 760.0, 110.0, 40.0, 22.0
 	var lanes []string
 	laneOf := map[string]int{}
 	end := 0.0

@@ -172,7 +172,7 @@ func printReport(out io.Writer, r Report) {
 	}
 	var parts []string
 	for _, k := range sortedKeys(r.Figures) {
-		parts = append(parts, fmt.Sprintf("%s=%s", k, formatFigure(r.Figures[k])))
+		parts = append(parts, fmt.Sprintf("%s=%s", k, FormatFigure(r.Figures[k])))
 	}
 	fmt.Fprintf(out, "         %s\n", strings.Join(parts, " "))
 }
@@ -191,7 +191,8 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-func formatFigure(v float64) string {
+// FormatFigure prints a figure: integers as such, others with two decimals.
+func FormatFigure(v float64) string {
 	if v == float64(int64(v)) {
 		return fmt.Sprintf("%d", int64(v))
 	}
