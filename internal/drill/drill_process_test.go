@@ -140,7 +140,9 @@ type cond struct {
 	what string
 }
 
-func eq(v float64) cond { return cond{func(x float64) bool { return x == v }, "== " + drill.FormatFigure(v)} }
+func eq(v float64) cond {
+	return cond{func(x float64) bool { return x == v }, "== " + drill.FormatFigure(v)}
+}
 
 func within(lo, hi float64) cond {
 	return cond{func(x float64) bool { return x >= lo && x <= hi }, "in [" + drill.FormatFigure(lo) + ", " + drill.FormatFigure(hi) + "]"}
