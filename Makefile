@@ -7,7 +7,7 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run engine-demo test test-short race bench fuzz generate lint rdma clean
+.PHONY: all build run drill engine-demo test test-short race bench fuzz generate lint rdma clean
 
 all: build
 
@@ -20,6 +20,11 @@ build:
 # resumes the other's streams). Ctrl-C stops it.
 run:
 	$(GO) run ./cmd/lifeline up --data-dir .lifeline --nodes 2 --preset small --frontends 2
+
+# The fault-injection drills on a local cluster, with a report
+# (.lifeline-drill/report.html).
+drill:
+	$(GO) run ./cmd/lifeline drill all --report .lifeline-drill
 
 # Just the reference engine: one streaming generation.
 engine-demo:

@@ -54,8 +54,8 @@ var depRules = []depRule{
 	{Why: "the arena knows slots, not blocks",
 		From: []string{"shm/..."}, Deny: []string{"kv/..."}},
 	{Why: "libraries never reach up into mains, the local cluster, test helpers or tools",
-		From: []string{"..."}, Except: []string{"cmd/...", "internal/localcluster/...", "internal/proctest", "tools/..."},
-		Deny: []string{"cmd/...", "internal/localcluster/...", "internal/proctest", "tools/..."}},
+		From: []string{"..."}, Except: []string{"cmd/...", "internal/localcluster/...", "internal/drill", "internal/proctest", "tools/..."},
+		Deny: []string{"cmd/...", "internal/localcluster/...", "internal/drill", "internal/proctest", "tools/..."}},
 }
 
 // match reports whether pkg matches pattern.

@@ -1,0 +1,78 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifeline-llm/lifeline/internal/drill"
+)
+
+// errDrillsFailed makes the command exit non-zero after its report.
+var errDrillsFailed = errors.New("drill: at least one drill failed")
+
+func drillCmd() *cobra.Command {
+	var (
+		o      drill.Options
+		report string
+	)
+	o.Config = drill.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "drill [NAME|NUMBER…|all]",
+		Short: "Inject the fault-injection matrix's faults under load and report pass/fail with figures",
+		Long: `Run drills (all by default): each injects one fault under a steady load of seeded
+streams, compares every stream with a fault-free run token by token, and prints
+pass, fail or not_available with its figures. By default each drill runs on a
+local cluster started for it (drills of the same shape share one) and stopped
+after; with --against, on an existing cluster, acting only through its
+frontends' APIs and its agents' control sockets. Exits non-zero when a drill
+fails.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ds, err := drill.Select(args)
+			if err != nil {
+				return err
+			}
+			o.Drills = ds
+			out := cmd.OutOrStdout()
+			start := time.Now()
+			reports, err := drill.Run(cmd.Context(), o, out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "\n%d drills in %v\n\n", len(reports), time.Since(start).Round(time.Second))
+			drill.Summary(out, reports)
+			if report != "" {
+				where := fmt.Sprintf("local cluster(s), preset %s", o.Local.Preset)
+				if len(o.Against.URLs) > 0 {
+					where = fmt.Sprintf("cluster at %v", o.Against.URLs)
+				}
+				doc := drill.Document{Generated: time.Now(), Cluster: where, Drills: reports}
+				if err := drill.WriteReport(report, doc); err != nil {
+					return err
+				}
+				fmt.Fprintf(out, "\nreport: %s/report.json, %s/report.html\n", report, report)
+			}
+			if drill.Failed(reports) {
+				return errDrillsFailed
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&report, "report", "", "write report.json and report.html into this directory")
+	f.IntVar(&o.Config.Streams, "streams", o.Config.Streams, "concurrent streams of each drill's load")
+	f.IntVar(&o.Config.MaxTokens, "max-tokens", o.Config.MaxTokens, "tokens per stream")
+	f.Uint64Var(&o.Config.Seed, "seed", o.Config.Seed, "first sampling seed of the load's streams")
+	f.DurationVar(&o.Timeout, "timeout", 3*time.Minute, "bound on each drill")
+	f.StringVar(&o.Local.Preset, "preset", "small", "local cluster: the workers' model (tiny or small)")
+	f.StringVar(&o.Local.Dir, "dir", "", "local cluster: where its temporary directories go (default: the system's)")
+	f.StringSliceVar(&o.Against.URLs, "against", nil, "act on the existing cluster with these frontend URLs")
+	f.StringSliceVar(&o.Against.Sockets, "agent-socket", nil, "with --against: the node agents' control sockets")
+	f.StringSliceVar(&o.Against.Etcd, "etcd", nil, "with --against: etcd endpoints host:port,... (routing seen from etcd)")
+	f.BoolVar(&o.Against.EtcdTLS, "etcd-tls", false, "with --against: connect to etcd with mutual TLS")
+	f.StringVar(&o.Against.Certs, "certs", "", "with --against: certificate directory (etcd TLS, workers' health)")
+	f.StringVar(&o.Against.Model, "model", "", "with --against: the model to load (default: the first the frontend lists)")
+	return cmd
+}

@@ -1,0 +1,126 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
+)
+
+// LocalOptions configure a cluster StartLocal runs.
+type LocalOptions struct {
+	// Dir holds everything (certificates, etcd, the nodes' data); the
+	// caller removes it.
+	Dir string
+	// Binary is the lifeline executable (default: this one).
+	Binary string
+	// Preset is the workers' model (tiny or small).
+	Preset string
+	// Log receives every process's output (nil: Dir/lifeline.log).
+	Log io.Writer
+}
+
+// StartLocal starts a cluster of shape s on this machine: an embedded
+// etcd, one agent per node (decode instances, prefill instances from the
+// last node backwards, canaries out of the way, quick restarts and
+// drains), and the frontends; it returns once every frontend serves.
+func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err error) {
+	if s.Nodes < 1 || s.Frontends < 1 || s.DecodePerNode < 1 {
+		return nil, fmt.Errorf("drill: shape %v: a node, a decode instance and a frontend at least", s)
+	}
+	if o.Log == nil {
+		f, err := os.OpenFile(filepath.Join(o.Dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return nil, err
+		}
+		o.Log = f
+		defer func() {
+			if err != nil {
+				f.Close()
+			}
+		}()
+	}
+	env, err := localcluster.NewEnv(o.Dir, o.Binary, "")
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true}
+	c.closers = append(c.closers, env.Close)
+	if f, ok := o.Log.(*os.File); ok {
+		c.closers = append(c.closers, func() { f.Close() })
+	}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	var nodes []*localcluster.Node
+	c.closers = append(c.closers, func() { stopNodes(nodes) })
+	for i := 0; i < s.Nodes; i++ {
+		n := env.NewNode(localNodeOptions(env, s, o.Preset, i))
+		n.Stdout, n.Stderr = o.Log, o.Log
+		if err := n.Start(); err != nil {
+			return nil, err
+		}
+		nodes = append(nodes, n)
+		c.Sockets = append(c.Sockets, n.Options.Socket)
+	}
+	for i := 0; i < s.Frontends; i++ {
+		f, err := env.StartFrontend("127.0.0.1:0", o.Log, "--id", fmt.Sprintf("drill-frontend-%d", i))
+		if err != nil {
+			return nil, err
+		}
+		c.closers = append(c.closers, func() { f.Stop(20 * time.Second) })
+		c.URLs = append(c.URLs, f.URL)
+	}
+	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// localNodeOptions is node i of shape s: its decode instances, its share
+// of the prefill instances, an arena big enough for a drill's long
+// prompts, canaries an hour apart (drills kill workers themselves) and
+// quick restarts, drain settles and deadlines.
+func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agent.Options {
+	id := fmt.Sprintf("node-%d", i)
+	o := env.NodeOptions(id, filepath.Join(env.Dir, id))
+	o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-drill-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id))
+	o.ArenaSlots, o.ArenaSlotBytes = 512, 131072
+	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode}}
+	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
+		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
+	}
+	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
+	o.CanaryIdle, o.CanaryTimeout = agent.Duration(time.Hour), agent.Duration(5*time.Second)
+	o.RestartBackoff, o.RestartMax = agent.Duration(100*time.Millisecond), agent.Duration(time.Second)
+	o.DrainSettle = agent.Duration(500 * time.Millisecond)
+	o.DrainDeadline, o.DrainHardDeadline = agent.Duration(10*time.Second), agent.Duration(30*time.Second)
+	return o
+}
+
+// stopNodes stops the agents (each stops its workers) and removes their
+// arenas.
+func stopNodes(nodes []*localcluster.Node) {
+	for _, n := range nodes {
+		n.Signal(syscall.SIGTERM)
+	}
+	for _, n := range nodes {
+		n.Wait(90 * time.Second)
+		n.RemoveArena()
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
