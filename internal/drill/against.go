@@ -16,8 +16,10 @@ import (
 
 // AgainstOptions name an existing cluster.
 type AgainstOptions struct {
-	// URLs are the frontends (at least one).
-	URLs []string
+	// URLs are the frontends (at least one); MetricsURLs their metrics
+	// listeners (`lifeline frontend --metrics-addr`), in the same order.
+	URLs        []string
+	MetricsURLs []string
 	// Sockets are the agents' control sockets (at least one; the agents
 	// must run on this host for a drill to kill their workers).
 	Sockets []string
@@ -45,6 +47,9 @@ func Connect(ctx context.Context, o AgainstOptions) (*Cluster, error) {
 	c := &Cluster{Sockets: o.Sockets, Model: o.Model, Certs: o.Certs}
 	for _, u := range o.URLs {
 		c.URLs = append(c.URLs, strings.TrimRight(u, "/"))
+	}
+	for _, u := range o.MetricsURLs {
+		c.MetricsURLs = append(c.MetricsURLs, strings.TrimSuffix(strings.TrimRight(u, "/"), "/metrics"))
 	}
 	if c.Model == "" {
 		m, err := firstModel(ctx, c.URLs[0])

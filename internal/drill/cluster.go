@@ -25,8 +25,10 @@ import (
 // socket, and optionally etcd and the cluster's certificates (to watch
 // registrations and ask workers for their health).
 type Cluster struct {
-	// URLs are the frontends.
-	URLs []string
+	// URLs are the frontends; MetricsURLs their metrics listeners (the
+	// API port serves no metrics), in the same order.
+	URLs        []string
+	MetricsURLs []string
 	// Sockets are the node agents' control sockets.
 	Sockets []string
 	// Model is the model every load asks for.
@@ -366,11 +368,18 @@ func (m Metrics) Sum(name string) float64 {
 // Metrics reads every frontend's /metrics and sums them by series.
 func (c *Cluster) Metrics(ctx context.Context) (Metrics, error) {
 	m := Metrics{}
-	for _, u := range c.URLs {
+	if len(c.MetricsURLs) != len(c.URLs) {
+		return nil, fmt.Errorf("drill: the frontends' metrics addresses are not known (--frontend-metrics)")
+	}
+	for _, u := range c.MetricsURLs {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+"/metrics", nil)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			return nil, fmt.Errorf("drill: metrics of %s: %w", u, err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			resp.Body.Close()
+			return nil, fmt.Errorf("drill: metrics of %s: %s", u, resp.Status)
 		}
 		sc := bufio.NewScanner(resp.Body)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)

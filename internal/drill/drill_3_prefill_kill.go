@@ -44,13 +44,13 @@ func prefillKillOnce(ctx context.Context, c *Cluster, cfg Config, r *Recorder, a
 	if err != nil {
 		return false, err
 	}
-	var victim Worker
+	var prefills []Worker
 	for _, w := range ws {
-		if w.Role == "prefill" && victim.InstanceID == "" {
-			victim = w
+		if w.Role == "prefill" {
+			prefills = append(prefills, w)
 		}
 	}
-	if victim.InstanceID == "" {
+	if len(prefills) == 0 {
 		return false, fmt.Errorf("drill: no prefill worker")
 	}
 	l := NewLoad(c, LoadSpec{Streams: min(cfg.Streams, 4), MaxTokens: max(cfg.MaxTokens/4, 4), PromptWords: 600, Seed: cfg.Seed,
@@ -65,7 +65,7 @@ func prefillKillOnce(ctx context.Context, c *Cluster, cfg Config, r *Recorder, a
 	start := time.Now()
 	r.Event(start, EvLoadStart, "attempt %d: %d streams with ~600-word prompts", attempt, l.Spec().Streams)
 	go func() { defer close(ran); streams = l.Run(ctx) }()
-	k, kerr := killWhenBusy(ctx, c, victim, ran)
+	k, kerr := killWhenBusy(ctx, c, prefills, ran)
 	<-ran
 	r.Event(time.Now(), EvLoadEnd, "")
 	if kerr != nil {
@@ -111,23 +111,26 @@ func prefillKillOnce(ctx context.Context, c *Cluster, cfg Config, r *Recorder, a
 	return true, nil
 }
 
-// killWhenBusy SIGKILLs w once it reports a request in flight (with the
-// certificates to ask it), or 150 ms after the load started without them;
-// it gives up when the load ends first.
-func killWhenBusy(ctx context.Context, c *Cluster, w Worker, ran <-chan struct{}) (Kill, error) {
+// killWhenBusy SIGKILLs the first of ws that reports a request in flight
+// (with the certificates to ask them: the router decides which prefill
+// worker a prompt goes to), or the first of ws 150 ms after the load
+// started without them; it kills the first when the load ends first.
+func killWhenBusy(ctx context.Context, c *Cluster, ws []Worker, ran <-chan struct{}) (Kill, error) {
 	deadline := time.After(150 * time.Millisecond)
 	for {
 		if c.Certs != "" {
 			deadline = nil
-			if n, _, err := c.WorkerHealth(ctx, w); err == nil && n > 0 {
-				return c.KillWorker(ctx, w.InstanceID)
+			for _, w := range ws {
+				if n, _, err := c.WorkerHealth(ctx, w); err == nil && n > 0 {
+					return c.KillWorker(ctx, w.InstanceID)
+				}
 			}
 		}
 		select {
 		case <-ran:
-			return c.KillWorker(ctx, w.InstanceID)
+			return c.KillWorker(ctx, ws[0].InstanceID)
 		case <-deadline:
-			return c.KillWorker(ctx, w.InstanceID)
+			return c.KillWorker(ctx, ws[0].InstanceID)
 		case <-time.After(2 * time.Millisecond):
 		}
 	}

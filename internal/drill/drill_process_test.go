@@ -98,7 +98,7 @@ func TestAgainstExistingCluster(t *testing.T) {
 	var out strings.Builder
 	run := func(sockets []string) []drill.Report {
 		rs, err := drill.Run(ctx, drill.Options{Drills: ds, Config: shortConfig,
-			Against: drill.AgainstOptions{URLs: c.URLs, Sockets: sockets, Certs: c.Certs}}, &out)
+			Against: drill.AgainstOptions{URLs: c.URLs, MetricsURLs: c.MetricsURLs, Sockets: sockets, Certs: c.Certs}}, &out)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -77,7 +77,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			return nil, err
 		}
 		c.closers = append(c.closers, func() { f.Stop(20 * time.Second) })
-		c.URLs = append(c.URLs, f.URL)
+		c.URLs, c.MetricsURLs = append(c.URLs, f.URL), append(c.MetricsURLs, f.MetricsURL)
 	}
 	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
 		return nil, err
