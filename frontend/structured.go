@@ -199,7 +199,8 @@ func structuredParamError(body *CompletionRequest, pe *ParamError) *ParamError {
 		if body.MaxTokens == nil {
 			pe.Message += " (max_tokens defaults to 16: set a larger one)"
 		}
-	case strings.HasPrefix(pe.Param, "structured") || strings.HasPrefix(pe.Param, "schema") || strings.Contains(pe.Message, "schema"):
+	case pe.Param == "response_format" || strings.HasPrefix(pe.Param, "structured") || strings.HasPrefix(pe.Param, "schema") ||
+		strings.Contains(pe.Message, "schema"):
 		pe.Param = grammarParam
 	}
 	return pe
