@@ -35,18 +35,27 @@ func (s *Server) serveChoices(w http.ResponseWriter, req *http.Request, body Com
 		s.writeWholeGroup(w, req, g)
 		return
 	}
-	// As for one choice: the status line waits for every choice's first
-	// token (a refusal is a 4xx, never an error after a 200) and record.
+	if !g.awaitStarts(w, req, &body) {
+		return
+	}
+	s.followGroup(w, req, g, make([]int, len(g.children)), true)
+}
+
+// awaitStarts holds the status line of a streamed group, as for one
+// choice, until every choice has its first token (a refusal is a 4xx,
+// never an error after a 200) and its record. false: it answered, with
+// the refusal named by the client's parameter, or the client left.
+func (g *group) awaitStarts(w http.ResponseWriter, req *http.Request, body *CompletionRequest) bool {
 	for _, st := range g.children {
 		rerr, ok := st.awaitStart(req.Context())
 		switch {
 		case !ok:
 			g.clientGone()
-			return
+			return false
 		case rerr != nil:
 			g.cancel(errSiblingFailed)
-			writeRequestError(w, rerr)
-			return
+			writeRequestErrorFor(w, rerr, body)
+			return false
 		}
 	}
 	for _, st := range g.children {
@@ -57,10 +66,10 @@ func (s *Server) serveChoices(w http.ResponseWriter, req *http.Request, body Com
 		case <-st.rec.stored:
 		case <-req.Context().Done():
 			g.clientGone()
-			return
+			return false
 		}
 	}
-	s.followGroup(w, req, g, make([]int, len(g.children)), true)
+	return true
 }
 
 // startGroup admits the children of body and runs them.
@@ -344,7 +353,7 @@ func (s *Server) writeWholeGroup(w http.ResponseWriter, req *http.Request, g *gr
 		rs, waits := g.states()
 		if e, failed := g.failure(rs); failed || e != nil && len(waits) == 0 {
 			g.cancel(errSiblingFailed)
-			writeRequestError(w, e)
+			writeRequestErrorFor(w, e, &g.children[0].body) // the choices share their grammar
 			return
 		}
 		if len(waits) == 0 {

@@ -99,13 +99,22 @@ func (s *Server) assemble(w http.ResponseWriter, req *http.Request, id string, k
 		writeError(w, http.StatusServiceUnavailable, ErrTakeoverUnavailable, fmt.Sprintf("the request records cannot be read now: %v", err))
 		return nil, false
 	}
+	took := false
 	for i, st := range g.children {
 		if st != nil {
 			continue
 		}
-		if g.children[i], err = s.choiceFromRecord(ctx, w, recs[childID(id, i)]); err != nil {
+		v := recs[childID(id, i)]
+		if g.children[i], err = s.choiceFromRecord(ctx, w, v); err != nil {
 			return nil, false
 		}
+		took = took || (v.rec.ID != "" && !v.rec.Done)
+	}
+	if took {
+		// Choices driven here now: one that fails for good cancels the
+		// others whether or not anyone follows the stream, as at the
+		// frontend that admitted them.
+		go g.watchFailures(s.ctx)
 	}
 	return g, true
 }

@@ -27,6 +27,19 @@ import (
 // an admission write that takes longer than recordTimeout is given up
 // and the request served without a record.
 
+// maxRecordBytes bounds a record, below etcd's default request limit
+// (1.5 MiB) with room for the transaction around it. An admission record
+// over it is not written (the request is served without one, counted as
+// skipped); a done record's output drops its logprobs to fit
+// (LogprobsOmitted: a replay has none), and an output that does not fit
+// even so is left out, the record ending with errOutputNotKept. The
+// summary (End, with the tool calls' ids) is always kept.
+const maxRecordBytes = 1 << 20
+
+// errOutputNotKept is the error of a replay of a request whose output
+// did not fit its record.
+const errOutputNotKept ErrorType = "output_not_kept"
+
 // recordTimeout bounds the admission write; tokens wait for it.
 const recordTimeout = time.Second
 
@@ -114,12 +127,18 @@ func (rc *records) newRecord(st *stream, deadline, now time.Time) schema.Request
 func (rc *records) admit(ctx context.Context, st *stream, rec schema.RequestRecord) {
 	rs := st.rec
 	defer close(rs.stored)
+	b, _ := json.Marshal(rec)
+	if len(b) > maxRecordBytes {
+		rc.m.recordsSkipped.Inc()
+		rc.log.Warn("frontend: serving without a request record: its body is too large for one (another frontend cannot resume this stream)",
+			"request_id", st.id, "bytes", len(b), "max", maxRecordBytes)
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	lease, expiry, err := rc.leaseFor(ctx)
 	var resp *clientv3.PutResponse
 	if err == nil {
-		b, _ := json.Marshal(rec)
 		resp, err = rc.etcd.Put(ctx, schema.RequestsPrefix+st.id, string(b), clientv3.WithLease(lease))
 	}
 	if err != nil {
@@ -242,11 +261,37 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 		raw := json.RawMessage(b)
 		rec.End = &raw
 	}
+	rec = fitOutput(rec)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := rc.cas(cctx, rs, rec, "complete"); err != nil {
 		rc.log.Warn("frontend: request record not completed", "request_id", st.id, "err", err)
 	}
+}
+
+// fitOutput is a done record within maxRecordBytes: without the output's
+// logprobs, else without its output (see maxRecordBytes).
+func fitOutput(rec schema.RequestRecord) schema.RequestRecord {
+	fits := func() bool {
+		b, _ := json.Marshal(rec)
+		return len(b) <= maxRecordBytes
+	}
+	if fits() {
+		return rec
+	}
+	out := make([]schema.RecordToken, len(rec.Output))
+	for i, t := range rec.Output {
+		out[i] = schema.RecordToken{ID: t.ID, Text: t.Text}
+		rec.LogprobsOmitted = rec.LogprobsOmitted || len(t.Logprobs) > 0
+	}
+	rec.Output = out
+	if fits() {
+		return rec
+	}
+	rec.Output, rec.LogprobsOmitted = nil, false
+	rec.ErrorType = string(errOutputNotKept)
+	rec.ErrorMessage = "the output is too large to keep for a replay"
+	return rec
 }
 
 // read returns the record of request id and its ModRevision.

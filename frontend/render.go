@@ -56,19 +56,24 @@ func (st *stream) calls(output []Token) ([]sse.ToolCall, bool) {
 	return outputCalls(st.id, st.body.ToolCalls, output)
 }
 
+// outputCalls are output's calls as a stream delivers them: those the
+// callScanner saw close, in order, with their index. The stream, the
+// whole response and the record (callIDs) all read them here, so they
+// agree however the output ends. false: the request has no tools, its
+// output is text, or no call closed (a call output cut short before its
+// first call closed is delivered as its text). A fragment after the last
+// complete call (an output cut by length or an error) is delivered in
+// neither shape: the calls are, and finish_reason says the output was cut.
 func outputCalls(requestID string, tc *ToolCalls, output []Token) ([]sse.ToolCall, bool) {
 	if tc == nil {
 		return nil, false
 	}
-	var text strings.Builder
+	sc := newCallScanner(requestID, tc)
+	var calls []sse.ToolCall
 	for _, t := range output {
-		text.WriteString(t.Text)
+		calls = append(calls, sc.feed(t.Text)...)
 	}
-	s := text.String()
-	if tc.Optional && !strings.HasPrefix(s, "{") {
-		return nil, false
-	}
-	return parseCalls(requestID, []byte(s), tc.Parallel)
+	return calls, len(calls) > 0
 }
 
 // callIDs are the ids of the calls in output, for the request's summary
@@ -101,6 +106,9 @@ func (st *stream) wholeChoice(r *Request) map[string]any {
 	}
 	msg := map[string]any{"role": "assistant", "content": text.String()}
 	if calls, ok := st.calls(r.Output); ok {
+		for i := range calls {
+			calls[i].Index = nil // a streamed chunk's field
+		}
 		msg["content"] = nil
 		msg["tool_calls"] = calls
 	}

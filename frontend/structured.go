@@ -30,6 +30,9 @@ type StructuredOutput struct {
 	// Optional lets the output be free text instead: the grammar binds
 	// only if its first byte is '{' (tool_choice auto).
 	Optional bool `json:"optional,omitempty"`
+	// automaton is Schema compiled at admission, so that checks after
+	// parsing do not compile it again (nil in a body read from a record).
+	automaton *grammar.Automaton
 }
 
 // wire is the Generate field of s (nil for none).
@@ -87,7 +90,8 @@ func parseResponseFormat(raw json.RawMessage) (*StructuredOutput, error) {
 		// OpenAI allows a schema-less json_schema: any JSON object.
 		return &StructuredOutput{Kind: StructuredJSONObject}, nil
 	}
-	if _, err := grammar.Compile(js.Schema); err != nil {
+	a, err := grammar.Compile(js.Schema)
+	if err != nil {
 		return nil, schemaParamError("response_format", "json_schema.schema", err)
 	}
 	var compact bytes.Buffer
@@ -95,7 +99,7 @@ func parseResponseFormat(raw json.RawMessage) (*StructuredOutput, error) {
 		return nil, invalid("response_format", "json_schema.schema is not JSON: %v", err)
 	}
 	// strict: true or false, the grammar enforces the schema strictly.
-	return &StructuredOutput{Kind: StructuredJSONSchema, Schema: compact.Bytes()}, nil
+	return &StructuredOutput{Kind: StructuredJSONSchema, Schema: compact.Bytes(), automaton: a}, nil
 }
 
 // schemaParamError is a refused schema as a 400 naming param; where says
@@ -141,22 +145,41 @@ func checkStructured(out *CompletionRequest) error {
 	case out.IgnoreEOS:
 		return unsupported("ignore_eos", "ignore_eos cannot be combined with "+param+": the output ends when the JSON value closes")
 	}
-	if s.Kind != StructuredJSONSchema || out.ToolCalls != nil {
-		// Tool schemas are checked by the worker (minProperties and
-		// maxProperties); its refusal is mapped to tools and max_tokens.
-		if s.Kind == StructuredJSONObject && out.maxTokens() < 2 {
+	if s.Kind == StructuredJSONObject {
+		if out.maxTokens() < 2 {
 			return invalid("max_tokens", "max_tokens %d is too small for a JSON object: at least 2 tokens", out.maxTokens())
 		}
 		return nil
 	}
-	a, err := grammar.Compile(s.Schema)
+	a, err := s.compiled()
 	if err != nil {
+		if out.ToolCalls != nil {
+			// Each function's parameters compiled alone; together, under
+			// the call's wrapper, they may not.
+			return schemaParamError(param, "the tools together", err)
+		}
 		return schemaParamError(param, "json_schema.schema", err)
+	}
+	if out.ToolCalls != nil {
+		// The worker checks max_tokens against the calls' grammar (with
+		// tool_choice auto the output may be text); its refusal is mapped
+		// to max_tokens.
+		return nil
 	}
 	if need := a.MinClose(a.Start()); out.maxTokens() < need {
 		return invalid("max_tokens", "max_tokens %d is too small: the shortest value of the schema takes %d tokens", out.maxTokens(), need)
 	}
 	return nil
+}
+
+// compiled is s's automaton, compiled once.
+func (s *StructuredOutput) compiled() (*grammar.Automaton, error) {
+	if s.automaton != nil {
+		return s.automaton, nil
+	}
+	a, err := grammar.Compile(s.Schema)
+	s.automaton = a
+	return a, err
 }
 
 // structuredParamError names the parameter a worker's refusal of a
@@ -176,7 +199,8 @@ func structuredParamError(body *CompletionRequest, pe *ParamError) *ParamError {
 		if body.MaxTokens == nil {
 			pe.Message += " (max_tokens defaults to 16: set a larger one)"
 		}
-	case strings.HasPrefix(pe.Param, "structured") || strings.HasPrefix(pe.Param, "schema") || strings.Contains(pe.Message, "schema"):
+	case pe.Param == "response_format" || strings.HasPrefix(pe.Param, "structured") || strings.HasPrefix(pe.Param, "schema") ||
+		strings.Contains(pe.Message, "schema"):
 		pe.Param = grammarParam
 	}
 	return pe

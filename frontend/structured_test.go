@@ -139,6 +139,10 @@ func TestStructuredWorkerRefusal(t *testing.T) {
 	if pe = structuredParamError(body, workerParamError("decode: invalid request: structured.schema: bad")); pe.Param != "tools" {
 		t.Fatalf("%+v", pe)
 	}
+	// The worker names response_format whatever the grammar came from.
+	if pe = structuredParamError(body, workerParamError("decode: invalid request: response_format: grammar: too many nodes")); pe.Param != "tools" {
+		t.Fatalf("%+v", pe)
+	}
 	w := httptest.NewRecorder()
 	writeRequestErrorFor(w, &RequestError{Type: ErrInvalidRequest, Message: "decode: invalid request: structured: bad"}, body)
 	if w.Code != 400 || !strings.Contains(w.Body.String(), `"param":"tools"`) {

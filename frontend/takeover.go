@@ -122,6 +122,9 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 	if err := json.Unmarshal(rec.Body, &body); err != nil {
 		return nil, fmt.Errorf("request %s: body: %v", rec.ID, err)
 	}
+	if rec.LogprobsOmitted {
+		body.Logprobs, body.TopLogprobs = false, 0 // logprobs null: not kept
+	}
 	var end sse.Lifeline
 	if rec.End != nil {
 		json.Unmarshal(*rec.End, &end)

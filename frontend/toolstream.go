@@ -139,7 +139,7 @@ func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher ht
 			flusher.Flush()
 		}
 		if done {
-			st.writeHeld(sw, r, held, from)
+			st.writeHeld(sw, r, held, from, sc.next > 0)
 			st.writeEnd(sw, flusher, r)
 			return true
 		}
@@ -164,11 +164,12 @@ func (st *stream) callChunk(t Token, calls []sse.ToolCall, held []Token) sse.Chu
 }
 
 // writeHeld writes, at the end, tokens still held back: a call output the
-// worker cut short (it is not a call, the client gets its text).
-func (st *stream) writeHeld(sw *sse.Writer, r *Request, held []Token, from int) {
-	if _, ok := st.calls(r.Output); ok || r.Err != nil {
-		// The tokens after the last call's close (its brackets) carry
-		// nothing the calls did not say.
+// worker cut short before any call closed is not a call, the client gets
+// its text (as in a whole response). After a call was sent, the tokens
+// after the last call's close (its brackets, or a call cut short) are not
+// sent: the calls are the output (outputCalls).
+func (st *stream) writeHeld(sw *sse.Writer, r *Request, held []Token, from int, callsSent bool) {
+	if callsSent || r.Err != nil {
 		return
 	}
 	offset := -1

@@ -87,6 +87,9 @@ type RequestRecord struct {
 	// lifeline object) of its final chunk.
 	Output []RecordToken    `json:"output,omitempty"`
 	End    *json.RawMessage `json:"end,omitempty"`
+	// LogprobsOmitted: the output's logprobs did not fit the record's
+	// size bound and were left out; a replay has none.
+	LogprobsOmitted bool `json:"logprobs_omitted,omitempty"`
 }
 
 // RecordToken is one output token of a done request.

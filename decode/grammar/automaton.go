@@ -19,6 +19,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"unsafe"
 )
 
 // Automaton is a compiled schema. It is immutable and safe for concurrent
@@ -345,4 +346,18 @@ func (a *Automaton) arrayStep(s *State, n *node, c byte) bool {
 	f.count++
 	f.phase = aNext
 	return a.start(s, n.items, c)
+}
+
+// Footprint estimates the bytes the automaton holds, for a cache that
+// bounds what it keeps by memory.
+func (a *Automaton) Footprint() int {
+	size := int(unsafe.Sizeof(*a)) + len(a.nodes)*int(unsafe.Sizeof(node{}))
+	for i := range a.nodes {
+		n := &a.nodes[i]
+		size += n.lits.footprint() + n.keys.footprint() + 2*(len(n.propNode)+len(n.alts)) + len(n.optByCost)
+		for _, name := range n.names {
+			size += int(unsafe.Sizeof(name)) + len(name)
+		}
+	}
+	return size
 }

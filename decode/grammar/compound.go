@@ -29,9 +29,15 @@ func (c *compiler) object(m map[string]any, path string, depth int) (uint16, err
 		if err != nil {
 			return 0, err
 		}
+		if err := c.spend(len(name), path, "properties"); err != nil {
+			return 0, err
+		}
 		n.names = append(n.names, name)
 		n.propNode = append(n.propNode, id)
 		n.keys.insert([]byte(name), i)
+	}
+	if err := trieFits(n.keys, path, "properties"); err != nil {
+		return 0, err
 	}
 	n.keys.finish()
 	if err := c.required(&n, m, path); err != nil {
@@ -191,7 +197,7 @@ func (c *compiler) anyValue() (uint16, error) {
 	if err != nil {
 		return 0, err
 	}
-	lit, err := c.literal([]string{"true", "false", "null"})
+	lit, err := c.literal([]string{"true", "false", "null"}, "", "")
 	if err != nil {
 		return 0, err
 	}

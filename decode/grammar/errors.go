@@ -13,8 +13,10 @@ var (
 	// ErrInvalidSchema: the schema is not a well-formed schema of the subset
 	// (wrong value types, unknown required property, empty enum, ...).
 	ErrInvalidSchema = errors.New("grammar: invalid schema")
-	// ErrTooLarge: the schema is nested deeper than MaxDepth or has more
-	// than MaxNodes nodes.
+	// ErrTooLarge: the schema is nested deeper than MaxDepth, has more
+	// than MaxNodes nodes, an enum of more than MaxEnumValues values, more
+	// than MaxLiteralBytes of literals and property names, or a literal
+	// trie too large for the automaton's positions.
 	ErrTooLarge = errors.New("grammar: schema too large")
 )
 

@@ -17,6 +17,15 @@ const (
 	MaxNodes      = 256 // compiled nodes, union alternatives included
 	MaxProperties = 64  // declared properties of one object
 	MaxMinItems   = 1024
+	// MaxEnumValues bounds the values of one enum; MaxLiteralBytes the
+	// bytes of every literal text and property name of a schema together.
+	// Both bound compile time and the automaton's memory, which a worker
+	// keeps in its schema cache.
+	MaxEnumValues   = 1024
+	MaxLiteralBytes = 64 << 10
+	// maxTrieNodes bounds a literal or key trie: its positions are uint16
+	// with offTrie (0xFFFF) reserved.
+	maxTrieNodes  = offTrie - 1
 	maxIntDigits  = 15 // digits before the point: exact in a float64
 	maxFracDigits = 15
 	maxExpDigits  = 2 // exponents up to 99: always in float64 range
@@ -70,6 +79,25 @@ var (
 type compiler struct {
 	nodes []node
 	any   int32 // index of the any-value union, -1 until built
+	// litBytes counts the literal texts' and property names' bytes.
+	litBytes int
+}
+
+// spend counts n literal or name bytes against MaxLiteralBytes.
+func (c *compiler) spend(n int, path, kw string) error {
+	c.litBytes += n
+	if c.litBytes > MaxLiteralBytes {
+		return &SchemaError{Path: path, Keyword: kw, Reason: "literals and property names over " + strconv.Itoa(MaxLiteralBytes) + " bytes", Err: ErrTooLarge}
+	}
+	return nil
+}
+
+// trieFits refuses a trie whose positions would not fit a State.
+func trieFits(t *trie, path, kw string) error {
+	if len(t.nodes) > maxTrieNodes {
+		return &SchemaError{Path: path, Keyword: kw, Reason: "more than " + strconv.Itoa(maxTrieNodes) + " trie nodes", Err: ErrTooLarge}
+	}
+	return nil
 }
 
 // Compile compiles a JSON schema of the supported subset: objects
@@ -251,15 +279,21 @@ func (c *compiler) typed(m map[string]any, path string, depth int, t string) (ui
 	case "integer":
 		return c.add(node{kind: kInteger, minLen: 1})
 	case "boolean":
-		return c.literal([]string{"true", "false"})
+		return c.literal([]string{"true", "false"}, path, "type")
 	}
-	return c.literal([]string{"null"})
+	return c.literal([]string{"null"}, path, "type")
 }
 
-func (c *compiler) literal(texts []string) (uint16, error) {
+func (c *compiler) literal(texts []string, path, kw string) (uint16, error) {
 	tr := newTrie()
 	for i, s := range texts {
+		if err := c.spend(len(s), path, kw); err != nil {
+			return 0, err
+		}
 		tr.insert([]byte(s), i)
+	}
+	if err := trieFits(tr, path, kw); err != nil {
+		return 0, err
 	}
 	tr.finish()
 	return c.add(node{kind: kLiteral, lits: tr, minLen: tr.nodes[0].minEnd})
@@ -279,9 +313,13 @@ func (c *compiler) enum(m map[string]any, path, kw string, types []string) (uint
 		if !ok || len(l) == 0 {
 			return 0, &SchemaError{Path: path, Keyword: kw, Reason: "a non-empty list is expected", Err: ErrInvalidSchema}
 		}
+		if len(l) > MaxEnumValues {
+			return 0, &SchemaError{Path: path, Keyword: kw, Reason: "more than " + strconv.Itoa(MaxEnumValues) + " values", Err: ErrTooLarge}
+		}
 		values = l
 	}
 	var texts []string
+	seen := make(map[string]bool, len(values))
 	for _, v := range values {
 		text, typ, err := literalText(v)
 		if err != nil {
@@ -290,11 +328,12 @@ func (c *compiler) enum(m map[string]any, path, kw string, types []string) (uint
 		if len(types) > 0 && !slices.Contains(types, typ) && (typ != "integer" || !slices.Contains(types, "number")) {
 			return 0, &SchemaError{Path: path, Keyword: kw, Reason: "value " + text + " is not of the node's type", Err: ErrInvalidSchema}
 		}
-		if !slices.Contains(texts, text) {
+		if !seen[text] {
+			seen[text] = true
 			texts = append(texts, text)
 		}
 	}
-	return c.literal(texts)
+	return c.literal(texts, path, kw)
 }
 
 type literalError string

@@ -1,6 +1,9 @@
 package grammar
 
-import "slices"
+import (
+	"slices"
+	"unsafe"
+)
 
 // trie is a byte trie of a fixed set of byte strings (literal texts or
 // property names); node 0 is the root.
@@ -79,4 +82,15 @@ func (t *trie) next(at int, b byte) int {
 		}
 	}
 	return -1
+}
+
+func (t *trie) footprint() int {
+	if t == nil {
+		return 0
+	}
+	size := len(t.nodes) * int(unsafe.Sizeof(trieNode{}))
+	for i := range t.nodes {
+		size += len(t.nodes[i].edges) * int(unsafe.Sizeof(trieEdge{}))
+	}
+	return size
 }

@@ -10,48 +10,87 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 )
 
-// schemaCacheSize bounds the compiled schemas a worker keeps: a hot schema
-// (one application's response_format or tools) compiles once, a stream of
-// distinct ones costs at most this much memory.
-const schemaCacheSize = 64
+// schemaCacheSize and schemaCacheBytes bound the compiled schemas a
+// worker keeps: a hot schema (one application's response_format or tools)
+// compiles once, a stream of distinct ones costs at most this much memory
+// (grammar's bounds keep one automaton to a few MiB).
+const (
+	schemaCacheSize  = 64
+	schemaCacheBytes = 64 << 20
+)
 
 // schemaCache holds compiled schemas (and refusals, so a bad schema sent
 // again is not recompiled either) by the SHA-256 of their bytes, the
-// oldest evicted first.
+// oldest evicted first. A schema compiles outside the lock, once: the
+// requests that want it meanwhile wait for that compile, those of other
+// schemas do not.
 type schemaCache struct {
 	mu      sync.Mutex
-	entries map[[32]byte]compiled
+	entries map[[32]byte]*cacheEntry
 	order   [][32]byte
+	bytes   int // the compiled entries' footprints
 	// compiles counts Compile calls (tests check that hits do not).
 	compiles int
+	// compile is grammar.Compile unless a test sets it.
+	compile func([]byte) (*grammar.Automaton, error)
 }
 
-type compiled struct {
-	a   *grammar.Automaton
-	err error
+// cacheEntry is one schema's compile; a, err and size are set before
+// ready closes.
+type cacheEntry struct {
+	ready chan struct{}
+	a     *grammar.Automaton
+	err   error
+	size  int // footprint, counted in bytes once compiled (under mu)
 }
 
 func (c *schemaCache) get(schema []byte) (*grammar.Automaton, error) {
 	key := sha256.Sum256(schema)
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if e, ok := c.entries[key]; ok {
+		c.mu.Unlock()
+		<-e.ready // a compile is bounded by grammar's limits: milliseconds
 		return e.a, e.err
 	}
-	// Compile is bounded (MaxNodes, MaxDepth): holding the lock is cheap
-	// and keeps one compile per schema.
-	a, err := grammar.Compile(schema)
-	c.compiles++
+	e := &cacheEntry{ready: make(chan struct{})}
 	if c.entries == nil {
-		c.entries = make(map[[32]byte]compiled)
+		c.entries = make(map[[32]byte]*cacheEntry)
 	}
-	if len(c.order) >= schemaCacheSize {
-		delete(c.entries, c.order[0])
+	c.entries[key] = e
+	c.order = append(c.order, key)
+	c.compiles++
+	c.evict()
+	compile := c.compile
+	c.mu.Unlock()
+	if compile == nil {
+		compile = grammar.Compile
+	}
+	a, err := compile(schema)
+	size := len(schema)
+	if a != nil {
+		size = a.Footprint()
+	}
+	c.mu.Lock()
+	e.a, e.err = a, err
+	if c.entries[key] == e {
+		e.size = size
+		c.bytes += size
+		c.evict()
+	}
+	c.mu.Unlock()
+	close(e.ready)
+	return a, err
+}
+
+// evict drops the oldest entries while more than schemaCacheSize are kept or they hold
+// more than schemaCacheBytes (the newest stays whatever its size).
+func (c *schemaCache) evict() {
+	for len(c.order) > schemaCacheSize || (c.bytes > schemaCacheBytes && len(c.order) > 1) {
+		old := c.order[0]
+		c.bytes -= c.entries[old].size
+		delete(c.entries, old)
 		c.order = c.order[1:]
 	}
-	c.entries[key] = compiled{a, err}
-	c.order = append(c.order, key)
-	return a, err
 }
 
 // structured is g's grammar for the engine: nil for free text, a

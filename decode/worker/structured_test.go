@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/grammar"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 )
@@ -159,5 +161,82 @@ func TestSchemaCache(t *testing.T) {
 	}
 	if len(c.entries) != schemaCacheSize || len(c.order) != schemaCacheSize {
 		t.Fatalf("%d entries, %d in order; want %d", len(c.entries), len(c.order), schemaCacheSize)
+	}
+}
+
+// TestSchemaCacheCompilesOutsideLock: a schema that takes long to compile
+// stalls the requests of that schema only; those wait for the one compile.
+func TestSchemaCacheCompilesOutsideLock(t *testing.T) {
+	slow := []byte(`{"type":"string"}`)
+	entered, release := make(chan struct{}), make(chan struct{})
+	c := schemaCache{compile: func(b []byte) (*grammar.Automaton, error) {
+		if bytes.Equal(b, slow) {
+			close(entered)
+			<-release
+		}
+		return grammar.Compile(b)
+	}}
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+	results := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := c.get(slow)
+			results <- err
+		}()
+	}
+	<-entered
+	other := make(chan error, 1)
+	go func() {
+		_, err := c.get([]byte(toolSchema))
+		other <- err
+	}()
+	select {
+	case err := <-other:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a schema waited for another schema's compile")
+	}
+	select {
+	case err := <-results:
+		t.Fatalf("a request of the slow schema returned (%v) before its compile ended", err)
+	default:
+	}
+	close(release)
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.compiles != 2 {
+		t.Fatalf("%d compiles, want 2 (one a schema)", c.compiles)
+	}
+}
+
+// TestSchemaCacheBoundsBytes: large automata are evicted by their
+// footprint before the entry count is reached.
+func TestSchemaCacheBoundsBytes(t *testing.T) {
+	var c schemaCache
+	for i := range 24 {
+		vals := make([]string, 600)
+		for j := range vals {
+			vals[j] = fmt.Sprintf("%03d%05d%s", i, j, strings.Repeat("x", 95))
+		}
+		b, _ := json.Marshal(map[string]any{"enum": vals})
+		if _, err := c.get(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.bytes > schemaCacheBytes || len(c.entries) >= 24 || len(c.entries) != len(c.order) {
+		t.Fatalf("%d entries (%d in order) holding %d bytes; want at most %d bytes", len(c.entries), len(c.order), c.bytes, schemaCacheBytes)
 	}
 }
