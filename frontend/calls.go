@@ -49,7 +49,10 @@ func (x *run) route(a Route) []Action {
 	exclude := a.Exclusion()
 	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys)
 	if err != nil {
-		return x.r.NoRoute(a.Epoch, x.overloaded, time.Now())
+		// Only refusals before any token make a 429: a migration with
+		// tokens out (the 200 is sent) waits for capacity instead of
+		// ending the stream as overloaded.
+		return x.r.NoRoute(a.Epoch, x.overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
 	waited := x.r.CapacityWaited
@@ -338,13 +341,17 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	x.taken[d.Epoch] = true
+	closed := rt.Opened(d.To.InstanceID)
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
 	s.track(x, x.on)
 	if g.DetachGraceMs > 0 {
 		s.detachable(st, x.st, true)
 	}
-	go x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
+	go func() {
+		defer closed()
+		x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
+	}()
 	return nil
 }
 

@@ -55,6 +55,10 @@ type Router struct {
 	nodes      map[string]Node
 	// models are those any registration named since the router started.
 	models map[string]bool
+	// streams counts this frontend's open decode streams per instance:
+	// a registration's load is only as fresh as its agent's last look,
+	// so a burst is spread by what this frontend sent itself.
+	streams map[string]int
 }
 
 // Node is the router's view of one node agent: its KV transfer endpoint
@@ -101,8 +105,30 @@ type suppression struct {
 // NewRouter returns an empty router.
 func NewRouter() *Router {
 	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, departed: map[string]Instance{}, suppressed: map[string]suppression{},
-		nodes: map[string]Node{}, models: map[string]bool{}}
+		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}}
 }
+
+// Opened counts a decode stream this frontend opened to instance id; the
+// returned func, called once when the stream ends, uncounts it.
+func (rt *Router) Opened(id string) (closed func()) {
+	rt.mu.Lock()
+	rt.streams[id]++
+	rt.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			rt.mu.Lock()
+			defer rt.mu.Unlock()
+			if rt.streams[id]--; rt.streams[id] <= 0 {
+				delete(rt.streams, id)
+			}
+		})
+	}
+}
+
+// loadLocked is an instance's outstanding sequences: its registration's
+// count, or this frontend's open streams to it when that is more.
+func (rt *Router) loadLocked(in Instance) int { return max(in.Outstanding, rt.streams[in.ID]) }
 
 // Update records a registration (a watch put) and reports whether it was
 // taken. An older generation than the one known, registered or departed,
@@ -412,13 +438,13 @@ func (rt *Router) cacheScore(keysFor func(Instance) []blockid.BlockKey, now time
 	return func(in Instance) int {
 		keys := keysFor(in)
 		if keys == nil || in.KVIdentity == nil {
-			return -in.Outstanding * LoadWeight
+			return -rt.loadLocked(in) * LoadWeight
 		}
 		n, fresh := rt.cachedBlocks(in.Node, keys, now)
 		if fresh {
 			seen(in, n)
 		}
-		return n*in.KVIdentity.BlockSize - in.Outstanding*LoadWeight
+		return n*in.KVIdentity.BlockSize - rt.loadLocked(in)*LoadWeight
 	}
 }
 
@@ -492,8 +518,8 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion
 			return 1
 		case scores[a.ID] != scores[b.ID]:
 			return scores[b.ID] - scores[a.ID]
-		case a.Outstanding != b.Outstanding:
-			return a.Outstanding - b.Outstanding
+		case rt.loadLocked(a) != rt.loadLocked(b):
+			return rt.loadLocked(a) - rt.loadLocked(b)
 		}
 		return strings.Compare(a.ID, b.ID)
 	})
