@@ -184,6 +184,9 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	}
 	g.Structured = b.Structured.wire()
 	g.Logprobs, g.TopLogprobs = b.Logprobs, int32(b.TopLogprobs)
+	if b.Priority == PriorityBatch {
+		g.Lane = wire.Lane_BATCH
+	}
 	return g
 }
 
@@ -300,6 +303,8 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	s, rt := x.s, x.s.router
+	x.r.Policy.Retries.Attempted(!x.dispatched)
+	x.dispatched = true
 	c, err := s.client(ctx, d.To)
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())

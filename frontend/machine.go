@@ -284,6 +284,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 		acts = append(acts, Deliver{Tokens: []Token{t}})
 	}
 	if f.FinishReason != "" {
+		r.Policy.Retries.Succeeded()
 		r.State = Completed
 		r.FinishReason = f.FinishReason
 		r.ReusedPositions = f.ReusedPositions
@@ -330,6 +331,8 @@ func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain boo
 		return r.fail(ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
 	case !r.Deadline.IsZero() && now.Add(time.Duration(len(r.Prompt)+r.Received())*r.Policy.PrefillPerToken).After(r.Deadline):
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
+	case !r.Policy.Retries.Spend():
+		return r.fail(ErrRetryBudget, fmt.Sprintf("the frontend's retry budget refused a migration; last failure: %s", reason))
 	}
 	r.Migrations++
 	r.drainMigration = drain
@@ -345,6 +348,9 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 		return nil
 	}
 	r.excludeEndpoint(r.Endpoint)
+	if !r.Policy.Retries.Spend() {
+		return r.fail(ErrRetryBudget, "every retry the frontend's retry budget allows is spent; the cluster is overloaded")
+	}
 	cw := r.bump(Migrating)
 	return []Action{cw, r.route()}
 }

@@ -48,7 +48,10 @@ type run struct {
 	st     *stream
 	events chan event
 	obs    observer
-	tl     timeline
+	// dispatched: a decode worker attempt was made (the next counts as a
+	// retry in the amplification figure).
+	dispatched bool
+	tl         timeline
 	// cancelled is set once the request's context ended (the client
 	// cancelled it, or the server stops).
 	cancelled bool
