@@ -52,7 +52,8 @@ func (x *run) route(a Route) []Action {
 		// Only refusals before any token make a 429: a migration with
 		// tokens out (the 200 is sent) waits for capacity instead of
 		// ending the stream as overloaded.
-		return x.r.NoRoute(a.Epoch, x.overloaded && x.r.Received() == 0, time.Now())
+		overloaded := x.overloaded || errors.Is(err, ErrInstancesFull)
+		return x.r.NoRoute(a.Epoch, overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
 	waited := x.r.CapacityWaited

@@ -99,6 +99,9 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
 		return nil
 	}
+	if acts, ok := r.spendRetry(); !ok {
+		return acts
+	}
 	r.Endpoint = to
 	r.State = Prefilling
 	r.lastFrame = now
@@ -106,11 +109,27 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	return r.dispatchDecode()
 }
 
+// spendRetry takes a retry budget token for a re-route after an overload
+// refusal that found an instance; without one the request fails typed.
+func (r *Request) spendRetry() ([]Action, bool) {
+	if !r.retryPending {
+		return nil, true
+	}
+	r.retryPending = false
+	if !r.Policy.Retries.Spend() {
+		return r.fail(ErrRetryBudget, "the frontend's retry budget refused a retry; the cluster is overloaded"), false
+	}
+	return nil, true
+}
+
 // RoutedPD is the router's answer for epoch when the request is split:
 // decode on d after prefill on p. The prefill runs first.
 func (r *Request) RoutedPD(epoch uint64, d, p Endpoint, now time.Time) []Action {
 	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
 		return nil
+	}
+	if acts, ok := r.spendRetry(); !ok {
+		return acts
 	}
 	r.Endpoint, r.PrefillAt = d, p
 	r.State = Prefilling
@@ -348,9 +367,9 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 		return nil
 	}
 	r.excludeEndpoint(r.Endpoint)
-	if !r.Policy.Retries.Spend() {
-		return r.fail(ErrRetryBudget, "every retry the frontend's retry budget allows is spent; the cluster is overloaded")
-	}
+	// The retry budget pays when the re-route finds an instance
+	// (spendRetry): finding none costs no worker an attempt.
+	r.retryPending = true
 	cw := r.bump(Migrating)
 	return []Action{cw, r.route()}
 }

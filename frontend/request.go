@@ -145,6 +145,9 @@ type Request struct {
 	Err               *RequestError
 	FinishReason      string
 	lastFrame         time.Time
+	// retryPending: the next route is a re-route after an overload
+	// refusal, paid from the retry budget.
+	retryPending bool
 	// CapacityWaited is how long the request waited for an instance to
 	// register, over all its routes.
 	CapacityWaited time.Duration

@@ -17,11 +17,12 @@ func TestRetryBudgetBoundsRetries(t *testing.T) {
 	overloadedTwice := func(id string) *Request {
 		r := NewRequest(id, []int{1}, 10, time.Time{}, p, t0)
 		start(t, r, "a")
-		r.OnOverloaded(r.Epoch)
+		route, _ := has[Route](r.OnOverloaded(r.Epoch))
+		r.Routed(route.Epoch, Endpoint{"b", 1}, t0)
 		return r
 	}
 	for i := range 2 {
-		if r := overloadedTwice("r"); r.State != Migrating {
+		if r := overloadedTwice("r"); r.State != Prefilling {
 			t.Fatalf("retry %d within the budget: state %s", i, r.State)
 		}
 	}

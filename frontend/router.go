@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -14,6 +15,16 @@ import (
 
 // ErrNoInstance is returned when no ready instance can take a request.
 var ErrNoInstance = errors.New("frontend: no ready instance")
+
+// ErrInstancesFull is returned when every instance that could take a
+// request refused one as overloaded within FullFor and has not ended a
+// stream of this frontend since: the request is refused (429) without a
+// worker attempt.
+var ErrInstancesFull = fmt.Errorf("%w: every instance is at its limit", ErrNoInstance)
+
+// FullFor is how long an instance that refused a request as overloaded is
+// taken as full, unless one of this frontend's streams on it ends first.
+const FullFor = time.Second
 
 // Instance is the router's view of one registered instance.
 type Instance struct {
@@ -59,6 +70,9 @@ type Router struct {
 	// a registration's load is only as fresh as its agent's last look,
 	// so a burst is spread by what this frontend sent itself.
 	streams map[string]int
+	// full are the instances that refused a request as overloaded, until
+	// when they are taken as full.
+	full map[string]time.Time
 }
 
 // Node is the router's view of one node agent: its KV transfer endpoint
@@ -105,7 +119,7 @@ type suppression struct {
 // NewRouter returns an empty router.
 func NewRouter() *Router {
 	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, departed: map[string]Instance{}, suppressed: map[string]suppression{},
-		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}}
+		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}, full: map[string]time.Time{}}
 }
 
 // Opened counts a decode stream this frontend opened to instance id; the
@@ -122,8 +136,18 @@ func (rt *Router) Opened(id string) (closed func()) {
 			if rt.streams[id]--; rt.streams[id] <= 0 {
 				delete(rt.streams, id)
 			}
+			delete(rt.full, id) // a slot or a queue place is free again
 		})
 	}
+}
+
+// Full records that instance id refused a request as overloaded: new
+// requests skip it for FullFor, or until a stream of this frontend on it
+// ends.
+func (rt *Router) Full(id string, now time.Time) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	rt.full[id] = now.Add(FullFor)
 }
 
 // loadLocked is an instance's outstanding sequences: its registration's
@@ -491,6 +515,7 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 // pick runs under rt.mu.
 func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
 	var cands []Instance
+	full := false
 	for _, in := range rt.instances {
 		if rt.suppressedLocked(in, now) {
 			continue
@@ -498,9 +523,16 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion
 		if !in.Ready || in.Draining || exclude.excludes(in) || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
+		if until, ok := rt.full[in.ID]; ok && now.Before(until) {
+			full = true
+			continue
+		}
 		cands = append(cands, in)
 	}
-	if len(cands) == 0 {
+	switch {
+	case len(cands) == 0 && full:
+		return Instance{}, ErrInstancesFull
+	case len(cands) == 0:
 		return Instance{}, ErrNoInstance
 	}
 	scores := map[string]int{}

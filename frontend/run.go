@@ -415,6 +415,9 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		// budget, and answer 429 if every instance is.
 		x.overloaded = true
 		x.lastFailure = "overloaded: " + e.Message
+		if epoch == x.r.Epoch {
+			x.s.router.Full(x.r.Endpoint.InstanceID, now)
+		}
 		return x.r.OnOverloaded(epoch)
 	case e.Code == wire.Code_TAKEN_OVER:
 		// Another frontend attached to the sequence: it drives the
