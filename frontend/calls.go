@@ -47,7 +47,11 @@ func (x *run) route(a Route) []Action {
 	// The signal first: a registration after the pick below wakes a wait.
 	x.wake = x.s.capacity.watch(x.body.Model)
 	exclude := a.Exclusion()
-	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys)
+	below := 0
+	if x.overloaded && x.r.Received() == 0 {
+		below = x.fullAt
+	}
+	in, cached, used, err := rt.PickCachedBelow(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys, below, x.body.Priority)
 	if err != nil {
 		// Only refusals before any token make a 429: a migration with
 		// tokens out (the 200 is sent) waits for capacity instead of
@@ -56,6 +60,10 @@ func (x *run) route(a Route) []Action {
 		return x.r.NoRoute(a.Epoch, overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
+	// The decode instance's load counts this request from the pick on,
+	// so that a burst of concurrent picks spreads.
+	x.releaseHold()
+	x.hold, x.holdID = rt.Opened(in.ID), in.ID
 	waited := x.r.CapacityWaited
 	defer func() {
 		if d := x.r.CapacityWaited - waited; d > 0 {
@@ -302,10 +310,36 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 	}()
 }
 
+// takeHold is the count of this request's stream on instance id: the
+// one its pick took, or a new one.
+func (x *run) takeHold(id string) (closed func()) {
+	if x.hold != nil && x.holdID == id {
+		closed, x.hold = x.hold, nil
+		return closed
+	}
+	x.releaseHold()
+	return x.s.router.Opened(id)
+}
+
+// releaseHold uncounts a pick that was not dispatched.
+func (x *run) releaseHold() {
+	if x.hold != nil {
+		x.hold()
+		x.hold = nil
+	}
+}
+
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	s, rt := x.s, x.s.router
 	x.r.Policy.Retries.Attempted(!x.dispatched)
 	x.dispatched = true
+	closed := x.takeHold(d.To.InstanceID)
+	opened := false
+	defer func() {
+		if !opened {
+			closed()
+		}
+	}()
 	c, err := s.client(ctx, d.To)
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
@@ -347,7 +381,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	x.taken[d.Epoch] = true
-	closed := rt.Opened(d.To.InstanceID)
+	opened = true
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
 	s.track(x, x.on)

@@ -70,9 +70,10 @@ type Router struct {
 	// a registration's load is only as fresh as its agent's last look,
 	// so a burst is spread by what this frontend sent itself.
 	streams map[string]int
-	// full are the instances that refused a request as overloaded, until
-	// when they are taken as full.
-	full map[string]time.Time
+	// full are the instances that refused a request as overloaded, by
+	// priority, until when they are taken as full for it: a batch refusal
+	// says nothing of the room kept for interactive requests.
+	full map[fullKey]time.Time
 }
 
 // Node is the router's view of one node agent: its KV transfer endpoint
@@ -119,7 +120,7 @@ type suppression struct {
 // NewRouter returns an empty router.
 func NewRouter() *Router {
 	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, departed: map[string]Instance{}, suppressed: map[string]suppression{},
-		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}, full: map[string]time.Time{}}
+		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}, full: map[fullKey]time.Time{}}
 }
 
 // Opened counts a decode stream this frontend opened to instance id; the
@@ -136,7 +137,9 @@ func (rt *Router) Opened(id string) (closed func()) {
 			if rt.streams[id]--; rt.streams[id] <= 0 {
 				delete(rt.streams, id)
 			}
-			delete(rt.full, id) // a slot or a queue place is free again
+			// A slot or a queue place is free again.
+			delete(rt.full, fullKey{id, PriorityInteractive})
+			delete(rt.full, fullKey{id, PriorityBatch})
 		})
 	}
 }
@@ -144,10 +147,37 @@ func (rt *Router) Opened(id string) (closed func()) {
 // Full records that instance id refused a request as overloaded: new
 // requests skip it for FullFor, or until a stream of this frontend on it
 // ends.
-func (rt *Router) Full(id string, now time.Time) {
+// It returns this frontend's open streams on id then (at least 1): the
+// load at which it was full.
+func (rt *Router) Full(id, priority string, now time.Time) int {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	rt.full[id] = now.Add(FullFor)
+	rt.full[fullKey{id, priorityOf(priority)}] = now.Add(FullFor)
+	return max(1, rt.streams[id])
+}
+
+// fullKey is an instance full for requests of a priority.
+type fullKey struct{ id, priority string }
+
+// priorityOf names a request's priority ("" is interactive).
+func priorityOf(p string) string {
+	if p == PriorityBatch {
+		return p
+	}
+	return PriorityInteractive
+}
+
+// fullLocked reports whether in is taken as full for priority: its own
+// refusal, or for batch an interactive one too.
+func (rt *Router) fullLocked(in Instance, priority string, now time.Time) bool {
+	full := func(p string) bool {
+		until, ok := rt.full[fullKey{in.ID, p}]
+		return ok && now.Before(until)
+	}
+	if priorityOf(priority) == PriorityBatch {
+		return full(PriorityBatch) || full(PriorityInteractive)
+	}
+	return full(PriorityInteractive)
 }
 
 // loadLocked is an instance's outstanding sequences: its registration's
@@ -432,12 +462,23 @@ func (rt *Router) cachedBlocks(node string, keys []blockid.BlockKey, now time.Ti
 // router's lock: it must not call the router.
 func (rt *Router) PickCached(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
 	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
+	return rt.PickCachedBelow(model, revision, preferNumerics, exclude, now, keysFor, 0, "")
+}
+
+// PickCachedBelow is PickCached among the instances that hold fewer than
+// below of this frontend's open streams (0: any): a re-route after an
+// overload refusal goes only to an instance less loaded than the one that
+// refused was; otherwise it would most likely refuse too, and the retry
+// only amplify the load. Those left out count as full (ErrInstancesFull).
+func (rt *Router) PickCachedBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
+	keysFor func(Instance) []blockid.BlockKey, below int, priority string) (Instance, int, bool, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cached := map[string]int{}
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
-	in, err := rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, score)
+	role := func(in Instance) bool { return in.Role != "prefill" }
+	in, err := rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, below, priority)
 	return in, cached[in.ID], used, err
 }
 
@@ -514,6 +555,12 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 
 // pick runs under rt.mu.
 func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
+	return rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, 0, "")
+}
+
+// pickBelow is pick among instances with fewer than below open streams
+// of this frontend (0: any); it runs under rt.mu.
+func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int, below int, priority string) (Instance, error) {
 	var cands []Instance
 	full := false
 	for _, in := range rt.instances {
@@ -523,7 +570,7 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion
 		if !in.Ready || in.Draining || exclude.excludes(in) || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
-		if until, ok := rt.full[in.ID]; ok && now.Before(until) {
+		if rt.fullLocked(in, priority, now) || (below > 0 && rt.streams[in.ID] >= below) {
 			full = true
 			continue
 		}

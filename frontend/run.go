@@ -51,7 +51,13 @@ type run struct {
 	// dispatched: a decode worker attempt was made (the next counts as a
 	// retry in the amplification figure).
 	dispatched bool
-	tl         timeline
+	// fullAt is the fewest open streams of this frontend an instance that
+	// refused the request as overloaded held: re-routes go below it.
+	fullAt int
+	// hold counts the picked decode instance's stream until dispatch.
+	hold   func()
+	holdID string
+	tl     timeline
 	// cancelled is set once the request's context ended (the client
 	// cancelled it, or the server stops).
 	cancelled bool
@@ -416,7 +422,9 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		x.overloaded = true
 		x.lastFailure = "overloaded: " + e.Message
 		if epoch == x.r.Epoch {
-			x.s.router.Full(x.r.Endpoint.InstanceID, now)
+			if n := x.s.router.Full(x.r.Endpoint.InstanceID, x.body.Priority, now); x.fullAt == 0 || n < x.fullAt {
+				x.fullAt = n
+			}
 		}
 		return x.r.OnOverloaded(epoch)
 	case e.Code == wire.Code_TAKEN_OVER:
@@ -443,6 +451,7 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 
 func (x *run) cancelAll() {
 	x.stopWait()
+	x.releaseHold()
 	for _, c := range x.streams {
 		c()
 	}

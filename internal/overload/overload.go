@@ -237,8 +237,10 @@ func Measure(ctx context.Context, l Load, n, seed0 int) (Figures, []Result, erro
 // Verdict is drill 9's judgement of a burst of factor × capacity against
 // the capacity measured just before (a burst of capacity requests).
 type Verdict struct {
-	Capacity, Burst Figures
-	// GoodputRatio is Burst.Goodput ÷ Capacity.Goodput.
+	// Capacity and After are the capacity runs before and after Burst.
+	Capacity, Burst, After Figures
+	// GoodputRatio is Burst.Goodput ÷ the mean goodput of the capacity
+	// runs that bracket it (a machine whose load drifts moves both).
 	GoodputRatio float64
 	// Failures lists what failed: requests that neither finished nor were
 	// refused cleanly (a stream cut after its 200), amplification above
@@ -254,7 +256,8 @@ const (
 )
 
 // Drill measures capacity (capacity requests at once, all expected to be
-// served) and then a burst of factor × capacity, and judges the burst.
+// served), a burst of factor × capacity, and capacity again, and judges
+// the burst.
 func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
 	var v Verdict
 	var err error
@@ -264,11 +267,16 @@ func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
 	if v.Burst, _, err = Measure(ctx, l, factor*capacity, capacity); err != nil {
 		return v, err
 	}
-	if v.Capacity.Goodput > 0 {
-		v.GoodputRatio = v.Burst.Goodput / v.Capacity.Goodput
+	if v.After, _, err = Measure(ctx, l, capacity, (factor+1)*capacity); err != nil {
+		return v, err
 	}
-	if v.Capacity.Served != capacity {
-		v.Failures = append(v.Failures, fmt.Sprintf("the capacity run served %d of %d", v.Capacity.Served, capacity))
+	if g := (v.Capacity.Goodput + v.After.Goodput) / 2; g > 0 {
+		v.GoodputRatio = v.Burst.Goodput / g
+	}
+	for _, c := range []Figures{v.Capacity, v.After} {
+		if c.Served != capacity {
+			v.Failures = append(v.Failures, fmt.Sprintf("a capacity run served %d of %d", c.Served, capacity))
+		}
 	}
 	if v.Burst.Failed > 0 {
 		v.Failures = append(v.Failures, fmt.Sprintf("%d requests of the burst failed after a 200 or without a clean refusal", v.Burst.Failed))
