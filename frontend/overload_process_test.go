@@ -126,3 +126,39 @@ func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 		t.Fatalf("the batch flood: %v", f)
 	}
 }
+
+// TestStreamedOverloadIs429BeforeAny200OnPD: the decode worker of a
+// prefill/decode pair has one slot and no queue; four long streamed
+// requests at once go through the prefill instance first. One is served;
+// the three others get 429 (Retry-After, overloaded) as their status,
+// never a 200 followed by an error event.
+func TestStreamedOverloadIs429BeforeAny200OnPD(t *testing.T) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, MaxRunning: 1, MaxQueued: 0},
+			{Role: "prefill", Preset: "tiny", Count: 1}}
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-prefill-tiny-0", 0)
+	url := startFrontend(t, n.Env)
+	l := overload.Load{URL: url, Model: "tiny", Prompt: strings.Repeat("a long prompt for the prefill instance ", 6), MaxTokens: 300}
+	res := overload.Burst(context.Background(), l, 4, 1)
+	var served, refused int
+	for i, r := range res {
+		switch {
+		case r.OK() && r.Tokens == 300:
+			served++
+		case r.Status == http.StatusTooManyRequests && r.RetryAfter != "" && r.ErrType == "overloaded":
+			refused++
+		default:
+			t.Errorf("request %d: %+v (a 200 then an error, or neither)", i, r)
+		}
+	}
+	if served < 1 || served+refused != 4 {
+		t.Fatalf("served %d, refused %d of 4", served, refused)
+	}
+	// The served one went through the prefill instance.
+	if m := clustertest.Metrics(t, url); !strings.Contains(m, `lifeline_frontend_pd_handoffs_total{path="same_node"}`) {
+		t.Fatalf("no P/D hand-off:\n%s", m)
+	}
+}
