@@ -63,7 +63,7 @@ func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 func TestBurstDoesNotAmplify(t *testing.T) {
 	n := limitedNode(t, 2, 4, 12)
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, Model: "small", Prompt: "The burst", MaxTokens: 48}
+	l := overload.Load{URL: url, Model: "small", Prompt: "The burst", MaxTokens: 96}
 	v, err := overload.Drill(context.Background(), l, 32, 3)
 	if err != nil {
 		t.Fatal(err)

@@ -257,10 +257,12 @@ const (
 
 // Drill measures capacity (capacity requests at once, all expected to be
 // served), a burst of factor × capacity, and capacity again, and judges
-// the burst.
+// the burst. A first capacity run, not measured, warms connections and
+// workers up.
 func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
 	var v Verdict
 	var err error
+	Burst(ctx, l, capacity, -capacity)
 	if v.Capacity, _, err = Measure(ctx, l, capacity, 0); err != nil {
 		return v, err
 	}
