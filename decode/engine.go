@@ -231,6 +231,10 @@ func (e *Engine) Close() {
 // Stats reports the scheduler's load.
 func (e *Engine) Stats() sched.Stats { return e.sched.Stats() }
 
+// QueuePosition is where request id waits in the scheduler's queue (1:
+// next), or 0 when it is not queued.
+func (e *Engine) QueuePosition(id string) int { return e.sched.QueuePosition(id) }
+
 // NumericsID identifies the arithmetic of this engine build.
 func (e *Engine) NumericsID() string { return model.NumericsID() }
 

@@ -36,7 +36,10 @@ type CompletionRequest struct {
 	// request's deadline from its arrival: past it the request ends with
 	// a typed deadline_exceeded error (504 before anything is streamed),
 	// and a migration that cannot finish before it is not tried.
-	TimeoutMs     int64 `json:"timeout_ms"`
+	TimeoutMs int64 `json:"timeout_ms"`
+	// Priority (extension; also the Lifeline-Priority header) is
+	// interactive ("": the default) or batch.
+	Priority      string `json:"priority,omitempty"`
 	StreamOptions struct {
 		// Resumable keeps the request running through a client disconnect
 		// for the resume window.
@@ -147,6 +150,9 @@ func decodeCompletion(data []byte, req *http.Request, chat bool) (CompletionRequ
 		}
 		body.TimeoutMs = ms
 	}
+	if h := req.Header.Get("Lifeline-Priority"); h != "" && body.Priority == "" {
+		body.Priority = h
+	}
 	return body, body.validate()
 }
 
@@ -161,6 +167,8 @@ func (b *CompletionRequest) validate() error {
 		return invalid("max_tokens", "%d is out of range: want an integer in [1, %d]", maxTokens, maxTokensBound)
 	case b.Prompt == "" && len(b.PromptTokens) == 0:
 		return invalid("prompt", "the prompt must not be empty")
+	case b.Priority != "" && b.Priority != PriorityInteractive && b.Priority != PriorityBatch:
+		return invalid("priority", "%q: want interactive or batch", b.Priority)
 	case b.TimeoutMs < 0 || b.TimeoutMs > maxTimeoutMs:
 		return invalid("timeout_ms", "%d: want 0 for none, at most a day", b.TimeoutMs)
 	}
@@ -188,7 +196,7 @@ func writeRequestErrorFor(w http.ResponseWriter, e *RequestError, body *Completi
 	switch e.Type {
 	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable, ErrDraining:
 		code = http.StatusServiceUnavailable
-	case ErrOverloaded:
+	case ErrOverloaded, ErrRetryBudget:
 		code = http.StatusTooManyRequests
 	case ErrInvalidRequest:
 		// The worker refused the request (its context, its vocabulary):
@@ -255,7 +263,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // retryAfter is the Retry-After of the retryable refusals, in seconds:
 // an instance at its limit frees up soon; a model with no routable
 // instance has waited for one already.
-var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1", ErrDraining: "2"}
+var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrRetryBudget: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1", ErrDraining: "2"}
 
 // writeError writes the OpenAI error shape with a stable type, which is
 // also its code; no parameter.

@@ -51,11 +51,23 @@ func (x *run) route(a Route) []Action {
 	// The signal first: a registration after the pick below wakes a wait.
 	x.wake = x.s.capacity.watch(x.body.Model)
 	exclude := a.Exclusion()
-	in, cached, used, err := rt.PickCached(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys)
+	below := 0
+	if x.overloaded && x.r.Received() == 0 {
+		below = x.fullAt
+	}
+	in, cached, used, err := rt.PickCachedBelow(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys, below, x.body.Priority)
 	if err != nil {
-		return x.r.NoRoute(a.Epoch, x.overloaded, time.Now())
+		// Only refusals before any token make a 429: a migration with
+		// tokens out (the 200 is sent) waits for capacity instead of
+		// ending the stream as overloaded.
+		overloaded := x.overloaded || errors.Is(err, ErrInstancesFull)
+		return x.r.NoRoute(a.Epoch, overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
+	// The decode instance's load counts this request from the pick on,
+	// so that a burst of concurrent picks spreads.
+	x.releaseHold()
+	x.hold, x.holdID = rt.Opened(in.ID), in.ID
 	waited := x.r.CapacityWaited
 	defer func() {
 		if d := x.r.CapacityWaited - waited; d > 0 {
@@ -185,6 +197,9 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	}
 	g.Structured = b.Structured.wire()
 	g.Logprobs, g.TopLogprobs = b.Logprobs, int32(b.TopLogprobs)
+	if b.Priority == PriorityBatch {
+		g.Lane = wire.Lane_BATCH
+	}
 	return g
 }
 
@@ -299,8 +314,36 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 	}()
 }
 
+// takeHold is the count of this request's stream on instance id: the
+// one its pick took, or a new one.
+func (x *run) takeHold(id string) (closed func()) {
+	if x.hold != nil && x.holdID == id {
+		closed, x.hold = x.hold, nil
+		return closed
+	}
+	x.releaseHold()
+	return x.s.router.Opened(id)
+}
+
+// releaseHold uncounts a pick that was not dispatched.
+func (x *run) releaseHold() {
+	if x.hold != nil {
+		x.hold()
+		x.hold = nil
+	}
+}
+
 func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	s, rt := x.s, x.s.router
+	x.r.Policy.Retries.Attempted(!x.dispatched)
+	x.dispatched = true
+	closed := x.takeHold(d.To.InstanceID)
+	opened := false
+	defer func() {
+		if !opened {
+			closed()
+		}
+	}()
 	c, err := s.client(ctx, d.To)
 	if err != nil {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
@@ -342,13 +385,17 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 		return x.r.OnWorkerFailed(d.Epoch, err.Error(), true, time.Now())
 	}
 	x.taken[d.Epoch] = true
+	opened = true
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
 	s.track(x, x.on)
 	if g.DetachGraceMs > 0 {
 		s.detachable(st, x.st, true)
 	}
-	go x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
+	go func() {
+		defer closed()
+		x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
+	}()
 	return nil
 }
 

@@ -99,6 +99,9 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
 		return nil
 	}
+	if acts, ok := r.spendRetry(); !ok {
+		return acts
+	}
 	r.Endpoint = to
 	r.State = Prefilling
 	r.lastFrame = now
@@ -106,11 +109,27 @@ func (r *Request) Routed(epoch uint64, to Endpoint, now time.Time) []Action {
 	return r.dispatchDecode()
 }
 
+// spendRetry takes a retry budget token for a re-route after an overload
+// refusal that found an instance; without one the request fails typed.
+func (r *Request) spendRetry() ([]Action, bool) {
+	if !r.retryPending {
+		return nil, true
+	}
+	r.retryPending = false
+	if !r.Policy.Retries.Spend() {
+		return r.fail(ErrRetryBudget, "the frontend's retry budget refused a retry; the cluster is overloaded"), false
+	}
+	return nil, true
+}
+
 // RoutedPD is the router's answer for epoch when the request is split:
 // decode on d after prefill on p. The prefill runs first.
 func (r *Request) RoutedPD(epoch uint64, d, p Endpoint, now time.Time) []Action {
 	if epoch != r.Epoch || r.State.Terminal() || r.State == Cancelling {
 		return nil
+	}
+	if acts, ok := r.spendRetry(); !ok {
+		return acts
 	}
 	r.Endpoint, r.PrefillAt = d, p
 	r.State = Prefilling
@@ -284,6 +303,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 		acts = append(acts, Deliver{Tokens: []Token{t}})
 	}
 	if f.FinishReason != "" {
+		r.Policy.Retries.Succeeded()
 		r.State = Completed
 		r.FinishReason = f.FinishReason
 		r.ReusedPositions = f.ReusedPositions
@@ -330,6 +350,8 @@ func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain boo
 		return r.fail(ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
 	case !r.Deadline.IsZero() && now.Add(time.Duration(len(r.Prompt)+r.Received())*r.Policy.PrefillPerToken).After(r.Deadline):
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
+	case !r.Policy.Retries.Spend():
+		return r.fail(ErrRetryBudget, fmt.Sprintf("the frontend's retry budget refused a migration; last failure: %s", reason))
 	}
 	r.Migrations++
 	r.drainMigration = drain
@@ -345,6 +367,9 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 		return nil
 	}
 	r.excludeEndpoint(r.Endpoint)
+	// The retry budget pays when the re-route finds an instance
+	// (spendRetry): finding none costs no worker an attempt.
+	r.retryPending = true
 	cw := r.bump(Migrating)
 	return []Action{cw, r.route()}
 }

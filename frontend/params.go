@@ -64,6 +64,7 @@ type openAIRequest struct {
 	PresencePenalty     *json.Number      `json:"presence_penalty"`
 	User                *string           `json:"user"`
 	TimeoutMs           *json.Number      `json:"timeout_ms"`
+	Priority            *string           `json:"priority"`
 	IgnoreEOS           *bool             `json:"ignore_eos"`
 
 	// Read in their own files: logprobs.go, structured.go, tools.go.
@@ -208,6 +209,9 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 	}
 	if b.IgnoreEOS != nil {
 		out.IgnoreEOS = *b.IgnoreEOS
+	}
+	if b.Priority != nil {
+		out.Priority = *b.Priority
 	}
 	if b.TimeoutMs != nil {
 		ms, err := parseInt("timeout_ms", *b.TimeoutMs, 0, maxTimeoutMs)

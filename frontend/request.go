@@ -105,6 +105,12 @@ type Policy struct {
 	// no routable instance waits for one to register before it fails
 	// with no_capacity; 0 fails at once.
 	CapacityWait time.Duration
+	// Retries is the frontend's retry budget that re-routes after an
+	// overload refusal and migrations spend from (nil: unlimited). Per
+	// request, migrations are bounded by MigrationBudget and re-routes by
+	// the instances (each refusing one is excluded); the deadline is the
+	// request's, kept across every retry.
+	Retries *RetryBudget
 }
 
 // DefaultCapacityWait is Policy.CapacityWait unless configured otherwise.
@@ -139,6 +145,9 @@ type Request struct {
 	Err               *RequestError
 	FinishReason      string
 	lastFrame         time.Time
+	// retryPending: the next route is a re-route after an overload
+	// refusal, paid from the retry budget.
+	retryPending bool
 	// CapacityWaited is how long the request waited for an instance to
 	// register, over all its routes.
 	CapacityWaited time.Duration

@@ -59,6 +59,14 @@ type Router struct {
 	nodes      map[string]Node
 	// models are those any registration named since the router started.
 	models map[string]bool
+	// streams counts this frontend's open decode streams per instance:
+	// a registration's load is only as fresh as its agent's last look,
+	// so a burst is spread by what this frontend sent itself.
+	streams map[string]int
+	// full are the instances that refused a request as overloaded, by
+	// priority, until when they are taken as full for it: a batch refusal
+	// says nothing of the room kept for interactive requests.
+	full map[fullKey]time.Time
 }
 
 // Node is the router's view of one node agent: its KV transfer endpoint
@@ -105,7 +113,7 @@ type suppression struct {
 // NewRouter returns an empty router.
 func NewRouter() *Router {
 	return &Router{SuppressFor: 5 * time.Second, instances: map[string]Instance{}, departed: map[string]Instance{}, suppressed: map[string]suppression{},
-		nodes: map[string]Node{}, models: map[string]bool{}}
+		nodes: map[string]Node{}, models: map[string]bool{}, streams: map[string]int{}, full: map[fullKey]time.Time{}}
 }
 
 // Update records a registration (a watch put) and reports whether it was
@@ -410,12 +418,23 @@ func (rt *Router) cachedBlocks(node string, keys []blockid.BlockKey, now time.Ti
 // router's lock: it must not call the router.
 func (rt *Router) PickCached(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
 	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
+	return rt.PickCachedBelow(model, revision, preferNumerics, exclude, now, keysFor, 0, "")
+}
+
+// PickCachedBelow is PickCached among the instances that hold fewer than
+// below of this frontend's open streams (0: any): a re-route after an
+// overload refusal goes only to an instance less loaded than the one that
+// refused was; otherwise it would most likely refuse too, and the retry
+// only amplify the load. Those left out count as full (ErrInstancesFull).
+func (rt *Router) PickCachedBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
+	keysFor func(Instance) []blockid.BlockKey, below int, priority string) (Instance, int, bool, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cached := map[string]int{}
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
-	in, err := rt.pick(model, revision, preferNumerics, exclude, now, func(in Instance) bool { return in.Role != "prefill" }, score)
+	role := func(in Instance) bool { return in.Role != "prefill" }
+	in, err := rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, below, priority)
 	return in, cached[in.ID], used, err
 }
 
@@ -440,13 +459,13 @@ func (rt *Router) cacheScore(keysFor func(Instance) []blockid.BlockKey, now time
 	return func(in Instance) int {
 		keys := keysFor(in)
 		if keys == nil || in.KVIdentity == nil {
-			return -in.Outstanding * LoadWeight
+			return -rt.loadLocked(in) * LoadWeight
 		}
 		n, fresh := rt.cachedBlocks(in.Node, keys, now)
 		if fresh {
 			seen(in, n)
 		}
-		return n*in.KVIdentity.BlockSize - in.Outstanding*LoadWeight
+		return n*in.KVIdentity.BlockSize - rt.loadLocked(in)*LoadWeight
 	}
 }
 
@@ -492,7 +511,14 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 
 // pick runs under rt.mu.
 func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
+	return rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, 0, "")
+}
+
+// pickBelow is pick among instances with fewer than below open streams
+// of this frontend (0: any); it runs under rt.mu.
+func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int, below int, priority string) (Instance, error) {
 	var cands []Instance
+	full := false
 	for _, in := range rt.instances {
 		if rt.suppressedLocked(in, now) {
 			continue
@@ -500,9 +526,16 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion
 		if !in.Ready || in.Draining || exclude.excludes(in) || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
+		if rt.fullLocked(in, priority, now) || (below > 0 && rt.streams[in.ID] >= below) {
+			full = true
+			continue
+		}
 		cands = append(cands, in)
 	}
-	if len(cands) == 0 {
+	switch {
+	case len(cands) == 0 && full:
+		return Instance{}, ErrInstancesFull
+	case len(cands) == 0:
 		return Instance{}, ErrNoInstance
 	}
 	scores := map[string]int{}
@@ -520,8 +553,8 @@ func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion
 			return 1
 		case scores[a.ID] != scores[b.ID]:
 			return scores[b.ID] - scores[a.ID]
-		case a.Outstanding != b.Outstanding:
-			return a.Outstanding - b.Outstanding
+		case rt.loadLocked(a) != rt.loadLocked(b):
+			return rt.loadLocked(a) - rt.loadLocked(b)
 		}
 		return strings.Compare(a.ID, b.ID)
 	})

@@ -48,6 +48,15 @@ type run struct {
 	st     *stream
 	events chan event
 	obs    observer
+	// dispatched: a decode worker attempt was made (the next counts as a
+	// retry in the amplification figure).
+	dispatched bool
+	// fullAt is the fewest open streams of this frontend an instance that
+	// refused the request as overloaded held: re-routes go below it.
+	fullAt int
+	// hold counts the picked decode instance's stream until dispatch.
+	hold   func()
+	holdID string
 	tl     timeline
 	// cancelled is set once the request's context ended (the client
 	// cancelled it, or the server stops).
@@ -412,6 +421,11 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		// budget, and answer 429 if every instance is.
 		x.overloaded = true
 		x.lastFailure = "overloaded: " + e.Message
+		if epoch == x.r.Epoch {
+			if n := x.s.router.Full(x.r.Endpoint.InstanceID, x.body.Priority, now); x.fullAt == 0 || n < x.fullAt {
+				x.fullAt = n
+			}
+		}
 		return x.r.OnOverloaded(epoch)
 	case e.Code == wire.Code_TAKEN_OVER:
 		// Another frontend attached to the sequence: it drives the
@@ -437,6 +451,7 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 
 func (x *run) cancelAll() {
 	x.stopWait()
+	x.releaseHold()
 	for _, c := range x.streams {
 		c()
 	}

@@ -85,6 +85,7 @@ type Server struct {
 	recs    *records
 	ctx     context.Context // the server's: requests run under it
 	metrics *metrics
+	retries retryBudgets
 	// router has its own lock.
 	router *Router
 
@@ -301,6 +302,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		return nil, fmt.Errorf("frontend: certs: %w", err)
 	}
 	s.pool = newClientPool(s.workTLS)
+	s.retries = newRetryBudgets(s.metrics.reg)
 	s.metrics.gaugeConns(s.pool.openConns)
 	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
 	if opts.EtcdTLS {
@@ -410,7 +412,9 @@ func (s *Server) startAs(id string, body CompletionRequest, chat, resumable bool
 	if body.TimeoutMs > 0 {
 		deadline = now.Add(time.Duration(body.TimeoutMs) * time.Millisecond)
 	}
-	r := NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, s.opts.Policy, now)
+	policy := s.opts.Policy
+	policy.Retries = s.retries.of(body.Priority)
+	r := NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, policy, now)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
 	if s.recs != nil && body.Stream {

@@ -86,9 +86,18 @@ func admitGrammar(r *Request) (gramState, error) {
 	return gs, nil
 }
 
-// Submit admits a request, starting it at once when a slot and its KV
-// blocks are free and queueing it otherwise. When neither is possible it
-// returns an *OverloadedError and changes nothing.
+// Submit admits a request under the admission rule (one worker):
+//
+//   - it starts at once when no request of its priority or a higher one
+//     waits, a slot is free and its KV blocks are (all of them, reserved up
+//     front: prompt plus max_tokens);
+//   - otherwise it waits in its priority's queue while the queue has room:
+//     MaxQueued requests in all;
+//   - otherwise it is refused with an *OverloadedError and nothing changes.
+//
+// Batch requests leave InteractiveReservePercent of the slots, of the KV
+// blocks and of the queue to interactive ones: a batch flood never takes
+// what an interactive request needs to start or to wait.
 func (s *Scheduler) Submit(r Request) error {
 	if err := s.validate(&r); err != nil {
 		return err
@@ -113,28 +122,29 @@ func (s *Scheduler) Submit(r Request) error {
 	if r.Grammar != nil {
 		seq.allowed = make([]bool, s.model.Config.VocabSize)
 	}
-	if r.Priority == Canary {
+	switch {
+	case r.Priority == Canary:
 		if s.canaryRunningLocked() {
-			return &OverloadedError{Limit: LimitCanary, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
+			return s.overloadedLocked(LimitCanary, need)
 		}
 		if err := s.startLocked(seq, need); err != nil {
 			return err
 		}
-	} else if s.queuedLocked() == 0 && s.regularRunningLocked() < s.limits.MaxRunning && s.store.NumFree()-s.canaryReserveLocked() >= need {
+	case s.waitingAheadLocked(r.Priority) == 0 && s.fitsLocked(r.Priority, need):
 		if err := s.startLocked(seq, need); err != nil {
 			return err
 		}
-	} else if s.queuedLocked() < s.limits.MaxQueued {
+	case s.queuedLocked() < s.queueBound(r.Priority):
 		s.queues[r.Priority] = append(s.queues[r.Priority], seq)
-	} else {
+	default:
 		limit := LimitQueued
-		if s.limits.MaxQueued == 0 {
+		if s.queueBound(r.Priority) == 0 {
 			limit = LimitKVBlocks
-			if s.regularRunningLocked() >= s.limits.MaxRunning {
+			if s.regularRunningLocked() >= s.runningBound(r.Priority) {
 				limit = LimitRunning
 			}
 		}
-		return &OverloadedError{Limit: limit, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
+		return s.overloadedLocked(limit, need)
 	}
 	s.byID[r.ID] = seq
 	select {
@@ -142,6 +152,69 @@ func (s *Scheduler) Submit(r Request) error {
 	default:
 	}
 	return nil
+}
+
+func (s *Scheduler) overloadedLocked(limit Limit, need int) error {
+	return &OverloadedError{Limit: limit, Running: len(s.running), Queued: s.queuedLocked(), FreeBlocks: s.store.NumFree(), NeedBlocks: need}
+}
+
+// InteractiveReservePercent is the share of a worker's slots, KV blocks and
+// queue that batch requests leave to interactive ones.
+const InteractiveReservePercent = 25
+
+// reserve is the part of total that batch requests leave alone.
+func reserve(p Priority, total int) int {
+	if p != Batch {
+		return 0
+	}
+	return total * InteractiveReservePercent / 100
+}
+
+// runningBound is the most regular sequences running once one of p starts.
+func (s *Scheduler) runningBound(p Priority) int {
+	return s.limits.MaxRunning - reserve(p, s.limits.MaxRunning)
+}
+
+// queueBound is the most requests queued, all priorities together, below
+// which one of p may still queue.
+func (s *Scheduler) queueBound(p Priority) int {
+	return s.limits.MaxQueued - reserve(p, s.limits.MaxQueued)
+}
+
+// fitsLocked reports whether a request of p needing need blocks can start
+// now: a slot and the blocks are free, outside the canary's blocks and,
+// for batch, outside the interactive reserve.
+func (s *Scheduler) fitsLocked(p Priority, need int) bool {
+	free := s.store.NumFree() - s.canaryReserveLocked() - reserve(p, s.store.Capacity())
+	return s.regularRunningLocked() < s.runningBound(p) && free >= need
+}
+
+// waitingAheadLocked counts the queued requests of priority p or a higher
+// one: a new request of p queues behind them.
+func (s *Scheduler) waitingAheadLocked(p Priority) int {
+	n := 0
+	for q := range s.queues {
+		if Priority(q).rank() <= p.rank() {
+			n += len(s.queues[q])
+		}
+	}
+	return n
+}
+
+// QueuePosition is where the request id waits in the queue (1: next to
+// start), or 0 when it is not queued (running, finished or unknown).
+func (s *Scheduler) QueuePosition(id string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seq, ok := s.byID[id]
+	if !ok {
+		return 0
+	}
+	p := seq.req.Priority
+	if i := slices.Index(s.queues[p], seq); i >= 0 {
+		return s.waitingAheadLocked(p) - len(s.queues[p]) + i + 1
+	}
+	return 0
 }
 
 func (s *Scheduler) startLocked(seq *sequence, need int) error {
@@ -176,13 +249,13 @@ func (s *Scheduler) canaryReserveLocked() int {
 
 // admitLocked starts queued requests in priority order while slots and
 // blocks last; it stops at the first that does not fit so that a large
-// interactive request is not overtaken forever.
+// interactive request is not overtaken forever (nor by batch ones).
 func (s *Scheduler) admitLocked() {
 	for p := range s.queues {
-		for len(s.queues[p]) > 0 && s.regularRunningLocked() < s.limits.MaxRunning {
+		for len(s.queues[p]) > 0 {
 			seq := s.queues[p][0]
 			need := s.blocksFor(&seq.req)
-			if s.store.NumFree()-s.canaryReserveLocked() < need {
+			if !s.fitsLocked(Priority(p), need) {
 				return
 			}
 			if err := s.startLocked(seq, need); err != nil {

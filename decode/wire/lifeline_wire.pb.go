@@ -1206,8 +1206,14 @@ type Frame struct {
 	KvKeys [][]byte `protobuf:"bytes,12,rep,name=kv_keys,json=kvKeys,proto3" json:"kv_keys,omitempty"`
 	// logprob and top_logprobs of this token (Generate.logprobs): most
 	// likely first, ties by lower token id.
-	Logprob       float64       `protobuf:"fixed64,14,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	TopLogprobs   []*TopLogprob `protobuf:"bytes,15,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	Logprob     float64       `protobuf:"fixed64,14,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	TopLogprobs []*TopLogprob `protobuf:"bytes,15,rep,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// queue_position > 0: the Generate was admitted and waits in the
+	// worker's queue, this many requests from starting (1: next). Sent
+	// when the request queues and again about every second while it waits
+	// and the engine makes progress, so that the receiver tells a queue
+	// from a stall; it carries no token (sequence_no 0).
+	QueuePosition uint32 `protobuf:"varint,16,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1340,6 +1346,13 @@ func (x *Frame) GetTopLogprobs() []*TopLogprob {
 	return nil
 }
 
+func (x *Frame) GetQueuePosition() uint32 {
+	if x != nil {
+		return x.QueuePosition
+	}
+	return 0
+}
+
 var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
@@ -1444,7 +1457,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\bdetached\x18\x12 \x01(\rR\bdetached\x12\x1a\n" +
 	"\battaches\x18\x13 \x01(\x04R\battaches\x12%\n" +
 	"\x0edraft_proposed\x18\x14 \x01(\x04R\rdraftProposed\x12%\n" +
-	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\"\x8c\x04\n" +
+	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\"\xb3\x04\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1465,7 +1478,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x10reused_positions\x18\v \x01(\rR\x0freusedPositions\x12\x17\n" +
 	"\akv_keys\x18\f \x03(\fR\x06kvKeys\x12\x18\n" +
 	"\alogprob\x18\x0e \x01(\x01R\alogprob\x12?\n" +
-	"\ftop_logprobs\x18\x0f \x03(\v2\x1c.lifeline.wire.v1.TopLogprobR\vtopLogprobsJ\x04\b\r\x10\x0e*.\n" +
+	"\ftop_logprobs\x18\x0f \x03(\v2\x1c.lifeline.wire.v1.TopLogprobR\vtopLogprobs\x12%\n" +
+	"\x0equeue_position\x18\x10 \x01(\rR\rqueuePositionJ\x04\b\r\x10\x0e*.\n" +
 	"\x04Lane\x12\x0f\n" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +

@@ -394,13 +394,26 @@ func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Fra
 		return
 	}
 	s.staleFrame(g, send)
+	first, ok := s.awaitStart(g, events, send)
+	if !ok {
+		return
+	}
+	if send(s.frameOf(ctx, g, fl, first)) != nil || first.Done {
+		drainEvents(events)
+		return
+	}
 	for ev := range events {
 		if send(s.frameOf(ctx, g, fl, ev)) != nil {
 			// The client is gone; the stream context cancels the request.
-			for range events {
-			}
+			drainEvents(events)
 			return
 		}
+	}
+}
+
+// drainEvents reads a sequence's events to their end.
+func drainEvents(events <-chan decode.Event) {
+	for range events {
 	}
 }
 
@@ -443,6 +456,11 @@ func (s *server) pump(ctx context.Context, ss *session, g *wire.Generate, fl *fl
 		s.record(ss, &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch, FinishReason: "error", Error: ErrorFrame(err)}, true)
 		return
 	}
+	first, ok := s.awaitStart(g, events, func(f *wire.Frame) error { s.record(ss, f, false); return nil })
+	if !ok {
+		return
+	}
+	s.record(ss, s.frameOf(ctx, g, fl, first), first.Done)
 	for ev := range events {
 		s.record(ss, s.frameOf(ctx, g, fl, ev), ev.Done)
 	}

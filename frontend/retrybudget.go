@@ -1,0 +1,152 @@
+package frontend
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrRetryBudget ends a request whose retry (a re-route after an overload
+// refusal, or a migration) the frontend's retry budget refused: the
+// cluster is overloaded or failing, and retrying would multiply the load.
+// 429 with Retry-After before anything is streamed.
+const ErrRetryBudget ErrorType = "retry_budget_exhausted"
+
+// RetryBudget is a frontend's token bucket for retries, in the style of
+// gRPC's and Envoy's retry budgets: every retry of a request on another
+// worker (a re-route after an overload refusal, a migration) spends one
+// token; every request that completes adds Ratio of a token, up to Max.
+// While the bucket is empty retries are refused, so that under overload
+// worker attempts stay within about 1 + Ratio per request (plus Max
+// once). It is safe for concurrent use; a nil *RetryBudget allows every
+// retry.
+type RetryBudget struct {
+	Max   float64
+	Ratio float64
+
+	mu     sync.Mutex
+	tokens float64
+	init   bool
+
+	// Counters: requests' first worker attempts and their further ones
+	// (the amplification figure), retries spent and refused.
+	attempts, again, spent, refused atomic.Uint64
+}
+
+// DefaultRetryBudget is Max and Ratio unless configured otherwise.
+var DefaultRetryBudget = struct{ Max, Ratio float64 }{Max: 20, Ratio: 0.1}
+
+// NewRetryBudget returns a full bucket.
+func NewRetryBudget(maxTokens, ratio float64) *RetryBudget {
+	return &RetryBudget{Max: maxTokens, Ratio: ratio, tokens: maxTokens, init: true}
+}
+
+// Spend takes a token for one retry, or reports that none is left.
+func (b *RetryBudget) Spend() bool {
+	if b == nil {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.init {
+		b.tokens, b.init = b.Max, true
+	}
+	if b.tokens < 1 {
+		b.refused.Add(1)
+		return false
+	}
+	b.tokens--
+	b.spent.Add(1)
+	return true
+}
+
+// Succeeded refills the bucket by Ratio for a completed request.
+func (b *RetryBudget) Succeeded() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.init {
+		b.tokens, b.init = b.Max, true
+	}
+	b.tokens = min(b.Max, b.tokens+b.Ratio)
+}
+
+// Attempted counts a decode worker attempt of a request: its first, or
+// a further one (a re-route, a migration).
+func (b *RetryBudget) Attempted(first bool) {
+	switch {
+	case b == nil:
+	case first:
+		b.attempts.Add(1)
+	default:
+		b.again.Add(1)
+	}
+}
+
+// Tokens is the bucket's level now.
+func (b *RetryBudget) Tokens() float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.init {
+		return b.Max
+	}
+	return b.tokens
+}
+
+// Amplification is worker attempts ÷ requests so far (1 with none).
+func (b *RetryBudget) Amplification() float64 {
+	a := b.attempts.Load()
+	if a == 0 {
+		return 1
+	}
+	return float64(a+b.again.Load()) / float64(a)
+}
+
+// Priorities of a request (the Lifeline-Priority header or the body's
+// priority field): interactive (the default) or batch. Each has its own
+// retry budget at a frontend, so that a batch flood's retries never spend
+// what interactive requests need; workers admit interactive requests
+// first and keep a share of their slots, KV blocks and queue for them.
+const (
+	PriorityInteractive = "interactive"
+	PriorityBatch       = "batch"
+)
+
+// retryBudgets are a frontend's buckets, one per priority, with their
+// series.
+type retryBudgets map[string]*RetryBudget
+
+func newRetryBudgets(reg *prometheus.Registry) retryBudgets {
+	b := retryBudgets{}
+	for _, p := range []string{PriorityInteractive, PriorityBatch} {
+		rb := NewRetryBudget(DefaultRetryBudget.Max, DefaultRetryBudget.Ratio)
+		b[p] = rb
+		l := prometheus.Labels{"priority": p}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_retry_amplification", ConstLabels: l,
+				Help: "Worker attempts (first attempts plus retries and migrations) divided by requests."}, rb.Amplification),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_retry_budget_tokens", ConstLabels: l,
+				Help: "Tokens left in the frontend's retry budget."}, rb.Tokens),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_attempts_total", ConstLabels: prometheus.Labels{"priority": p, "attempt": "first"},
+				Help: "Decode worker attempts of requests: their first, or a further one (re-route, migration)."}, func() float64 { return float64(rb.attempts.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_attempts_total", ConstLabels: prometheus.Labels{"priority": p, "attempt": "retry"},
+				Help: "Decode worker attempts of requests: their first, or a further one (re-route, migration)."}, func() float64 { return float64(rb.again.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_retries_total", ConstLabels: prometheus.Labels{"priority": p, "result": "spent"},
+				Help: "Retries on another worker (re-routes after overload, migrations), by whether the retry budget allowed them."}, func() float64 { return float64(rb.spent.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_retries_total", ConstLabels: prometheus.Labels{"priority": p, "result": "refused"},
+				Help: "Retries on another worker (re-routes after overload, migrations), by whether the retry budget allowed them."}, func() float64 { return float64(rb.refused.Load()) }),
+		)
+	}
+	return b
+}
+
+// of is the budget of a request of priority p.
+func (b retryBudgets) of(p string) *RetryBudget {
+	if p == PriorityBatch {
+		return b[PriorityBatch]
+	}
+	return b[PriorityInteractive]
+}

@@ -1,0 +1,84 @@
+package frontend
+
+import (
+	"bytes"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRetryBudgetBoundsRetries: retries spend the bucket's tokens, a
+// completed request refills Ratio of one, and an empty bucket refuses a
+// re-route after an overload and a migration with the typed error.
+func TestRetryBudgetBoundsRetries(t *testing.T) {
+	b := NewRetryBudget(2, 0.5)
+	p := DefaultPolicy
+	p.Retries = b
+	overloadedTwice := func(id string) *Request {
+		r := NewRequest(id, []int{1}, 10, time.Time{}, p, t0)
+		start(t, r, "a")
+		route, _ := has[Route](r.OnOverloaded(r.Epoch))
+		r.Routed(route.Epoch, Endpoint{"b", 1}, t0)
+		return r
+	}
+	for i := range 2 {
+		if r := overloadedTwice("r"); r.State != Prefilling {
+			t.Fatalf("retry %d within the budget: state %s", i, r.State)
+		}
+	}
+	r := overloadedTwice("r3")
+	if r.State != Failed || r.Err.Type != ErrRetryBudget {
+		t.Fatalf("past the budget: %s %v", r.State, r.Err)
+	}
+	// Two completions refill one token: one migration is allowed.
+	for range 2 {
+		done := NewRequest("ok", []int{1}, 1, time.Time{}, p, t0)
+		start(t, done, "a")
+		done.OnFrame(Frame{From: done.Endpoint, Epoch: done.Epoch, SequenceNo: 1, FinishReason: "length"}, t0)
+	}
+	m := NewRequest("m", []int{1}, 10, time.Time{}, p, t0)
+	start(t, m, "a")
+	m.OnFrame(frame(m, 1), t0)
+	if m.OnWorkerFailed(m.Epoch, "killed", true, t0); m.State != Migrating {
+		t.Fatalf("a migration the refill pays for: %s %v", m.State, m.Err)
+	}
+	m.Routed(m.Epoch, Endpoint{"b", 1}, t0)
+	if m.OnWorkerFailed(m.Epoch, "killed again", true, t0); m.State != Failed || m.Err.Type != ErrRetryBudget {
+		t.Fatalf("a migration past the budget: %s %v", m.State, m.Err)
+	}
+	if b.spent.Load() != 3 || b.refused.Load() != 2 {
+		t.Fatalf("spent %d refused %d", b.spent.Load(), b.refused.Load())
+	}
+	var nilBudget *RetryBudget
+	if !nilBudget.Spend() {
+		t.Fatal("no budget refused a retry")
+	}
+}
+
+// TestPriorityFromHeaderOrBody: the body's priority wins over the
+// Lifeline-Priority header; anything but interactive or batch is a 400
+// naming priority.
+func TestPriorityFromHeaderOrBody(t *testing.T) {
+	for _, c := range []struct{ header, body, want, err string }{
+		{"", `,"priority":"batch"`, "batch", ""},
+		{"batch", "", "batch", ""},
+		{"batch", `,"priority":"interactive"`, "interactive", ""},
+		{"", "", "", ""},
+		{"urgent", "", "", "priority"},
+		{"", `,"priority":"low"`, "", "priority"},
+	} {
+		data := []byte(`{"model":"m","prompt":"x"` + c.body + `}`)
+		req := httptest.NewRequest("POST", "/v1/completions", bytes.NewReader(data))
+		if c.header != "" {
+			req.Header.Set("Lifeline-Priority", c.header)
+		}
+		body, err := decodeCompletion(data, req, false)
+		switch {
+		case c.err != "" && (err == nil || !strings.Contains(err.Error(), c.err)):
+			t.Errorf("%+v: err %v", c, err)
+		case c.err == "" && (err != nil || body.Priority != c.want):
+			t.Errorf("%+v: %q %v", c, body.Priority, err)
+		}
+	}
+}

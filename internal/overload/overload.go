@@ -1,0 +1,293 @@
+// Package overload measures how a Lifeline frontend behaves under a burst
+// of streamed requests: which are served and how fast their first token
+// comes, which are refused (and whether before any 200), the goodput and
+// the retry amplification the frontend reports. It speaks only HTTP to the
+// frontend (its API and /metrics), so that a drill (drill 9: a burst of 3×
+// capacity, bounded queues hold, retries do not amplify) and process tests
+// use the same measurement against any cluster.
+package overload
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/sse"
+)
+
+// Load is one kind of request of a burst.
+type Load struct {
+	// URL is the frontend's base URL; Model and Prompt the request's.
+	URL, Model, Prompt string
+	// MaxTokens is each request's output (ignore_eos: exactly this many).
+	MaxTokens int
+	// Priority is "interactive" ("") or "batch" (the Lifeline-Priority
+	// header).
+	Priority string
+	// Client makes the requests (nil: a client without a timeout).
+	Client *http.Client
+}
+
+// Result is one streamed request's outcome.
+type Result struct {
+	// Status is the HTTP status (0: the request did not get one).
+	Status int
+	// RetryAfter is the Retry-After header of a refusal.
+	RetryAfter string
+	// ErrType is the error's type: of the body of a refusal, or of an SSE
+	// error event after a 200.
+	ErrType string
+	// TTFT is the time to the first token; Took to the end.
+	TTFT, Took time.Duration
+	// Tokens counts the tokens received; Done says the stream ended with
+	// [DONE].
+	Tokens int
+	Done   bool
+}
+
+// OK reports a served request: 200, every token, a clean end.
+func (r Result) OK() bool { return r.Status == http.StatusOK && r.Done && r.ErrType == "" }
+
+// Refused reports a request refused before anything was streamed: 429 or
+// 503 with Retry-After.
+func (r Result) Refused() bool {
+	return (r.Status == http.StatusTooManyRequests || r.Status == http.StatusServiceUnavailable) && r.RetryAfter != ""
+}
+
+// Stream makes one streamed request of l with seed and reads it to its end.
+func Stream(ctx context.Context, l Load, seed int) Result {
+	body, _ := json.Marshal(map[string]any{"model": l.Model, "prompt": l.Prompt, "max_tokens": l.MaxTokens,
+		"seed": seed, "stream": true, "ignore_eos": true})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, l.URL+"/v1/completions", strings.NewReader(string(body)))
+	if err != nil {
+		return Result{ErrType: err.Error()}
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if l.Priority != "" {
+		req.Header.Set("Lifeline-Priority", l.Priority)
+	}
+	c := l.Client
+	if c == nil {
+		c = &http.Client{}
+	}
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return Result{ErrType: err.Error(), Took: time.Since(start)}
+	}
+	defer resp.Body.Close()
+	res := Result{Status: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After")}
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error struct{ Type string } }
+		raw, _ := io.ReadAll(resp.Body)
+		json.Unmarshal(raw, &e)
+		res.ErrType, res.Took = e.Error.Type, time.Since(start)
+		return res
+	}
+	for rd := sse.NewReader(resp.Body); ; {
+		ev, err := rd.Next()
+		switch {
+		case err == io.EOF:
+			res.Done = true
+		case err != nil:
+			res.ErrType = err.Error()
+		case ev.Error != nil:
+			res.ErrType = ev.Error.Type
+		case ev.Chunk != nil && ev.Chunk.Lifeline.SequenceNo > 0:
+			if res.Tokens++; res.Tokens == 1 {
+				res.TTFT = time.Since(start)
+			}
+			continue
+		default:
+			continue
+		}
+		res.Took = time.Since(start)
+		return res
+	}
+}
+
+// Burst makes n requests of l at once (seeds from seed0) and returns their
+// results in order.
+func Burst(ctx context.Context, l Load, n, seed0 int) []Result {
+	out := make([]Result, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[i] = Stream(ctx, l, seed0+i)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// Figures summarise a burst.
+type Figures struct {
+	Offered, Served, Refused, Failed int
+	// Wall is the burst's duration; Goodput served requests per second.
+	Wall    time.Duration
+	Goodput float64
+	// TTFTp50 and TTFTp99 are over the served requests.
+	TTFTp50, TTFTp99 time.Duration
+	// Amplification is the frontend's worker attempts ÷ requests over the
+	// burst (its lifeline_frontend_attempts_total series), NaN-free: 1
+	// when nothing was attempted.
+	Amplification float64
+}
+
+func (f Figures) String() string {
+	return fmt.Sprintf("offered %d: served %d, refused %d, failed %d in %v (goodput %.1f/s), TTFT p50 %v p99 %v, amplification %.3f",
+		f.Offered, f.Served, f.Refused, f.Failed, f.Wall.Round(time.Millisecond), f.Goodput, f.TTFTp50.Round(time.Millisecond),
+		f.TTFTp99.Round(time.Millisecond), f.Amplification)
+}
+
+// Summarise computes the figures of results that took wall.
+func Summarise(results []Result, wall time.Duration) Figures {
+	f := Figures{Offered: len(results), Wall: wall, Amplification: 1}
+	var ttft []time.Duration
+	for _, r := range results {
+		switch {
+		case r.OK():
+			f.Served++
+			ttft = append(ttft, r.TTFT)
+		case r.Refused():
+			f.Refused++
+		default:
+			f.Failed++
+		}
+	}
+	if wall > 0 {
+		f.Goodput = float64(f.Served) / wall.Seconds()
+	}
+	f.TTFTp50, f.TTFTp99 = Percentile(ttft, 50), Percentile(ttft, 99)
+	return f
+}
+
+// Percentile is the p-th percentile (nearest rank) of ds; 0 when empty.
+func Percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := (p*len(s) + 99) / 100
+	return s[max(0, min(len(s)-1, i-1))]
+}
+
+// Attempts reads the frontend's decode worker attempts so far (first
+// attempts and further ones, every priority) from its /metrics.
+func Attempts(ctx context.Context, url string) (first, retry float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if !strings.HasPrefix(line, "lifeline_frontend_attempts_total{") {
+			continue
+		}
+		var v float64
+		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err != nil {
+			continue
+		}
+		if strings.Contains(line, `attempt="first"`) {
+			first += v
+		} else {
+			retry += v
+		}
+	}
+	return first, retry, nil
+}
+
+// Measure makes a burst of n requests of l and returns its figures, with
+// the amplification the frontend counted over it.
+func Measure(ctx context.Context, l Load, n, seed0 int) (Figures, []Result, error) {
+	f0, r0, err := Attempts(ctx, l.URL)
+	if err != nil {
+		return Figures{}, nil, err
+	}
+	start := time.Now()
+	results := Burst(ctx, l, n, seed0)
+	f := Summarise(results, time.Since(start))
+	f1, r1, err := Attempts(ctx, l.URL)
+	if err != nil {
+		return f, results, err
+	}
+	if f1 > f0 {
+		f.Amplification = (f1 - f0 + r1 - r0) / (f1 - f0)
+	}
+	return f, results, nil
+}
+
+// Verdict is drill 9's judgement of a burst of factor × capacity against
+// the capacity measured just before (a burst of capacity requests).
+type Verdict struct {
+	// Capacity and After are the capacity runs before and after Burst.
+	Capacity, Burst, After Figures
+	// GoodputRatio is Burst.Goodput ÷ the mean goodput of the capacity
+	// runs that bracket it (a machine whose load drifts moves both).
+	GoodputRatio float64
+	// Failures lists what failed: requests that neither finished nor were
+	// refused cleanly (a stream cut after its 200), amplification above
+	// MaxAmplification, goodput below MinGoodput of capacity.
+	Failures []string
+}
+
+// The drill's bounds: retries do not amplify, and an overloaded cluster
+// still serves what it can.
+const (
+	MaxAmplification = 1.1
+	MinGoodput       = 0.9
+)
+
+// Drill measures capacity (capacity requests at once, all expected to be
+// served), a burst of factor × capacity, and capacity again, and judges
+// the burst. A first capacity run, not measured, warms connections and
+// workers up.
+func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
+	var v Verdict
+	var err error
+	Burst(ctx, l, capacity, -capacity)
+	if v.Capacity, _, err = Measure(ctx, l, capacity, 0); err != nil {
+		return v, err
+	}
+	if v.Burst, _, err = Measure(ctx, l, factor*capacity, capacity); err != nil {
+		return v, err
+	}
+	if v.After, _, err = Measure(ctx, l, capacity, (factor+1)*capacity); err != nil {
+		return v, err
+	}
+	if g := (v.Capacity.Goodput + v.After.Goodput) / 2; g > 0 {
+		v.GoodputRatio = v.Burst.Goodput / g
+	}
+	for _, c := range []Figures{v.Capacity, v.After} {
+		if c.Served != capacity {
+			v.Failures = append(v.Failures, fmt.Sprintf("a capacity run served %d of %d", c.Served, capacity))
+		}
+	}
+	if v.Burst.Failed > 0 {
+		v.Failures = append(v.Failures, fmt.Sprintf("%d requests of the burst failed after a 200 or without a clean refusal", v.Burst.Failed))
+	}
+	if v.Burst.Amplification > MaxAmplification {
+		v.Failures = append(v.Failures, fmt.Sprintf("retry amplification %.3f > %.1f", v.Burst.Amplification, MaxAmplification))
+	}
+	if v.GoodputRatio < MinGoodput {
+		v.Failures = append(v.Failures, fmt.Sprintf("goodput %.2f of capacity < %.2f", v.GoodputRatio, MinGoodput))
+	}
+	return v, nil
+}
