@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/overload"
 )
@@ -37,7 +38,7 @@ func limitedNode(t *testing.T, count, maxRunning, maxQueued int) *clustertest.No
 func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 	n := limitedNode(t, 1, 2, 6)
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, Model: "small", Prompt: "Once upon a time", MaxTokens: 200}
+	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "Once upon a time", MaxTokens: 200}
 	res := overload.Burst(context.Background(), l, 14, 1)
 	var served, refused int
 	for i, r := range res {
@@ -65,7 +66,7 @@ func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 func TestBurstDoesNotAmplify(t *testing.T) {
 	n := limitedNode(t, 2, 4, 12)
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, Model: "small", Prompt: "The burst", MaxTokens: 96}
+	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "The burst", MaxTokens: 96}
 	v, err := overload.Drill(context.Background(), l, 32, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -97,7 +98,7 @@ func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 	ctx := context.Background()
 	// A prompt long enough that its prefill, not scheduling jitter on a
 	// loaded machine, makes the TTFT.
-	inter := overload.Load{URL: url, Model: "small", Prompt: strings.Repeat("A quick question about the weather. ", 24), MaxTokens: 4}
+	inter := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: strings.Repeat("A quick question about the weather. ", 24), MaxTokens: 4}
 	ttfts := func(seed0 int) []time.Duration {
 		var out []time.Duration
 		for i := range 8 {
@@ -111,7 +112,7 @@ func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 	}
 	ttfts(0) // warm up: connections, the worker's first steps
 	base := overload.Percentile(ttfts(100), 99)
-	batch := overload.Load{URL: url, Model: "small", Prompt: "A long batch job", MaxTokens: 400, Priority: "batch"}
+	batch := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "A long batch job", MaxTokens: 400, Priority: "batch"}
 	flood := make(chan []overload.Result, 1)
 	go func() { flood <- overload.Burst(ctx, batch, 36, 1000) }()
 	// The flood holds the batch share of the slots and of the queue.
@@ -152,7 +153,7 @@ func TestStreamedOverloadIs429BeforeAny200OnPD(t *testing.T) {
 	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	n.WaitRegistration(t, "n1-prefill-tiny-0", 0)
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, Model: "tiny", Prompt: strings.Repeat("a long prompt for the prefill instance ", 6), MaxTokens: 300}
+	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "tiny", Prompt: strings.Repeat("a long prompt for the prefill instance ", 6), MaxTokens: 300}
 	res := overload.Burst(context.Background(), l, 4, 1)
 	var served, refused int
 	for i, r := range res {
@@ -172,4 +173,14 @@ func TestStreamedOverloadIs429BeforeAny200OnPD(t *testing.T) {
 	if m := clustertest.Metrics(t, url); !strings.Contains(m, `lifeline_frontend_pd_handoffs_total{path="same_node"}`) {
 		t.Fatalf("no P/D hand-off:\n%s", m)
 	}
+}
+
+// metricsOf is the metrics listener of the frontend at url.
+func metricsOf(t *testing.T, url string) string {
+	t.Helper()
+	m, ok := localcluster.MetricsURLOf(url)
+	if !ok {
+		t.Fatalf("no metrics listener known for %s", url)
+	}
+	return m
 }

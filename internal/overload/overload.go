@@ -23,8 +23,10 @@ import (
 
 // Load is one kind of request of a burst.
 type Load struct {
-	// URL is the frontend's base URL; Model and Prompt the request's.
-	URL, Model, Prompt string
+	// URL is the frontend's base URL, MetricsURL its metrics listener's
+	// (`lifeline frontend --metrics-addr`: the API port serves none);
+	// Model and Prompt the request's.
+	URL, MetricsURL, Model, Prompt string
 	// MaxTokens is each request's output (ignore_eos: exactly this many).
 	MaxTokens int
 	// Priority is "interactive" ("") or "batch" (the Lifeline-Priority
@@ -182,9 +184,14 @@ func Percentile(ds []time.Duration, p int) time.Duration {
 }
 
 // Attempts reads the frontend's decode worker attempts so far (first
-// attempts and further ones, every priority) from its /metrics.
-func Attempts(ctx context.Context, url string) (first, retry float64, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+// attempts and further ones, every priority) from its metrics listener
+// (metricsURL + /metrics). A page without the attempts series is an
+// error: amplification is never taken as 1 unmeasured.
+func Attempts(ctx context.Context, metricsURL string) (first, retry float64, err error) {
+	if metricsURL == "" {
+		return 0, 0, fmt.Errorf("overload: no metrics URL: amplification cannot be measured")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL+"/metrics", nil)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -193,6 +200,9 @@ func Attempts(ctx context.Context, url string) (first, retry float64, err error)
 		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("overload: metrics of %s: %s", metricsURL, resp.Status)
+	}
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
 		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
@@ -217,19 +227,22 @@ func Attempts(ctx context.Context, url string) (first, retry float64, err error)
 // Measure makes a burst of n requests of l and returns its figures, with
 // the amplification the frontend counted over it.
 func Measure(ctx context.Context, l Load, n, seed0 int) (Figures, []Result, error) {
-	f0, r0, err := Attempts(ctx, l.URL)
+	f0, r0, err := Attempts(ctx, l.MetricsURL)
 	if err != nil {
 		return Figures{}, nil, err
 	}
 	start := time.Now()
 	results := Burst(ctx, l, n, seed0)
 	f := Summarise(results, time.Since(start))
-	f1, r1, err := Attempts(ctx, l.URL)
+	f1, r1, err := Attempts(ctx, l.MetricsURL)
 	if err != nil {
 		return f, results, err
 	}
-	if f1 > f0 {
+	switch {
+	case f1 > f0:
 		f.Amplification = (f1 - f0 + r1 - r0) / (f1 - f0)
+	case f.Served > 0:
+		return f, results, fmt.Errorf("overload: %d requests served but no worker attempt counted at %s", f.Served, l.MetricsURL)
 	}
 	return f, results, nil
 }
