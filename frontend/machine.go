@@ -350,9 +350,10 @@ func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain boo
 		return r.fail(ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
 	case !r.Deadline.IsZero() && now.Add(time.Duration(len(r.Prompt)+r.Received())*r.Policy.PrefillPerToken).After(r.Deadline):
 		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
-	case !r.Policy.Retries.Spend():
-		return r.fail(ErrRetryBudget, fmt.Sprintf("the frontend's retry budget refused a migration; last failure: %s", reason))
 	}
+	// A failure's migration is charged to the retry budget, never refused
+	// by it: no single worker's death may end the streams it served.
+	r.Policy.Retries.Charge()
 	r.Migrations++
 	r.drainMigration = drain
 	cw := r.bump(Migrating)

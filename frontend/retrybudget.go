@@ -61,6 +61,24 @@ func (b *RetryBudget) Spend() bool {
 	return true
 }
 
+// Charge takes a token for a migration after a worker's failure without
+// ever refusing it: a worker's death must not end the streams it served
+// (each request's own migration budget bounds them), but the migrations
+// drain the bucket, so that re-routes under overload are refused while
+// the cluster is failing.
+func (b *RetryBudget) Charge() {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.init {
+		b.tokens, b.init = b.Max, true
+	}
+	b.tokens = max(0, b.tokens-1)
+	b.spent.Add(1)
+}
+
 // Succeeded refills the bucket by Ratio for a completed request.
 func (b *RetryBudget) Succeeded() {
 	if b == nil {
