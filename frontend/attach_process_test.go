@@ -257,9 +257,15 @@ func TestClientLibraryResumesStreamsOnB(t *testing.T) {
 			}
 		}
 	}
-	if r := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`); r != streams {
-		t.Errorf("takeovers ok on B: %v, want %d", r, streams)
+	// A stream still running at A's death is taken over; one that A's
+	// worker finished while its reader waited is replayed from its record.
+	// Either way B served every resume.
+	ok := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`)
+	replayed := metric(t, b, `lifeline_frontend_takeovers_total{result="done_replay"}`)
+	if ok+replayed != streams {
+		t.Errorf("resumes on B: %v taken over + %v replayed, want %d", ok, replayed, streams)
 	}
+	t.Logf("on B: %v taken over, %v replayed finished", ok, replayed)
 }
 
 // workerHealth is instance's health as its worker reports it.
