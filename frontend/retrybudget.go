@@ -14,20 +14,20 @@ import (
 const ErrRetryBudget ErrorType = "retry_budget_exhausted"
 
 // RetryBudget is a frontend's token bucket for retries, in the style of
-// gRPC's and Envoy's retry budgets: every retry of a request on another
-// worker (a re-route after an overload refusal, a migration) spends one
-// token; every request that completes adds Ratio of a token, up to Max.
-// While the bucket is empty retries are refused, so that under overload
-// worker attempts stay within about 1 + Ratio per request (plus Max
-// once). It is safe for concurrent use; a nil *RetryBudget allows every
-// retry.
+// gRPC's and Envoy's retry budgets: a re-route after an overload refusal
+// spends one token (Spend), a migration after a worker's failure is
+// charged one without ever being refused (Charge); every request that
+// completes adds Ratio of a token, up to Max. While the bucket is empty
+// re-routes are refused, so that under overload worker attempts stay
+// within about 1 + Ratio per request (plus Max once). Make it with
+// NewRetryBudget; it is safe for concurrent use; a nil *RetryBudget
+// allows every retry.
 type RetryBudget struct {
 	Max   float64
 	Ratio float64
 
 	mu     sync.Mutex
 	tokens float64
-	init   bool
 
 	// Counters: requests' first worker attempts and their further ones
 	// (the amplification figure), retries spent and refused.
@@ -39,7 +39,7 @@ var DefaultRetryBudget = struct{ Max, Ratio float64 }{Max: 20, Ratio: 0.1}
 
 // NewRetryBudget returns a full bucket.
 func NewRetryBudget(maxTokens, ratio float64) *RetryBudget {
-	return &RetryBudget{Max: maxTokens, Ratio: ratio, tokens: maxTokens, init: true}
+	return &RetryBudget{Max: maxTokens, Ratio: ratio, tokens: maxTokens}
 }
 
 // Spend takes a token for one retry, or reports that none is left.
@@ -49,9 +49,6 @@ func (b *RetryBudget) Spend() bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.init {
-		b.tokens, b.init = b.Max, true
-	}
 	if b.tokens < 1 {
 		b.refused.Add(1)
 		return false
@@ -72,9 +69,6 @@ func (b *RetryBudget) Charge() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.init {
-		b.tokens, b.init = b.Max, true
-	}
 	b.tokens = max(0, b.tokens-1)
 	b.spent.Add(1)
 }
@@ -86,9 +80,6 @@ func (b *RetryBudget) Succeeded() {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.init {
-		b.tokens, b.init = b.Max, true
-	}
 	b.tokens = min(b.Max, b.tokens+b.Ratio)
 }
 
@@ -108,9 +99,6 @@ func (b *RetryBudget) Attempted(first bool) {
 func (b *RetryBudget) Tokens() float64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if !b.init {
-		return b.Max
-	}
 	return b.tokens
 }
 
