@@ -24,7 +24,7 @@ func (s *server) queueProgress() uint64 {
 // once and then one per queueHeartbeat in which the engine progressed.
 // It returns the first event (ok false: the channel closed).
 func (s *server) awaitStart(g *wire.Generate, events <-chan decode.Event, emit func(*wire.Frame) error) (decode.Event, bool) {
-	id := request(g, s.opts.InstanceID).ID
+	id := sequenceID(g, s.opts.InstanceID)
 	select {
 	case ev, ok := <-events:
 		return ev, ok

@@ -477,6 +477,11 @@ func (s *server) startFlight(g *wire.Generate, cancel context.CancelCauseFunc) *
 	return fl
 }
 
+// sequenceID is the engine's id of g's sequence on this instance.
+func sequenceID(g *wire.Generate, instanceID string) string {
+	return fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, instanceID)
+}
+
 // request is g for the engine.
 func request(g *wire.Generate, instanceID string) decode.Request {
 	prio := sched.Interactive
@@ -487,7 +492,7 @@ func request(g *wire.Generate, instanceID string) decode.Request {
 		prio = sched.Canary
 	}
 	req := decode.Request{
-		ID: fmt.Sprintf("%s/%d/%s", g.RequestId, g.RequestEpoch, instanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
+		ID: sequenceID(g, instanceID), Prompt: g.Prompt, PromptTokens: intsOf(g.PromptTokens),
 		PrefixTokens: intsOf(g.PrefixTokens), MaxTokens: int(g.MaxTokens), Stop: slices.Clone(g.Stop), IgnoreEOS: g.IgnoreEos, Priority: prio,
 		Sampling: sample.Params{Temperature: g.Temperature, TopP: g.TopP, TopK: int(g.TopK), FrequencyPenalty: g.FrequencyPenalty,
 			PresencePenalty: g.PresencePenalty, Seed: g.Seed, LogitBias: logitBias(g.LogitBias)},
