@@ -313,11 +313,16 @@ func TestFinishedPrefixFinishesAtOnce(t *testing.T) {
 	// A stop string completed by the prefix's last token.
 	base := Request{Prompt: "Once upon a time", MaxTokens: 30, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 5}}
 	full := generate(t, e, base)
+	// The stop string is the text of a token from the 7th on (the first
+	// with visible text), so that it ends the run mid-way.
 	stopAt := 6
-	stop := full.events[stopAt].Text
-	if strings.TrimSpace(stop) == "" {
-		t.Skipf("token %d has no text to stop at", stopAt)
+	for stopAt < len(full.events) && strings.TrimSpace(full.events[stopAt].Text) == "" {
+		stopAt++
 	}
+	if stopAt == len(full.events) {
+		t.Fatalf("no token from the 7th on has text: %+v", full.events)
+	}
+	stop := full.events[stopAt].Text
 	r := base
 	r.Stop = []string{stop}
 	first := generate(t, e, r)
