@@ -1,13 +1,11 @@
 package drill
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/overload"
 )
 
 // Cluster is what drills act on: frontends by URL, node agents by control
@@ -372,31 +371,13 @@ func (c *Cluster) Metrics(ctx context.Context) (Metrics, error) {
 		return nil, fmt.Errorf("drill: the frontends' metrics addresses are not known (--frontend-metrics)")
 	}
 	for _, u := range c.MetricsURLs {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u+"/metrics", nil)
-		resp, err := http.DefaultClient.Do(req)
+		page, err := overload.Scrape(ctx, u)
 		if err != nil {
-			return nil, fmt.Errorf("drill: metrics of %s: %w", u, err)
+			return nil, fmt.Errorf("drill: %w", err)
 		}
-		if resp.StatusCode != http.StatusOK {
-			resp.Body.Close()
-			return nil, fmt.Errorf("drill: metrics of %s: %s", u, resp.Status)
+		for series, v := range page {
+			m[series] += v
 		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			if line == "" || line[0] == '#' {
-				continue
-			}
-			i := strings.LastIndexByte(line, ' ')
-			if i < 0 {
-				continue
-			}
-			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-				m[line[:i]] += v
-			}
-		}
-		resp.Body.Close()
 	}
 	return m, nil
 }

@@ -8,12 +8,14 @@
 package overload
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -183,41 +185,59 @@ func Percentile(ds []time.Duration, p int) time.Duration {
 	return s[max(0, min(len(s)-1, i-1))]
 }
 
-// Attempts reads the frontend's decode worker attempts so far (first
-// attempts and further ones, every priority) from its metrics listener
-// (metricsURL + /metrics). A page without the attempts series is an
-// error: amplification is never taken as 1 unmeasured.
-func Attempts(ctx context.Context, metricsURL string) (first, retry float64, err error) {
+// Scrape reads a Prometheus text page (metricsURL + /metrics) into its
+// series' values, summed by series (name and labels as printed). A page
+// that does not answer 200 is an error.
+func Scrape(ctx context.Context, metricsURL string) (map[string]float64, error) {
 	if metricsURL == "" {
-		return 0, 0, fmt.Errorf("overload: no metrics URL: amplification cannot be measured")
+		return nil, fmt.Errorf("overload: no metrics URL")
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL+"/metrics", nil)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
+		return nil, fmt.Errorf("overload: metrics: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("overload: metrics of %s: %s", metricsURL, resp.Status)
+		return nil, fmt.Errorf("overload: metrics of %s: %s", metricsURL, resp.Status)
 	}
-	raw, err := io.ReadAll(resp.Body)
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			m[line[:i]] += v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("overload: metrics of %s: %w", metricsURL, err)
+	}
+	return m, nil
+}
+
+// Attempts reads the frontend's decode worker attempts so far (first
+// attempts and further ones, every priority) from its metrics listener.
+// Amplification is never taken as 1 unmeasured: a page that cannot be
+// read is an error.
+func Attempts(ctx context.Context, metricsURL string) (first, retry float64, err error) {
+	m, err := Scrape(ctx, metricsURL)
 	if err != nil {
-		return 0, 0, fmt.Errorf("overload: metrics: %w", err)
+		return 0, 0, err
 	}
-	for _, line := range strings.Split(string(raw), "\n") {
-		if !strings.HasPrefix(line, "lifeline_frontend_attempts_total{") {
-			continue
-		}
-		var v float64
-		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err != nil {
-			continue
-		}
-		if strings.Contains(line, `attempt="first"`) {
+	for series, v := range m {
+		switch {
+		case !strings.HasPrefix(series, "lifeline_frontend_attempts_total{"):
+		case strings.Contains(series, `attempt="first"`):
 			first += v
-		} else {
+		default:
 			retry += v
 		}
 	}
