@@ -55,7 +55,8 @@ func (a *Agent) status() controlapi.Status {
 		Stats: controlapi.TransferStats(a.transfer.Stats())}
 	ks := a.kvOwner.Stats()
 	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
-		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects}
+		"sessions": ks.Sessions, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects,
+		"checksum_failures": ks.ChecksumFailures, "corrupt_dropped": ks.CorruptDropped}
 	for state, n := range ks.ByState {
 		a.metrics.slots.WithLabelValues(state).Set(float64(n))
 	}

@@ -49,6 +49,10 @@ type InstanceSpec struct {
 	// (0: the engine's defaults).
 	MaxRunning int `json:"max_running"`
 	MaxQueued  int `json:"max_queued"`
+	// Threads bounds the CPU threads the worker computes on at once
+	// (GOMAXPROCS); 0: every CPU. On a host of several workers it keeps
+	// one worker's load off another's (results do not depend on it).
+	Threads int `json:"threads,omitempty"`
 	// DraftPreset or DraftLayers turn on speculative decoding in the
 	// workers, DraftK draft tokens per step (0: the engine's default).
 	DraftPreset string `json:"draft_preset,omitempty"`
@@ -247,6 +251,8 @@ func (o *Options) Validate() error {
 			return bad(fmt.Sprintf("instances[%d].count", i), "%d (0..64)", in.Count)
 		case in.MaxRunning < 0 || in.MaxQueued < 0:
 			return bad(fmt.Sprintf("instances[%d].max_running", i), "%d / max_queued %d (0 = default)", in.MaxRunning, in.MaxQueued)
+		case in.Threads < 0 || in.Threads > 1024:
+			return bad(fmt.Sprintf("instances[%d].threads", i), "%d (0..1024, 0 = every CPU)", in.Threads)
 		case in.DraftPreset != "" && in.DraftPreset != "tiny" && in.DraftPreset != "small", in.DraftPreset != "" && in.DraftLayers != 0:
 			return bad(fmt.Sprintf("instances[%d].draft_preset", i), "%q (tiny or small, and not with draft_layers)", in.DraftPreset)
 		case in.DraftLayers < 0 || in.DraftK < 0 || in.DraftK > 16:

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -37,12 +38,20 @@ import (
 // next generation once a canary passed.
 func TestAgentDetectsWorkerKill(t *testing.T) {
 	metricsAddr := proctest.FreeTCPAddr(t)
-	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.Metrics = metricsAddr })
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.Metrics = metricsAddr
+		o.Instances = clustertest.Instances("decode", 1)
+		o.Instances[0].Threads = 1
+	})
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
 	ws := n.NodectlWorkers(t)
 	if len(ws) != 1 || ws[0].PID == 0 || ws[0].Generation != reg.Generation || !ws[0].Ready {
 		t.Fatalf("workers: %+v", ws)
+	}
+	// threads: 1 reaches the worker as its GOMAXPROCS.
+	if env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", ws[0].PID)); err != nil || !slices.Contains(strings.Split(string(env), "\x00"), "GOMAXPROCS=1") {
+		t.Fatalf("worker environment lacks GOMAXPROCS=1 (%v)", err)
 	}
 	watch := n.Env.Client.Watch(context.Background(), schema.InstancesPrefix+id)
 	failures := n.Env.Client.Watch(context.Background(), schema.FailuresPrefix+id)
@@ -151,6 +160,7 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "small", "count": 1, "draft_layers": 2, "draft_k": 17}]}`, "instances[0].draft_layers"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "transfer_listen": "0.0.0.0:7480"}`, "transfer_advertise"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "transfer_listen": "nonsense"}`, "transfer_listen"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1, "threads": -1}]}`, "instances[0].threads"},
 	} {
 		p := filepath.Join(dir, "agent.json")
 		os.WriteFile(p, []byte(c.cfg), 0o600)

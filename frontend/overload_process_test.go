@@ -95,45 +95,24 @@ func TestBurstDoesNotAmplify(t *testing.T) {
 func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 	n := limitedNode(t, 1, 4, 8)
 	url := startFrontend(t, n.Env)
-	ctx := context.Background()
 	// A prompt long enough that its prefill, not scheduling jitter on a
 	// loaded machine, makes the TTFT.
 	inter := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: strings.Repeat("A quick question about the weather. ", 24), MaxTokens: 4}
-	ttfts := func(seed0 int) []time.Duration {
-		var out []time.Duration
-		for i := range 8 {
-			r := overload.Stream(ctx, inter, seed0+i)
-			if !r.OK() {
-				t.Fatalf("interactive request %d: %+v", i, r)
-			}
-			out = append(out, r.TTFT)
-		}
-		return out
-	}
-	ttfts(0) // warm up: connections, the worker's first steps
-	base := overload.Percentile(ttfts(100), 99)
 	batch := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "A long batch job", MaxTokens: 400, Priority: "batch"}
-	flood := make(chan []overload.Result, 1)
-	go func() { flood <- overload.Burst(ctx, batch, 36, 1000) }()
 	// The flood holds the batch share of the slots and of the queue.
-	waitBusy := time.Now().Add(30 * time.Second)
-	for {
+	filled := func(ctx context.Context) (bool, error) {
 		h := workerHealth(t, n, "n1-decode-small-0")
-		if h.Running >= 3 && h.Queued >= 6 {
-			break
-		}
-		if time.Now().After(waitBusy) {
-			t.Fatalf("the flood never filled the worker: %+v", h)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return h.Running >= 3 && h.Queued >= 6, nil
 	}
-	loaded := overload.Percentile(ttfts(200), 99)
-	t.Logf("interactive TTFT p99: unloaded %v, under the batch flood %v", base, loaded)
-	if loaded > 2*base {
-		t.Errorf("interactive TTFT p99 %v under the batch flood, more than 2× the unloaded %v", loaded, base)
+	v, err := overload.InteractiveUnderFlood(context.Background(), inter, batch, 8, 36, filled)
+	if err != nil {
+		t.Fatal(err)
 	}
-	res := <-flood
-	f := overload.Summarise(res, 0)
+	t.Logf("interactive TTFT p99: unloaded %v, under the batch flood %v (%.2f×)", v.Unloaded, v.Loaded, v.Slowdown)
+	if len(v.Failures) > 0 {
+		t.Errorf("%v", v.Failures)
+	}
+	f := v.Flood
 	if f.Failed > 0 || f.Served < 9 {
 		t.Fatalf("the batch flood: %v", f)
 	}

@@ -61,6 +61,7 @@ func (m *choices) take(c *sse.Chunk, i int, each func(Token)) error {
 		if m.res.FinishReasons[i] == "" {
 			m.res.FinishReasons[i] = f
 			m.res.Migrations += c.Lifeline.Migrations
+			m.res.KVReusedPositions += c.Lifeline.KVReusedPositions
 			if c.Lifeline.LastMigration != nil {
 				m.res.LastMigration = c.Lifeline.LastMigration
 			}

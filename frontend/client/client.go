@@ -70,6 +70,9 @@ type Result struct {
 	// (unix nanoseconds by step), nil when it never moved.
 	Migrations    int
 	LastMigration map[string]int64
+	// KVReusedPositions is how many prompt positions the serving worker
+	// took from the node's KV cache instead of computing them.
+	KVReusedPositions int
 	// FinishReasons is each choice's finish reason (Request.N > 1;
 	// FinishReason is then choice 0's), Migrations their sum.
 	FinishReasons []string

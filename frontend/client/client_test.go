@@ -28,7 +28,7 @@ func writeTokens(w *sse.Writer, from, to int) {
 func writeEnd(w *sse.Writer) {
 	finish, empty := "length", ""
 	c := sse.Chunk{ID: "cmpl-1", Object: "text_completion", Model: "m",
-		Lifeline: sse.Lifeline{RequestID: "cmpl-1", Migrations: 1, LastMigration: map[string]int64{"routed_unix_ns": 5}}}
+		Lifeline: sse.Lifeline{RequestID: "cmpl-1", Migrations: 1, KVReusedPositions: 48, LastMigration: map[string]int64{"routed_unix_ns": 5}}}
 	c.Choices[0].Text, c.Choices[0].FinishReason = &empty, &finish
 	w.WriteChunk(&c)
 	w.WriteDone()
@@ -76,7 +76,7 @@ func TestStreamResumes(t *testing.T) {
 			t.Fatalf("token %d: %+v", i, tok)
 		}
 	}
-	if res.FinishReason != "length" || res.Migrations != 1 || res.LastMigration["routed_unix_ns"] != 5 {
+	if res.FinishReason != "length" || res.Migrations != 1 || res.LastMigration["routed_unix_ns"] != 5 || res.KVReusedPositions != 48 {
 		t.Fatalf("result %+v", res)
 	}
 }

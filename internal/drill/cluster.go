@@ -16,6 +16,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/overload"
 )
@@ -40,6 +41,8 @@ type Cluster struct {
 	// Local is true for a cluster this package started (and will stop).
 	Local bool
 
+	// shape is what a local cluster was started as.
+	shape Shape
 	closers []func()
 }
 
@@ -321,32 +324,74 @@ func (c *Cluster) WaitBack(ctx context.Context, instance string, gen uint64, tim
 	}
 }
 
+// Freeze is an agent a drill stopped with SIGSTOP.
+type Freeze struct {
+	Socket string
+	Node   string
+	PID    int
+	At     time.Time
+
+	thawed bool
+}
+
+// FreezeAgent SIGSTOPs the agent of socket (it must run on this host):
+// its control socket, lease renewals, KV service and transfers stop
+// answering, its workers keep running. Thaw it, also on every error path.
+func (c *Cluster) FreezeAgent(ctx context.Context, socket string) (*Freeze, error) {
+	st, err := nodectl.GetStatus(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("drill: agent %s: %w", socket, err)
+	}
+	if st.PID <= 0 {
+		return nil, fmt.Errorf("drill: agent %s gives no pid", socket)
+	}
+	f := &Freeze{Socket: socket, Node: st.NodeID, PID: st.PID, At: time.Now()}
+	if err := syscall.Kill(st.PID, syscall.SIGSTOP); err != nil {
+		return nil, fmt.Errorf("drill: SIGSTOP agent %s (pid %d): %w", st.NodeID, st.PID, err)
+	}
+	return f, nil
+}
+
+// Thaw resumes a frozen agent (once; later calls do nothing) and returns
+// when.
+func (f *Freeze) Thaw() (time.Time, error) {
+	if f.thawed {
+		return time.Time{}, nil
+	}
+	f.thawed = true
+	at := time.Now()
+	if err := syscall.Kill(f.PID, syscall.SIGCONT); err != nil {
+		return at, fmt.Errorf("drill: SIGCONT agent %s (pid %d): %w", f.Node, f.PID, err)
+	}
+	return at, nil
+}
+
 // ErrNoCerts is returned by WorkerHealth without the cluster's
 // certificates.
 var ErrNoCerts = errors.New("drill: no certificates (--certs): workers cannot be asked for their health")
 
-// WorkerHealth asks a worker for its health (in flight, requests started)
-// over the worker protocol.
-func (c *Cluster) WorkerHealth(ctx context.Context, w Worker) (inFlight uint32, started uint64, err error) {
+// WorkerHealth asks a worker for its health (in flight, requests started,
+// running, queued…) over the worker protocol.
+func (c *Cluster) WorkerHealth(ctx context.Context, w Worker) (*wire.HealthReply, error) {
 	if c.Certs == "" {
-		return 0, 0, ErrNoCerts
+		return nil, ErrNoCerts
 	}
 	tlsConf, err := workerclient.ClientTLS(c.Certs)
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	wc, err := workerclient.Dial(ctx, w.Addr, tlsConf, w.InstanceID, w.Generation)
 	if err != nil {
-		return 0, 0, fmt.Errorf("drill: dial %s: %w", w.InstanceID, err)
+		return nil, fmt.Errorf("drill: dial %s: %w", w.InstanceID, err)
 	}
 	defer wc.Close()
 	h, err := wc.Health(ctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("drill: health of %s: %w", w.InstanceID, err)
+		return nil, fmt.Errorf("drill: health of %s: %w", w.InstanceID, err)
 	}
-	return h.InFlight, h.RequestsStarted, nil
+	return h, nil
 }
 
 // Metrics are a frontend's Prometheus series by their full name (labels

@@ -43,10 +43,33 @@ type Shape struct {
 	// from the last one backwards.
 	Prefill   int `json:"prefill"`
 	Frontends int `json:"frontends"`
+	// MaxRunning and MaxQueued, when set, are every decode worker's
+	// scheduler limits (slots and queue places): a drill that overloads
+	// the cluster sizes its burst from them. 0: the workers' defaults.
+	MaxRunning int `json:"max_running,omitempty"`
+	MaxQueued  int `json:"max_queued,omitempty"`
+	// Threads, when set, bounds each decode worker's compute threads
+	// (GOMAXPROCS): on a small machine, workers that would each take every
+	// CPU slow each other down, as workers on GPUs of their own do not.
+	Threads int `json:"threads,omitempty"`
+	// LeaseTTL, when set, is every agent's etcd lease TTL (default 3 s in
+	// a local cluster): a drill that pauses an agent for less than its
+	// lease lengthens it.
+	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
+}
+
+// Capacity is how many requests the shape's decode workers hold at once
+// (running and queued), 0 when its limits are the defaults.
+func (s Shape) Capacity() int {
+	return s.Nodes * s.DecodePerNode * (s.MaxRunning + s.MaxQueued)
 }
 
 func (s Shape) String() string {
-	return fmt.Sprintf("%d nodes × %d decode, %d prefill, %d frontend(s)", s.Nodes, s.DecodePerNode, s.Prefill, s.Frontends)
+	out := fmt.Sprintf("%d nodes × %d decode, %d prefill, %d frontend(s)", s.Nodes, s.DecodePerNode, s.Prefill, s.Frontends)
+	if s.MaxRunning > 0 || s.MaxQueued > 0 {
+		out += fmt.Sprintf(", %d slots + %d queue places per decode worker", s.MaxRunning, s.MaxQueued)
+	}
+	return out
 }
 
 // Standard is the shape of the first drills: two nodes, each with a
@@ -64,6 +87,9 @@ type Drill struct {
 	// LocalOnly, when set, says why the drill cannot act against an
 	// existing cluster (it is not_available there).
 	LocalOnly string
+	// NeedsEtcd, when set, says why the drill needs the cluster's etcd
+	// (it is not_available against a cluster given without --etcd).
+	NeedsEtcd string
 	// Unavailable, when set, says why the drill cannot run at all.
 	Unavailable string
 	// Run injects the fault under load and reports. It fills r (Number,

@@ -110,11 +110,11 @@ func waitIdleWorkers(ctx context.Context, c *Cluster, timeout time.Duration) (in
 		}
 		n := 0
 		for _, w := range ws {
-			f, _, err := c.WorkerHealth(ctx, w)
+			h, err := c.WorkerHealth(ctx, w)
 			if err != nil {
 				return 0, err
 			}
-			n += int(f)
+			n += int(h.InFlight)
 		}
 		if n == 0 {
 			return 0, nil

@@ -121,7 +121,7 @@ func killWhenBusy(ctx context.Context, c *Cluster, ws []Worker, ran <-chan struc
 		if c.Certs != "" {
 			deadline = nil
 			for _, w := range ws {
-				if n, _, err := c.WorkerHealth(ctx, w); err == nil && n > 0 {
+				if h, err := c.WorkerHealth(ctx, w); err == nil && h.InFlight > 0 {
 					return c.KillWorker(ctx, w.InstanceID)
 				}
 			}

@@ -3,6 +3,7 @@ package drill_test
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,9 @@ func TestMain(m *testing.M) { proctest.Main(m) }
 // shortConfig is a short pass: a few streams of few tokens.
 var shortConfig = drill.Config{Streams: 3, MaxTokens: 24, Seed: 7}
 
-// TestShortPass runs every drill on a local cluster it starts (one, as
-// the implemented drills share a shape) with a small load, and asserts
-// each drill's outcome and its key figures.
+// TestShortPass runs every drill on the local clusters it starts (one
+// per shape) with a small load, and asserts each drill's outcome and its
+// key figures.
 func TestShortPass(t *testing.T) {
 	bin := proctest.Lifeline(t)
 	ds, err := drill.Select([]string{"all"})
@@ -26,7 +27,7 @@ func TestShortPass(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out strings.Builder
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	reports, err := drill.Run(ctx, drill.Options{Drills: ds, Config: shortConfig,
 		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small"}}, &out)
@@ -41,7 +42,7 @@ func TestShortPass(t *testing.T) {
 	for _, r := range reports {
 		by[r.Number] = r
 	}
-	for _, n := range []int{1, 2, 3, 10, 11} {
+	for _, n := range []int{1, 2, 3, 6, 7, 10, 11} {
 		if by[n].Result != drill.Pass {
 			t.Errorf("drill %d %s: %s: %s", n, by[n].Name, by[n].Result, by[n].Detail)
 		}
@@ -65,16 +66,64 @@ func TestShortPass(t *testing.T) {
 		figure(t, by[10], k, eq(0))
 	}
 	figure(t, by[10], "cancelled", within(1, 3))
+	figure(t, by[6], "reached_isolated_worker", eq(0))
+	figure(t, by[6], "routed_to_not_ready", eq(0))
+	figure(t, by[6], "streams_while_isolated", within(1, 1e9))
+	figure(t, by[6], "deregistered_ms", within(by[6].Figures["lease_ttl_ms"]-1000, by[6].Figures["lease_ttl_ms"]+5000))
+	figure(t, by[6], "lease_ttl_ms", within(1000, 1e9))
+	figure(t, by[7], "reused_positions_warm", within(1, 1e9))
+	figure(t, by[7], "reused_positions_paused", eq(0))
+	figure(t, by[7], "reused_positions_after", within(1, 1e9))
+	figure(t, by[7], "checksum_failures", eq(0))
+	figure(t, by[7], "leaked_slots", eq(0))
+	figure(t, by[7], "leaked_leases", eq(0))
 	figure(t, by[11], "nodes_drained", eq(2))
 	figure(t, by[11], "max_unavailable", eq(1))
 	figure(t, by[11], "routed_after_not_ready", eq(0))
 	if r := by[5]; r.Result != drill.NotAvailable || !strings.Contains(r.Detail, "tensor-parallel") {
 		t.Errorf("drill 5: %s: %s", r.Result, r.Detail)
 	}
-	for _, n := range []int{4, 6, 7, 8, 9} {
+	burst(t, by[9])
+	for _, n := range []int{4, 8} {
 		if r := by[n]; r.Result != drill.NotAvailable || r.Detail != "not implemented yet" {
 			t.Errorf("drill %d: %s: %s", n, r.Result, r.Detail)
 		}
+	}
+}
+
+// burst asserts drill 9: the queues held (exactly the capacity served,
+// the rest refused before any 200, nothing cut after its 200) and retries
+// did not amplify. Its throughput and latency ratios (goodput ≥ 90 % of
+// capacity, interactive TTFT p99 ≤ 2× under a batch flood) compare two
+// runs a few seconds apart on the CPUs the other packages' tests share
+// under `go test ./...`: they decide the verdict in the load tier
+// (LIFELINE_LOAD_TESTS=1); otherwise a fail must be theirs alone. The
+// same bounds are asserted on a single worker by the frontend's
+// TestBatchFloodLeavesInteractiveAlone (always) and TestBurstDoesNotAmplify.
+func burst(t *testing.T, r drill.Report) {
+	t.Helper()
+	if r.Result != drill.Pass {
+		ratiosOnly := r.Result == drill.Fail
+		for _, f := range strings.Split(r.Detail, "; ") {
+			ratiosOnly = ratiosOnly && (strings.HasPrefix(f, "goodput ") || strings.HasPrefix(f, "interactive TTFT p99 "))
+		}
+		if !ratiosOnly || os.Getenv("LIFELINE_LOAD_TESTS") != "" {
+			t.Errorf("drill 9 %s: %s: %s", r.Name, r.Result, r.Detail)
+		} else {
+			t.Logf("drill 9 failed on its ratios only, on a shared machine: %s", r.Detail)
+		}
+	}
+	c := r.Figures["capacity"]
+	figure(t, r, "capacity", within(1, 1e9))
+	figure(t, r, "offered", eq(3*c))
+	figure(t, r, "served", eq(c))
+	figure(t, r, "refused", eq(2*c))
+	figure(t, r, "failed", eq(0))
+	figure(t, r, "retry_amplification", within(1, 1.1))
+	figure(t, r, "goodput_ratio", within(0.01, 1e9))
+	figure(t, r, "interactive_slowdown", within(0.01, 1e9))
+	if len(r.Timeline) < 8 || len(r.Latencies["ttft_ms"]) != int(c) {
+		t.Errorf("drill 9: timeline %v, %d TTFT samples", r.Timeline, len(r.Latencies["ttft_ms"]))
 	}
 }
 

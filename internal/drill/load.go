@@ -90,8 +90,9 @@ type Load struct {
 	// arrives (before the stream goes on): drills inject faults from it.
 	OnToken func(s *Stream, t Tok)
 	// OnStart, when set, is called as each stream starts (before its
-	// request is sent).
+	// request is sent); OnEnd as it ends.
 	OnStart func(s *Stream)
+	OnEnd   func(s *Stream)
 
 	refs [][]Tok
 }
@@ -130,9 +131,9 @@ func (l *Load) Request(i int) client.Request {
 // before the fault (or after, when a fault-free run first would leave the
 // prompts cached and change the path the drill exercises).
 func (l *Load) Reference(ctx context.Context) error {
-	onToken, onStart := l.OnToken, l.OnStart
-	l.OnToken, l.OnStart = nil, nil
-	defer func() { l.OnToken, l.OnStart = onToken, onStart }()
+	onToken, onStart, onEnd := l.OnToken, l.OnStart, l.OnEnd
+	l.OnToken, l.OnStart, l.OnEnd = nil, nil, nil
+	defer func() { l.OnToken, l.OnStart, l.OnEnd = onToken, onStart, onEnd }()
 	l.refs = make([][]Tok, l.spec.Streams)
 	for _, s := range l.Run(ctx) {
 		if s.Err != nil {
@@ -209,6 +210,9 @@ func (l *Load) run(s *Stream) {
 	s.mu.Lock()
 	s.Result, s.Err, s.Ended = res, err, time.Now()
 	s.mu.Unlock()
+	if l.OnEnd != nil {
+		l.OnEnd(s)
+	}
 }
 
 // Outcome is a set of streams compared with their references.

@@ -50,7 +50,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true}
+	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true, shape: s}
 	c.closers = append(c.closers, env.Close)
 	if f, ok := o.Log.(*os.File); ok {
 		c.closers = append(c.closers, func() { f.Close() })
@@ -94,11 +94,14 @@ func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agen
 	o := env.NodeOptions(id, filepath.Join(env.Dir, id))
 	o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-drill-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id))
 	o.ArenaSlots, o.ArenaSlotBytes = 512, 131072
-	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode}}
+	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: s.Threads}}
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
 	}
 	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
+	if s.LeaseTTL > 0 {
+		o.LeaseTTL = agent.Duration(s.LeaseTTL)
+	}
 	o.CanaryIdle, o.CanaryTimeout = agent.Duration(time.Hour), agent.Duration(5*time.Second)
 	o.RestartBackoff, o.RestartMax = agent.Duration(100*time.Millisecond), agent.Duration(time.Second)
 	o.DrainSettle = agent.Duration(500 * time.Millisecond)

@@ -63,7 +63,7 @@ func Summary(w io.Writer, rs []Report) {
 // them.
 var keyFigures = []string{"detection_ms", "removed_ms", "rto_p50_ms", "rto_p99_ms", "gaps", "duplicates", "identical",
 	"failed", "leaked_slots", "leaked_leases", "leaked_pulls", "leaked_in_flight", "max_unavailable", "reached_dead_worker",
-	"prefill_failures", "retry_amplification", "goodput"}
+	"prefill_failures", "retry_amplification", "goodput_ratio", "interactive_slowdown"}
 
 // RenderHTML writes a self-contained page: a card per drill with its
 // verdict, figures, a timeline and latency histograms, all inline SVG and

@@ -126,6 +126,8 @@ func runOne(ctx context.Context, c *Cluster, d Drill, o Options, out io.Writer) 
 			return unavailable(d, d.Unavailable)
 		case !c.Local && d.LocalOnly != "":
 			return unavailable(d, "against an existing cluster: "+d.LocalOnly)
+		case c.Etcd == nil && d.NeedsEtcd != "":
+			return unavailable(d, "without --etcd: "+d.NeedsEtcd)
 		}
 		if !c.Local {
 			have, err := c.Shape(ctx)

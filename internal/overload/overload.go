@@ -135,7 +135,9 @@ func Burst(ctx context.Context, l Load, n, seed0 int) []Result {
 // Figures summarise a burst.
 type Figures struct {
 	Offered, Served, Refused, Failed int
-	// Wall is the burst's duration; Goodput served requests per second.
+	// Start is when the burst began (set by Measure), Wall its duration;
+	// Goodput is served requests per second.
+	Start   time.Time
 	Wall    time.Duration
 	Goodput float64
 	// TTFTp50 and TTFTp99 are over the served requests.
@@ -254,6 +256,7 @@ func Measure(ctx context.Context, l Load, n, seed0 int) (Figures, []Result, erro
 	start := time.Now()
 	results := Burst(ctx, l, n, seed0)
 	f := Summarise(results, time.Since(start))
+	f.Start = start
 	f1, r1, err := Attempts(ctx, l.MetricsURL)
 	if err != nil {
 		return f, results, err
@@ -272,6 +275,8 @@ func Measure(ctx context.Context, l Load, n, seed0 int) (Figures, []Result, erro
 type Verdict struct {
 	// Capacity and After are the capacity runs before and after Burst.
 	Capacity, Burst, After Figures
+	// BurstResults are the burst's requests.
+	BurstResults []Result
 	// GoodputRatio is Burst.Goodput ÷ the mean goodput of the capacity
 	// runs that bracket it (a machine whose load drifts moves both).
 	GoodputRatio float64
@@ -299,7 +304,7 @@ func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
 	if v.Capacity, _, err = Measure(ctx, l, capacity, 0); err != nil {
 		return v, err
 	}
-	if v.Burst, _, err = Measure(ctx, l, factor*capacity, capacity); err != nil {
+	if v.Burst, v.BurstResults, err = Measure(ctx, l, factor*capacity, capacity); err != nil {
 		return v, err
 	}
 	if v.After, _, err = Measure(ctx, l, capacity, (factor+1)*capacity); err != nil {
@@ -321,6 +326,89 @@ func Drill(ctx context.Context, l Load, capacity, factor int) (Verdict, error) {
 	}
 	if v.GoodputRatio < MinGoodput {
 		v.Failures = append(v.Failures, fmt.Sprintf("goodput %.2f of capacity < %.2f", v.GoodputRatio, MinGoodput))
+	}
+	return v, nil
+}
+
+// MaxInteractiveSlowdown bounds interactive TTFT p99 under a batch flood
+// against its unloaded value.
+const MaxInteractiveSlowdown = 2.0
+
+// Isolation is how interactive requests fare under a flood of batch ones.
+type Isolation struct {
+	// Unloaded and Loaded are interactive TTFT p99 before and under the
+	// flood; Slowdown is Loaded ÷ Unloaded.
+	Unloaded, Loaded time.Duration
+	Slowdown         float64
+	// FloodStart is when the flood began; Filled when it held the workers.
+	FloodStart, Filled time.Time
+	// Flood is the flood's requests' figures once they all ended.
+	Flood Figures
+	// Failures lists what failed: an interactive request not served, the
+	// slowdown above MaxInteractiveSlowdown, a flood request cut after its
+	// 200 or not refused cleanly.
+	Failures []string
+}
+
+// InteractiveUnderFlood measures interactive TTFT p99 over probes
+// sequential requests of inter (after as many to warm up), starts flood
+// requests of batch at once, waits until filled reports that the flood
+// holds the workers (polled every 50 ms for up to 30 s), and measures
+// interactive TTFT p99 again while the flood runs.
+func InteractiveUnderFlood(ctx context.Context, inter, batch Load, probes, flood int, filled func(context.Context) (bool, error)) (Isolation, error) {
+	var v Isolation
+	ttfts := func(seed0 int) time.Duration {
+		var out []time.Duration
+		for i := range probes {
+			r := Stream(ctx, inter, seed0+i)
+			if !r.OK() {
+				v.Failures = append(v.Failures, fmt.Sprintf("interactive request %d: status %d %s", seed0+i, r.Status, r.ErrType))
+				continue
+			}
+			out = append(out, r.TTFT)
+		}
+		return Percentile(out, 99)
+	}
+	ttfts(0)
+	v.Unloaded = ttfts(100)
+	v.FloodStart = time.Now()
+	done := make(chan []Result, 1)
+	go func() { done <- Burst(ctx, batch, flood, 1000) }()
+	wait := time.Now().Add(30 * time.Second)
+	for {
+		ok, err := filled(ctx)
+		if err != nil {
+			<-done
+			return v, err
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(wait) {
+			<-done
+			return v, fmt.Errorf("overload: the batch flood of %d requests never filled the workers", flood)
+		}
+		select {
+		case <-ctx.Done():
+			<-done
+			return v, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	v.Filled = time.Now()
+	v.Loaded = ttfts(200)
+	res := <-done
+	v.Flood = Summarise(res, time.Since(v.FloodStart))
+	v.Flood.Start = v.FloodStart
+	if v.Unloaded > 0 {
+		v.Slowdown = float64(v.Loaded) / float64(v.Unloaded)
+	}
+	if v.Slowdown > MaxInteractiveSlowdown {
+		v.Failures = append(v.Failures, fmt.Sprintf("interactive TTFT p99 %v under the batch flood, %.2f× the unloaded %v (bound %.1f×)",
+			v.Loaded.Round(time.Microsecond), v.Slowdown, v.Unloaded.Round(time.Microsecond), MaxInteractiveSlowdown))
+	}
+	if v.Flood.Failed > 0 {
+		v.Failures = append(v.Failures, fmt.Sprintf("%d batch requests failed after a 200 or without a clean refusal", v.Flood.Failed))
 	}
 	return v, nil
 }
