@@ -42,7 +42,7 @@ type Cluster struct {
 	Local bool
 
 	// shape is what a local cluster was started as.
-	shape Shape
+	shape   Shape
 	closers []func()
 }
 
