@@ -18,6 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/overload"
 )
 
@@ -41,8 +42,10 @@ type Cluster struct {
 	// Local is true for a cluster this package started (and will stop).
 	Local bool
 
-	// shape is what a local cluster was started as.
+	// shape is what a local cluster was started as, env its certificates
+	// and embedded etcd.
 	shape   Shape
+	env     *localcluster.Env
 	closers []func()
 }
 

@@ -56,6 +56,10 @@ type Shape struct {
 	// a local cluster): a drill that pauses an agent for less than its
 	// lease lengthens it.
 	LeaseTTL time.Duration `json:"lease_ttl,omitempty"`
+	// CutTransfers, when set, makes the last node's agent stop sending
+	// halfway through every KV fetch it serves, for CutFor (its failpoint
+	// rdma.source-midway: the blocks stop coming, as over a cut link).
+	CutTransfers bool `json:"cut_transfers,omitempty"`
 }
 
 // Capacity is how many requests the shape's decode workers hold at once

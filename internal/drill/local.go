@@ -10,7 +10,9 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/rdma"
 )
 
 // LocalOptions configure a cluster StartLocal runs.
@@ -50,7 +52,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true, shape: s}
+	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true, shape: s, env: env}
 	c.closers = append(c.closers, env.Close)
 	if f, ok := o.Log.(*os.File); ok {
 		c.closers = append(c.closers, func() { f.Close() })
@@ -65,6 +67,9 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 	for i := 0; i < s.Nodes; i++ {
 		n := env.NewNode(localNodeOptions(env, s, o.Preset, i))
 		n.Stdout, n.Stderr = o.Log, o.Log
+		if s.CutTransfers && i == s.Nodes-1 {
+			n.ExtraEnv = []string{fmt.Sprintf("%s=%s=sleep:%s", failpoint.EnvVar, rdma.FailSourceMidway, CutFor)}
+		}
 		if err := n.Start(); err != nil {
 			return nil, err
 		}

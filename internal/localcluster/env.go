@@ -134,6 +134,21 @@ func (e *Env) Close() {
 	}
 }
 
+// StopEtcd stops the embedded etcd at once (a control-plane outage):
+// every client's calls fail until StartEtcd starts it again.
+func (e *Env) StopEtcd() { e.Etcd.Kill() }
+
+// StartEtcd starts the stopped etcd again on its data and client port
+// (its clients reconnect by themselves).
+func (e *Env) StartEtcd() error {
+	s, err := embedetcd.Start(e.Etcd.Dir(), e.Etcd.Port(), e.Etcd.CertDir())
+	if err != nil {
+		return fmt.Errorf("localcluster: etcd again: %w", err)
+	}
+	e.Etcd = s
+	return nil
+}
+
 // WaitRegistration waits until instance is registered ready at a
 // generation above after, and returns its registration.
 func (e *Env) WaitRegistration(ctx context.Context, instance string, after uint64) (schema.Registration, error) {

@@ -1,0 +1,197 @@
+package drill
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
+)
+
+func init() {
+	Register(Drill{Number: 8, Name: seedNames[8][0], Expect: seedNames[8][1], Shape: Standard,
+		LocalOnly: "it stops the etcd it started", Run: runPauseControlPlane})
+}
+
+// runPauseControlPlane stops etcd under a steady load for the lease TTL
+// and a second more, so that every agent also loses its lease and fences
+// its workers, then starts it again:
+//   - the streams in flight when it stopped go on and complete, on the
+//     workers they were on (the data plane does not depend on etcd);
+//   - streams started during the outage are routed by the frontends' last
+//     view: served at once while the workers' leases last, then held
+//     (the fenced workers refuse new work, typed and retryable) until the
+//     cluster is back, within the capacity wait, never failed;
+//   - afterwards it reconciles in full: every instance registered ready
+//     again (at a higher generation where its lease was lost), every
+//     frontend's record back with its routing view past those changes;
+//   - every stream bit-identical to its reference, no gap, no duplicate.
+func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error {
+	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: cfg.MaxTokens, Seed: cfg.Seed, Tag: "8"})
+	defer l.Close()
+	if err := l.Reference(ctx); err != nil {
+		return err
+	}
+	regs, err := c.Etcd.Get(ctx, schema.InstancesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("drill: etcd: %w", err)
+	}
+	ttl := c.leaseTTL(ctx, regs)
+	gens := map[string]uint64{}
+	for _, kv := range regs.Kvs {
+		var reg schema.Registration
+		if json.Unmarshal(kv.Value, &reg) == nil {
+			gens[reg.InstanceID] = reg.Generation
+		}
+	}
+	var (
+		mu       sync.Mutex
+		underWay = map[int]bool{}
+		all      = make(chan struct{})
+	)
+	l.OnToken = func(s *Stream, t Tok) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !underWay[s.Index] {
+			if underWay[s.Index] = true; len(underWay) == l.Spec().Streams {
+				close(all)
+			}
+		}
+	}
+	stop := l.Steady(ctx)
+	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", cfg.Streams, cfg.MaxTokens)
+	select {
+	case <-all:
+	case <-time.After(time.Minute):
+		stop()
+		return fmt.Errorf("drill: the load's streams did not all get under way within a minute")
+	}
+	outage := ttl + time.Second
+	down := time.Now()
+	c.env.StopEtcd()
+	stopped := time.Now()
+	r.Event(down, EvFault, "etcd killed, held down %v at least (the lease TTL %v and a second)", outage, ttl)
+	r.Event(stopped, EvPhase, "etcd's listeners closed (%.0f ms: it lets open connections go for its request timeout)", ms(stopped.Sub(down)))
+	// The outage's length, not a wait for an event.
+	<-time.After(outage - time.Since(down))
+	if err := c.env.StartEtcd(); err != nil {
+		stop()
+		return err
+	}
+	up := time.Now()
+	r.Event(up, EvRecovered, "etcd started again after %.0f ms", ms(up.Sub(down)))
+	regAt, ackAt, bumped, err := c.reconciled(ctx, gens, time.Minute)
+	if err != nil {
+		stop()
+		return err
+	}
+	r.Event(regAt, EvRecovered, "every instance registered ready again (%d at a higher generation)", bumped)
+	r.Event(ackAt, EvRecovered, "every frontend's record back, its routing view past them")
+	streams := stop()
+	r.Event(time.Now(), EvLoadEnd, "")
+
+	var inFlight, kept, during, servedDuring int
+	var ttftDuring []float64
+	for _, s := range streams {
+		if len(s.Tokens) == 0 {
+			continue
+		}
+		first, last := s.Tokens[0].At, s.Tokens[len(s.Tokens)-1].At
+		switch {
+		case first.Before(down) && last.After(down):
+			inFlight++
+			if s.Err == nil {
+				kept++
+			}
+		case s.Started.After(down) && s.Started.Before(up):
+			during++
+			ttftDuring = append(ttftDuring, ms(first.Sub(s.Started)))
+			if s.Err == nil && s.Ended.Before(up) {
+				servedDuring++
+			}
+		}
+	}
+	o := l.Compare(streams)
+	Latencies(r, streams)
+	r.Sample("ttft_during_outage_ms", ttftDuring...)
+	figuresOf(r, o)
+	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
+	r.Figure("outage_ms", ms(up.Sub(down)))
+	r.Figure("etcd_stop_ms", ms(stopped.Sub(down)))
+	r.Figure("in_flight_at_outage", float64(inFlight))
+	r.Figure("kept_through_outage", float64(kept))
+	r.Figure("started_during_outage", float64(during))
+	r.Figure("served_during_outage", float64(servedDuring))
+	r.Figure("ttft_during_outage_p99_ms", Percentile(ttftDuring, 99))
+	r.Figure("reregistered_ms", ms(regAt.Sub(up)))
+	r.Figure("reconciled_ms", ms(ackAt.Sub(up)))
+	r.Figure("generations_bumped", float64(bumped))
+	var ck Check
+	ck.That(inFlight > 0, "no stream was in flight when etcd stopped")
+	ck.That(kept == inFlight, "%d of %d streams in flight at the outage completed", kept, inFlight)
+	ck.That(during > 0, "no stream started during the outage")
+	ck.That(o.Failed == 0, "%d streams failed (%v)", o.Failed, o.FirstError)
+	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
+	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
+	ck.Verdict(r, fmt.Sprintf("etcd down %.0f ms: %d in-flight streams went on, %d started meanwhile (%d served before it was back); reconciled %.0f ms after",
+		ms(up.Sub(down)), inFlight, during, servedDuring, ms(ackAt.Sub(up))))
+	return nil
+}
+
+// reconciled waits until every instance of gens is registered ready
+// again (regAt; bumped counts those at a higher generation) and every
+// frontend's record is back with its routing view past the newest
+// registration (ackAt).
+func (c *Cluster) reconciled(ctx context.Context, gens map[string]uint64, timeout time.Duration) (regAt, ackAt time.Time, bumped int, err error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	last := ""
+	for {
+		resp, gerr := c.Etcd.Get(ctx, schema.InstancesPrefix, clientv3.WithPrefix())
+		if gerr == nil {
+			ready, newest, n := 0, int64(0), 0
+			for _, kv := range resp.Kvs {
+				var reg schema.Registration
+				if json.Unmarshal(kv.Value, &reg) != nil || !reg.Ready {
+					continue
+				}
+				if g, ok := gens[reg.InstanceID]; ok {
+					ready++
+					newest = max(newest, kv.ModRevision)
+					if reg.Generation > g {
+						n++
+					}
+				}
+			}
+			last = fmt.Sprintf("%d of %d instances registered ready", ready, len(gens))
+			if ready == len(gens) {
+				if regAt.IsZero() {
+					regAt, bumped = time.Now(), n
+				}
+				fr, ferr := c.Etcd.Get(ctx, schema.FrontendsPrefix, clientv3.WithPrefix())
+				acked := 0
+				for _, kv := range kvsOf(fr) {
+					var f schema.FrontendRecord
+					if json.Unmarshal(kv.Value, &f) == nil && f.AppliedRevision >= newest {
+						acked++
+					}
+				}
+				last = fmt.Sprintf("%d of %d frontends past revision %d (%v)", acked, len(c.URLs), newest, ferr)
+				if ferr == nil && acked >= len(c.URLs) {
+					return regAt, time.Now(), bumped, nil
+				}
+			}
+		} else {
+			last = gerr.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return regAt, time.Time{}, bumped, fmt.Errorf("drill: the cluster did not reconcile within %v after etcd came back (%s)", timeout, last)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
