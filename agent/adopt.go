@@ -21,7 +21,7 @@ import (
 func (inst *instance) recordLocked() workerRecord {
 	return workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
 		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics, KVIdentity: inst.kvIdentity,
-		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash}
+		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash, Capacity: inst.capacity, BatchCapacity: inst.batchCapacity}
 }
 
 // workerRecord is what the agent remembers of a running worker, so that a
@@ -46,6 +46,9 @@ type workerRecord struct {
 	// ContextLen and TokenizerHash are the worker's (its Ready line).
 	ContextLen    int    `json:"context_len,omitempty"`
 	TokenizerHash string `json:"tokenizer_hash,omitempty"`
+	// Capacity and BatchCapacity are the worker's (its Ready line).
+	Capacity      int `json:"capacity,omitempty"`
+	BatchCapacity int `json:"batch_capacity,omitempty"`
 }
 
 func workerKey(instance string) []byte { return []byte("worker/" + instance) }
@@ -153,6 +156,7 @@ func (a *Agent) adopted(ctx context.Context, inst *instance, rec *workerRecord) 
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
 	inst.kvIdentity = rec.KVIdentity
 	inst.contextLen, inst.tokenizerHash = rec.ContextLen, rec.TokenizerHash
+	inst.capacity, inst.batchCapacity = rec.Capacity, rec.BatchCapacity
 	if inst.kvGen == 0 {
 		inst.kvGen = rec.Generation
 	}

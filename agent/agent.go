@@ -95,6 +95,8 @@ type instance struct {
 	// contextLen and tokenizerHash are the worker's, registered for
 	// frontends' prompt checks.
 	contextLen    int
+	// capacity and batchCapacity are the worker's (its Ready line).
+	capacity, batchCapacity int
 	tokenizerHash string
 	canaryFail    int
 	running       int

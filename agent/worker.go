@@ -184,6 +184,7 @@ func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	a.mu.Lock()
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
 	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
+	inst.capacity, inst.batchCapacity = r.Capacity, r.BatchCapacity
 	rec := inst.recordLocked()
 	a.mu.Unlock()
 	if st, err := processStartTime(pid); err == nil {

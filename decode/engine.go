@@ -217,6 +217,9 @@ func NewEngineWith(m *model.Model, tok tokenizer.Tokenizer, store kvcache.Store,
 	return e, nil
 }
 
+// Limits are the engine's scheduler limits.
+func (e *Engine) Limits() sched.Limits { return e.sched.Limits() }
+
 // Close stops the scheduler (open streams end as cancelled), then hands
 // back shared KV blocks.
 func (e *Engine) Close() {

@@ -55,7 +55,7 @@ func (x *run) route(a Route) []Action {
 	if x.overloaded && x.r.Received() == 0 {
 		below = x.fullAt
 	}
-	in, cached, used, err := rt.PickCachedBelow(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys, below, x.body.Priority)
+	in, cached, used, err := rt.PickCachedBelow(x.body.Model, "", prefer, exclude, time.Now(), x.prefixKeys, below, x.body.Priority, x.r.Received() == 0)
 	if err != nil {
 		// Only refusals before any token make a 429: a migration with
 		// tokens out (the 200 is sent) waits for capacity instead of

@@ -78,6 +78,17 @@ func (rt *Router) fullLocked(in Instance, priority string, now time.Time) bool {
 	return full(PriorityInteractive)
 }
 
+// atCapacityLocked reports whether this frontend's own open streams on in
+// fill what its worker holds for priority (running and queued): one more
+// would only be refused there.
+func (rt *Router) atCapacityLocked(in Instance, priority string) bool {
+	limit := in.Capacity
+	if priorityOf(priority) == PriorityBatch {
+		limit = in.BatchCapacity
+	}
+	return limit > 0 && rt.streams[in.ID] >= limit
+}
+
 // loadLocked is an instance's outstanding sequences: its registration's
 // count, or this frontend's open streams to it when that is more.
 func (rt *Router) loadLocked(in Instance) int { return max(in.Outstanding, rt.streams[in.ID]) }

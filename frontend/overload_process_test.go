@@ -37,6 +37,11 @@ func limitedNode(t *testing.T, count, maxRunning, maxQueued int) *clustertest.No
 // 200; no stream is cut after its 200.
 func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 	n := limitedNode(t, 1, 2, 6)
+	// The registration says what the worker holds: 2 + 6, and for batch
+	// 2 + 5 (a quarter of the queue, rounded down, left to interactive).
+	if reg := n.WaitRegistration(t, "n1-decode-small-0", 0); reg.Capacity != 8 || reg.BatchCapacity != 7 {
+		t.Fatalf("registered capacity %d, batch %d; want 8 and 7", reg.Capacity, reg.BatchCapacity)
+	}
 	url := startFrontend(t, n.Env)
 	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "Once upon a time", MaxTokens: 200}
 	res := overload.Burst(context.Background(), l, 14, 1)

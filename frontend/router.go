@@ -38,6 +38,9 @@ type Instance struct {
 	// registered): the admission check of prompt sizes.
 	ContextLen    int
 	TokenizerHash string
+	// Capacity and BatchCapacity are the most requests (interactive,
+	// batch) the worker holds at once (0: not said).
+	Capacity, BatchCapacity int
 }
 
 // Router picks instances. It keeps its last view when the registry is
@@ -418,23 +421,28 @@ func (rt *Router) cachedBlocks(node string, keys []blockid.BlockKey, now time.Ti
 // router's lock: it must not call the router.
 func (rt *Router) PickCached(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
 	keysFor func(Instance) []blockid.BlockKey) (Instance, int, bool, error) {
-	return rt.PickCachedBelow(model, revision, preferNumerics, exclude, now, keysFor, 0, "")
+	return rt.PickCachedBelow(model, revision, preferNumerics, exclude, now, keysFor, 0, "", false)
 }
 
 // PickCachedBelow is PickCached among the instances that hold fewer than
 // below of this frontend's open streams (0: any): a re-route after an
 // overload refusal goes only to an instance less loaded than the one that
 // refused was; otherwise it would most likely refuse too, and the retry
-// only amplify the load. Those left out count as full (ErrInstancesFull).
+// only amplify the load. A fresh request (no token out yet) also leaves
+// out the instances at their capacity for its priority (what their
+// workers hold, running and queued, all taken by this frontend's open
+// streams): the worker would refuse it. Those left out count as full
+// (ErrInstancesFull). A migration is left to the worker to queue or
+// refuse.
 func (rt *Router) PickCachedBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time,
-	keysFor func(Instance) []blockid.BlockKey, below int, priority string) (Instance, int, bool, error) {
+	keysFor func(Instance) []blockid.BlockKey, below int, priority string, fresh bool) (Instance, int, bool, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
 	cached := map[string]int{}
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
 	role := func(in Instance) bool { return in.Role != "prefill" }
-	in, err := rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, below, priority)
+	in, err := rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, below, priority, fresh)
 	return in, cached[in.ID], used, err
 }
 
@@ -511,12 +519,13 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 
 // pick runs under rt.mu.
 func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
-	return rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, 0, "")
+	return rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, 0, "", false)
 }
 
 // pickBelow is pick among instances with fewer than below open streams
-// of this frontend (0: any); it runs under rt.mu.
-func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int, below int, priority string) (Instance, error) {
+// of this frontend (0: any), and below their capacity when fresh; it runs
+// under rt.mu.
+func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int, below int, priority string, fresh bool) (Instance, error) {
 	var cands []Instance
 	full := false
 	for _, in := range rt.instances {
@@ -526,7 +535,7 @@ func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Excl
 		if !in.Ready || in.Draining || exclude.excludes(in) || in.Model != model || (revision != "" && in.ModelRevision != revision) || !role(in) {
 			continue
 		}
-		if rt.fullLocked(in, priority, now) || (below > 0 && rt.streams[in.ID] >= below) {
+		if rt.fullLocked(in, priority, now) || (below > 0 && rt.streams[in.ID] >= below) || (fresh && rt.atCapacityLocked(in, priority)) {
 			full = true
 			continue
 		}

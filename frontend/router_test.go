@@ -3,6 +3,7 @@ package frontend
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -239,5 +240,64 @@ func TestRouterDeregisterIsNotDeath(t *testing.T) {
 	}
 	if n := rt.Routable(t0.Add(time.Minute)); n != 1 {
 		t.Fatalf("%d routable after the suppression", n)
+	}
+}
+
+// TestRouterKeepsToCapacity: an instance that registered what it holds
+// (running and queued) gets no more of this frontend's open streams than
+// that, for each priority; the request beyond every instance's capacity
+// is refused without an attempt (ErrInstancesFull); a stream that ends
+// makes room again.
+func TestRouterKeepsToCapacity(t *testing.T) {
+	rt := NewRouter()
+	rt.Update(Instance{ID: "a", Generation: 1, Model: "m", Ready: true, Capacity: 3, BatchCapacity: 2})
+	rt.Update(Instance{ID: "b", Generation: 1, Model: "m", Ready: true})
+	rt.Update(Instance{ID: "c", Generation: 1, Model: "x", Ready: true, Capacity: 1, BatchCapacity: 1})
+	pick := func(model, priority string) (string, error) {
+		in, _, _, err := rt.PickCachedBelow(model, "", "", nil, t0, func(Instance) []blockid.BlockKey { return nil }, 0, priority, true)
+		return in.ID, err
+	}
+	var closers []func()
+	for range 2 {
+		closers = append(closers, rt.Opened("a"))
+	}
+	if id, err := pick("m", PriorityBatch); err != nil || id != "b" {
+		t.Fatalf("batch with a at its batch capacity: %q %v, want b (no capacity said)", id, err)
+	}
+	if id, err := pick("m", PriorityInteractive); err != nil || id != "a" && id != "b" {
+		t.Fatalf("interactive: %q %v", id, err)
+	}
+	closers = append(closers, rt.Opened("c"))
+	if _, err := pick("x", PriorityInteractive); !errors.Is(err, ErrInstancesFull) {
+		t.Fatalf("the only instance at capacity: %v, want ErrInstancesFull", err)
+	}
+	closers[len(closers)-1]()
+	if id, err := pick("x", PriorityInteractive); err != nil || id != "c" {
+		t.Fatalf("after its stream ended: %q %v", id, err)
+	}
+	closers = append(closers, rt.Opened("a"))
+	rt.Update(Instance{ID: "b", Generation: 1, Model: "m", Ready: true, Capacity: 1, BatchCapacity: 1})
+	closers = append(closers, rt.Opened("b"))
+	if _, err := pick("m", PriorityInteractive); !errors.Is(err, ErrInstancesFull) {
+		t.Fatalf("a at 3 of 3, b at 1 of 1: %v, want ErrInstancesFull", err)
+	}
+	for _, c := range closers {
+		c()
+	}
+}
+
+// TestRouterMigrationIgnoresCapacity: a request with tokens out is sent
+// to an instance at its capacity all the same (its worker queues or
+// refuses it): the capacity only holds fresh requests back.
+func TestRouterMigrationIgnoresCapacity(t *testing.T) {
+	rt := NewRouter()
+	rt.Update(Instance{ID: "a", Generation: 1, Model: "m", Ready: true, Capacity: 1, BatchCapacity: 1})
+	defer rt.Opened("a")()
+	none := func(Instance) []blockid.BlockKey { return nil }
+	if _, _, _, err := rt.PickCachedBelow("m", "", "", nil, t0, none, 0, "", true); !errors.Is(err, ErrInstancesFull) {
+		t.Fatalf("fresh: %v, want ErrInstancesFull", err)
+	}
+	if in, _, _, err := rt.PickCachedBelow("m", "", "", nil, t0, none, 0, "", false); err != nil || in.ID != "a" {
+		t.Fatalf("a migration: %+v %v", in, err)
 	}
 }

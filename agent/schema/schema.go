@@ -87,6 +87,13 @@ type Registration struct {
 	// frontends refuse prompts that cannot fit before routing them.
 	ContextLen    int    `json:"context_len,omitempty"`
 	TokenizerHash string `json:"tokenizer_hash,omitempty"`
+	// Capacity and BatchCapacity are the most requests (interactive,
+	// batch) the worker holds at once, running and queued (its Ready
+	// line; 0: not said): a frontend sends an instance no more open
+	// streams of its own than that, and refuses the rest itself (429)
+	// without an attempt.
+	Capacity      int `json:"capacity,omitempty"`
+	BatchCapacity int `json:"batch_capacity,omitempty"`
 }
 
 // Failure is the value of a failure key.

@@ -162,6 +162,14 @@ func (s *Scheduler) overloadedLocked(limit Limit, need int) error {
 // queue that batch requests leave to interactive ones.
 const InteractiveReservePercent = 25
 
+// Capacity is the most requests of priority p a scheduler with limits l
+// holds at once, running and queued: the one beyond it is refused as
+// overloaded (a router that counts its own open streams on a worker
+// sends it no more).
+func (l Limits) Capacity(p Priority) int {
+	return l.MaxRunning - reserve(p, l.MaxRunning) + l.MaxQueued - reserve(p, l.MaxQueued)
+}
+
 // reserve is the part of total that batch requests leave alone.
 func reserve(p Priority, total int) int {
 	if p != Batch {

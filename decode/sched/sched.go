@@ -32,6 +32,9 @@ type Limits struct {
 	MaxStepTokens int
 }
 
+// Limits are the scheduler's limits.
+func (s *Scheduler) Limits() Limits { return s.limits }
+
 // DefaultLimits suit a small CPU engine.
 var DefaultLimits = Limits{MaxRunning: 64, MaxQueued: 256, MaxStepTokens: 512}
 

@@ -127,7 +127,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	s.accepting.Store(true)
 	ready := workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID(),
-		ContextLen: e.Model.Config.ContextLen, TokenizerHash: e.Tokenizer.Hash()}
+		ContextLen: e.Model.Config.ContextLen, TokenizerHash: e.Tokenizer.Hash(),
+		Capacity: e.Limits().Capacity(sched.Interactive), BatchCapacity: e.Limits().Capacity(sched.Batch)}
 	if e.Cache != nil {
 		id := e.Cache.Identity()
 		ready.KVIdentity = &id

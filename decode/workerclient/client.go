@@ -262,6 +262,10 @@ type Ready struct {
 	// reaches a worker.
 	ContextLen    int    `json:"context_len,omitempty"`
 	TokenizerHash string `json:"tokenizer_hash,omitempty"`
+	// Capacity and BatchCapacity are the most requests (interactive,
+	// batch) the worker holds at once, running and queued; 0: not said.
+	Capacity      int `json:"capacity,omitempty"`
+	BatchCapacity int `json:"batch_capacity,omitempty"`
 }
 
 // QUICConfig is the worker endpoint's QUIC configuration, the same on both
