@@ -94,14 +94,14 @@ type instance struct {
 	kvIdentity *kv.Identity
 	// contextLen and tokenizerHash are the worker's, registered for
 	// frontends' prompt checks.
-	contextLen    int
+	contextLen int
 	// capacity and batchCapacity are the worker's (its Ready line).
 	capacity, batchCapacity int
-	tokenizerHash string
-	canaryFail    int
-	running       int
-	queued        int
-	freeBlocks    int
+	tokenizerHash           string
+	canaryFail              int
+	running                 int
+	queued                  int
+	freeBlocks              int
 	// nextAttempt is when an instance in crash_loop is tried again;
 	// crashLoops counts its crash loops in a row.
 	nextAttempt time.Time
