@@ -94,10 +94,10 @@ type instance struct {
 	kvIdentity *kv.Identity
 	// contextLen and tokenizerHash are the worker's, registered for
 	// frontends' prompt checks.
-	contextLen int
+	contextLen    int
+	tokenizerHash string
 	// capacity and batchCapacity are the worker's (its Ready line).
 	capacity, batchCapacity int
-	tokenizerHash           string
 	canaryFail              int
 	running                 int
 	queued                  int
@@ -191,6 +191,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: opts, log: log.With("node_id", opts.NodeID), events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
+	a.metrics.reg.MustRegister(newCollector(a))
 	if opts.WorkerCgroup != "" {
 		a.ooms = newOOMCounter(opts.WorkerCgroup)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
@@ -62,6 +63,9 @@ func newMetrics() *metrics {
 	for _, op := range []string{opRegister, opDeregister, opAnnounceFailure} {
 		m.etcdWriteErrors.WithLabelValues(op) // every operation is exported, at zero
 	}
+	// The agent process itself: Go runtime (goroutines, heap, GC) and
+	// process (CPU, memory, descriptors) series.
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen, m.etcdWriteErrors)
 	m.registerDrain()
 	m.registerWorker()

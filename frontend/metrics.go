@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 type metrics struct {
@@ -44,6 +45,9 @@ type metrics struct {
 
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
+	// The frontend process itself: Go runtime (goroutines, heap, GC) and
+	// process (CPU, memory, descriptors) series.
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migrations_total", Help: "Migrations by result."}, []string{"result"})
 	m.migrationFail = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migration_failures_total", Help: "Requests that could not be migrated, by error type."}, []string{"reason"})
 	m.migrationTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_frontend_migration_seconds", Help: "From a worker failure to the next committed token.",

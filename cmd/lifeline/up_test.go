@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -149,6 +150,10 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 func TestUpRefusesADataDirInUse(t *testing.T) {
 	dir := t.TempDir()
 	first := startUp(t, dir, "--nodes", "1")
+	// The arena is sized from this machine's memory, and says so.
+	if !regexp.MustCompile(`arena per node: \d+ slots × 128 KiB = \d+ MiB \(a 1/8 of \d+ MiB available .*\): \d+ prompts of 2,048 tokens at once`).MatchString(first.out.String()) {
+		t.Errorf("no arena line in %q", first.out.String())
+	}
 	start := time.Now()
 	out, errOut, err := proctest.Run(t, "up", "--data-dir", dir, "--nodes", "1", "--preset", "tiny", "--listen", proctest.FreeTCPAddr(t))
 	if took := time.Since(start); err == nil || took > 2*time.Second {

@@ -30,8 +30,10 @@ type Cluster struct {
 	// API port serves no metrics), in the same order.
 	URLs        []string
 	MetricsURLs []string
-	// Sockets are the node agents' control sockets.
-	Sockets []string
+	// Sockets are the node agents' control sockets; AgentMetricsURLs
+	// their metrics listeners (known for a local cluster only).
+	Sockets          []string
+	AgentMetricsURLs []string
 	// Model is the model every load asks for.
 	Model string
 	// Etcd, when not nil, is a client of the cluster's etcd.

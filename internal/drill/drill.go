@@ -60,6 +60,10 @@ type Shape struct {
 	// halfway through every KV fetch it serves, for CutFor (its failpoint
 	// rdma.source-midway: the blocks stop coming, as over a cut link).
 	CutTransfers bool `json:"cut_transfers,omitempty"`
+	// CanaryIdle, when set, is how often the agents' canaries look at an
+	// idle worker (default an hour: drills kill workers themselves; a soak
+	// that stops workers needs them found).
+	CanaryIdle time.Duration `json:"canary_idle,omitempty"`
 }
 
 // Capacity is how many requests the shape's decode workers hold at once

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -75,6 +76,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 		}
 		nodes = append(nodes, n)
 		c.Sockets = append(c.Sockets, n.Options.Socket)
+		c.AgentMetricsURLs = append(c.AgentMetricsURLs, "http://"+n.Options.Metrics)
 	}
 	for i := 0; i < s.Frontends; i++ {
 		f, err := env.StartFrontend("127.0.0.1:0", o.Log, "--id", fmt.Sprintf("drill-frontend-%d", i))
@@ -103,11 +105,19 @@ func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agen
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
 	}
+	// Each agent serves its metrics on a loopback port of its own.
+	if m, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
+		o.Metrics = m.Addr().String()
+		m.Close()
+	}
 	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
 	if s.LeaseTTL > 0 {
 		o.LeaseTTL = agent.Duration(s.LeaseTTL)
 	}
 	o.CanaryIdle, o.CanaryTimeout = agent.Duration(time.Hour), agent.Duration(5*time.Second)
+	if s.CanaryIdle > 0 {
+		o.CanaryIdle = agent.Duration(s.CanaryIdle)
+	}
 	o.RestartBackoff, o.RestartMax = agent.Duration(100*time.Millisecond), agent.Duration(time.Second)
 	o.DrainSettle = agent.Duration(500 * time.Millisecond)
 	o.DrainDeadline, o.DrainHardDeadline = agent.Duration(10*time.Second), agent.Duration(30*time.Second)

@@ -24,6 +24,9 @@ type Options struct {
 	// Binary is the lifeline executable for the child processes (default:
 	// this executable).
 	Binary string
+	// ArenaMB is each node's KV arena; 0 sizes it from the memory this
+	// machine may use (ArenaSize).
+	ArenaMB int
 }
 
 // Validate names the first bad field.
@@ -33,6 +36,10 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: data-dir: empty")
 	case o.Nodes < 1 || o.Nodes > 16:
 		return fmt.Errorf("up: nodes: %d (1..16)", o.Nodes)
+	case o.ArenaMB < 0 || o.ArenaMB > MaxArenaSlots*ArenaSlotBytes>>20:
+		return fmt.Errorf("up: arena-mb: %d (0..%d, 0 = sized from memory)", o.ArenaMB, MaxArenaSlots*ArenaSlotBytes>>20)
+	case o.ArenaMB > 0 && o.ArenaMB<<20/ArenaSlotBytes < MinArenaSlots:
+		return fmt.Errorf("up: arena-mb: %d is under %d slots of %d KiB", o.ArenaMB, MinArenaSlots, ArenaSlotBytes>>10)
 	case o.Preset != "tiny" && o.Preset != "small":
 		return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)
 	case o.Listen == "":

@@ -29,6 +29,8 @@ type up struct {
 
 	nodes []*Node
 	wg    sync.WaitGroup
+	// arenaSlots is every node's arena.
+	arenaSlots int
 
 	// mu orders restarts against stop: once stopping is closed (under
 	// mu) nothing is started again.
@@ -101,12 +103,18 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 // prefill instance k goes to node Nodes-1-(k mod Nodes).
 func (u *up) startNodes() error {
 	opts := u.opts
+	var why string
+	if u.arenaSlots, why = ArenaSize(opts.Nodes); opts.ArenaMB > 0 {
+		u.arenaSlots, why = opts.ArenaMB<<20/ArenaSlotBytes, "--arena-mb"
+	}
+	fmt.Fprintf(u.out, "arena per node: %d slots × %d KiB = %d MiB (%s): %d prompts of 2,048 tokens at once\n",
+		u.arenaSlots, ArenaSlotBytes>>10, u.arenaSlots*ArenaSlotBytes>>20, why, PromptsHeld(u.arenaSlots, 2048))
 	for i := 0; i < opts.Nodes; i++ {
 		dir := filepath.Join(u.env.Dir, fmt.Sprintf("node-%d", i))
 		o := u.env.NodeOptions(fmt.Sprintf("node-%d", i), dir)
 		o.DataDir = dir
 		o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-node-%d", os.Getpid(), i))
-		o.ArenaSlots, o.ArenaSlotBytes = 256, 131072
+		o.ArenaSlots, o.ArenaSlotBytes = u.arenaSlots, ArenaSlotBytes
 		o.WorkerBinary = ""
 		// Each agent serves its metrics on a loopback port of its own,
 		// printed with the usage.

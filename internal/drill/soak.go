@@ -1,0 +1,266 @@
+package drill
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/overload"
+)
+
+// SoakOptions configure `lifeline drill soak`.
+type SoakOptions struct {
+	// Duration is how long the faults go on; KillEvery how often one is
+	// injected.
+	Duration, KillEvery time.Duration
+	// StopEvery makes every StopEvery-th fault a SIGSTOP held for StopFor
+	// (longer than the frontends' stall timeout, so the streams on it
+	// move) instead of a SIGKILL; 0: kills only.
+	StopEvery int
+	StopFor   time.Duration
+	// Nodes is the local cluster's node count (a decode worker each, one
+	// prefill worker).
+	Nodes  int
+	Config Config
+	Local  LocalOptions
+}
+
+// MaxRSSGrowth bounds how much the frontend's and the agents' resident
+// memory may grow over a soak (end ÷ start, after the load stopped).
+const MaxRSSGrowth = 1.5
+
+// processes is what the soak compares before and after: the frontends'
+// and agents' goroutines, descriptors and resident memory (their own Go
+// runtime and process series).
+type processes struct {
+	goroutines, fds, rss float64
+}
+
+func (c *Cluster) processes(ctx context.Context) (processes, error) {
+	var p processes
+	for _, u := range append(append([]string(nil), c.MetricsURLs...), c.AgentMetricsURLs...) {
+		m, err := scrape(ctx, u)
+		if err != nil {
+			return p, err
+		}
+		p.goroutines += m.Sum("go_goroutines")
+		p.fds += m.Sum("process_open_fds")
+		p.rss += m.Sum("process_resident_memory_bytes")
+	}
+	return p, nil
+}
+
+// Soak runs a steady load of seeded streams on a local cluster for
+// o.Duration while a worker (decode or prefill, round robin over the
+// ready ones) is SIGKILLed every o.KillEvery, every o.StopEvery-th one
+// SIGSTOPped for o.StopFor instead. At the end it checks: no stream
+// failed, no token lost or repeated, every stream bit-identical to its
+// reference; once the load stopped and the cluster settled, no slot,
+// lease, pull or in-flight request left, the frontend's and agents'
+// goroutines and descriptors back to what they were at the start, their
+// resident memory grown less than MaxRSSGrowth.
+func Soak(ctx context.Context, o SoakOptions, out io.Writer) (Report, error) {
+	if o.Duration <= 0 || o.KillEvery <= 0 {
+		return Report{}, fmt.Errorf("drill: soak: --duration and --kill-every must be positive")
+	}
+	if o.Nodes < 1 {
+		o.Nodes = 3
+	}
+	shape := Shape{Nodes: o.Nodes, DecodePerNode: 1, Prefill: 1, Frontends: 1, CanaryIdle: 2 * time.Second}
+	c, err := startLocal(ctx, shape, o.Local, out)
+	if err != nil {
+		return Report{}, err
+	}
+	defer c.Close()
+	d := Drill{Name: "soak", Expect: fmt.Sprintf("a worker SIGKILLed every %v for %v: nothing lost, duplicated or leaked", o.KillEvery, o.Duration)}
+	r := newRecorder(d)
+	if err := soak(ctx, c, o, r, out); err != nil {
+		r.Verdict(Fail, "%v", err)
+	}
+	r.Event(time.Now(), EvEnd, "")
+	rep := r.report()
+	printReport(out, rep)
+	return rep, nil
+}
+
+func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Writer) error {
+	l := NewLoad(c, LoadSpec{Streams: o.Config.Streams, MaxTokens: o.Config.MaxTokens, Seed: o.Config.Seed, Tag: "soak"})
+	closed := false
+	defer func() {
+		if !closed {
+			l.Close()
+		}
+	}()
+	fmt.Fprintf(out, "soak: references of %d streams…\n", o.Config.Streams)
+	if err := l.Reference(ctx); err != nil {
+		return err
+	}
+	base, err := holding(ctx, c)
+	if err != nil {
+		return err
+	}
+	before, err := c.processes(ctx)
+	if err != nil {
+		return err
+	}
+	var tokens int
+	var mu sync.Mutex
+	l.OnToken = func(*Stream, Tok) { mu.Lock(); tokens++; mu.Unlock() }
+	stop := l.Steady(ctx)
+	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", o.Config.Streams, o.Config.MaxTokens)
+	fmt.Fprintf(out, "soak: %v of faults, one every %v…\n", o.Duration, o.KillEvery)
+	kills, stops, faultErrs := faults(ctx, c, o, r)
+	streams := stop()
+	r.Event(time.Now(), EvLoadEnd, "")
+	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	left, err := waitNoOrphans(ctx, c, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	inFlight, err := waitIdleWorkers(ctx, c, 30*time.Second)
+	if err != nil {
+		return err
+	}
+	l.Close()
+	closed = true
+	// Goroutines and descriptors of closed connections go a moment after
+	// their close: settle, bounded.
+	after, err := c.processes(ctx)
+	for deadline := time.Now().Add(30 * time.Second); err == nil && (after.goroutines > before.goroutines || after.fds > before.fds) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		after, err = c.processes(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	oc := l.Compare(streams)
+	Latencies(r, streams)
+	figuresOf(r, oc)
+	growth := 0.0
+	if before.rss > 0 {
+		growth = after.rss / before.rss
+	}
+	r.Figure("duration_s", o.Duration.Seconds())
+	r.Figure("kills", float64(kills))
+	r.Figure("stops", float64(stops))
+	r.Figure("tokens", float64(tokens))
+	r.Figure("completed", float64(oc.Completed))
+	r.Figure("leaked_slots", float64(left.slots-base.slots))
+	r.Figure("leaked_leases", float64(left.leases-base.leases))
+	r.Figure("leaked_pulls", float64(left.pulls-base.pulls))
+	r.Figure("leaked_in_flight", float64(inFlight))
+	r.Figure("leaked_goroutines", after.goroutines-before.goroutines)
+	r.Figure("leaked_fds", after.fds-before.fds)
+	r.Figure("rss_start_mb", before.rss/(1<<20))
+	r.Figure("rss_end_mb", after.rss/(1<<20))
+	r.Figure("rss_growth", growth)
+	var ck Check
+	ck.That(faultErrs == nil, "a fault could not be injected: %v", faultErrs)
+	ck.That(kills > 0, "no worker was killed")
+	ck.That(oc.Failed == 0, "%d streams failed %v (%v)", oc.Failed, oc.Errors, oc.FirstError)
+	ck.That(oc.Gaps == 0 && oc.Duplicates == 0, "%d tokens lost, %d duplicated", oc.Gaps, oc.Duplicates)
+	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical", oc.Identical, oc.Streams)
+	ck.That(left == base && inFlight == 0, "left behind: %+v, %d in flight (before: %+v)", left, inFlight, base)
+	ck.That(after.goroutines <= before.goroutines, "%v goroutines more than at the start", after.goroutines-before.goroutines)
+	ck.That(after.fds <= before.fds, "%v descriptors more than at the start", after.fds-before.fds)
+	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
+	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
+		kills, stops, o.Duration, oc.Streams, tokens, growth))
+	return nil
+}
+
+// faults injects one fault every o.KillEvery until o.Duration is over,
+// each on the next ready worker, and returns what it did; a stopped
+// worker is continued after o.StopFor, and before it returns.
+func faults(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder) (kills, stops int, err error) {
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		stopped = map[int]bool{}
+	)
+	cont := func(pid int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped[pid] {
+			syscall.Kill(pid, syscall.SIGCONT)
+			delete(stopped, pid)
+		}
+	}
+	defer func() {
+		mu.Lock()
+		pids := make([]int, 0, len(stopped))
+		for pid := range stopped {
+			pids = append(pids, pid)
+		}
+		mu.Unlock()
+		for _, pid := range pids {
+			cont(pid)
+		}
+		wg.Wait()
+	}()
+	end := time.Now().Add(o.Duration)
+	tick := time.NewTicker(o.KillEvery)
+	defer tick.Stop()
+	for n := 0; time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			return kills, stops, ctx.Err()
+		case <-tick.C:
+		}
+		ws, werr := c.Workers(ctx)
+		if werr != nil {
+			return kills, stops, werr
+		}
+		var ready []Worker
+		for _, w := range ws {
+			mu.Lock()
+			frozen := stopped[w.PID]
+			mu.Unlock()
+			if w.Ready && w.PID > 0 && !frozen {
+				ready = append(ready, w)
+			}
+		}
+		if len(ready) < 2 {
+			continue // keep one worker serving: a fault per turn, not an outage
+		}
+		w := ready[n%len(ready)]
+		n++
+		if o.StopEvery > 0 && n%o.StopEvery == 0 {
+			if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil && err != syscall.ESRCH {
+				return kills, stops, err
+			}
+			mu.Lock()
+			stopped[w.PID] = true
+			mu.Unlock()
+			stops++
+			r.Event(time.Now(), EvFault, "SIGSTOP %s (pid %d) for %v", w.InstanceID, w.PID, o.StopFor)
+			wg.Add(1)
+			time.AfterFunc(o.StopFor, func() { defer wg.Done(); cont(w.PID) })
+			continue
+		}
+		if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+			return kills, stops, err
+		}
+		kills++
+		r.Event(time.Now(), EvFault, "SIGKILL %s (pid %d, generation %d)", w.InstanceID, w.PID, w.Generation)
+	}
+	return kills, stops, nil
+}
+
+// scrape reads one metrics page.
+func scrape(ctx context.Context, u string) (Metrics, error) {
+	m, err := overload.Scrape(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("drill: %w", err)
+	}
+	return Metrics(m), nil
+}
