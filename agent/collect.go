@@ -9,16 +9,13 @@ import (
 
 // collector exports what the agent reads at each scrape rather than
 // counts as it goes: its workers' processes (they serve no metrics of
-// their own: memory, CPU, descriptors, threads, from /proc), their load
-// against what they hold (queue saturation), and the KV transfer engine's
-// counters.
+// their own: memory, CPU, descriptors, threads, from /proc) and their
+// load against what they hold (queue saturation).
 type collector struct {
 	a *Agent
 
-	rss, cpu, fds, threads       *prometheus.Desc
-	running, queued, capacity    *prometheus.Desc
-	pulls, blocksPulled, sources *prometheus.Desc
-	staged, checksum, fetches    *prometheus.Desc
+	rss, cpu, fds, threads    *prometheus.Desc
+	running, queued, capacity *prometheus.Desc
 }
 
 func newCollector(a *Agent) *collector {
@@ -34,20 +31,11 @@ func newCollector(a *Agent) *collector {
 		running:  d("lifeline_agent_worker_running_requests", "Requests a worker runs, as it last reported (canary look or registration update).", inst...),
 		queued:   d("lifeline_agent_worker_queued_requests", "Requests waiting in a worker's queue, as it last reported.", inst...),
 		capacity: d("lifeline_agent_worker_capacity_requests", "The most requests a worker holds at once (running + queued, interactive): queue saturation is (running + queued) ÷ this.", inst...),
-		pulls:    d("lifeline_agent_kv_pulls_total", "KV pulls into this node, by result (ok, failed, stale).", "result"),
-		blocksPulled: d("lifeline_agent_kv_blocks_pulled_total",
-			"KV blocks committed by pulls (a cut or failed transfer commits none)."),
-		sources: d("lifeline_agent_kv_transfer_source_failures_total",
-			"Fetches from a source that failed mid-way or refused, after which the pull tried the next source (transfer retries)."),
-		staged:   d("lifeline_agent_kv_staged_aborted_total", "Blocks staged by a pull and discarded, never made ready."),
-		checksum: d("lifeline_agent_kv_transfer_checksum_errors_total", "Transferred blocks whose checksum did not verify."),
-		fetches:  d("lifeline_agent_kv_fetches_served_total", "KV fetches this node served to peers."),
 	}
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.rss, c.cpu, c.fds, c.threads, c.running, c.queued, c.capacity,
-		c.pulls, c.blocksPulled, c.sources, c.staged, c.checksum, c.fetches} {
+	for _, d := range []*prometheus.Desc{c.rss, c.cpu, c.fds, c.threads, c.running, c.queued, c.capacity} {
 		ch <- d
 	}
 }
@@ -71,9 +59,6 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	counter := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
-	}
 	for _, w := range ws {
 		gauge(c.running, float64(w.running), w.id)
 		gauge(c.queued, float64(w.queued), w.id)
@@ -89,23 +74,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		if st, err := p.Stat(); err == nil {
 			gauge(c.rss, float64(st.ResidentMemory()), w.id)
-			counter(c.cpu, st.CPUTime(), w.id)
+			ch <- prometheus.MustNewConstMetric(c.cpu, prometheus.CounterValue, st.CPUTime(), w.id)
 			gauge(c.threads, float64(st.NumThreads), w.id)
 		}
 		if n, err := p.FileDescriptorsLen(); err == nil {
 			gauge(c.fds, float64(n), w.id)
 		}
 	}
-	if a.transfer == nil {
-		return
-	}
-	st := a.transfer.Stats()
-	counter(c.pulls, float64(st.PullsOK), "ok")
-	counter(c.pulls, float64(st.PullsFailed), "failed")
-	counter(c.pulls, float64(st.StaleDropped), "stale")
-	counter(c.blocksPulled, float64(st.BlocksPulled))
-	counter(c.sources, float64(st.SourceFailures))
-	counter(c.staged, float64(st.StagedAborted))
-	counter(c.checksum, float64(st.ChecksumErrors))
-	counter(c.fetches, float64(st.FetchesServed))
 }

@@ -112,6 +112,7 @@ func (a *Agent) registerTransferMetrics() {
 	counter("lifeline_agent_kv_transfer_bytes_pulled_total", "Payload bytes fetched from peers and published.", func(s rdma.Stats) uint64 { return s.BytesPulled })
 	counter("lifeline_agent_kv_transfer_blocks_served_total", "KV blocks sent to peers.", func(s rdma.Stats) uint64 { return s.BlocksServed })
 	counter("lifeline_agent_kv_transfer_source_failures_total", "Sources that failed, stalled or lacked the blocks during a pull.", func(s rdma.Stats) uint64 { return s.SourceFailures })
+	counter("lifeline_agent_kv_transfer_checksum_errors_total", "Fetched blocks whose checksum did not verify (the source is dropped).", func(s rdma.Stats) uint64 { return s.ChecksumErrors })
 	counter("lifeline_agent_kv_transfer_staged_aborted_total", "Staged (WRITING) blocks of failed or stale transfers freed.", func(s rdma.Stats) uint64 { return s.StagedAborted })
 }
 

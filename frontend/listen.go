@@ -64,6 +64,9 @@ func (s *Server) serveMetrics(ctx context.Context, ready io.Writer) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	if s.opts.Tracing != nil {
+		mux.Handle("GET /debug/traces", s.opts.Tracing.Handler())
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() { <-ctx.Done(); srv.Close() }()
 	go srv.Serve(ln)

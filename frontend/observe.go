@@ -11,6 +11,8 @@ type observer struct {
 	log *slog.Logger
 	m   *metrics
 	r   *Request
+	// tr holds the request's spans (nil: not traced).
+	tr *reqTrace
 }
 
 func (o observer) migrating(reason string) {
@@ -18,16 +20,19 @@ func (o observer) migrating(reason string) {
 	o.log.Warn("migrating", "request_id", r.ID, "request_epoch", r.Epoch, "attempt", r.Migrations,
 		"sequence_no", r.Received(), "failure_reason", reason, "recovery_action", "re-prefill elsewhere")
 	o.m.migrations.WithLabelValues("attempt").Inc()
+	o.tr.migrating(r, reason, time.Now())
 }
 
 func (o observer) recovered(took time.Duration) {
 	o.m.migrations.WithLabelValues("success").Inc()
 	o.m.migrationTime.Observe(took.Seconds())
+	o.tr.recovered(o.r.ReusedPositions)
 }
 
 // routed counts a routing decision by whether the chosen node's prefix
 // summary was used, and held some of the request.
 func (o observer) routed(cached int, used bool) {
+	o.tr.routed(cached)
 	switch {
 	case cached > 0:
 		o.m.cacheRoutes.WithLabelValues("hit").Inc()
@@ -57,31 +62,44 @@ func (o observer) takeover(how string) {
 }
 
 func (o observer) dispatch(d Dispatch) {
+	o.tr.dispatched(d)
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
-		"generation", d.To.Generation, "sequence_no", len(d.Prefix))
+		"generation", d.To.Generation, "decode_attempt", o.r.Migrations+1, "sequence_no", len(d.Prefix))
 	o.m.replayedPrefill.Add(float64(len(d.Prefix)))
 }
 
 func (o observer) prefill(p Prefill) {
-	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation)
+	o.tr.prefillSent(p)
+	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation,
+		"prefill_attempt", o.r.PrefillFailures+1)
 }
 
-func (o observer) prefillFailed() { o.m.prefillFailures.Inc() }
+// prefilled: the prefill instance handed the prompt's KV off.
+func (o observer) prefilled() { o.tr.prefillDone("") }
+
+func (o observer) prefillFailed() {
+	o.tr.prefillDone("prefill instance failed")
+	o.m.prefillFailures.Inc()
+}
 
 // handOff counts a prefill/decode hand-off by its path.
 func (o observer) handOff(path string) { o.m.pd.WithLabelValues(path).Inc() }
 
 func (o observer) transfer(t Transfer) {
+	o.tr.transferSent(t)
 	o.log.Info("kv transfer", "request_id", o.r.ID, "request_epoch", t.Epoch, "transfer_epoch", t.TransferEpoch,
 		"instance_id", t.To.InstanceID, "from_node", t.KV.Node, "blocks", len(t.KV.Keys))
 }
 
 func (o observer) transferFailed(why string) {
-	o.log.Warn("kv transfer failed; decode recomputes", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "err", why)
+	o.log.Warn("kv transfer failed; decode recomputes", "request_id", o.r.ID, "request_epoch", o.r.Epoch, "err", why,
+		"recovery_action", "recompute")
+	o.tr.transferDone(0, why)
 	o.handOff("transfer_failed")
 }
 
 func (o observer) transferred(bytes uint64) {
+	o.tr.transferDone(bytes, "")
 	o.handOff("transfer")
 	o.m.transferBytes.Add(float64(bytes))
 }
@@ -105,4 +123,5 @@ func (o observer) finished() {
 		o.log.Warn("request failed", "request_id", r.ID, "request_epoch", r.Epoch, "failure_reason", r.Err.Type, "attempt", r.Migrations)
 	}
 	o.m.settle(r)
+	o.tr.finished(r)
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // TestFrontendMigratesOnWorkerKill is the article's opening scene: a
@@ -87,6 +88,54 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 	}
 
 	t.Logf("killed %s at sequence %d; stream continued on the other worker, bit-identical (%d tokens)", killed, killedAt, len(got))
+	checkMigrationTrace(t, clustertest.MetricsURL(t, url), ll["request_id"].(string), killed)
+}
+
+// checkMigrationTrace: the frontend traced the request: its span, a first
+// decode attempt on the killed worker ended with the failure, a migration
+// span with the recovery's steps in order (failure seen, epoch bump,
+// route, re-prefill of the delivered tokens, first token), and a second
+// decode attempt elsewhere, all of one trace under the request's span.
+func checkMigrationTrace(t *testing.T, metricsURL, id, killed string) {
+	t.Helper()
+	spans, err := tracing.Fetch(context.Background(), metricsURL, "request_id", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[string][]tracing.Span{}
+	for _, s := range spans {
+		by[s.Name] = append(by[s.Name], s)
+	}
+	root, decodes, migs := by["lifeline.request"], by["lifeline.decode"], by["lifeline.migration"]
+	if len(root) != 1 || len(decodes) != 2 || len(migs) != 1 {
+		t.Fatalf("spans of %s: %d request, %d decode, %d migration: %+v", id, len(root), len(decodes), len(migs), spans)
+	}
+	for _, s := range spans {
+		if s.TraceID != root[0].TraceID || (s.Name != "lifeline.request" && s.ParentID != root[0].SpanID) {
+			t.Errorf("span %s is not under the request's span: %+v", s.Name, s)
+		}
+	}
+	first, second := decodes[0], decodes[1]
+	if first.Attrs["instance_id"] != killed || first.Error == "" || first.Attrs["decode_attempt"] != "1" ||
+		second.Attrs["instance_id"] == killed || second.Error != "" || second.Attrs["decode_attempt"] != "2" || second.Attrs["sequence_no"] == "0" {
+		t.Errorf("decode attempts: %+v, %+v", first, second)
+	}
+	m := migs[0]
+	var steps []string
+	for i, e := range m.Events {
+		steps = append(steps, e.Name)
+		if i > 0 && e.At.Before(m.Events[i-1].At) {
+			t.Errorf("migration event %s at %v before %s", e.Name, e.At, m.Events[i-1].Name)
+		}
+	}
+	if got := strings.Join(steps, " "); got != "failure_detected epoch_bump route re_prefill first_token" {
+		t.Errorf("migration steps: %s", got)
+	}
+	if m.Start.Before(first.Start) || m.End.After(root[0].End) || m.Error != "" || m.Attrs["failure_reason"] == "" {
+		t.Errorf("migration span %+v (first decode %v, request ends %v)", m, first.Start, root[0].End)
+	}
+	t.Logf("trace: decode on %s failed (%s), migration %v (%s), decode on %s", killed, first.Error,
+		m.End.Sub(m.Start).Round(time.Millisecond), strings.Join(steps, " → "), second.Attrs["instance_id"])
 }
 
 func TestFrontendBadInput(t *testing.T) {

@@ -98,7 +98,7 @@ type run struct {
 }
 
 func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
-	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r},
+	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body)},
 		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
 		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
 }
@@ -383,6 +383,7 @@ func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) [
 		x.endPrefill(res.at)
 		x.lastPrefill = res.at.InstanceID
 		x.tl.markPrefilled(time.Now())
+		x.obs.prefilled()
 		if _, ok := acts[0].(Dispatch); ok {
 			x.obs.handOff(x.r.PD)
 		}

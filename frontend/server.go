@@ -14,8 +14,10 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 )
@@ -68,6 +70,9 @@ type Options struct {
 	// lies further ahead is refused, whoever signed it (default
 	// DefaultResumeTokenMaxAge).
 	ResumeTokenMaxAge time.Duration
+	// Tracing, when set, traces every request (its spans on the metrics
+	// listener's /debug/traces, and over OTLP when configured).
+	Tracing *tracing.Tracing
 }
 
 // Server is one frontend replica.
@@ -85,6 +90,8 @@ type Server struct {
 	recs    *records
 	ctx     context.Context // the server's: requests run under it
 	metrics *metrics
+	// tracer makes the requests' spans (nil: none).
+	tracer  trace.Tracer
 	retries retryBudgets
 	// router has its own lock.
 	router *Router
@@ -294,6 +301,9 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics(),
 		limits: opts.Limits.withDefaults()}
 	s.keys.maxAge = opts.ResumeTokenMaxAge
+	if opts.Tracing != nil {
+		s.tracer = opts.Tracing.Tracer("github.com/lifeline-llm/lifeline/frontend")
+	}
 	kvTLS, err := transferclient.TLS(opts.CertDir)
 	if err != nil {
 		return nil, fmt.Errorf("frontend: certs: %w", err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/frontend"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 func frontendCmd() *cobra.Command {
@@ -22,6 +23,7 @@ func frontendCmd() *cobra.Command {
 		secretFile      string
 		capacityWait    time.Duration
 		failoverRecords bool
+		otlp            tracing.Options
 	)
 	cmd := &cobra.Command{
 		Use:   "frontend",
@@ -47,6 +49,17 @@ func frontendCmd() *cobra.Command {
 				opts.CapacityWait = -1 // the option's "do not wait"
 			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+			otlp.Service, otlp.Instance = "lifeline-frontend", opts.ID
+			tr, err := tracing.New(otlp)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				tr.Shutdown(ctx)
+			}()
+			opts.Tracing = tr
 			return frontend.Run(cmd.Context(), opts, log, cmd.ErrOrStderr())
 		},
 	}
@@ -64,6 +77,7 @@ func frontendCmd() *cobra.Command {
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "127.0.0.1:0", "where /metrics is served, apart from the API (empty: nowhere)")
 	f.DurationVar(&opts.ResumeTokenMaxAge, "resume-token-max-age", frontend.DefaultResumeTokenMaxAge, "refuse resume tokens whose expiry lies further ahead than this, even when validly signed")
+	otlpFlags(f, &otlp)
 	limitFlags(f, &opts.Limits)
 	cmd.AddCommand(rotateResumeKeyCmd())
 	return cmd
@@ -111,6 +125,13 @@ func rotateResumeKeyCmd() *cobra.Command {
 	f.BoolVar(&etcdTLS, "etcd-tls", false, "connect to etcd with mutual TLS (the --certs certificate; etcd maps its CN to a user)")
 	f.StringVar(&certs, "certs", "", "an admin's (or a frontend's) certificate directory")
 	return cmd
+}
+
+// otlpFlags binds where a process's spans are exported (they are kept
+// for /debug/traces on its metrics listener in any case).
+func otlpFlags(f *pflag.FlagSet, o *tracing.Options) {
+	f.StringVar(&o.Endpoint, "otlp-endpoint", "", "export trace spans over OTLP/gRPC to this collector host:port (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else nowhere)")
+	f.BoolVar(&o.Insecure, "otlp-insecure", false, "speak plaintext to the OTLP collector (a local agent) instead of TLS")
 }
 
 // limitFlags binds the frontend's resource limits.
