@@ -152,8 +152,8 @@ type ring struct {
 }
 
 func (r *ring) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
-func (r *ring) Shutdown(context.Context) error                 { return nil }
-func (r *ring) ForceFlush(context.Context) error               { return nil }
+func (r *ring) Shutdown(context.Context) error                  { return nil }
+func (r *ring) ForceFlush(context.Context) error                { return nil }
 
 func (r *ring) OnEnd(s sdktrace.ReadOnlySpan) {
 	sp := Span{TraceID: s.SpanContext().TraceID().String(), SpanID: s.SpanContext().SpanID().String(),
