@@ -29,18 +29,9 @@ func init() {
 // reference, with no gap or duplicate.
 func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error {
 	socket := c.Sockets[len(c.Sockets)-1]
-	ws, err := c.Workers(ctx)
+	victims, err := c.decodeWorkersOf(ctx, socket)
 	if err != nil {
 		return err
-	}
-	var victims []Worker
-	for _, w := range ws {
-		if w.Socket == socket && w.Role == "decode" {
-			victims = append(victims, w)
-		}
-	}
-	if len(victims) == 0 {
-		return fmt.Errorf("drill: the node of %s runs no decode worker", socket)
 	}
 	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens/2, 8), Seed: cfg.Seed, Tag: "6"})
 	defer l.Close()
@@ -55,131 +46,25 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 	if err != nil {
 		return fmt.Errorf("drill: etcd: %w", err)
 	}
-	rev, ttl := resp.Header.Revision, c.leaseTTL(ctx, resp)
-
-	var (
-		mu        sync.Mutex
-		removedAt time.Time
-		after     int // streams started after the removal that ended
-		enough    = make(chan struct{})
-	)
-	l.OnEnd = func(s *Stream) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !removedAt.IsZero() && s.Started.After(removedAt) {
-			if after++; after == l.Spec().Streams {
-				close(enough)
-			}
-		}
-	}
-	stop := l.Steady(ctx)
-	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", cfg.Streams, l.Spec().MaxTokens)
-	// A stream or two under way before the freeze: the isolated node's
-	// worker serves some of them through it.
-	<-time.After(200 * time.Millisecond)
-	f, err := c.FreezeAgent(ctx, socket)
+	ttl := c.leaseTTL(ctx, resp)
+	iso, streams, err := c.isolate(ctx, l, r, socket, victims, resp.Header.Revision)
 	if err != nil {
-		stop()
 		return err
 	}
-	defer f.Thaw()
-	r.Event(f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", f.Node, f.PID)
-
-	// Removed: every victim's registration gone and every frontend's view
-	// past it.
-	var deregAt, removed time.Time
-	for _, v := range victims {
-		d, rm, err := c.Removed(ctx, Kill{Worker: v, At: f.At, Rev: rev}, 30*time.Second)
-		if err != nil {
-			stop()
-			return err
-		}
-		deregAt, removed = later(deregAt, d), later(removed, rm)
-	}
-	startedAtRemoval, err := c.requestsStarted(ctx, victims)
-	if err != nil {
-		stop()
-		return err
-	}
-	mu.Lock()
-	removedAt = removed
-	mu.Unlock()
-	r.Event(deregAt, EvRemoved, "%s's registrations gone (lease expired)", f.Node)
-	r.Event(removed, EvRemoved, "every frontend's routing view without them")
-	select {
-	case <-enough:
-	case <-time.After(time.Minute):
-		stop()
-		return fmt.Errorf("drill: %d streams started after the removal did not end within a minute", l.Spec().Streams)
-	case <-ctx.Done():
-		stop()
-		return ctx.Err()
-	}
-	startedAtThaw, err := c.requestsStarted(ctx, victims)
-	if err != nil {
-		stop()
-		return err
-	}
-	thawAt, err := f.Thaw()
-	if err != nil {
-		stop()
-		return err
-	}
-	r.Event(thawAt, EvPhase, "SIGCONT agent of %s after %.0f ms", f.Node, ms(thawAt.Sub(f.At)))
-	var backAt time.Time
-	var backGen []string
-	for _, v := range victims {
-		b, err := c.WaitBack(ctx, v.InstanceID, v.Generation, time.Minute)
-		if err != nil {
-			stop()
-			return err
-		}
-		backAt = later(backAt, time.Now())
-		backGen = append(backGen, fmt.Sprintf("%s %d → %d", v.InstanceID, v.Generation, b.Generation))
-		r.Event(time.Now(), EvRecovered, "%s ready again at generation %d (was %d)", v.InstanceID, b.Generation, v.Generation)
-	}
-	streams := stop()
-	r.Event(time.Now(), EvLoadEnd, "")
 	afterM, err := c.Metrics(ctx)
 	if err != nil {
 		return err
 	}
-	victim := map[string]bool{}
-	for _, v := range victims {
-		victim[v.InstanceID] = true
-	}
-	var reachedStreams, later int
-	for _, s := range streams {
-		if !s.Started.After(removed) || !s.Started.Before(thawAt) {
-			continue
-		}
-		later++
-		if len(s.Tokens) > 0 && victim[s.Tokens[0].Instance] {
-			reachedStreams++
-		}
-	}
-	reached := startedAtThaw - startedAtRemoval
-	// Streams the isolated workers served through the freeze stay there.
-	kept := 0
-	for _, s := range streams {
-		var last Tok
-		for _, t := range s.Tokens {
-			if t.At.Before(f.At) {
-				last = t
-			}
-		}
-		if victim[last.Instance] && s.Err == nil && s.Result.Migrations == 0 && len(s.Tokens) > 0 && s.Tokens[len(s.Tokens)-1].At.After(f.At) {
-			kept++
-		}
-	}
+	later, reachedStreams, kept := isolatedStreams(streams, victims, iso)
+	reached := iso.startedAtThaw - iso.startedAtRemoval
 	o := l.Compare(streams)
 	Latencies(r, streams)
 	figuresOf(r, o)
 	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
-	r.Figure("deregistered_ms", ms(deregAt.Sub(f.At)))
-	r.Figure("removed_ms", ms(removed.Sub(f.At)))
-	r.Figure("isolated_ms", ms(thawAt.Sub(f.At)))
-	r.Figure("back_ms", ms(backAt.Sub(thawAt)))
+	r.Figure("deregistered_ms", ms(iso.deregAt.Sub(iso.f.At)))
+	r.Figure("removed_ms", ms(iso.removed.Sub(iso.f.At)))
+	r.Figure("isolated_ms", ms(iso.thawAt.Sub(iso.f.At)))
+	r.Figure("back_ms", ms(iso.backAt.Sub(iso.thawAt)))
 	r.Figure("streams_while_isolated", float64(later))
 	r.Figure("kept_through_freeze", float64(kept))
 	r.Figure("reached_isolated_worker", float64(reached)+float64(reachedStreams))
@@ -191,8 +76,171 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
 	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
 	ck.Verdict(r, fmt.Sprintf("%s isolated: out of routing %.0f ms after the freeze; none of %d streams started meanwhile reached it; back at %v",
-		f.Node, ms(removed.Sub(f.At)), later, backGen))
+		iso.f.Node, ms(iso.removed.Sub(iso.f.At)), later, iso.backGen))
 	return nil
+}
+
+// isolation is what happened to a frozen node.
+type isolation struct {
+	f                                *Freeze
+	deregAt, removed, thawAt, backAt time.Time
+	startedAtRemoval, startedAtThaw  uint64
+	backGen                          []string
+}
+
+// isolate runs l steadily, freezes the agent of socket, waits for its
+// victims to leave routing (watched from etcd revision rev) and for a
+// load's worth of streams started and ended since, thaws it and waits
+// for the victims back at higher generations; it returns the load's
+// streams.
+func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket string, victims []Worker, rev int64) (iso isolation, _ []*Stream, err error) {
+	w := watchIsolation(l, victims)
+	stop := l.Steady(ctx)
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", l.Spec().Streams, l.Spec().MaxTokens)
+	// A stream under way on the node before the freeze: it goes on
+	// through it.
+	select {
+	case <-w.serving:
+	case <-time.After(30 * time.Second):
+		return iso, nil, fmt.Errorf("drill: no stream reached %v within 30 s", victims[0].InstanceID)
+	}
+	if iso.f, err = c.FreezeAgent(ctx, socket); err != nil {
+		return iso, nil, err
+	}
+	defer iso.f.Thaw()
+	r.Event(iso.f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", iso.f.Node, iso.f.PID)
+	for _, v := range victims {
+		d, rm, err := c.Removed(ctx, Kill{Worker: v, At: iso.f.At, Rev: rev}, 30*time.Second)
+		if err != nil {
+			return iso, nil, err
+		}
+		iso.deregAt, iso.removed = later(iso.deregAt, d), later(iso.removed, rm)
+	}
+	if iso.startedAtRemoval, err = c.requestsStarted(ctx, victims); err != nil {
+		return iso, nil, err
+	}
+	w.removedAt(iso.removed)
+	r.Event(iso.deregAt, EvRemoved, "%s's registrations gone (lease expired)", iso.f.Node)
+	r.Event(iso.removed, EvRemoved, "every frontend's routing view without them")
+	select {
+	case <-w.enough:
+	case <-time.After(time.Minute):
+		return iso, nil, fmt.Errorf("drill: %d streams started after the removal did not end within a minute", l.Spec().Streams)
+	case <-ctx.Done():
+		return iso, nil, ctx.Err()
+	}
+	if iso.startedAtThaw, err = c.requestsStarted(ctx, victims); err != nil {
+		return iso, nil, err
+	}
+	if iso.thawAt, err = iso.f.Thaw(); err != nil {
+		return iso, nil, err
+	}
+	r.Event(iso.thawAt, EvPhase, "SIGCONT agent of %s after %.0f ms", iso.f.Node, ms(iso.thawAt.Sub(iso.f.At)))
+	for _, v := range victims {
+		b, err := c.WaitBack(ctx, v.InstanceID, v.Generation, time.Minute)
+		if err != nil {
+			return iso, nil, err
+		}
+		iso.backAt = later(iso.backAt, time.Now())
+		iso.backGen = append(iso.backGen, fmt.Sprintf("%s %d → %d", v.InstanceID, v.Generation, b.Generation))
+		r.Event(time.Now(), EvRecovered, "%s ready again at generation %d (was %d)", v.InstanceID, b.Generation, v.Generation)
+	}
+	streams := stop()
+	r.Event(time.Now(), EvLoadEnd, "")
+	return iso, streams, nil
+}
+
+// isoWatch follows a load through an isolation: serving is closed once
+// a victim streams a token, enough once a load's worth of streams started
+// after the removal ended.
+type isoWatch struct {
+	serving, enough chan struct{}
+
+	mu      sync.Mutex
+	removed time.Time
+	after   int
+}
+
+func watchIsolation(l *Load, victims []Worker) *isoWatch {
+	w := &isoWatch{serving: make(chan struct{}), enough: make(chan struct{})}
+	victim := map[string]bool{}
+	for _, v := range victims {
+		victim[v.InstanceID] = true
+	}
+	var once sync.Once
+	l.OnToken = func(_ *Stream, t Tok) {
+		if victim[t.Instance] {
+			once.Do(func() { close(w.serving) })
+		}
+	}
+	l.OnEnd = func(s *Stream) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if !w.removed.IsZero() && s.Started.After(w.removed) {
+			if w.after++; w.after == l.Spec().Streams {
+				close(w.enough)
+			}
+		}
+	}
+	return w
+}
+
+func (w *isoWatch) removedAt(t time.Time) {
+	w.mu.Lock()
+	w.removed = t
+	w.mu.Unlock()
+}
+
+// isolatedStreams counts the streams started while the node was out of
+// routing (later), those of them whose first token came from a victim
+// (reached), and the streams a victim served through the freeze without
+// moving (kept).
+func isolatedStreams(streams []*Stream, victims []Worker, iso isolation) (later, reached, kept int) {
+	victim := map[string]bool{}
+	for _, v := range victims {
+		victim[v.InstanceID] = true
+	}
+	for _, s := range streams {
+		if s.Started.After(iso.removed) && s.Started.Before(iso.thawAt) {
+			later++
+			if len(s.Tokens) > 0 && victim[s.Tokens[0].Instance] {
+				reached++
+			}
+		}
+		var last Tok
+		for _, t := range s.Tokens {
+			if t.At.Before(iso.f.At) {
+				last = t
+			}
+		}
+		if victim[last.Instance] && s.Err == nil && s.Result.Migrations == 0 && s.Tokens[len(s.Tokens)-1].At.After(iso.f.At) {
+			kept++
+		}
+	}
+	return later, reached, kept
+}
+
+// decodeWorkersOf lists the decode workers of the agent at socket.
+func (c *Cluster) decodeWorkersOf(ctx context.Context, socket string) ([]Worker, error) {
+	ws, err := c.Workers(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Worker
+	for _, w := range ws {
+		if w.Socket == socket && w.Role == "decode" {
+			out = append(out, w)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("drill: the node of %s runs no decode worker", socket)
+	}
+	return out, nil
 }
 
 // requestsStarted sums the workers' counts of requests started, asked of

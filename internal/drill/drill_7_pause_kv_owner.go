@@ -84,19 +84,11 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	if err != nil {
 		return err
 	}
-	sts, err := c.Statuses(ctx)
+	checksum, corrupt, err := c.arenaFaults(ctx)
 	if err != nil {
 		return err
 	}
-	var checksum, corrupt float64
-	for _, st := range sts {
-		v, _ := st.Arena["checksum_failures"].(float64)
-		w, _ := st.Arena["corrupt_dropped"].(float64)
-		checksum, corrupt = checksum+v, corrupt+w
-	}
-	all := Outcome{Streams: warm.Streams + paused.Streams + again.Streams, Failed: warm.Failed + paused.Failed + again.Failed,
-		Identical: warm.Identical + paused.Identical + again.Identical, Gaps: warm.Gaps + paused.Gaps + again.Gaps,
-		Duplicates: warm.Duplicates + paused.Duplicates + again.Duplicates, Migrations: warm.Migrations + paused.Migrations + again.Migrations}
+	all := sumOutcomes(warm, paused, again)
 	figuresOf(r, all)
 	r.Figure("reused_positions_warm", float64(reusedWarm))
 	r.Figure("reused_positions_paused", float64(reusedPaused))
@@ -111,7 +103,7 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	ck.That(reusedPaused == 0, "%d positions reused while the owner was paused (no block can be verified then)", reusedPaused)
 	ck.That(pausedFor < KVOwnerPause, "the streams took %v with the owner paused (bound %v)", pausedFor.Round(time.Millisecond), KVOwnerPause)
 	ck.That(reusedAgain > 0, "no position reused after the owner resumed")
-	ck.That(all.Failed == 0, "%d streams failed (paused: %v)", all.Failed, paused.FirstError)
+	ck.That(all.Failed == 0, "%d streams failed (%v)", all.Failed, all.FirstError)
 	ck.That(all.Gaps == 0 && all.Duplicates == 0, "%d gaps, %d duplicates", all.Gaps, all.Duplicates)
 	ck.That(all.Identical == all.Streams, "%d of %d streams bit-identical", all.Identical, all.Streams)
 	ck.That(checksum == 0 && corrupt == 0, "the owner counted %v checksum failures, dropped %v corrupt blocks", checksum, corrupt)
@@ -119,4 +111,32 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	ck.Verdict(r, fmt.Sprintf("owner paused %.0f ms: %d streams served as cache misses, bit-identical; %d positions reused before, %d after",
 		ms(pausedFor), paused.Streams, reusedWarm, reusedAgain))
 	return nil
+}
+
+// arenaFaults sums the owners' checksum failures and corrupt blocks
+// dropped.
+func (c *Cluster) arenaFaults(ctx context.Context) (checksum, corrupt float64, err error) {
+	sts, err := c.Statuses(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, st := range sts {
+		v, _ := st.Arena["checksum_failures"].(float64)
+		w, _ := st.Arena["corrupt_dropped"].(float64)
+		checksum, corrupt = checksum+v, corrupt+w
+	}
+	return checksum, corrupt, nil
+}
+
+// sumOutcomes adds outcomes' counts up.
+func sumOutcomes(os ...Outcome) Outcome {
+	var all Outcome
+	for _, o := range os {
+		all.Streams, all.Failed, all.Identical = all.Streams+o.Streams, all.Failed+o.Failed, all.Identical+o.Identical
+		all.Gaps, all.Duplicates, all.Migrations = all.Gaps+o.Gaps, all.Duplicates+o.Duplicates, all.Migrations+o.Migrations
+		if all.FirstError == nil {
+			all.FirstError = o.FirstError
+		}
+	}
+	return all
 }

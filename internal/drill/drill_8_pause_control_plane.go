@@ -48,6 +48,50 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 			gens[reg.InstanceID] = reg.Generation
 		}
 	}
+	out, streams, err := c.etcdOutage(ctx, l, r, ttl+time.Second, gens)
+	if err != nil {
+		return err
+	}
+	st := outageStreams(streams, out.down, out.up)
+	o := l.Compare(streams)
+	Latencies(r, streams)
+	r.Sample("ttft_during_outage_ms", st.ttftDuring...)
+	figuresOf(r, o)
+	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
+	r.Figure("outage_ms", ms(out.up.Sub(out.down)))
+	r.Figure("etcd_stop_ms", ms(out.stopped.Sub(out.down)))
+	r.Figure("in_flight_at_outage", float64(st.inFlight))
+	r.Figure("kept_through_outage", float64(st.kept))
+	r.Figure("started_during_outage", float64(st.during))
+	r.Figure("served_during_outage", float64(st.servedDuring))
+	r.Figure("ttft_during_outage_p99_ms", Percentile(st.ttftDuring, 99))
+	r.Figure("reregistered_ms", ms(out.regAt.Sub(out.up)))
+	r.Figure("reconciled_ms", ms(out.ackAt.Sub(out.up)))
+	r.Figure("generations_bumped", float64(out.bumped))
+	var ck Check
+	ck.That(st.inFlight > 0, "no stream was in flight when etcd stopped")
+	ck.That(st.kept == st.inFlight, "%d of %d streams in flight at the outage completed", st.kept, st.inFlight)
+	ck.That(st.during > 0, "no stream started during the outage")
+	ck.That(o.Failed == 0, "%d streams failed (%v)", o.Failed, o.FirstError)
+	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
+	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
+	ck.Verdict(r, fmt.Sprintf("etcd down %.0f ms: %d in-flight streams went on, %d started meanwhile (%d served before it was back); reconciled %.0f ms after",
+		ms(out.up.Sub(out.down)), st.inFlight, st.during, st.servedDuring, ms(out.ackAt.Sub(out.up))))
+	return nil
+}
+
+// outage is when etcd went down, was stopped, came back, and when the
+// cluster had reconciled.
+type outage struct {
+	down, stopped, up, regAt, ackAt time.Time
+	bumped                          int
+}
+
+// etcdOutage runs l steadily; once every stream is under way it kills
+// etcd for hold, starts it again and waits for the cluster to reconcile
+// (every instance of gens registered ready, every frontend past it); it
+// returns the load's streams.
+func (c *Cluster) etcdOutage(ctx context.Context, l *Load, r *Recorder, hold time.Duration, gens map[string]uint64) (out outage, _ []*Stream, err error) {
 	var (
 		mu       sync.Mutex
 		underWay = map[int]bool{}
@@ -63,39 +107,49 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 		}
 	}
 	stop := l.Steady(ctx)
-	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", cfg.Streams, cfg.MaxTokens)
+	defer func() {
+		if err != nil {
+			stop()
+		}
+	}()
+	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", l.Spec().Streams, l.Spec().MaxTokens)
 	select {
 	case <-all:
 	case <-time.After(time.Minute):
-		stop()
-		return fmt.Errorf("drill: the load's streams did not all get under way within a minute")
+		return out, nil, fmt.Errorf("drill: the load's streams did not all get under way within a minute")
 	}
-	outage := ttl + time.Second
-	down := time.Now()
+	out.down = time.Now()
 	c.env.StopEtcd()
-	stopped := time.Now()
-	r.Event(down, EvFault, "etcd killed, held down %v at least (the lease TTL %v and a second)", outage, ttl)
-	r.Event(stopped, EvPhase, "etcd's listeners closed (%.0f ms: it lets open connections go for its request timeout)", ms(stopped.Sub(down)))
+	out.stopped = time.Now()
+	r.Event(out.down, EvFault, "etcd killed, held down %v at least (the lease TTL and a second)", hold)
+	r.Event(out.stopped, EvPhase, "etcd's listeners closed (%.0f ms: it lets open connections go for its request timeout)", ms(out.stopped.Sub(out.down)))
 	// The outage's length, not a wait for an event.
-	<-time.After(outage - time.Since(down))
+	<-time.After(hold - time.Since(out.down))
 	if err := c.env.StartEtcd(); err != nil {
-		stop()
-		return err
+		return out, nil, err
 	}
-	up := time.Now()
-	r.Event(up, EvRecovered, "etcd started again after %.0f ms", ms(up.Sub(down)))
-	regAt, ackAt, bumped, err := c.reconciled(ctx, gens, time.Minute)
-	if err != nil {
-		stop()
-		return err
+	out.up = time.Now()
+	r.Event(out.up, EvRecovered, "etcd started again after %.0f ms", ms(out.up.Sub(out.down)))
+	if out.regAt, out.ackAt, out.bumped, err = c.reconciled(ctx, gens, time.Minute); err != nil {
+		return out, nil, err
 	}
-	r.Event(regAt, EvRecovered, "every instance registered ready again (%d at a higher generation)", bumped)
-	r.Event(ackAt, EvRecovered, "every frontend's record back, its routing view past them")
+	r.Event(out.regAt, EvRecovered, "every instance registered ready again (%d at a higher generation)", out.bumped)
+	r.Event(out.ackAt, EvRecovered, "every frontend's record back, its routing view past them")
 	streams := stop()
 	r.Event(time.Now(), EvLoadEnd, "")
+	return out, streams, nil
+}
 
-	var inFlight, kept, during, servedDuring int
-	var ttftDuring []float64
+// outageCounts are the streams in flight when etcd went down (and those
+// of them that completed), and those started while it was down (and
+// those of them done before it came back, with their TTFTs).
+type outageCounts struct {
+	inFlight, kept, during, servedDuring int
+	ttftDuring                           []float64
+}
+
+func outageStreams(streams []*Stream, down, up time.Time) outageCounts {
+	var c outageCounts
 	for _, s := range streams {
 		if len(s.Tokens) == 0 {
 			continue
@@ -103,43 +157,19 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 		first, last := s.Tokens[0].At, s.Tokens[len(s.Tokens)-1].At
 		switch {
 		case first.Before(down) && last.After(down):
-			inFlight++
+			c.inFlight++
 			if s.Err == nil {
-				kept++
+				c.kept++
 			}
 		case s.Started.After(down) && s.Started.Before(up):
-			during++
-			ttftDuring = append(ttftDuring, ms(first.Sub(s.Started)))
+			c.during++
+			c.ttftDuring = append(c.ttftDuring, ms(first.Sub(s.Started)))
 			if s.Err == nil && s.Ended.Before(up) {
-				servedDuring++
+				c.servedDuring++
 			}
 		}
 	}
-	o := l.Compare(streams)
-	Latencies(r, streams)
-	r.Sample("ttft_during_outage_ms", ttftDuring...)
-	figuresOf(r, o)
-	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
-	r.Figure("outage_ms", ms(up.Sub(down)))
-	r.Figure("etcd_stop_ms", ms(stopped.Sub(down)))
-	r.Figure("in_flight_at_outage", float64(inFlight))
-	r.Figure("kept_through_outage", float64(kept))
-	r.Figure("started_during_outage", float64(during))
-	r.Figure("served_during_outage", float64(servedDuring))
-	r.Figure("ttft_during_outage_p99_ms", Percentile(ttftDuring, 99))
-	r.Figure("reregistered_ms", ms(regAt.Sub(up)))
-	r.Figure("reconciled_ms", ms(ackAt.Sub(up)))
-	r.Figure("generations_bumped", float64(bumped))
-	var ck Check
-	ck.That(inFlight > 0, "no stream was in flight when etcd stopped")
-	ck.That(kept == inFlight, "%d of %d streams in flight at the outage completed", kept, inFlight)
-	ck.That(during > 0, "no stream started during the outage")
-	ck.That(o.Failed == 0, "%d streams failed (%v)", o.Failed, o.FirstError)
-	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
-	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
-	ck.Verdict(r, fmt.Sprintf("etcd down %.0f ms: %d in-flight streams went on, %d started meanwhile (%d served before it was back); reconciled %.0f ms after",
-		ms(up.Sub(down)), inFlight, during, servedDuring, ms(ackAt.Sub(up))))
-	return nil
+	return c
 }
 
 // reconciled waits until every instance of gens is registered ready

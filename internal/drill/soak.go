@@ -115,30 +115,9 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	kills, stops, faultErrs := faults(ctx, c, o, r)
 	streams := stop()
 	r.Event(time.Now(), EvLoadEnd, "")
-	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
-		return err
-	}
-	left, err := waitNoOrphans(ctx, c, 30*time.Second)
-	if err != nil {
-		return err
-	}
-	inFlight, err := waitIdleWorkers(ctx, c, 30*time.Second)
-	if err != nil {
-		return err
-	}
 	l.Close()
 	closed = true
-	// Goroutines and descriptors of closed connections go a moment after
-	// their close: settle, bounded.
-	after, err := c.processes(ctx)
-	for deadline := time.Now().Add(30 * time.Second); err == nil && (after.goroutines > before.goroutines || after.fds > before.fds) && time.Now().Before(deadline); {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(250 * time.Millisecond):
-		}
-		after, err = c.processes(ctx)
-	}
+	left, inFlight, after, err := c.settle(ctx, before)
 	if err != nil {
 		return err
 	}
@@ -176,6 +155,33 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
 		kills, stops, o.Duration, oc.Streams, tokens, growth))
 	return nil
+}
+
+// settle waits, once a load stopped, until the cluster is ready again
+// and holds nothing for a request (bounded), then until its frontends'
+// and agents' goroutines and descriptors are back to before (bounded:
+// those of closed connections go a moment after their close), and
+// returns what is left.
+func (c *Cluster) settle(ctx context.Context, before processes) (left leaks, inFlight int, after processes, err error) {
+	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
+		return left, 0, after, err
+	}
+	if left, err = waitNoOrphans(ctx, c, 30*time.Second); err != nil {
+		return left, 0, after, err
+	}
+	if inFlight, err = waitIdleWorkers(ctx, c, 30*time.Second); err != nil {
+		return left, inFlight, after, err
+	}
+	after, err = c.processes(ctx)
+	for deadline := time.Now().Add(30 * time.Second); err == nil && (after.goroutines > before.goroutines || after.fds > before.fds) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return left, inFlight, after, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+		after, err = c.processes(ctx)
+	}
+	return left, inFlight, after, err
 }
 
 // faults injects one fault every o.KillEvery until o.Duration is over,
