@@ -73,6 +73,9 @@ type Result struct {
 	// KVReusedPositions is how many prompt positions the serving worker
 	// took from the node's KV cache instead of computing them.
 	KVReusedPositions int
+	// RequestID is the frontend's id of the request (its end chunk's):
+	// what its logs, records and trace spans are keyed by.
+	RequestID string
 	// FinishReasons is each choice's finish reason (Request.N > 1;
 	// FinishReason is then choice 0's), Migrations their sum.
 	FinishReasons []string

@@ -76,7 +76,7 @@ func TestStreamResumes(t *testing.T) {
 			t.Fatalf("token %d: %+v", i, tok)
 		}
 	}
-	if res.FinishReason != "length" || res.Migrations != 1 || res.LastMigration["routed_unix_ns"] != 5 || res.KVReusedPositions != 48 {
+	if res.FinishReason != "length" || res.Migrations != 1 || res.LastMigration["routed_unix_ns"] != 5 || res.KVReusedPositions != 48 || res.RequestID != "cmpl-1" {
 		t.Fatalf("result %+v", res)
 	}
 }

@@ -211,7 +211,7 @@ func readStream(body io.Reader, last *int, each func(Token)) (Result, error) {
 		seq := c.Lifeline.SequenceNo
 		if seq == 0 {
 			res.Migrations, res.LastMigration = c.Lifeline.Migrations, c.Lifeline.LastMigration
-			res.KVReusedPositions = c.Lifeline.KVReusedPositions
+			res.KVReusedPositions, res.RequestID = c.Lifeline.KVReusedPositions, c.Lifeline.RequestID
 			continue // the end chunk
 		}
 		if seq <= *last {

@@ -20,6 +20,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // Cluster is what drills act on: frontends by URL, node agents by control
@@ -430,6 +431,27 @@ func (c *Cluster) Metrics(ctx context.Context) (Metrics, error) {
 		}
 	}
 	return m, nil
+}
+
+// Traces records the frontends' spans of up to n of streams' requests
+// that moved (a migration), for the report; a frontend without traces is
+// skipped.
+func (c *Cluster) Traces(ctx context.Context, r *Recorder, streams []*Stream, n int) {
+	for _, s := range streams {
+		if n == 0 {
+			return
+		}
+		if s.Result.Migrations == 0 || s.Result.RequestID == "" {
+			continue
+		}
+		for _, u := range c.MetricsURLs {
+			if spans, err := tracing.Fetch(ctx, u, "request_id", s.Result.RequestID); err == nil && len(spans) > 0 {
+				r.Trace(spans)
+				n--
+				break
+			}
+		}
+	}
 }
 
 // Delta is after − before of metric name.

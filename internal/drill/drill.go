@@ -22,6 +22,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // Result is a drill's outcome.
@@ -133,8 +135,11 @@ type Report struct {
 	Timeline []Event `json:"timeline,omitempty"`
 	// Latencies are samples in ms by name (ttft_ms, rto_ms, stream_ms…),
 	// drawn as histograms.
-	Latencies  map[string][]float64 `json:"latencies,omitempty"`
-	DurationMs float64              `json:"duration_ms"`
+	Latencies map[string][]float64 `json:"latencies,omitempty"`
+	// Traces are the spans of requests the fault hit, as the frontends
+	// traced them (the recovery's steps), grouped by request.
+	Traces     [][]tracing.Span `json:"traces,omitempty"`
+	DurationMs float64          `json:"duration_ms"`
 }
 
 // Event is one point of a drill's timeline.
@@ -194,6 +199,16 @@ func (r *Recorder) Sample(name string, v ...float64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.r.Latencies[name] = append(r.r.Latencies[name], v...)
+}
+
+// Trace adds one request's spans.
+func (r *Recorder) Trace(spans []tracing.Span) {
+	if len(spans) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.r.Traces = append(r.r.Traces, spans)
 }
 
 // Verdict sets the result and its line.

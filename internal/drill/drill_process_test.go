@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/drill"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 func TestMain(m *testing.M) { proctest.Main(m) }
@@ -60,6 +62,10 @@ func TestShortPass(t *testing.T) {
 	figure(t, by[2], "migrated_streams", within(1, 3))
 	figure(t, by[2], "rto_p99_ms", within(0.001, 30000))
 	figure(t, by[2], "detection_ms", within(0, 2000))
+	// The report carries a migrated request's trace: its migration span.
+	if tr := by[2].Traces; len(tr) == 0 || !slices.ContainsFunc(tr[0], func(s tracing.Span) bool { return s.Name == "lifeline.migration" }) {
+		t.Errorf("drill 2: traces %+v", tr)
+	}
 	figure(t, by[3], "prefill_failures", within(1, 100))
 	figure(t, by[3], "leaked_slots", eq(0))
 	for _, k := range []string{"leaked_slots", "leaked_leases", "leaked_pulls", "leaked_in_flight"} {

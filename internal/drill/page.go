@@ -27,6 +27,7 @@ main{padding:20px 32px;display:grid;gap:18px}
 svg{background:#fcfcfd;border:1px solid #e2e8f0;border-radius:8px}
 .lane,.tick,.hname{font:11px system-ui,sans-serif;fill:#475569}.hname{fill:#0f172a;font-weight:600}
 .grid{stroke:#e2e8f0}.axis{stroke:#94a3b8}.bar{fill:#3b82f6}
+.span{fill:#16a34a}.span.err{fill:#dc2626}.ev{stroke:#0f172a}.evn{font:10px system-ui,sans-serif;fill:#334155}
 </style></head><body>
 <header><h1>Lifeline drill report</h1>
 <div>{{.When}} · {{.Doc.Cluster}}</div>
@@ -38,6 +39,7 @@ svg{background:#fcfcfd;border:1px solid #e2e8f0;border-radius:8px}
 <div class="detail">{{.Detail}}</div>
 {{if .Keys}}<div class="figs">{{$f := .Figs}}{{range .Keys}}<div class="fig"><b>{{index $f .}}</b><small>{{.}}</small></div>{{end}}</div>{{end}}
 <div class="charts">{{.Timeline}}{{range .Histogram}}{{.}}{{end}}</div>
+{{if .Traces}}<h3>Traces of requests the fault hit</h3><div class="charts">{{range .Traces}}{{.}}{{end}}</div>{{end}}
 </section>
 {{end}}</main></body></html>
 `))

@@ -8,8 +8,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // Document is report.json.
@@ -75,6 +78,7 @@ func RenderHTML(w io.Writer, doc Document) error {
 		Figs      map[string]string
 		Timeline  template.HTML
 		Histogram []template.HTML
+		Traces    []template.HTML
 	}
 	var cards []card
 	counts := map[Result]int{}
@@ -86,6 +90,9 @@ func RenderHTML(w io.Writer, doc Document) error {
 		}
 		for _, name := range sortedKeys(r.Latencies) {
 			c.Histogram = append(c.Histogram, histogramSVG(name, r.Latencies[name]))
+		}
+		for _, t := range r.Traces {
+			c.Traces = append(c.Traces, traceSVG(t))
 		}
 		cards = append(cards, c)
 	}
@@ -139,6 +146,58 @@ func timelineSVG(r Report) template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
+}
+
+// traceSVG draws one request's spans as a waterfall: a bar per span on
+// the request's time axis (red when it ended with an error), its events
+// as ticks with their names.
+func traceSVG(spans []tracing.Span) template.HTML {
+	if len(spans) == 0 {
+		return ""
+	}
+	sort.SliceStable(spans, func(i, j int) bool { return spans[i].Start.Before(spans[j].Start) })
+	t0, t1 := spans[0].Start, spans[0].End
+	for _, s := range spans {
+		if s.End.After(t1) {
+			t1 = s.End
+		}
+	}
+	total := math.Max(ms(t1.Sub(t0)), 1)
+	const width, left, right, row = 760.0, 190.0, 20.0, 34.0
+	height := row*float64(len(spans)) + 30
+	x := func(t time.Time) float64 { return left + (width-left-right)*ms(t.Sub(t0))/total }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="trace" viewBox="0 0 %.0f %.0f" width="%.0f" height="%.0f" role="img" aria-label="trace of request %s">`,
+		width, height, width, height, template.HTMLEscapeString(spans[0].Attrs["request_id"]))
+	for i, s := range spans {
+		y := 8 + row*float64(i)
+		label := strings.TrimPrefix(s.Name, "lifeline.")
+		if in := s.Attrs["instance_id"]; in != "" {
+			label += " " + in
+		}
+		class := "span"
+		if s.Error != "" {
+			class = "span err"
+		}
+		fmt.Fprintf(&b, `<text x="4" y="%.1f" class="lane">%s</text>`, y+11, template.HTMLEscapeString(label))
+		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="12" class="%s"><title>%s: %s%s</title></rect>`,
+			x(s.Start), y+2, math.Max(x(s.End)-x(s.Start), 1.5), class, template.HTMLEscapeString(s.Name), msLabel(ms(s.End.Sub(s.Start))),
+			template.HTMLEscapeString(errSuffix(s.Error)))
+		for _, e := range s.Events {
+			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" class="ev"/><text x="%.1f" y="%.1f" class="evn">%s</text>`,
+				x(e.At), x(e.At), y, y+16, x(e.At)+2, y+26, template.HTMLEscapeString(e.Name))
+		}
+	}
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" class="tick">0</text><text x="%.0f" y="%.0f" class="tick" text-anchor="end">%s</text></svg>`,
+		left, height-6, width-right, height-6, msLabel(total))
+	return template.HTML(b.String())
+}
+
+func errSuffix(e string) string {
+	if e == "" {
+		return ""
+	}
+	return " — " + e
 }
 
 // histogramSVG draws samples (ms) in up to 12 bins.

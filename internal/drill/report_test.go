@@ -11,16 +11,28 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/drill"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
-// sampleDoc is a report of every outcome, with timelines and samples.
+// t0 is the sample trace's start.
+var t0 = time.Unix(1700000000, 0)
+
+// sampleDoc is a report of every outcome, with timelines, samples and a
+// trace.
 func sampleDoc() drill.Document {
 	return drill.Document{Generated: time.Unix(1700000000, 0), Cluster: "test", Drills: []drill.Report{
 		{Number: 2, Name: "kill-generating-decode", Result: drill.Pass, Detail: "3 streams recovered <b>fine</b>",
 			Figures: map[string]float64{"rto_p50_ms": 39.2, "gaps": 0, "identical": 1},
 			Timeline: []drill.Event{{AtMs: 0, Kind: drill.EvLoadStart}, {AtMs: 120, Kind: drill.EvFault, Detail: "SIGKILL"},
 				{AtMs: 121, Kind: drill.EvDetected}, {AtMs: 160, Kind: drill.EvRecovered}, {AtMs: 900, Kind: drill.EvEnd}},
-			Latencies: map[string][]float64{"rto_ms": {39, 40, 41}, "ttft_ms": {10, 12, 30, 55, 11}}},
+			Latencies: map[string][]float64{"rto_ms": {39, 40, 41}, "ttft_ms": {10, 12, 30, 55, 11}},
+			Traces: [][]tracing.Span{{
+				{Name: "lifeline.request", Start: t0, End: t0.Add(900 * time.Millisecond), Attrs: map[string]string{"request_id": "cmpl-7"}},
+				{Name: "lifeline.decode", Start: t0.Add(5 * time.Millisecond), End: t0.Add(120 * time.Millisecond), Attrs: map[string]string{"instance_id": "n1-decode-small-0"}, Error: "stream broke"},
+				{Name: "lifeline.migration", Start: t0.Add(121 * time.Millisecond), End: t0.Add(160 * time.Millisecond),
+					Events: []tracing.Event{{Name: "failure_detected", At: t0.Add(121 * time.Millisecond)}, {Name: "first_token", At: t0.Add(160 * time.Millisecond)}}},
+				{Name: "lifeline.decode", Start: t0.Add(125 * time.Millisecond), End: t0.Add(900 * time.Millisecond), Attrs: map[string]string{"instance_id": "n2-decode-small-0"}},
+			}}},
 		{Number: 3, Name: "kill-prefill", Result: drill.Fail, Detail: "1 of 3 streams bit-identical",
 			Figures: map[string]float64{"prefill_failures": 1}, Timeline: []drill.Event{{AtMs: 5, Kind: drill.EvFault}}},
 		{Number: 5, Name: "kill-tp-rank", Result: drill.NotAvailable, Detail: "tensor-parallel groups do not exist yet", Figures: map[string]float64{}},
@@ -100,13 +112,14 @@ func TestReportHTMLInChromium(t *testing.T) {
 		}
 	}
 	for _, want := range []string{`class="card pass"`, `class="card fail"`, `class="card not_available"`, "<svg", `class="timeline"`,
-		`class="histogram"`, "rto_ms", "&lt;b&gt;fine&lt;/b&gt;", "1 pass", "1 fail", "1 not available"} {
+		`class="histogram"`, "rto_ms", "&lt;b&gt;fine&lt;/b&gt;", "1 pass", "1 fail", "1 not available",
+		`class="trace"`, `class="span err"`, "decode n1-decode-small-0", "failure_detected", "first_token", "stream broke"} {
 		if !strings.Contains(dom, want) {
 			t.Errorf("the rendered page lacks %q", want)
 		}
 	}
-	if n := strings.Count(dom, "<svg"); n != 4 { // drill 2: timeline + 2 histograms; drill 3: timeline
-		t.Errorf("%d <svg> elements rendered, want 4", n)
+	if n := strings.Count(dom, "<svg"); n != 5 { // drill 2: timeline + 2 histograms + a trace; drill 3: timeline
+		t.Errorf("%d <svg> elements rendered, want 5", n)
 	}
 	if t.Failed() {
 		t.Logf("DOM:\n%s", dom)
