@@ -13,9 +13,11 @@ import (
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/dgraph-io/badger/v4"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma"
 )
@@ -46,6 +48,9 @@ type Agent struct {
 
 	events  *eventLog
 	metrics *metrics
+	// tracing keeps and exports the agent's spans; tracer makes them.
+	tracing *tracing.Tracing
+	tracer  trace.Tracer
 	// wg counts every goroutine the agent started (track): Run returns
 	// only once all of them did.
 	wg sync.WaitGroup
@@ -99,9 +104,11 @@ type instance struct {
 	// capacity and batchCapacity are the worker's (its Ready line).
 	capacity, batchCapacity int
 	canaryFail              int
-	running                 int
-	queued                  int
-	freeBlocks              int
+	// starting is the span of the worker's start until it is ready.
+	starting   trace.Span
+	running    int
+	queued     int
+	freeBlocks int
 	// nextAttempt is when an instance in crash_loop is tried again;
 	// crashLoops counts its crash loops in a row.
 	nextAttempt time.Time
@@ -136,6 +143,11 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		a.tracing.Shutdown(ctx)
+	}()
 	if err := a.openStore(); err != nil {
 		return err
 	}
@@ -192,13 +204,17 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: opts, log: log.With("node_id", opts.NodeID), events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
 	a.metrics.reg.MustRegister(newCollector(a))
+	tr, err := tracing.New(tracing.Options{Service: "lifeline-agent", Instance: opts.NodeID, Endpoint: opts.OTLPEndpoint, Insecure: opts.OTLPInsecure})
+	if err != nil {
+		return nil, err
+	}
+	a.tracing, a.tracer = tr, tr.Tracer("github.com/lifeline-llm/lifeline/agent")
 	if opts.WorkerCgroup != "" {
 		a.ooms = newOOMCounter(opts.WorkerCgroup)
 	}
 	if err := privateDir(opts.DataDir); err != nil {
 		return nil, fmt.Errorf("agent: data_dir: %w", err)
 	}
-	var err error
 	if a.tlsConf, err = agentTLS(opts); err != nil {
 		return nil, err
 	}

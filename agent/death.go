@@ -7,6 +7,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
@@ -29,8 +31,13 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Ev
 	case ex.Signal != 0:
 		reason = controlapi.ReasonSignal
 	}
+	span := a.deathSpan(inst.id, gen, ex)
 	a.forgetWorker(inst.id)
 	a.mu.Lock()
+	if inst.starting != nil {
+		endSpan(inst.starting, "exited before it was ready")
+		inst.starting = nil
+	}
 	if r := inst.notReady; inst.canaryFail >= a.opts.CanaryFailures && (r == controlapi.ReasonCanaryTimeout || r == controlapi.ReasonCanaryError) {
 		reason = r // we killed it for failing canaries
 	}
@@ -41,12 +48,17 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Ev
 	a.detector.Unwatch(ex.PID)
 	// The KV blocks first: that needs no network.
 	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: kvGen})
+	span.AddEvent("kv_reclaimed", trace.WithAttributes(attribute.Int("blocks", reclaimed)))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	a.deregister(ctx, inst.id, gen, reason)
+	span.AddEvent("deregistered")
 	a.announceFailure(ctx, schema.Failure{InstanceID: inst.id, Generation: gen, Node: a.opts.NodeID, Reason: reason,
 		Detector: ex.Detector, DetectedAt: ex.DetectedAt.UnixNano()})
+	span.AddEvent("failure_announced")
+	span.SetAttributes(attribute.String("failure_reason", reason), attribute.String("recovery_action", "deregistered; restart"))
+	endSpan(span, reason)
 	e := a.emit(controlapi.Event{Kind: controlapi.EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
 		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
 	a.mu.Lock()

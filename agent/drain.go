@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
@@ -108,7 +111,17 @@ func minTime(a, b time.Time) time.Time {
 func (a *Agent) runDrain(ctx context.Context, d *drain) {
 	defer close(d.finished)
 	defer d.cancel()
-	if !a.awaitBudget(ctx, d) {
+	sctx, span := a.trc().Start(ctx, "lifeline.drain", trace.WithTimestamp(d.StartedAt),
+		trace.WithAttributes(a.nodeAttr(), attribute.String("trigger", d.Trigger)))
+	drained := false
+	defer func() {
+		if !drained {
+			endSpan(span, "cancelled")
+		}
+	}()
+	var budget bool
+	a.drainStep(sctx, "budget", func() { budget = a.awaitBudget(ctx, d) })
+	if !budget {
 		return
 	}
 	// Under the lock undrain checks the phase under: a drain undrain
@@ -121,14 +134,17 @@ func (a *Agent) runDrain(ctx context.Context, d *drain) {
 	d.Phase = controlapi.DrainNotReady
 	a.mu.Unlock()
 	began := time.Now()
-	a.enterNotReady(ctx, d)
-	a.settle(ctx, d)
-	a.finishInFlight(ctx, d)
-	a.stopInstances(d)
+	a.drainStep(sctx, "not_ready", func() { a.enterNotReady(ctx, d) })
+	a.drainStep(sctx, "settle", func() { a.settle(ctx, d) })
+	a.drainStep(sctx, "in_flight", func() { a.finishInFlight(ctx, d) })
+	a.drainStep(sctx, "stop", func() { a.stopInstances(d) })
 	a.mu.Lock()
 	d.Phase, d.DrainedAt, d.InFlight = controlapi.DrainDrained, time.Now(), 0
 	forced, keep, snap := d.ForcedEnded, keepDrained(d.Drain, d.stay), d.Drain
 	a.mu.Unlock()
+	span.SetAttributes(attribute.Int("finished_in_place", snap.FinishedInPlace), attribute.Int("forced_ended", forced))
+	span.End()
+	drained = true
 	if keep {
 		if err := a.saveDrained(snap); err != nil {
 			a.log.Warn("drain: an agent restart will not find the node drained", "err", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // drainCluster is two nodes of one small decode instance each and a
@@ -174,6 +175,22 @@ func TestAgentDrainMigratesStream(t *testing.T) {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("metrics of the drained node lack %s", want)
 		}
+	}
+
+	// The drain is traced: a span of it, and one per step, in order.
+	spans, err := tracing.Fetch(t.Context(), "http://"+c.metrics[served], "node_id", node.Options.NodeID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps []string
+	for _, sp := range spans {
+		if strings.HasPrefix(sp.Name, "lifeline.drain") {
+			steps = append(steps, sp.Name)
+		}
+	}
+	// Spans are kept as they end: each step before the drain's.
+	if got := strings.Join(steps, " "); got != "lifeline.drain.budget lifeline.drain.not_ready lifeline.drain.settle lifeline.drain.in_flight lifeline.drain.stop lifeline.drain" {
+		t.Errorf("drain spans: %s", got)
 	}
 
 	gen := st.Instances[0].Generation

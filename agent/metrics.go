@@ -120,6 +120,9 @@ func (a *Agent) serveMetrics(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
+	if a.tracing != nil {
+		mux.Handle("GET /debug/traces", a.tracing.Handler())
+	}
 	mux.HandleFunc("/livez", a.handleLivez)
 	mux.HandleFunc("/readyz", a.handleReadyz)
 	srv := &http.Server{Handler: mux}

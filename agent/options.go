@@ -62,11 +62,17 @@ type InstanceSpec struct {
 
 // Options are the agent's whole configuration, from a JSON file and flags.
 type Options struct {
-	NodeID  string   `json:"node_id"`
-	DataDir string   `json:"data_dir"`
-	Socket  string   `json:"socket"`
-	Metrics string   `json:"metrics_listen"`
-	Etcd    []string `json:"etcd"`
+	NodeID  string `json:"node_id"`
+	DataDir string `json:"data_dir"`
+	Socket  string `json:"socket"`
+	Metrics string `json:"metrics_listen"`
+	// OTLPEndpoint, when set, is an OTLP/gRPC collector the agent's trace
+	// spans are exported to (else OTEL_EXPORTER_OTLP_ENDPOINT, else
+	// nowhere; /debug/traces on the metrics listener has them in any
+	// case); OTLPInsecure speaks plaintext to it.
+	OTLPEndpoint string   `json:"otlp_endpoint,omitempty"`
+	OTLPInsecure bool     `json:"otlp_insecure,omitempty"`
+	Etcd         []string `json:"etcd"`
 	// EtcdTLS connects to etcd with mutual TLS, presenting the node
 	// certificate from CertDir and trusting only the cluster CA.
 	EtcdTLS bool   `json:"etcd_tls"`

@@ -30,6 +30,7 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // TestAgentDetectsWorkerKill: SIGKILL a worker. The agent's eBPF detector
@@ -112,6 +113,7 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
 	}
+	checkDeathTrace(t, "http://"+metricsAddr, id, reg.Generation, killed)
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -133,6 +135,52 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if resp, err := n.Env.Client.Get(context.Background(), schema.InstancesPrefix, clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("registrations left after a clean stop: %v %v", resp, err)
 	}
+}
+
+// checkDeathTrace: the agent traced the death of id at gen (from the
+// kernel's exit time, after the kill: exit, detected, KV reclaimed,
+// deregistered, failure announced, in order) and both starts of the
+// instance (generation, process, ready), the second at gen+1.
+func checkDeathTrace(t *testing.T, metricsURL, id string, gen uint64, killed time.Time) {
+	t.Helper()
+	spans, err := tracing.Fetch(context.Background(), metricsURL, "instance_id", id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deaths, starts []tracing.Span
+	for _, s := range spans {
+		switch s.Name {
+		case "lifeline.worker_death":
+			deaths = append(deaths, s)
+		case "lifeline.worker_start":
+			starts = append(starts, s)
+		}
+	}
+	if len(deaths) != 1 || len(starts) != 2 {
+		t.Fatalf("%d death spans, %d start spans: %+v", len(deaths), len(starts), spans)
+	}
+	d := deaths[0]
+	var steps []string
+	for i, e := range d.Events {
+		steps = append(steps, e.Name)
+		if i > 0 && e.At.Before(d.Events[i-1].At) {
+			t.Errorf("death event %s before %s", e.Name, d.Events[i-1].Name)
+		}
+	}
+	if got := strings.Join(steps, " "); got != "exit detected kv_reclaimed deregistered failure_announced" ||
+		d.Attrs["generation"] != fmt.Sprint(gen) || d.Attrs["failure_reason"] != controlapi.ReasonSignal || d.Start.Before(killed.Add(-time.Second)) {
+		t.Errorf("death span %+v (steps %s)", d, got)
+	}
+	for i, s := range starts {
+		var names []string
+		for _, e := range s.Events {
+			names = append(names, e.Name)
+		}
+		if strings.Join(names, " ") != "generation process_started ready" || s.Attrs["generation"] != fmt.Sprint(gen+uint64(i)) || s.Error != "" {
+			t.Errorf("start span %d: %+v", i, s)
+		}
+	}
+	t.Logf("death traced: exit → announced %v; restart %v", d.End.Sub(d.Start).Round(time.Microsecond), starts[1].End.Sub(starts[1].Start).Round(time.Millisecond))
 }
 
 func TestAgentBadConfig(t *testing.T) {

@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
@@ -41,14 +44,23 @@ type workerProc struct {
 // runOnce starts the worker at a new generation and supervises it until it
 // dies; it returns the exit event.
 func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event, error) {
+	span := a.startSpan(inst)
 	gen, err := a.nextGeneration(ctx, inst.id)
 	if err != nil {
+		endSpan(span, err.Error())
 		return nil, fmt.Errorf("%w: %v", errNoGeneration, err)
 	}
+	span.AddEvent("generation", trace.WithAttributes(attribute.Int64("generation", int64(gen))))
+	span.SetAttributes(attribute.Int64("generation", int64(gen)))
 	w, err := a.startWorker(inst, gen)
 	if err != nil {
+		endSpan(span, err.Error())
 		return nil, err
 	}
+	span.AddEvent("process_started", trace.WithAttributes(attribute.Int("pid", w.pid)))
+	a.mu.Lock()
+	inst.starting = span
+	a.mu.Unlock()
 	// The canaries stop once the death was acted on, not before.
 	wctx, stopInstance := context.WithCancel(ctx)
 	defer stopInstance()
@@ -185,6 +197,11 @@ func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
 	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
 	inst.capacity, inst.batchCapacity = r.Capacity, r.BatchCapacity
+	if inst.starting != nil {
+		inst.starting.AddEvent("ready", trace.WithAttributes(attribute.String("addr", r.Addr)))
+		inst.starting.End()
+		inst.starting = nil
+	}
 	rec := inst.recordLocked()
 	a.mu.Unlock()
 	if st, err := processStartTime(pid); err == nil {
