@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -433,25 +434,32 @@ func (c *Cluster) Metrics(ctx context.Context) (Metrics, error) {
 	return m, nil
 }
 
-// Traces records the frontends' spans of up to n of streams' requests
-// that moved (a migration), for the report; a frontend without traces is
-// skipped.
-func (c *Cluster) Traces(ctx context.Context, r *Recorder, streams []*Stream, n int) {
+// Traces records, for the report, the frontends' spans of up to n of
+// streams' requests whose trace has a span named span that ended with an
+// error (the fault hit them: "lifeline.decode" for a kill, …); a frontend
+// without traces is skipped. It returns what it recorded.
+func (c *Cluster) Traces(ctx context.Context, r *Recorder, streams []*Stream, n int, span string) (got [][]tracing.Span) {
 	for _, s := range streams {
 		if n == 0 {
-			return
+			return got
 		}
-		if s.Result.Migrations == 0 || s.Result.RequestID == "" {
+		if s.Result.RequestID == "" {
 			continue
 		}
 		for _, u := range c.MetricsURLs {
-			if spans, err := tracing.Fetch(ctx, u, "request_id", s.Result.RequestID); err == nil && len(spans) > 0 {
-				r.Trace(spans)
-				n--
-				break
+			spans, err := tracing.Fetch(ctx, u, "request_id", s.Result.RequestID)
+			if err != nil || len(spans) == 0 {
+				continue
 			}
+			if slices.ContainsFunc(spans, func(sp tracing.Span) bool { return sp.Name == span && sp.Error != "" }) {
+				r.Trace(spans)
+				got = append(got, spans)
+				n--
+			}
+			break
 		}
 	}
+	return got
 }
 
 // Delta is after − before of metric name.

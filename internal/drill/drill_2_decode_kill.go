@@ -42,7 +42,7 @@ func runDecodeKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) err
 	Latencies(r, streams)
 	o := l.Compare(streams)
 	figuresOf(r, o)
-	c.Traces(ctx, r, streams, 2)
+	c.Traces(ctx, r, streams, 2, "lifeline.decode")
 	r.Figure("migrated_streams", float64(len(rto)))
 	r.Figure("lost_streams", float64(lost))
 	r.Figure("rto_p50_ms", Percentile(rto, 50))

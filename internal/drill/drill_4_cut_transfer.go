@@ -82,6 +82,13 @@ func runCutTransfer(ctx context.Context, c *Cluster, cfg Config, r *Recorder) er
 		return err
 	}
 	r.Event(time.Now(), EvRecovered, "no slot, lease or pull left on any node")
+	for _, t := range c.Traces(ctx, r, streams, 2, "lifeline.kv_transfer") {
+		for _, sp := range t {
+			if sp.Name == "lifeline.kv_transfer" && sp.Error != "" {
+				r.Sample("cut_transfer_ms", ms(sp.End.Sub(sp.Start)))
+			}
+		}
+	}
 	r.Figure("transfers_cut", failed)
 	r.Figure("transfers_completed", transferred)
 	r.Figure("same_node_handoffs", sameNode)
