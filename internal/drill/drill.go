@@ -66,6 +66,9 @@ type Shape struct {
 	// idle worker (default an hour: drills kill workers themselves; a soak
 	// that stops workers needs them found).
 	CanaryIdle time.Duration `json:"canary_idle,omitempty"`
+	// EtcdMembers, when set, runs etcd as that many member processes
+	// (else one member inside the drill's process).
+	EtcdMembers int `json:"etcd_members,omitempty"`
 }
 
 // Capacity is how many requests the shape's decode workers hold at once
@@ -78,6 +81,9 @@ func (s Shape) String() string {
 	out := fmt.Sprintf("%d nodes × %d decode, %d prefill, %d frontend(s)", s.Nodes, s.DecodePerNode, s.Prefill, s.Frontends)
 	if s.MaxRunning > 0 || s.MaxQueued > 0 {
 		out += fmt.Sprintf(", %d slots + %d queue places per decode worker", s.MaxRunning, s.MaxQueued)
+	}
+	if s.EtcdMembers > 0 {
+		out += fmt.Sprintf(", etcd of %d member processes", s.EtcdMembers)
 	}
 	return out
 }

@@ -4,7 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
+	"syscall"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -12,9 +12,14 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 )
 
+// controlPlaneShape is drill 8's cluster: the standard one with etcd as
+// three member processes, so that they can be frozen, and the leader
+// killed.
+var controlPlaneShape = Shape{Nodes: 2, DecodePerNode: 1, Prefill: 2, Frontends: 1, EtcdMembers: 3}
+
 func init() {
-	Register(Drill{Number: 8, Name: seedNames[8][0], Expect: seedNames[8][1], Shape: Standard,
-		LocalOnly: "it stops the etcd it started", Run: runPauseControlPlane})
+	Register(Drill{Number: 8, Name: seedNames[8][0], Expect: seedNames[8][1], Shape: controlPlaneShape,
+		LocalOnly: "it freezes and kills the etcd members it started", Run: runPauseControlPlane})
 }
 
 // runPauseControlPlane stops etcd under a steady load for the lease TTL
@@ -41,12 +46,9 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 		return fmt.Errorf("drill: etcd: %w", err)
 	}
 	ttl := c.leaseTTL(ctx, regs)
-	gens := map[string]uint64{}
-	for _, kv := range regs.Kvs {
-		var reg schema.Registration
-		if json.Unmarshal(kv.Value, &reg) == nil {
-			gens[reg.InstanceID] = reg.Generation
-		}
+	gens, err := c.generations(ctx)
+	if err != nil {
+		return err
 	}
 	out, streams, err := c.etcdOutage(ctx, l, r, ttl+time.Second, gens)
 	if err != nil {
@@ -59,7 +61,6 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 	figuresOf(r, o)
 	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
 	r.Figure("outage_ms", ms(out.up.Sub(out.down)))
-	r.Figure("etcd_stop_ms", ms(out.stopped.Sub(out.down)))
 	r.Figure("in_flight_at_outage", float64(st.inFlight))
 	r.Figure("kept_through_outage", float64(st.kept))
 	r.Figure("started_during_outage", float64(st.during))
@@ -75,37 +76,56 @@ func runPauseControlPlane(ctx context.Context, c *Cluster, cfg Config, r *Record
 	ck.That(o.Failed == 0, "%d streams failed (%v)", o.Failed, o.FirstError)
 	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
 	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
-	ck.Verdict(r, fmt.Sprintf("etcd down %.0f ms: %d in-flight streams went on, %d started meanwhile (%d served before it was back); reconciled %.0f ms after",
-		ms(out.up.Sub(out.down)), st.inFlight, st.during, st.servedDuring, ms(out.ackAt.Sub(out.up))))
+	line := fmt.Sprintf("etcd down %.0f ms: %d in-flight streams went on, %d started meanwhile (%d served before it was back); reconciled %.0f ms after",
+		ms(out.up.Sub(out.down)), st.inFlight, st.during, st.servedDuring, ms(out.ackAt.Sub(out.up)))
+	if len(c.env.Members) >= 3 {
+		k, err := c.leaderPhase(ctx, l, r, &ck)
+		if err != nil {
+			return err
+		}
+		line += fmt.Sprintf("; the etcd leader %s killed: a new one in %.0f ms, no stream or lease touched", k.leader, ms(k.elected.Sub(k.killed)))
+	}
+	ck.Verdict(r, line)
 	return nil
 }
 
-// outage is when etcd went down, was stopped, came back, and when the
-// cluster had reconciled.
-type outage struct {
-	down, stopped, up, regAt, ackAt time.Time
-	bumped                          int
+// leaderPhase SIGKILLs the etcd leader under load (a cluster of 3 or
+// more members): no stream may fail, move or differ, and no agent may
+// lose its lease (no registration at a higher generation).
+func (c *Cluster) leaderPhase(ctx context.Context, l *Load, r *Recorder, ck *Check) (leaderKill, error) {
+	if err := c.WaitReady(ctx, time.Minute); err != nil {
+		return leaderKill{}, err
+	}
+	k, streams, err := c.killLeader(ctx, l, r)
+	if err != nil {
+		return k, err
+	}
+	o := l.Compare(streams)
+	r.Figure("etcd_members", float64(len(c.env.Members)))
+	r.Figure("leader_election_ms", ms(k.elected.Sub(k.killed)))
+	r.Figure("leader_rejoined_ms", ms(k.rejoined.Sub(k.killed)))
+	r.Figure("leader_kill_streams", float64(o.Streams))
+	r.Figure("leader_kill_migrations", float64(o.Migrations))
+	r.Figure("leader_kill_generations_bumped", float64(k.bumped))
+	ck.That(o.Failed == 0 && o.Identical == o.Streams, "the leader's kill: %d of %d streams failed (%v), %d bit-identical", o.Failed, o.Streams, o.FirstError, o.Identical)
+	ck.That(o.Migrations == 0, "the leader's kill moved %d streams", o.Migrations)
+	ck.That(k.bumped == 0, "the leader's kill cost %d registrations their lease (a higher generation)", k.bumped)
+	return k, nil
 }
 
-// etcdOutage runs l steadily; once every stream is under way it kills
-// etcd for hold, starts it again and waits for the cluster to reconcile
+// outage is when etcd went down and came back, and when the cluster had
+// reconciled.
+type outage struct {
+	down, up, regAt, ackAt time.Time
+	bumped                 int
+}
+
+// etcdOutage runs l steadily; once every stream is under way it freezes
+// every etcd member for hold, resumes them and waits for the cluster to reconcile
 // (every instance of gens registered ready, every frontend past it); it
 // returns the load's streams.
 func (c *Cluster) etcdOutage(ctx context.Context, l *Load, r *Recorder, hold time.Duration, gens map[string]uint64) (out outage, _ []*Stream, err error) {
-	var (
-		mu       sync.Mutex
-		underWay = map[int]bool{}
-		all      = make(chan struct{})
-	)
-	l.OnToken = func(s *Stream, t Tok) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !underWay[s.Index] {
-			if underWay[s.Index] = true; len(underWay) == l.Spec().Streams {
-				close(all)
-			}
-		}
-	}
+	all := allUnderWay(l)
 	stop := l.Steady(ctx)
 	defer func() {
 		if err != nil {
@@ -119,17 +139,17 @@ func (c *Cluster) etcdOutage(ctx context.Context, l *Load, r *Recorder, hold tim
 		return out, nil, fmt.Errorf("drill: the load's streams did not all get under way within a minute")
 	}
 	out.down = time.Now()
-	c.env.StopEtcd()
-	out.stopped = time.Now()
-	r.Event(out.down, EvFault, "etcd killed, held down %v at least (the lease TTL and a second)", hold)
-	r.Event(out.stopped, EvPhase, "etcd's listeners closed (%.0f ms: it lets open connections go for its request timeout)", ms(out.stopped.Sub(out.down)))
+	if err := c.signalEtcd(syscall.SIGSTOP); err != nil {
+		return out, nil, err
+	}
+	r.Event(out.down, EvFault, "every etcd member SIGSTOPped for %v (the lease TTL and a second)", hold)
 	// The outage's length, not a wait for an event.
 	<-time.After(hold - time.Since(out.down))
-	if err := c.env.StartEtcd(); err != nil {
+	if err := c.signalEtcd(syscall.SIGCONT); err != nil {
 		return out, nil, err
 	}
 	out.up = time.Now()
-	r.Event(out.up, EvRecovered, "etcd started again after %.0f ms", ms(out.up.Sub(out.down)))
+	r.Event(out.up, EvRecovered, "etcd back after %.0f ms", ms(out.up.Sub(out.down)))
 	if out.regAt, out.ackAt, out.bumped, err = c.reconciled(ctx, gens, time.Minute); err != nil {
 		return out, nil, err
 	}
@@ -138,6 +158,19 @@ func (c *Cluster) etcdOutage(ctx context.Context, l *Load, r *Recorder, hold tim
 	streams := stop()
 	r.Event(time.Now(), EvLoadEnd, "")
 	return out, streams, nil
+}
+
+// signalEtcd sends sig to every etcd member process.
+func (c *Cluster) signalEtcd(sig syscall.Signal) error {
+	if len(c.env.Members) == 0 {
+		return fmt.Errorf("drill: etcd does not run as member processes")
+	}
+	for _, m := range c.env.Members {
+		if err := m.Signal(sig); err != nil {
+			return fmt.Errorf("drill: %v to %s: %w", sig, m.Name, err)
+		}
+	}
+	return nil
 }
 
 // outageCounts are the streams in flight when etcd went down (and those

@@ -49,7 +49,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			}
 		}()
 	}
-	env, err := localcluster.NewEnv(o.Dir, o.Binary, "")
+	env, err := localcluster.NewEnvWith(o.Dir, o.Binary, "", localcluster.EnvOptions{EtcdMembers: s.EtcdMembers, EtcdLog: o.Log})
 	if err != nil {
 		return nil, err
 	}

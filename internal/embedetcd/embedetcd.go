@@ -34,6 +34,9 @@ func (s *Server) CertDir() string { return s.certDir }
 func (s *Server) Dir() string { return s.dir }
 func (s *Server) Port() int   { return s.port }
 
+// FreePort is a loopback TCP port free now.
+func FreePort() (int, error) { return freePort() }
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -62,10 +65,6 @@ func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
 }
 
 func start(dir string, clientPort int, certDir ...string) (*Server, error) {
-	cfg := embed.NewConfig()
-	cfg.Dir = dir
-	cfg.Logger = "zap"
-	cfg.LogLevel = "fatal"
 	var err error
 	if clientPort == 0 {
 		if clientPort, err = freePort(); err != nil {
@@ -76,18 +75,60 @@ func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	scheme := "http"
-	if len(certDir) > 0 && certDir[0] != "" {
-		scheme = "https"
-		if err := lockDown(cfg, certDir[0]); err != nil {
+	m := Member{Dir: dir, ClientPort: clientPort, PeerPort: peerPort}
+	if len(certDir) > 0 {
+		m.CertDir = certDir[0]
+	}
+	return StartMember(m)
+}
+
+// Member is one member of an etcd cluster.
+type Member struct {
+	// Name is the member's name (default "default"), Dir its data.
+	Name, Dir string
+	// ClientPort and PeerPort are its loopback ports.
+	ClientPort, PeerPort int
+	// InitialCluster is "name=peerURL,…" of every member at bootstrap
+	// (default: this member alone). A member that has data ignores it.
+	InitialCluster string
+	// CertDir is an etcd identity's directory: both ports mutual TLS.
+	CertDir string
+}
+
+// Scheme is "https" when the member serves TLS.
+func (m Member) Scheme() string {
+	if m.CertDir != "" {
+		return "https"
+	}
+	return "http"
+}
+
+// PeerURL is the member's peer URL.
+func (m Member) PeerURL() string { return fmt.Sprintf("%s://127.0.0.1:%d", m.Scheme(), m.PeerPort) }
+
+// StartMember runs member m and waits until it serves (for a member of
+// several, until the cluster has a quorum).
+func StartMember(m Member) (*Server, error) {
+	cfg := embed.NewConfig()
+	cfg.Dir = m.Dir
+	cfg.Logger = "zap"
+	cfg.LogLevel = "fatal"
+	if m.Name != "" {
+		cfg.Name = m.Name
+	}
+	if m.CertDir != "" {
+		if err := lockDown(cfg, m.CertDir); err != nil {
 			return nil, err
 		}
 	}
-	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, clientPort))
-	pu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", scheme, peerPort))
+	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", m.Scheme(), m.ClientPort))
+	pu, _ := url.Parse(m.PeerURL())
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
-	cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())
+	cfg.InitialCluster = m.InitialCluster
+	if cfg.InitialCluster == "" {
+		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())
+	}
 	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("embedetcd: start: %w", err)
@@ -98,19 +139,8 @@ func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 		e.Close()
 		return nil, fmt.Errorf("embedetcd: not ready after 30s")
 	}
-	s := &Server{etcd: e, Endpoint: cu.Host, dir: dir, port: clientPort, peer: pu.String()}
-	if scheme == "https" {
-		s.certDir = certDir[0]
-	}
+	s := &Server{etcd: e, Endpoint: cu.Host, dir: m.Dir, port: m.ClientPort, peer: pu.String(), certDir: m.CertDir}
 	return s, nil
-}
-
-// Kill stops etcd at once, as a crash would: the server stops serving
-// before the listeners close (Close alone lets open connections finish
-// for up to the request timeout). The data stays for a Start again.
-func (s *Server) Kill() {
-	s.etcd.Server.HardStop()
-	s.Close()
 }
 
 // Close stops etcd; a second Close does nothing.

@@ -27,6 +27,9 @@ type Options struct {
 	// ArenaMB is each node's KV arena; 0 sizes it from the memory this
 	// machine may use (ArenaSize).
 	ArenaMB int
+	// EtcdMembers, when set, runs etcd as that many member processes
+	// (`lifeline etcd`) instead of one member inside this process.
+	EtcdMembers int
 }
 
 // Validate names the first bad field.
@@ -36,6 +39,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: data-dir: empty")
 	case o.Nodes < 1 || o.Nodes > 16:
 		return fmt.Errorf("up: nodes: %d (1..16)", o.Nodes)
+	case o.EtcdMembers < 0 || o.EtcdMembers > 7:
+		return fmt.Errorf("up: etcd-members: %d (0..7, 0 = one member inside lifeline up)", o.EtcdMembers)
 	case o.ArenaMB < 0 || o.ArenaMB > MaxArenaSlots*ArenaSlotBytes>>20:
 		return fmt.Errorf("up: arena-mb: %d (0..%d, 0 = sized from memory)", o.ArenaMB, MaxArenaSlots*ArenaSlotBytes>>20)
 	case o.ArenaMB > 0 && o.ArenaMB<<20/ArenaSlotBytes < MinArenaSlots:

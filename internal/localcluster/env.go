@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -32,9 +33,14 @@ type Env struct {
 	// tools that dial workers and transfer endpoints as a frontend does.
 	Certs string
 	// Admin is the admin identity Client uses (etcd's root role).
-	Admin  string
-	Etcd   *embedetcd.Server
-	Client *clientv3.Client
+	Admin string
+	// Etcd is the member embedded in this process (nil when the members
+	// run as processes of their own: Members); Endpoints are every
+	// member's client addresses.
+	Etcd      *embedetcd.Server
+	Members   []*EtcdMember
+	Endpoints []string
+	Client    *clientv3.Client
 
 	mu        sync.Mutex
 	issued    map[pki.Identity]bool
@@ -44,7 +50,21 @@ type Env struct {
 // NewEnv creates the CA under dir (unless ca names an existing one),
 // issues etcd's, an admin's and a client frontend's certificates, starts
 // an embedded etcd in dir/etcd and turns its auth on.
-func NewEnv(dir, binary, ca string) (_ *Env, err error) {
+func NewEnv(dir, binary, ca string) (*Env, error) {
+	return NewEnvWith(dir, binary, ca, EnvOptions{})
+}
+
+// EnvOptions shape an Env.
+type EnvOptions struct {
+	// EtcdMembers, when set, runs an etcd cluster of that many members,
+	// each a `lifeline etcd` process of its own (their output to
+	// EtcdLog), instead of one member embedded in this process.
+	EtcdMembers int
+	EtcdLog     io.Writer
+}
+
+// NewEnvWith is NewEnv shaped by o.
+func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 	if binary == "" {
 		if binary, err = os.Executable(); err != nil {
 			return nil, err
@@ -67,12 +87,26 @@ func NewEnv(dir, binary, ca string) (_ *Env, err error) {
 	if e.Admin, err = e.issue(pki.Admin("local")); err != nil {
 		return nil, err
 	}
-	if e.Etcd, err = embedetcd.Start(filepath.Join(dir, "etcd"), 0, etcdCerts); err != nil {
-		return nil, err
+	if o.EtcdMembers > 0 {
+		log := o.EtcdLog
+		if log == nil {
+			log = io.Discard
+		}
+		if e.Members, err = startMembers(binary, filepath.Join(dir, "etcd"), etcdCerts, o.EtcdMembers, log); err != nil {
+			return nil, err
+		}
+		for _, m := range e.Members {
+			e.Endpoints = append(e.Endpoints, m.Endpoint)
+		}
+	} else {
+		if e.Etcd, err = embedetcd.Start(filepath.Join(dir, "etcd"), 0, etcdCerts); err != nil {
+			return nil, err
+		}
+		e.Endpoints = []string{e.Etcd.Endpoint}
 	}
 	tlsConf, err := pki.EtcdClientTLS(e.Admin)
 	if err == nil {
-		e.Client, err = clientv3.New(clientv3.Config{Endpoints: []string{e.Etcd.Endpoint}, DialTimeout: 5 * time.Second, TLS: tlsConf})
+		e.Client, err = clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second, TLS: tlsConf})
 	}
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -124,7 +158,7 @@ func (e *Env) Identity(id pki.Identity) (string, error) {
 	return dir, nil
 }
 
-// Close stops the etcd client and server.
+// Close stops the etcd client and server (or members).
 func (e *Env) Close() {
 	if e.Client != nil {
 		e.Client.Close()
@@ -132,21 +166,7 @@ func (e *Env) Close() {
 	if e.Etcd != nil {
 		e.Etcd.Close()
 	}
-}
-
-// StopEtcd stops the embedded etcd at once (a control-plane outage):
-// every client's calls fail until StartEtcd starts it again.
-func (e *Env) StopEtcd() { e.Etcd.Kill() }
-
-// StartEtcd starts the stopped etcd again on its data and client port
-// (its clients reconnect by themselves).
-func (e *Env) StartEtcd() error {
-	s, err := embedetcd.Start(e.Etcd.Dir(), e.Etcd.Port(), e.Etcd.CertDir())
-	if err != nil {
-		return fmt.Errorf("localcluster: etcd again: %w", err)
-	}
-	e.Etcd = s
-	return nil
+	stopMembers(e.Members)
 }
 
 // WaitRegistration waits until instance is registered ready at a

@@ -33,7 +33,7 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 	if err != nil {
 		return nil, fmt.Errorf("localcluster: frontend certificate: %w", err)
 	}
-	args := append([]string{"frontend", "--listen", listen, "--etcd", e.Etcd.Endpoint, "--etcd-tls", "--certs", certs}, extra...)
+	args := append([]string{"frontend", "--listen", listen, "--etcd", strings.Join(e.Endpoints, ","), "--etcd-tls", "--certs", certs}, extra...)
 	cmd := exec.Command(e.Binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -24,8 +24,8 @@ import (
 func reapLeftovers(dir string, out io.Writer) {
 	var pids []int
 	for _, p := range procfs.Mentioning(dir + string(filepath.Separator)) {
-		// Only what up starts: agents, their workers, the frontend.
-		if args := p.Args(); p.PID != os.Getpid() && len(args) > 1 && slices.Contains([]string{"agent", "worker", "frontend"}, args[1]) {
+		// Only what up starts: agents, their workers, the frontends, etcd members.
+		if args := p.Args(); p.PID != os.Getpid() && len(args) > 1 && slices.Contains([]string{"agent", "worker", "frontend", "etcd"}, args[1]) {
 			pids = append(pids, p.PID)
 		}
 	}

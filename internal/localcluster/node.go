@@ -43,7 +43,7 @@ type Node struct {
 func (e *Env) NodeOptions(id, dir string) agent.Options {
 	return agent.Options{
 		NodeID: id, DataDir: filepath.Join(dir, "data"), Socket: filepath.Join(dir, "agent.sock"),
-		Etcd: []string{e.Etcd.Endpoint}, EtcdTLS: true, CertDir: e.IdentityDir(pki.Agent(id)),
+		Etcd: e.Endpoints, EtcdTLS: true, CertDir: e.IdentityDir(pki.Agent(id)),
 		ArenaPath:  filepath.Join("/dev/shm", fmt.Sprintf("lifeline-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id)),
 		ArenaSlots: 128, ArenaSlotBytes: 8192,
 		Instances:    []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}},

@@ -67,7 +67,12 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer unlock()
 	reapLeftovers(dir, out)
-	env, err := NewEnv(dir, opts.Binary, "")
+	log, err := os.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	env, err := NewEnvWith(dir, opts.Binary, "", EnvOptions{EtcdMembers: opts.EtcdMembers, EtcdLog: log})
 	if err != nil {
 		return err
 	}
@@ -76,11 +81,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	u := &up{env: env, opts: opts, out: out, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
-	if u.log, err = os.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); err != nil {
-		return err
-	}
-	defer u.log.Close()
+	u := &up{env: env, opts: opts, out: out, log: log, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
 	defer u.stop()
 	if err := u.startNodes(); err != nil {
 		return err
@@ -332,7 +333,7 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	u.mu.Unlock()
 	url := urls[0]
 	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n",
-		opts.Nodes, opts.Prefill, len(urls), opts.Preset, u.env.Etcd.Endpoint, u.log.Name())
+		opts.Nodes, opts.Prefill, len(urls), opts.Preset, strings.Join(u.env.Endpoints, ","), u.log.Name())
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
 	for _, n := range u.nodes {

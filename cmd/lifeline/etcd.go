@@ -1,0 +1,41 @@
+package main
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+)
+
+// etcdCmd runs one etcd member as a process of its own (`lifeline up
+// --etcd-members N` starts N of them).
+func etcdCmd() *cobra.Command {
+	var m embedetcd.Member
+	cmd := &cobra.Command{
+		Use:   "etcd",
+		Short: "Run one etcd member (of a cluster of loopback members) until SIGTERM",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if m.Dir == "" || m.ClientPort <= 0 || m.PeerPort <= 0 {
+				return fmt.Errorf("etcd: --data-dir, --client-port and --peer-port are required")
+			}
+			s, err := embedetcd.StartMember(m)
+			if err != nil {
+				return err
+			}
+			defer s.Close()
+			fmt.Fprintf(cmd.OutOrStdout(), "etcd: member %s serving on %s\n", m.Name, s.Endpoint)
+			<-cmd.Context().Done()
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&m.Name, "name", "default", "member name")
+	f.StringVar(&m.Dir, "data-dir", "", "the member's data directory")
+	f.IntVar(&m.ClientPort, "client-port", 0, "loopback client port")
+	f.IntVar(&m.PeerPort, "peer-port", 0, "loopback peer port")
+	f.StringVar(&m.InitialCluster, "initial-cluster", "", "name=peer-URL,… of every member at bootstrap (default: this one alone)")
+	f.StringVar(&m.CertDir, "certs", "", "an etcd identity's certificate directory (lifeline certs issue --role etcd): both ports mutual TLS")
+	return cmd
+}

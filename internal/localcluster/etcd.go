@@ -1,0 +1,167 @@
+package localcluster
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
+)
+
+// EtcdMember is one member of an etcd cluster run as a process of its own
+// (`lifeline etcd`): drills and tests kill, stop and restart it.
+type EtcdMember struct {
+	Name string
+	// Endpoint is its client address.
+	Endpoint string
+
+	binary string
+	m      embedetcd.Member
+	log    io.Writer
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// startMembers starts n member processes of one cluster (they bootstrap
+// together) and returns once every one serves.
+func startMembers(binary, dir, certs string, n int, log io.Writer) ([]*EtcdMember, error) {
+	ms := make([]*EtcdMember, n)
+	var peers []string
+	for i := range ms {
+		cp, err := embedetcd.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		pp, err := embedetcd.FreePort()
+		if err != nil {
+			return nil, err
+		}
+		name := fmt.Sprintf("etcd-%d", i)
+		m := embedetcd.Member{Name: name, Dir: filepath.Join(dir, name), ClientPort: cp, PeerPort: pp, CertDir: certs}
+		ms[i] = &EtcdMember{Name: name, Endpoint: fmt.Sprintf("127.0.0.1:%d", cp), binary: binary, m: m, log: log}
+		peers = append(peers, name+"="+m.PeerURL())
+	}
+	ready := make([]<-chan error, n)
+	for i, m := range ms {
+		m.m.InitialCluster = strings.Join(peers, ",")
+		r, err := m.start()
+		if err != nil {
+			stopMembers(ms[:i])
+			return nil, err
+		}
+		ready[i] = r
+	}
+	for i, r := range ready {
+		if err := served(r); err != nil {
+			stopMembers(ms)
+			return nil, fmt.Errorf("localcluster: etcd member %s: %w", ms[i].Name, err)
+		}
+	}
+	return ms, nil
+}
+
+// start runs the member's process; the channel says when it serves.
+func (m *EtcdMember) start() (<-chan error, error) {
+	args := []string{"etcd", "--name", m.m.Name, "--data-dir", m.m.Dir, "--client-port", fmt.Sprint(m.m.ClientPort),
+		"--peer-port", fmt.Sprint(m.m.PeerPort), "--initial-cluster", m.m.InitialCluster, "--certs", m.m.CertDir}
+	cmd := exec.Command(m.binary, args...)
+	cmd.Stderr = m.log
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("localcluster: etcd member %s: %w", m.Name, err)
+	}
+	m.cmd, m.exited = cmd, make(chan struct{})
+	ready := make(chan error, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		served := false
+		for sc.Scan() {
+			if !served && strings.HasPrefix(sc.Text(), "etcd: member ") {
+				served = true
+				ready <- nil
+			}
+			fmt.Fprintln(m.log, sc.Text())
+		}
+		cmd.Wait()
+		if !served {
+			ready <- fmt.Errorf("exited before serving (%v)", cmd.ProcessState)
+		}
+		close(m.exited)
+	}()
+	return ready, nil
+}
+
+// served waits for a started member to serve, a minute at most.
+func served(r <-chan error) error {
+	select {
+	case err := <-r:
+		return err
+	case <-time.After(time.Minute):
+		return fmt.Errorf("not serving after a minute")
+	}
+}
+
+// PID is the member's process id (0 once it exited).
+func (m *EtcdMember) PID() int {
+	select {
+	case <-m.exited:
+		return 0
+	default:
+		return m.cmd.Process.Pid
+	}
+}
+
+// Signal sends sig to the member's process.
+func (m *EtcdMember) Signal(sig syscall.Signal) error { return m.cmd.Process.Signal(sig) }
+
+// Kill SIGKILLs the member and waits for its exit.
+func (m *EtcdMember) Kill() {
+	m.cmd.Process.Signal(syscall.SIGKILL)
+	<-m.exited
+}
+
+// Restart starts a member that exited again, on its data (it rejoins the
+// cluster), and returns once it serves.
+func (m *EtcdMember) Restart() error {
+	select {
+	case <-m.exited:
+	default:
+		return fmt.Errorf("localcluster: etcd member %s still runs", m.Name)
+	}
+	r, err := m.start()
+	if err != nil {
+		return err
+	}
+	return served(r)
+}
+
+// stop ends the member: SIGCONT (it may be stopped), SIGTERM, and SIGKILL
+// after 10 s.
+func (m *EtcdMember) stop() {
+	if m.cmd == nil || m.PID() == 0 {
+		return
+	}
+	m.cmd.Process.Signal(syscall.SIGCONT)
+	m.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-m.exited:
+	case <-time.After(10 * time.Second):
+		m.cmd.Process.Signal(syscall.SIGKILL)
+		<-m.exited
+	}
+}
+
+func stopMembers(ms []*EtcdMember) {
+	for _, m := range ms {
+		m.stop()
+	}
+}
+
