@@ -162,7 +162,9 @@ func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, &controlapi.Error{Code: controlapi.ErrNoSuchEndpoint.Code, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	// Idle connections close after a while: a client that keeps them (one
+	// per call) cannot grow the agent without bound.
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	a.track(func() {
 		<-ctx.Done()
 		srv.Close()

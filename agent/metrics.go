@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -125,7 +126,7 @@ func (a *Agent) serveMetrics(ctx context.Context) error {
 	}
 	mux.HandleFunc("/livez", a.handleLivez)
 	mux.HandleFunc("/readyz", a.handleReadyz)
-	srv := &http.Server{Handler: mux}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}
 	a.track(func() {
 		<-ctx.Done()
 		srv.Close()

@@ -21,6 +21,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
@@ -581,3 +582,29 @@ func TestEtcdRequiresClientCertificates(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { proctest.Main(m) }
+
+// TestControlSocketLeavesNoConnections: 200 nodectl calls leave the
+// agent with no more descriptors than before (each call's connection
+// closes with its answer; a drill polling the socket once grew every
+// agent by a connection and its goroutines per call).
+func TestControlSocketLeavesNoConnections(t *testing.T) {
+	n := clustertest.NewNode(t)
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	fds := func() int {
+		es, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", n.Process().Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(es)
+	}
+	before := fds()
+	for range 200 {
+		if _, err := nodectl.GetStatus(t.Context(), n.Options.Socket); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proctest.WaitFor(t, 5*time.Second, "the agent's descriptors back to what they were", func() (bool, string) {
+		now := fds()
+		return now <= before+2, fmt.Sprintf("%d descriptors, %d before 200 calls", now, before)
+	})
+}

@@ -23,8 +23,11 @@ import (
 // DefaultSocket is where the systemd unit puts the control socket.
 const DefaultSocket = "/run/lifeline/agent.sock"
 
+// client is a one-request client of the agent's socket: its connection
+// closes with the answer (a transport per call that kept it alive would
+// leave an idle connection, and its goroutines, on both ends per call).
 func client(socket string) *http.Client {
-	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", socket)
 	}}}

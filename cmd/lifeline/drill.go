@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -81,8 +82,9 @@ fails.`,
 
 func soakCmd() *cobra.Command {
 	var (
-		o      drill.SoakOptions
-		report string
+		o       drill.SoakOptions
+		report  string
+		logFile string
 	)
 	o.Config = drill.DefaultConfig()
 	cmd := &cobra.Command{
@@ -129,5 +131,17 @@ their start, resident memory grown less than 1.5×. Exits non-zero otherwise.`,
 	f.StringVar(&report, "report", "", "write report.json and report.html into this directory")
 	f.StringVar(&o.Local.Preset, "preset", "small", "the workers' model (tiny or small)")
 	f.StringVar(&o.Local.Dir, "dir", "", "where the cluster's temporary directory goes (default: the system's)")
+	f.StringVar(&logFile, "log", "", "append every process's output to this file (default: the cluster's directory, removed at the end)")
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		if logFile == "" {
+			return nil
+		}
+		f, err := os.OpenFile(logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+		if err != nil {
+			return err
+		}
+		o.Local.Log = f
+		return nil
+	}
 	return cmd
 }

@@ -160,6 +160,13 @@ func holding(ctx context.Context, c *Cluster) (leaks, error) {
 	return l, nil
 }
 
+// over is what l holds beyond base (a leak), field by field: holding
+// less than before (something of an earlier drill released since) is
+// none.
+func (l leaks) over(base leaks) leaks {
+	return leaks{slots: max(0, l.slots-base.slots), leases: max(0, l.leases-base.leases), pulls: max(0, l.pulls-base.pulls)}
+}
+
 // waitNoOrphans waits (up to timeout: sweepers and cancels run
 // asynchronously) until no node holds anything for a request, and
 // returns what is left then.

@@ -230,8 +230,12 @@ type Outcome struct {
 	Migrations       int
 	// Errors counts failed streams by error type.
 	Errors map[string]int
-	// FirstError is one failure, for the detail line.
+	// FirstError is one failure, for the detail line; FirstDiff one
+	// stream that completed differently from its reference, Diverged
+	// every such stream.
 	FirstError error
+	FirstDiff  string
+	Diverged   []*Stream
 }
 
 // IdenticalFraction is Identical over the streams that were compared.
@@ -278,9 +282,28 @@ func (l *Load) Compare(streams []*Stream) Outcome {
 		}
 		if len(s.Tokens) == len(ref) && samePrefix(s.Tokens, ref) {
 			o.Identical++
+		} else {
+			o.Diverged = append(o.Diverged, s)
+			if o.FirstDiff == "" {
+				o.FirstDiff = diff(s, ref)
+			}
 		}
 	}
 	return o
+}
+
+// diff says where a completed stream left its reference.
+func diff(s *Stream, ref []Tok) string {
+	for i, t := range s.Tokens {
+		if i >= len(ref) {
+			return fmt.Sprintf("stream %d: %d tokens, its reference %d", s.Index, len(s.Tokens), len(ref))
+		}
+		if t.Seq != i+1 || t.ID != ref[i].ID || t.Text != ref[i].Text {
+			return fmt.Sprintf("stream %d, request %s (%d migrations, %d positions reused): token %d is %d %q from %s, its reference's %d %q from %s",
+				s.Index, s.Result.RequestID, s.Result.Migrations, s.Result.KVReusedPositions, i+1, t.ID, t.Text, t.Instance, ref[i].ID, ref[i].Text, ref[i].Instance)
+		}
+	}
+	return fmt.Sprintf("stream %d: %d tokens, its reference %d", s.Index, len(s.Tokens), len(ref))
 }
 
 // seqFaults counts skipped and repeated sequence numbers.

@@ -141,6 +141,11 @@ func runOne(ctx context.Context, c *Cluster, d Drill, o Options, out io.Writer) 
 		if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
 			return failed(d, err.Error())
 		}
+		// What an earlier drill left being released (sweepers, cancels)
+		// settles first, bounded: a drill's baseline is a quiet cluster.
+		if _, err := waitNoOrphans(ctx, c, 30*time.Second); err != nil {
+			return failed(d, err.Error())
+		}
 		dctx, cancel := context.WithTimeout(ctx, o.Timeout)
 		defer cancel()
 		r := newRecorder(d)

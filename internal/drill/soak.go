@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // SoakOptions configure `lifeline drill soak`.
@@ -37,6 +39,8 @@ const MaxRSSGrowth = 1.5
 // runtime and process series).
 type processes struct {
 	goroutines, fds, rss float64
+	// by is goroutines/descriptors per process, for the detail line.
+	by []string
 }
 
 func (c *Cluster) processes(ctx context.Context) (processes, error) {
@@ -49,6 +53,7 @@ func (c *Cluster) processes(ctx context.Context) (processes, error) {
 		p.goroutines += m.Sum("go_goroutines")
 		p.fds += m.Sum("process_open_fds")
 		p.rss += m.Sum("process_resident_memory_bytes")
+		p.by = append(p.by, fmt.Sprintf("%s %v/%v", u, m.Sum("go_goroutines"), m.Sum("process_open_fds")))
 	}
 	return p, nil
 }
@@ -98,6 +103,25 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	if err := l.Reference(ctx); err != nil {
 		return err
 	}
+	var tokens int
+	var mu sync.Mutex
+	l.OnToken = func(*Stream, Tok) { mu.Lock(); tokens++; mu.Unlock() }
+	// A warm-up under faults first: the connection pools (frontend to
+	// workers, agents to their peers) grow to their size, so that the
+	// baseline taken after it counts a leak, not a pool filling up.
+	warm := o
+	warm.Duration = max(min(o.Duration/4, 30*time.Second), 2*o.KillEvery)
+	fmt.Fprintf(out, "soak: warm-up, %v of faults…\n", warm.Duration)
+	stop := l.Steady(ctx)
+	wk, ws, werr := faults(ctx, c, warm, r)
+	warmed := stop()
+	if werr != nil {
+		return werr
+	}
+	if _, _, _, err := c.settle(ctx, processes{goroutines: math.Inf(1), fds: math.Inf(1)}); err != nil {
+		return err
+	}
+	r.Event(time.Now(), EvPhase, "warmed up (%d kills, %d stops): the baseline", wk, ws)
 	base, err := holding(ctx, c)
 	if err != nil {
 		return err
@@ -106,14 +130,12 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	if err != nil {
 		return err
 	}
-	var tokens int
-	var mu sync.Mutex
-	l.OnToken = func(*Stream, Tok) { mu.Lock(); tokens++; mu.Unlock() }
-	stop := l.Steady(ctx)
+	stop = l.Steady(ctx)
 	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", o.Config.Streams, o.Config.MaxTokens)
 	fmt.Fprintf(out, "soak: %v of faults, one every %v…\n", o.Duration, o.KillEvery)
 	kills, stops, faultErrs := faults(ctx, c, o, r)
-	streams := stop()
+	streams := append(warmed, stop()...)
+	kills, stops = kills+wk, stops+ws
 	r.Event(time.Now(), EvLoadEnd, "")
 	l.Close()
 	closed = true
@@ -122,6 +144,15 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 		return err
 	}
 	oc := l.Compare(streams)
+	// A stream that differs comes with its trace: where it was served.
+	for _, d := range oc.Diverged[:min(len(oc.Diverged), 3)] {
+		for _, u := range c.MetricsURLs {
+			if spans, err := tracing.Fetch(ctx, u, "request_id", d.Result.RequestID); err == nil && len(spans) > 0 {
+				r.Trace(spans)
+				break
+			}
+		}
+	}
 	Latencies(r, streams)
 	figuresOf(r, oc)
 	growth := 0.0
@@ -133,9 +164,9 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	r.Figure("stops", float64(stops))
 	r.Figure("tokens", float64(tokens))
 	r.Figure("completed", float64(oc.Completed))
-	r.Figure("leaked_slots", float64(left.slots-base.slots))
-	r.Figure("leaked_leases", float64(left.leases-base.leases))
-	r.Figure("leaked_pulls", float64(left.pulls-base.pulls))
+	r.Figure("leaked_slots", float64(left.over(base).slots))
+	r.Figure("leaked_leases", float64(left.over(base).leases))
+	r.Figure("leaked_pulls", float64(left.over(base).pulls))
 	r.Figure("leaked_in_flight", float64(inFlight))
 	r.Figure("leaked_goroutines", after.goroutines-before.goroutines)
 	r.Figure("leaked_fds", after.fds-before.fds)
@@ -147,9 +178,9 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	ck.That(kills > 0, "no worker was killed")
 	ck.That(oc.Failed == 0, "%d streams failed %v (%v)", oc.Failed, oc.Errors, oc.FirstError)
 	ck.That(oc.Gaps == 0 && oc.Duplicates == 0, "%d tokens lost, %d duplicated", oc.Gaps, oc.Duplicates)
-	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical", oc.Identical, oc.Streams)
-	ck.That(left == base && inFlight == 0, "left behind: %+v, %d in flight (before: %+v)", left, inFlight, base)
-	ck.That(after.goroutines <= before.goroutines, "%v goroutines more than at the start", after.goroutines-before.goroutines)
+	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical (%s)", oc.Identical, oc.Streams, oc.FirstDiff)
+	ck.That(left.over(base) == (leaks{}) && inFlight == 0, "left behind: %+v, %d in flight (before: %+v)", left, inFlight, base)
+	ck.That(after.goroutines <= before.goroutines, "%v goroutines more than at the start (%v → %v)", after.goroutines-before.goroutines, before.by, after.by)
 	ck.That(after.fds <= before.fds, "%v descriptors more than at the start", after.fds-before.fds)
 	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
 	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
