@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/kv"
@@ -12,7 +13,7 @@ import (
 // openKV opens the node's KV arena and its owner.
 func (a *Agent) openKV() error {
 	owner, err := kv.Open(kv.Options{ArenaPath: a.opts.ArenaPath, Geometry: shm.Geometry{Slots: a.opts.ArenaSlots, PayloadSize: a.opts.ArenaSlotBytes},
-		DBDir: filepath.Join(a.opts.DataDir, "kv"), LeaseTTL: time.Duration(a.opts.LeaseTTL)})
+		DBDir: filepath.Join(a.opts.DataDir, "kv"), LeaseTTL: time.Duration(a.opts.LeaseTTL), Fence: a.fenceWriter})
 	if err != nil {
 		return err
 	}
@@ -29,4 +30,26 @@ func (a *Agent) serveKV(ctx context.Context) {
 			a.log.Error("kv service stopped", "err", err)
 		}
 	})
+}
+
+// fenceWriter makes sure the KV writer w, whose session expired, writes
+// no more before its slots go to another writer: if w is a worker of this
+// node still running at that KV generation, it is SIGKILLed (a stopped or
+// hung process cannot renew its session; its streams have moved or will,
+// and the instance restarts at a new generation). A SIGKILLed process
+// runs no more of its own instructions, stopped or not.
+func (a *Agent) fenceWriter(w kv.Writer) bool {
+	v, ok := a.writers.Load(w)
+	if !ok {
+		return true // not a live worker of ours: nothing can write
+	}
+	pid := v.(int)
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+		a.log.Error("cannot fence a KV writer whose session expired; its slots stay held", "instance_id", w.Instance, "generation", w.Gen, "pid", pid, "err", err)
+		return false
+	}
+	a.writers.Delete(w)
+	a.log.Warn("KV session expired: writer killed before its slots are reclaimed", "instance_id", w.Instance, "generation", w.Gen,
+		"pid", pid, "failure_reason", "kv_session_expired", "recovery_action", "SIGKILL; restart")
+	return true
 }

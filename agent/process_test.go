@@ -608,3 +608,45 @@ func TestControlSocketLeavesNoConnections(t *testing.T) {
 		return now <= before+2, fmt.Sprintf("%d descriptors, %d before 200 calls", now, before)
 	})
 }
+
+// TestAgentFencesAStoppedKVWriter: a worker SIGSTOPped in the middle of a
+// generation (holding arena slots it writes directly) cannot renew its KV
+// session. Before the owner hands its slots to anyone else the agent
+// SIGKILLs it — a stopped process resumed later would otherwise write
+// into a slot another writer published meanwhile — and the instance comes
+// back at the next generation. Canaries are off: the fence alone acts.
+func TestAgentFencesAStoppedKVWriter(t *testing.T) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.CanaryIdle = agent.Duration(time.Hour) })
+	const id = "n1-decode-tiny-0"
+	reg := n.WaitRegistration(t, id, 0)
+	pid := n.NodectlWorkers(t)[0].PID
+	tlsConf, _ := workerclient.ClientTLS(n.Env.Certs)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := workerclient.Dial(ctx, reg.Addr, tlsConf, id, reg.Generation)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.Generate(ctx, &wire.Generate{RequestId: "held", Prompt: "Once upon a time", MaxTokens: 400, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Next(); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	next := n.WaitRegistration(t, id, reg.Generation)
+	if !strings.Contains(n.Log.String(), "KV session expired: writer killed before its slots are reclaimed") {
+		t.Fatalf("the worker was not fenced; agent log:\n%s", n.Log.String())
+	}
+	proctest.WaitFor(t, 10*time.Second, "the stopped worker gone", func() (bool, string) {
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(st), ") Z "), string(st)
+	})
+	t.Logf("stopped worker fenced and back at generation %d (was %d) %v after the SIGSTOP", next.Generation, reg.Generation, time.Since(stopped).Round(time.Millisecond))
+}

@@ -70,6 +70,14 @@ type Options struct {
 	HighWater float64
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
+	// Fence, when set, is called (with the owner's lock held) before an
+	// expired session's WRITING and SEALED slots are reclaimed: a writer
+	// maps the arena and writes payloads directly, so one that was only
+	// stopped (SIGSTOP, a hung host thread) could resume and write into a
+	// slot handed to another writer meanwhile, under a block a reader has
+	// verified. Fence must make sure w can write no more (the agent kills
+	// its process) and say so; false keeps the session for a later sweep.
+	Fence func(w Writer) bool
 }
 
 type slot struct {

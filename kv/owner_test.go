@@ -650,3 +650,45 @@ func TestSealPublishBatch(t *testing.T) {
 		t.Fatalf("after a restart: %d published, %+v", o.Lookup(keys), o.Stats())
 	}
 }
+
+// TestSweeperFencesWritersFirst: an expired session's slots are reclaimed
+// only once Fence said its writer can write no more; while Fence says it
+// cannot, the slots stay WRITING/SEALED under the session (no other writer
+// gets them), and a later sweep reclaims them once it can.
+func TestSweeperFencesWritersFirst(t *testing.T) {
+	env := newOwnerEnv(t, 8)
+	var fenced []Writer
+	canFence := false
+	env.opts.Fence = func(w Writer) bool {
+		fenced = append(fenced, w)
+		return canFence
+	}
+	o := env.open(t)
+	defer o.Close()
+	env.clock.Advance(o.LeaseTTL()) // past the start-up grace
+	stuck := hello(t, o, "stuck", 4)
+	writeBlock(t, o, stuck, BlockKey{1}, BlockKey{}, 1, false) // SEALED
+	if _, err := o.Allocate(stuck, 2); err != nil {             // WRITING
+		t.Fatal(err)
+	}
+	env.clock.Advance(o.LeaseTTL() + time.Second)
+	if res := o.Sweep(); res.SessionsExpired != 0 || res.OrphansReclaimed != 0 {
+		t.Fatalf("a writer that could not be fenced lost its slots: %+v", res)
+	}
+	if st := o.Stats(); st.SlotsInUse != 3 || st.Sessions != 1 || len(fenced) != 1 || fenced[0] != (Writer{"stuck", 4}) {
+		t.Fatalf("after an unfenced sweep: %+v, fenced %v", st, fenced)
+	}
+	// A new writer gets other slots, never the stuck writer's.
+	other := hello(t, o, "other", 1)
+	refs, err := o.Allocate(other, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.Allocate(other, 1); err == nil {
+		t.Fatalf("the stuck writer's slots were handed out: %+v", refs)
+	}
+	canFence = true
+	if res := o.Sweep(); res.SessionsExpired != 1 || res.OrphansReclaimed != 3 {
+		t.Fatalf("once fenced: %+v", res)
+	}
+}

@@ -8,8 +8,9 @@ type SweepResult struct {
 }
 
 // Sweep is one mark-and-sweep pass. Mark: blocks held by a live session
-// (as writer or lease holder). Sweep: sessions past their lease end, taking
-// their unpublished blocks with them; unpublished blocks with no session
+// (as writer or lease holder). Sweep: sessions past their lease end, once
+// Options.Fence made sure their writer can write no more, taking their
+// unpublished blocks with them; unpublished blocks with no session
 // once the start-up grace is over; and, above the high-water mark,
 // unleased published blocks, least recently used first. A block with a
 // live lease is never reclaimed.
@@ -29,6 +30,9 @@ func (o *Owner) Sweep() SweepResult {
 	o.lastSweep = now
 	for sid, s := range o.sessions {
 		if !now.Before(s.expires) {
+			if o.opts.Fence != nil && !o.opts.Fence(s.writer) {
+				continue
+			}
 			res.OrphansReclaimed += o.endSessionLocked(sid)
 			res.SessionsExpired++
 			o.stats.SessionsExpired++
