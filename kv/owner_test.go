@@ -668,7 +668,7 @@ func TestSweeperFencesWritersFirst(t *testing.T) {
 	env.clock.Advance(o.LeaseTTL()) // past the start-up grace
 	stuck := hello(t, o, "stuck", 4)
 	writeBlock(t, o, stuck, BlockKey{1}, BlockKey{}, 1, false) // SEALED
-	if _, err := o.Allocate(stuck, 2); err != nil {             // WRITING
+	if _, err := o.Allocate(stuck, 2); err != nil {            // WRITING
 		t.Fatal(err)
 	}
 	env.clock.Advance(o.LeaseTTL() + time.Second)
