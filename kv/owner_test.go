@@ -691,4 +691,22 @@ func TestSweeperFencesWritersFirst(t *testing.T) {
 	if res := o.Sweep(); res.SessionsExpired != 1 || res.OrphansReclaimed != 3 {
 		t.Fatalf("once fenced: %+v", res)
 	}
+	// A writer that left a session for a new one (its client could not
+	// renew and said hello again) is not fenced for the old one.
+	canFence, fenced = false, nil
+	old := hello(t, o, "again", 2)
+	if _, err := o.Allocate(old, 1); err != nil {
+		t.Fatal(err)
+	}
+	renewed := hello(t, o, "again", 2)
+	expired := 0
+	for range 4 { // sweeps a second apart: no owner stall to make up for
+		env.clock.Advance(time.Second)
+		o.KeepAlive(other)
+		o.KeepAlive(renewed)
+		expired += o.Sweep().SessionsExpired
+	}
+	if expired != 1 || len(fenced) != 0 {
+		t.Fatalf("an abandoned session of a live writer: %d expired, fenced %v", expired, fenced)
+	}
 }

@@ -1,6 +1,9 @@
 package kv
 
-import "slices"
+import (
+	"slices"
+	"time"
+)
 
 // SweepResult says what one sweep reclaimed.
 type SweepResult struct {
@@ -30,7 +33,10 @@ func (o *Owner) Sweep() SweepResult {
 	o.lastSweep = now
 	for sid, s := range o.sessions {
 		if !now.Before(s.expires) {
-			if o.opts.Fence != nil && !o.opts.Fence(s.writer) {
+			// A writer with another live session gave this one up itself
+			// (its client forgets what a session it could not renew
+			// held): only a writer with none may still write into it.
+			if o.opts.Fence != nil && !o.liveSessionLocked(s.writer, now) && !o.opts.Fence(s.writer) {
 				continue
 			}
 			res.OrphansReclaimed += o.endSessionLocked(sid)
@@ -79,4 +85,15 @@ func (o *Owner) evictLocked(n int) int {
 	}
 	o.stats.Evicted += uint64(freed)
 	return freed
+}
+
+// liveSessionLocked reports whether w holds a session that has not
+// expired at now.
+func (o *Owner) liveSessionLocked(w Writer, now time.Time) bool {
+	for _, s := range o.sessions {
+		if s.writer == w && now.Before(s.expires) {
+			return true
+		}
+	}
+	return false
 }
