@@ -164,4 +164,3 @@ func stopMembers(ms []*EtcdMember) {
 		m.stop()
 	}
 }
-
