@@ -109,19 +109,10 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	// A warm-up under faults first: the connection pools (frontend to
 	// workers, agents to their peers) grow to their size, so that the
 	// baseline taken after it counts a leak, not a pool filling up.
-	warm := o
-	warm.Duration = max(min(o.Duration/4, 30*time.Second), 2*o.KillEvery)
-	fmt.Fprintf(out, "soak: warm-up, %v of faults…\n", warm.Duration)
-	stop := l.Steady(ctx)
-	wk, ws, werr := faults(ctx, c, warm, r)
-	warmed := stop()
-	if werr != nil {
-		return werr
-	}
-	if _, _, _, err := c.settle(ctx, processes{goroutines: math.Inf(1), fds: math.Inf(1)}); err != nil {
+	warmed, wk, ws, err := warmUp(ctx, c, l, o, r, out)
+	if err != nil {
 		return err
 	}
-	r.Event(time.Now(), EvPhase, "warmed up (%d kills, %d stops): the baseline", wk, ws)
 	base, err := holding(ctx, c)
 	if err != nil {
 		return err
@@ -130,7 +121,7 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	if err != nil {
 		return err
 	}
-	stop = l.Steady(ctx)
+	stop := l.Steady(ctx)
 	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", o.Config.Streams, o.Config.MaxTokens)
 	fmt.Fprintf(out, "soak: %v of faults, one every %v…\n", o.Duration, o.KillEvery)
 	kills, stops, faultErrs := faults(ctx, c, o, r)
@@ -154,6 +145,22 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 		}
 	}
 	Latencies(r, streams)
+	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: faultErrs, base: base, left: left,
+		inFlight: inFlight, before: before, after: after})
+	return nil
+}
+
+// soakEnd is what a soak ends with.
+type soakEnd struct {
+	kills, stops, tokens, inFlight int
+	faultErr                       error
+	base, left                     leaks
+	before, after                  processes
+}
+
+// judgeSoak records a soak's figures and verdict.
+func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
+	kills, stops, tokens, faultErrs, base, left, inFlight, before, after := e.kills, e.stops, e.tokens, e.faultErr, e.base, e.left, e.inFlight, e.before, e.after
 	figuresOf(r, oc)
 	growth := 0.0
 	if before.rss > 0 {
@@ -185,7 +192,26 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
 	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
 		kills, stops, o.Duration, oc.Streams, tokens, growth))
-	return nil
+}
+
+// warmUp runs l under faults for a quarter of the soak (2 faults at
+// least, 30 s at most) and lets the cluster settle; it returns the
+// streams and the faults.
+func warmUp(ctx context.Context, c *Cluster, l *Load, o SoakOptions, r *Recorder, out io.Writer) (_ []*Stream, kills, stops int, err error) {
+	warm := o
+	warm.Duration = max(min(o.Duration/4, 30*time.Second), 2*o.KillEvery)
+	fmt.Fprintf(out, "soak: warm-up, %v of faults…\n", warm.Duration)
+	stop := l.Steady(ctx)
+	kills, stops, err = faults(ctx, c, warm, r)
+	streams := stop()
+	if err != nil {
+		return nil, 0, 0, err
+	}
+	if _, _, _, err := c.settle(ctx, processes{goroutines: math.Inf(1), fds: math.Inf(1)}); err != nil {
+		return nil, 0, 0, err
+	}
+	r.Event(time.Now(), EvPhase, "warmed up (%d kills, %d stops): the baseline", kills, stops)
+	return streams, kills, stops, nil
 }
 
 // settle waits, once a load stopped, until the cluster is ready again

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 )
 
 // up is a running `lifeline up`: it supervises its children (each agent,
@@ -284,7 +285,7 @@ func (u *up) waitServable(ctx context.Context) error {
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
+			if resp.StatusCode == http.StatusOK && u.nodesReady(ctx) {
 				return nil
 			}
 		}
@@ -297,6 +298,23 @@ func (u *up) waitServable(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// nodesReady reports whether every node's agent answers and calls all
+// its instances ready (a big arena takes its agent a while to allocate).
+func (u *up) nodesReady(ctx context.Context) bool {
+	for _, n := range u.nodes {
+		ws, err := nodectl.Workers(ctx, n.Options.Socket)
+		if err != nil || len(ws) == 0 {
+			return false
+		}
+		for _, w := range ws {
+			if !w.Ready {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // stop stops supervising, then the agents (SIGTERM: each stops its
