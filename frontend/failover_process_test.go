@@ -184,13 +184,20 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`); got != streams {
-		t.Errorf("takeovers ok on B: %v, want %d", got, streams)
+	// A stream still running at A's death is taken over; one that A's
+	// worker finished (and A recorded) while its reader waited is replayed
+	// from its record — on an idle machine 2 of the 8 64-token streams
+	// did. Either way B served every resume.
+	ok := metric(t, b, `lifeline_frontend_takeovers_total{result="ok"}`)
+	replayed := metric(t, b, `lifeline_frontend_takeovers_total{result="done_replay"}`)
+	if ok+replayed != streams || ok < 1 {
+		t.Errorf("resumes on B: %v taken over + %v replayed, want %d with one taken over at least", ok, replayed, streams)
 	}
 	// Every worker still held its request: B attached, nothing restarted.
-	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); got != streams {
-		t.Errorf("takeovers attached on B: %v, want %d", got, streams)
+	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); got != ok {
+		t.Errorf("takeovers attached on B: %v, want %v (every takeover)", got, ok)
 	}
+	t.Logf("on B: %v taken over, %v replayed finished", ok, replayed)
 	if now := requestsStarted(t, n, "n1-decode-small-0", "n1-decode-small-1"); now != started {
 		t.Errorf("worker requests started: %d after the takeovers, %d before", now, started)
 	}
