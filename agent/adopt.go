@@ -160,7 +160,6 @@ func (a *Agent) adopted(ctx context.Context, inst *instance, rec *workerRecord) 
 	if inst.kvGen == 0 {
 		inst.kvGen = rec.Generation
 	}
-	a.writers.Store(kv.Writer{Instance: inst.id, Gen: inst.kvGen}, rec.PID)
 	inst.state, inst.ready, inst.notReady = "running", false, "adopted; canary pending"
 	a.mu.Unlock()
 	if h, err := a.health(ctx, inst); err == nil && !h.Accepting {

@@ -48,9 +48,6 @@ type Agent struct {
 
 	events  *eventLog
 	metrics *metrics
-	// writers maps each running worker's KV writer identity (instance,
-	// KV generation) to its pid, for fencing (kvowner.go).
-	writers sync.Map
 	// tracing keeps and exports the agent's spans; tracer makes them.
 	tracing *tracing.Tracing
 	tracer  trace.Tracer

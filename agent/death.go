@@ -42,7 +42,6 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Ev
 		reason = r // we killed it for failing canaries
 	}
 	delete(a.byPID, ex.PID)
-	a.writers.Delete(kv.Writer{Instance: inst.id, Gen: inst.kvGen})
 	inst.ready, inst.notReady, inst.pid, inst.canaryFail = false, "exited", 0, 0
 	kvGen := inst.kvGen
 	a.mu.Unlock()

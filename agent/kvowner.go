@@ -38,17 +38,23 @@ func (a *Agent) serveKV(ctx context.Context) {
 // hung process cannot renew its session; its streams have moved or will,
 // and the instance restarts at a new generation). A SIGKILLed process
 // runs no more of its own instructions, stopped or not.
+//
+// It runs under the owner's lock and takes a.mu: nothing holds a.mu
+// while it calls the owner.
 func (a *Agent) fenceWriter(w kv.Writer) bool {
-	v, ok := a.writers.Load(w)
-	if !ok {
-		return true // not a live worker of ours: nothing can write
+	a.mu.Lock()
+	pid := 0
+	if inst, ok := a.instances[w.Instance]; ok && inst.kvGen == w.Gen {
+		pid = inst.pid // 0 once its worker is gone
 	}
-	pid := v.(int)
+	a.mu.Unlock()
+	if pid == 0 {
+		return true // no running worker of ours writes as w
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
 		a.log.Error("cannot fence a KV writer whose session expired; its slots stay held", "instance_id", w.Instance, "generation", w.Gen, "pid", pid, "err", err)
 		return false
 	}
-	a.writers.Delete(w)
 	a.log.Warn("KV session expired: writer killed before its slots are reclaimed", "instance_id", w.Instance, "generation", w.Gen,
 		"pid", pid, "failure_reason", "kv_session_expired", "recovery_action", "SIGKILL; restart")
 	return true

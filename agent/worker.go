@@ -20,7 +20,6 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
-	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // errNoGeneration wraps a failure to allocate a generation.
@@ -111,7 +110,6 @@ func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
 		ready: make(chan workerclient.Ready, 1)}
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.state, inst.ready, inst.notReady = gen, gen, w.pid, "", "starting", false, "starting"
-	a.writers.Store(kv.Writer{Instance: inst.id, Gen: gen}, w.pid)
 	a.byPID[w.pid] = w.detected
 	a.mu.Unlock()
 	if err := a.detector.Watch(w.pid); err != nil {

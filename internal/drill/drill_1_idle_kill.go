@@ -21,19 +21,12 @@ const RemovalTarget = 2 * time.Second
 // moved: counted as a migration, or by the frontends as routed to a
 // not-ready instance).
 func runIdleKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error {
-	ws, err := c.Workers(ctx)
+	// The last node's: the first node's keeps serving.
+	ws, err := c.decodeWorkersOf(ctx, c.Sockets[len(c.Sockets)-1])
 	if err != nil {
 		return err
 	}
-	var victim Worker
-	for _, w := range ws {
-		if w.Role == "decode" {
-			victim = w // the last node's: the first node's keeps serving
-		}
-	}
-	if victim.InstanceID == "" {
-		return fmt.Errorf("drill: no decode worker")
-	}
+	victim := ws[len(ws)-1]
 	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens/4, 4), Seed: cfg.Seed, Tag: "1"})
 	defer l.Close()
 	if err := l.Reference(ctx); err != nil {

@@ -3,7 +3,6 @@ package drill
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -94,7 +93,12 @@ type isolation struct {
 // for the victims back at higher generations; it returns the load's
 // streams.
 func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket string, victims []Worker, rev int64) (iso isolation, _ []*Stream, err error) {
-	w := watchIsolation(l, victims)
+	victim := map[string]bool{}
+	for _, v := range victims {
+		victim[v.InstanceID] = true
+	}
+	serving := l.FirstToken(func(t Tok) bool { return victim[t.Instance] })
+	rounds := l.CountRounds()
 	stop := l.Steady(ctx)
 	defer func() {
 		if err != nil {
@@ -105,7 +109,7 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	// A stream under way on the node before the freeze: it goes on
 	// through it.
 	select {
-	case <-w.serving:
+	case <-serving:
 	case <-time.After(30 * time.Second):
 		return iso, nil, fmt.Errorf("drill: no stream reached %v within 30 s", victims[0].InstanceID)
 	}
@@ -124,11 +128,11 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	if iso.startedAtRemoval, err = c.requestsStarted(ctx, victims); err != nil {
 		return iso, nil, err
 	}
-	w.removedAt(iso.removed)
+	rounds.Mark(iso.removed)
 	r.Event(iso.deregAt, EvRemoved, "%s's registrations gone (lease expired)", iso.f.Node)
 	r.Event(iso.removed, EvRemoved, "every frontend's routing view without them")
 	select {
-	case <-w.enough:
+	case <-rounds.Enough():
 	case <-time.After(time.Minute):
 		return iso, nil, fmt.Errorf("drill: %d streams started after the removal did not end within a minute", l.Spec().Streams)
 	case <-ctx.Done():
@@ -153,47 +157,6 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	streams := stop()
 	r.Event(time.Now(), EvLoadEnd, "")
 	return iso, streams, nil
-}
-
-// isoWatch follows a load through an isolation: serving is closed once
-// a victim streams a token, enough once a load's worth of streams started
-// after the removal ended.
-type isoWatch struct {
-	serving, enough chan struct{}
-
-	mu      sync.Mutex
-	removed time.Time
-	after   int
-}
-
-func watchIsolation(l *Load, victims []Worker) *isoWatch {
-	w := &isoWatch{serving: make(chan struct{}), enough: make(chan struct{})}
-	victim := map[string]bool{}
-	for _, v := range victims {
-		victim[v.InstanceID] = true
-	}
-	var once sync.Once
-	l.OnToken = func(_ *Stream, t Tok) {
-		if victim[t.Instance] {
-			once.Do(func() { close(w.serving) })
-		}
-	}
-	l.OnEnd = func(s *Stream) {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if !w.removed.IsZero() && s.Started.After(w.removed) {
-			if w.after++; w.after == l.Spec().Streams {
-				close(w.enough)
-			}
-		}
-	}
-	return w
-}
-
-func (w *isoWatch) removedAt(t time.Time) {
-	w.mu.Lock()
-	w.removed = t
-	w.mu.Unlock()
 }
 
 // isolatedStreams counts the streams started while the node was out of

@@ -30,21 +30,7 @@ func (c *Cluster) killLeader(ctx context.Context, l *Load, r *Recorder) (k leade
 	if err != nil {
 		return k, nil, err
 	}
-	var (
-		mu     sync.Mutex
-		after  int
-		enough = make(chan struct{})
-	)
-	l.OnToken = nil
-	l.OnEnd = func(s *Stream) {
-		mu.Lock()
-		defer mu.Unlock()
-		if !k.killed.IsZero() && s.Started.After(k.killed) {
-			if after++; after == l.Spec().Streams {
-				close(enough)
-			}
-		}
-	}
+	rounds := l.CountRounds()
 	under := allUnderWay(l)
 	stop := l.Steady(ctx)
 	defer func() {
@@ -61,10 +47,8 @@ func (c *Cluster) killLeader(ctx context.Context, l *Load, r *Recorder) (k leade
 	if err != nil {
 		return k, nil, err
 	}
-	k.leader = leader.Name
-	mu.Lock()
-	k.killed = time.Now()
-	mu.Unlock()
+	k.leader, k.killed = leader.Name, time.Now()
+	rounds.Mark(k.killed)
 	leader.Kill()
 	r.Event(k.killed, EvFault, "SIGKILL the etcd leader %s", leader.Name)
 	var rest []*localcluster.EtcdMember
@@ -78,7 +62,7 @@ func (c *Cluster) killLeader(ctx context.Context, l *Load, r *Recorder) (k leade
 	}
 	r.Event(k.elected, EvRecovered, "a new etcd leader elected")
 	select {
-	case <-enough:
+	case <-rounds.Enough():
 	case <-time.After(time.Minute):
 		return k, nil, fmt.Errorf("drill: %d streams started after the leader's kill did not end within a minute", l.Spec().Streams)
 	}

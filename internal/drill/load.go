@@ -385,3 +385,54 @@ func Latencies(r *Recorder, streams []*Stream) {
 		}
 	}
 }
+
+// Rounds counts, once Mark gave it a time, the streams of a load started
+// after it that ended: Enough is closed when a load's worth did (every
+// stream ran once since the mark). It holds the load's OnEnd.
+type Rounds struct {
+	enough chan struct{}
+	want   int
+
+	mu    sync.Mutex
+	since time.Time
+	n     int
+}
+
+// CountRounds installs l.OnEnd to count rounds.
+func (l *Load) CountRounds() *Rounds {
+	rd := &Rounds{enough: make(chan struct{}), want: l.spec.Streams}
+	l.OnEnd = func(s *Stream) {
+		rd.mu.Lock()
+		defer rd.mu.Unlock()
+		if !rd.since.IsZero() && s.Started.After(rd.since) {
+			if rd.n++; rd.n == rd.want {
+				close(rd.enough)
+			}
+		}
+	}
+	return rd
+}
+
+// Mark starts the count at t.
+func (rd *Rounds) Mark(t time.Time) {
+	rd.mu.Lock()
+	rd.since = t
+	rd.mu.Unlock()
+}
+
+// Enough is closed once a load's worth of streams started after the mark
+// ended.
+func (rd *Rounds) Enough() <-chan struct{} { return rd.enough }
+
+// FirstToken installs l.OnToken to close the returned channel at the
+// first token that serves reports about.
+func (l *Load) FirstToken(serves func(Tok) bool) <-chan struct{} {
+	ch := make(chan struct{})
+	var once sync.Once
+	l.OnToken = func(_ *Stream, t Tok) {
+		if serves(t) {
+			once.Do(func() { close(ch) })
+		}
+	}
+	return ch
+}
