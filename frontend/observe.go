@@ -62,16 +62,18 @@ func (o observer) takeover(how string) {
 }
 
 func (o observer) dispatch(d Dispatch) {
-	o.tr.dispatched(d)
+	attempt := o.r.Migrations + 1
+	o.tr.dispatched(d, attempt)
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
-		"generation", d.To.Generation, "decode_attempt", o.r.Migrations+1, "sequence_no", len(d.Prefix))
+		"generation", d.To.Generation, "decode_attempt", attempt, "sequence_no", len(d.Prefix))
 	o.m.replayedPrefill.Add(float64(len(d.Prefix)))
 }
 
 func (o observer) prefill(p Prefill) {
-	o.tr.prefillSent(p)
+	attempt := o.r.PrefillFailures + 1
+	o.tr.prefillSent(p, attempt)
 	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation,
-		"prefill_attempt", o.r.PrefillFailures+1)
+		"prefill_attempt", attempt)
 }
 
 // prefilled: the prefill instance handed the prompt's KV off.

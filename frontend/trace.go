@@ -24,7 +24,6 @@ type reqTrace struct {
 	root   trace.Span
 
 	decode, prefill, transfer, migration trace.Span
-	decodes, prefills                    int
 }
 
 // startTrace opens r's request span.
@@ -64,13 +63,12 @@ func endpointAttrs(e Endpoint, epoch uint64) []attribute.KeyValue {
 
 // dispatched opens a decode attempt's span (a migration's re-prefill
 // starts with it).
-func (t *reqTrace) dispatched(d Dispatch) {
+func (t *reqTrace) dispatched(d Dispatch, attempt int) {
 	if t == nil {
 		return
 	}
 	end(&t.decode, "")
-	t.decodes++
-	t.decode = t.start("lifeline.decode", append(endpointAttrs(d.To, d.Epoch), attribute.Int("decode_attempt", t.decodes),
+	t.decode = t.start("lifeline.decode", append(endpointAttrs(d.To, d.Epoch), attribute.Int("decode_attempt", attempt),
 		attribute.Int("sequence_no", len(d.Prefix)))...)
 	if t.migration != nil {
 		t.migration.AddEvent("re_prefill", trace.WithAttributes(append(endpointAttrs(d.To, d.Epoch),
@@ -86,13 +84,12 @@ func (t *reqTrace) routed(cached int) {
 	t.migration.AddEvent("route", trace.WithAttributes(attribute.Int("cached_blocks", cached)))
 }
 
-func (t *reqTrace) prefillSent(p Prefill) {
+func (t *reqTrace) prefillSent(p Prefill, attempt int) {
 	if t == nil {
 		return
 	}
 	end(&t.prefill, "superseded")
-	t.prefills++
-	t.prefill = t.start("lifeline.prefill", append(endpointAttrs(p.At, p.Epoch), attribute.Int("prefill_attempt", t.prefills))...)
+	t.prefill = t.start("lifeline.prefill", append(endpointAttrs(p.At, p.Epoch), attribute.Int("prefill_attempt", attempt))...)
 }
 
 func (t *reqTrace) prefillDone(err string) {

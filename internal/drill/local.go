@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -66,7 +65,12 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 	var nodes []*localcluster.Node
 	c.closers = append(c.closers, func() { stopNodes(nodes) })
 	for i := 0; i < s.Nodes; i++ {
-		n := env.NewNode(localNodeOptions(env, s, o.Preset, i))
+		no := localNodeOptions(env, s, o.Preset, i)
+		// Each agent serves its metrics on a loopback port of its own.
+		if no.Metrics, err = localcluster.FreeLoopbackAddr(); err != nil {
+			return nil, err
+		}
+		n := env.NewNode(no)
 		n.Stdout, n.Stderr = o.Log, o.Log
 		if s.CutTransfers && i == s.Nodes-1 {
 			n.ExtraEnv = []string{fmt.Sprintf("%s=%s=sleep:%s", failpoint.EnvVar, rdma.FailSourceMidway, CutFor)}
@@ -104,11 +108,6 @@ func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agen
 	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: s.Threads}}
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
-	}
-	// Each agent serves its metrics on a loopback port of its own.
-	if m, err := net.Listen("tcp", "127.0.0.1:0"); err == nil {
-		o.Metrics = m.Addr().String()
-		m.Close()
 	}
 	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
 	if s.LeaseTTL > 0 {

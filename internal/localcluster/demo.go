@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -157,12 +156,10 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 // demoCluster runs `lifeline up` with two nodes in dir and returns the
 // frontend's URL once it serves, and how to stop it.
 func demoCluster(ctx context.Context, dir, preset string) (url string, stop func(), err error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	listen, err := FreeLoopbackAddr()
 	if err != nil {
 		return "", nil, err
 	}
-	listen := l.Addr().String()
-	l.Close()
 	cctx, cancel := context.WithCancel(ctx)
 	upOut := &lineWriter{lines: make(chan string, 64)}
 	done := make(chan error, 1)

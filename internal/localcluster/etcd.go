@@ -164,3 +164,13 @@ func stopMembers(ms []*EtcdMember) {
 		m.stop()
 	}
 }
+
+// FreeLoopbackAddr is a loopback TCP address free now (a child process
+// is told to listen there).
+func FreeLoopbackAddr() (string, error) {
+	p, err := embedetcd.FreePort()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("127.0.0.1:%d", p), nil
+}

@@ -120,12 +120,10 @@ func (u *up) startNodes() error {
 		o.WorkerBinary = ""
 		// Each agent serves its metrics on a loopback port of its own,
 		// printed with the usage.
-		m, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		var err error
+		if o.Metrics, err = FreeLoopbackAddr(); err != nil {
 			return fmt.Errorf("up: metrics port: %w", err)
 		}
-		o.Metrics = m.Addr().String()
-		m.Close()
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: opts.Preset, Count: 1}}
 		if np := opts.Prefill/opts.Nodes + b2i((opts.Nodes-1-i) < opts.Prefill%opts.Nodes); np > 0 {
 			o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: opts.Preset, Count: np})
