@@ -423,15 +423,35 @@ func (c *Cluster) Metrics(ctx context.Context) (Metrics, error) {
 		return nil, fmt.Errorf("drill: the frontends' metrics addresses are not known (--frontend-metrics)")
 	}
 	for _, u := range c.MetricsURLs {
-		page, err := overload.Scrape(ctx, u)
+		page, err := scrape(ctx, u)
 		if err != nil {
-			return nil, fmt.Errorf("drill: %w", err)
+			return nil, err
 		}
 		for series, v := range page {
 			m[series] += v
 		}
 	}
 	return m, nil
+}
+
+// scrape reads one metrics page.
+func scrape(ctx context.Context, u string) (Metrics, error) {
+	m, err := overload.Scrape(ctx, u)
+	if err != nil {
+		return nil, fmt.Errorf("drill: %w", err)
+	}
+	return Metrics(m), nil
+}
+
+// requestTrace is request id's spans, from the first frontend that
+// traced it (nil when none did).
+func (c *Cluster) requestTrace(ctx context.Context, id string) []tracing.Span {
+	for _, u := range c.MetricsURLs {
+		if spans, err := tracing.Fetch(ctx, u, "request_id", id); err == nil && len(spans) > 0 {
+			return spans
+		}
+	}
+	return nil
 }
 
 // Traces records, for the report, the frontends' spans of up to n of
@@ -446,17 +466,11 @@ func (c *Cluster) Traces(ctx context.Context, r *Recorder, streams []*Stream, n 
 		if s.Result.RequestID == "" {
 			continue
 		}
-		for _, u := range c.MetricsURLs {
-			spans, err := tracing.Fetch(ctx, u, "request_id", s.Result.RequestID)
-			if err != nil || len(spans) == 0 {
-				continue
-			}
-			if slices.ContainsFunc(spans, func(sp tracing.Span) bool { return sp.Name == span && sp.Error != "" }) {
-				r.Trace(spans)
-				got = append(got, spans)
-				n--
-			}
-			break
+		spans := c.requestTrace(ctx, s.Result.RequestID)
+		if slices.ContainsFunc(spans, func(sp tracing.Span) bool { return sp.Name == span && sp.Error != "" }) {
+			r.Trace(spans)
+			got = append(got, spans)
+			n--
 		}
 	}
 	return got

@@ -8,9 +8,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/lifeline-llm/lifeline/internal/overload"
-	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
 // SoakOptions configure `lifeline drill soak`.
@@ -137,12 +134,7 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	oc := l.Compare(streams)
 	// A stream that differs comes with its trace: where it was served.
 	for _, d := range oc.Diverged[:min(len(oc.Diverged), 3)] {
-		for _, u := range c.MetricsURLs {
-			if spans, err := tracing.Fetch(ctx, u, "request_id", d.Result.RequestID); err == nil && len(spans) > 0 {
-				r.Trace(spans)
-				break
-			}
-		}
+		r.Trace(c.requestTrace(ctx, d.Result.RequestID))
 	}
 	Latencies(r, streams)
 	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: faultErrs, base: base, left: left,
@@ -317,13 +309,4 @@ func faults(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder) (kills,
 		r.Event(time.Now(), EvFault, "SIGKILL %s (pid %d, generation %d)", w.InstanceID, w.PID, w.Generation)
 	}
 	return kills, stops, nil
-}
-
-// scrape reads one metrics page.
-func scrape(ctx context.Context, u string) (Metrics, error) {
-	m, err := overload.Scrape(ctx, u)
-	if err != nil {
-		return nil, fmt.Errorf("drill: %w", err)
-	}
-	return Metrics(m), nil
 }
