@@ -81,7 +81,7 @@ func runBurst(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error {
 	if err != nil {
 		return err
 	}
-	r.Event(iso.FloodStart, EvFault, "batch flood: %d requests at once", BurstFactor*capacity)
+	r.Event(iso.Flood.Start, EvFault, "batch flood: %d requests at once", BurstFactor*capacity)
 	r.Event(iso.Filled, EvPhase, "the flood holds the batch share of every worker")
 	r.Event(iso.Flood.Start.Add(iso.Flood.Wall), EvPhase, "flood ended: %d served, %d refused", iso.Flood.Served, iso.Flood.Refused)
 

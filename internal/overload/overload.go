@@ -340,9 +340,10 @@ type Isolation struct {
 	// flood; Slowdown is Loaded ÷ Unloaded.
 	Unloaded, Loaded time.Duration
 	Slowdown         float64
-	// FloodStart is when the flood began; Filled when it held the workers.
-	FloodStart, Filled time.Time
-	// Flood is the flood's requests' figures once they all ended.
+	// Filled is when the flood held the workers.
+	Filled time.Time
+	// Flood is the flood's requests' figures once they all ended (its
+	// Start when it began).
 	Flood Figures
 	// Failures lists what failed: an interactive request not served, the
 	// slowdown above MaxInteractiveSlowdown, a flood request cut after its
@@ -371,7 +372,7 @@ func InteractiveUnderFlood(ctx context.Context, inter, batch Load, probes, flood
 	}
 	ttfts(0)
 	v.Unloaded = ttfts(100)
-	v.FloodStart = time.Now()
+	floodStart := time.Now()
 	done := make(chan []Result, 1)
 	go func() { done <- Burst(ctx, batch, flood, 1000) }()
 	wait := time.Now().Add(30 * time.Second)
@@ -398,8 +399,8 @@ func InteractiveUnderFlood(ctx context.Context, inter, batch Load, probes, flood
 	v.Filled = time.Now()
 	v.Loaded = ttfts(200)
 	res := <-done
-	v.Flood = Summarise(res, time.Since(v.FloodStart))
-	v.Flood.Start = v.FloodStart
+	v.Flood = Summarise(res, time.Since(floodStart))
+	v.Flood.Start = floodStart
 	if v.Unloaded > 0 {
 		v.Slowdown = float64(v.Loaded) / float64(v.Unloaded)
 	}

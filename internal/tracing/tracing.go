@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"sync"
@@ -215,7 +216,8 @@ var ErrNoTraces = errors.New("tracing: no /debug/traces")
 // Fetch reads the spans whose attribute key has value from a process's
 // metrics listener (base URL).
 func Fetch(ctx context.Context, base, key, value string) ([]Span, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/traces?attr="+key+"&value="+value, nil)
+	q := url.Values{"attr": {key}, "value": {value}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/traces?"+q.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}
