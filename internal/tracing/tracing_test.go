@@ -150,3 +150,38 @@ func TestExportsOverOTLP(t *testing.T) {
 		t.Fatalf("ring: %+v", got)
 	}
 }
+
+// TestCollectorDownHoldsNothing: with the collector's port closed, spans
+// still end at once (the exporter batches them away from the caller) and
+// stay in the ring; Shutdown gives up within its context.
+func TestCollectorDownHoldsNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	tr, err := New(Options{Service: "lifeline-test", Endpoint: dead, Insecure: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := tr.Tracer("test")
+	start := time.Now()
+	for i := range 1000 {
+		_, s := tracer.Start(context.Background(), fmt.Sprintf("span-%d", i))
+		s.End()
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("1,000 spans took %v to end with the collector down", took)
+	}
+	if got := len(tr.Spans("", "", 0)); got != 1000 {
+		t.Errorf("ring holds %d spans, want 1000", got)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	start = time.Now()
+	tr.Shutdown(ctx)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("Shutdown took %v past its 1 s context", took)
+	}
+}
