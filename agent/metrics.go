@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -124,6 +125,8 @@ func (a *Agent) serveMetrics(ctx context.Context) error {
 	if a.tracing != nil {
 		mux.Handle("GET /debug/traces", a.tracing.Handler())
 	}
+	// The goroutines by stack (?debug=1), for a leak's name.
+	mux.Handle("GET /debug/pprof/goroutine", pprof.Handler("goroutine"))
 	mux.HandleFunc("/livez", a.handleLivez)
 	mux.HandleFunc("/readyz", a.handleReadyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}

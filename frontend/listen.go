@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -67,6 +68,8 @@ func (s *Server) serveMetrics(ctx context.Context, ready io.Writer) error {
 	if s.opts.Tracing != nil {
 		mux.Handle("GET /debug/traces", s.opts.Tracing.Handler())
 	}
+	// The goroutines by stack (?debug=1), for a leak's name.
+	mux.Handle("GET /debug/pprof/goroutine", pprof.Handler("goroutine"))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() { <-ctx.Done(); srv.Close() }()
 	go srv.Serve(ln)
