@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -384,16 +385,41 @@ func (r *Request) OnDeadline(now time.Time) []Action {
 	return r.fail(ErrDeadlineExceeded, fmt.Sprintf("deadline passed after %d tokens", r.Received()))
 }
 
+// OnDeregistered: instance's registration is gone (its lease expired or
+// its agent removed it). A stream still coming from it goes on (the data
+// plane does not need etcd); from now on, silence from it is given up on
+// after GoneSilence rather than StallTimeout — nothing renews it.
+func (r *Request) OnDeregistered(instance string, now time.Time) []Action {
+	for _, ep := range []Endpoint{r.Endpoint, r.PrefillAt} {
+		if ep.InstanceID == instance && !slices.Contains(r.gone, ep) {
+			r.gone = append(r.gone, ep)
+		}
+	}
+	return r.Tick(now)
+}
+
+// stallTimeout is how much silence Tick allows from ep.
+func (r *Request) stallTimeout(ep Endpoint) time.Duration {
+	if r.Policy.GoneSilence > 0 && slices.Contains(r.gone, ep) {
+		return min(r.Policy.StallTimeout, r.Policy.GoneSilence)
+	}
+	return r.Policy.StallTimeout
+}
+
 // Tick checks the inactivity timeout.
 func (r *Request) Tick(now time.Time) []Action {
 	if !r.State.running() || r.State == Migrating || r.State == Admitted {
 		return nil
 	}
-	if now.Sub(r.lastFrame) > r.Policy.StallTimeout {
+	waiting := r.Endpoint
+	if r.State == Prefilling && r.PrefillAt != (Endpoint{}) {
+		waiting = r.PrefillAt
+	}
+	if now.Sub(r.lastFrame) > r.stallTimeout(waiting) {
 		if r.State == Prefilling && r.PrefillAt != (Endpoint{}) {
 			// The prefill instance is what stalls, not the decode one.
 			r.lastFrame = now
-			return r.OnPrefillFailed(r.Epoch, r.PrefillAt, fmt.Sprintf("no hand-off for %v", r.Policy.StallTimeout))
+			return r.OnPrefillFailed(r.Epoch, r.PrefillAt, fmt.Sprintf("no hand-off for %v", now.Sub(r.lastFrame)))
 		}
 		return r.OnWorkerFailed(r.Epoch, fmt.Sprintf("no frame for %v", now.Sub(r.lastFrame)), true, now)
 	}

@@ -131,6 +131,37 @@ func TestStallMigrates(t *testing.T) {
 	}
 }
 
+// TestGoneEndpointSilenceMigratesSooner: once its registration is gone
+// (lease expired), a worker's silence is given up on after GoneSilence,
+// not StallTimeout; one that keeps sending keeps the stream, and a
+// deregistration of another instance changes nothing.
+func TestGoneEndpointSilenceMigratesSooner(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnFrame(frame(r, 1), t0)
+	if acts := r.OnDeregistered("b", t0.Add(3*time.Second)); len(acts) != 0 || len(r.gone) != 0 {
+		t.Fatalf("another instance's deregistration acted: %v", acts)
+	}
+	if acts := r.OnDeregistered("a", t0.Add(time.Second)); len(acts) != 0 {
+		t.Fatalf("a stream silent for 1 s was moved at its deregistration: %v", acts)
+	}
+	// Still sending: kept.
+	r.OnFrame(frame(r, 2), t0.Add(1500*time.Millisecond))
+	if acts := r.Tick(t0.Add(3 * time.Second)); len(acts) != 0 {
+		t.Fatalf("a stream still coming was moved: %v", acts)
+	}
+	if _, ok := has[Route](r.Tick(t0.Add(3600 * time.Millisecond))); !ok || r.State != Migrating {
+		t.Fatalf("a silent deregistered worker was not given up on after %v (state %s)", DefaultPolicy.GoneSilence, r.State)
+	}
+	// The new endpoint is not gone: the full stall timeout again.
+	if acts := r.Routed(r.Epoch, Endpoint{"c", 1}, t0.Add(4*time.Second)); len(acts) == 0 {
+		t.Fatal("the migration was not dispatched")
+	}
+	if acts := r.Tick(t0.Add(9 * time.Second)); len(acts) != 0 {
+		t.Fatalf("the new worker was held to the deregistered one's timeout: %v", acts)
+	}
+}
+
 // TestCancelBeatsLateMigration: the client cancels while a migration is
 // being routed; the route answer for the old epoch dispatches nothing.
 func TestCancelBeatsLateMigration(t *testing.T) {

@@ -154,6 +154,7 @@ func (s *Server) applyInstances(evs []*clientv3.Event) {
 		id := strings.TrimPrefix(string(ev.Kv.Key), schema.InstancesPrefix)
 		if ev.Type == clientv3.EventTypeDelete {
 			s.router.Deregister(id)
+			s.notifyRuns(id, event{gone: true, instance: id})
 			continue
 		}
 		if in, addr, ok := decodeRegistration(ev.Kv.Value); ok {
@@ -229,6 +230,11 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	gen = s.router.Fail(id, gen, time.Now())
 	s.pool.fail(id, gen)
+	s.notifyRuns(id, event{failed: true, instance: id, gen: gen, reason: reason})
+}
+
+// notifyRuns sends e to every request on instance id.
+func (s *Server) notifyRuns(id string, e event) {
 	s.mu.Lock()
 	var runs []*run
 	for r := range s.active[id] {
@@ -236,7 +242,7 @@ func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	}
 	s.mu.Unlock()
 	for _, r := range runs {
-		r.notify(event{failed: true, instance: id, gen: gen, reason: reason})
+		r.notify(e)
 	}
 }
 

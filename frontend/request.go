@@ -98,6 +98,12 @@ type Policy struct {
 	// StallTimeout: a worker that sends nothing for this long is treated as
 	// failed (a zombie can hold a connection open and send nothing).
 	StallTimeout time.Duration
+	// GoneSilence is the stall timeout of an endpoint whose registration
+	// is gone (its lease expired, e.g. its node cut off): it no longer
+	// renews, so silence from it is not waited out for StallTimeout.
+	// Longer than the queue-position frames' second, so a stream still
+	// coming (the data plane needs no etcd) is never moved. 0: none.
+	GoneSilence time.Duration
 	// PrefillPerToken estimates re-prefill time, to tell whether the
 	// deadline still covers a migration.
 	PrefillPerToken time.Duration
@@ -117,7 +123,7 @@ type Policy struct {
 const DefaultCapacityWait = 15 * time.Second
 
 // DefaultPolicy is the recovery policy unless configured otherwise.
-var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, PrefillPerToken: 2 * time.Millisecond, CapacityWait: DefaultCapacityWait}
+var DefaultPolicy = Policy{MigrationBudget: 3, StallTimeout: 10 * time.Second, GoneSilence: 2 * time.Second, PrefillPerToken: 2 * time.Millisecond, CapacityWait: DefaultCapacityWait}
 
 // Request is one request's state and token log. The prompt and committed
 // output tokens are the facts a migration continues from.
@@ -145,6 +151,9 @@ type Request struct {
 	Err               *RequestError
 	FinishReason      string
 	lastFrame         time.Time
+	// gone are endpoints of this request whose registration vanished
+	// (OnDeregistered): their silence counts against GoneSilence.
+	gone []Endpoint
 	// retryPending: the next route is a re-route after an overload
 	// refusal, paid from the retry budget.
 	retryPending bool

@@ -18,6 +18,7 @@ type event struct {
 	from     Endpoint // the instance and generation the frame's stream was opened to
 	err      error    // the worker stream broke
 	failed   bool     // the instance was announced dead
+	gone     bool     // the instance's registration vanished
 	instance string
 	gen      uint64 // the generation that died
 	reason   string
@@ -339,6 +340,8 @@ func (x *run) handle(e event, now time.Time) []Action {
 	switch {
 	case e.failed:
 		return x.onAnnouncedFailure(e, now)
+	case e.gone:
+		return x.r.OnDeregistered(e.instance, now)
 	case e.prefill != nil:
 		return x.onPrefillResult(e.epoch, e.prefill, now)
 	case e.transfer != nil:

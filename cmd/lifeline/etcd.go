@@ -36,6 +36,7 @@ func etcdCmd() *cobra.Command {
 	f.IntVar(&m.ClientPort, "client-port", 0, "loopback client port")
 	f.IntVar(&m.PeerPort, "peer-port", 0, "loopback peer port")
 	f.StringVar(&m.InitialCluster, "initial-cluster", "", "name=peer-URL,… of every member at bootstrap (default: this one alone)")
+	f.StringSliceVar(&m.ClientHosts, "client-host", nil, "another address of this machine to serve clients on, at --client-port (repeatable)")
 	f.StringVar(&m.CertDir, "certs", "", "an etcd identity's certificate directory (lifeline certs issue --role etcd): both ports mutual TLS")
 	return cmd
 }

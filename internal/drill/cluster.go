@@ -20,6 +20,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/internal/overload"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
@@ -51,6 +52,9 @@ type Cluster struct {
 	shape   Shape
 	env     *localcluster.Env
 	closers []func()
+	// namespaces are the nodes' network namespaces by control socket
+	// (Shape.NetNS).
+	namespaces map[string]*netns.Node
 }
 
 // Close releases what the cluster holds (a local cluster stops).

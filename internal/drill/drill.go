@@ -69,6 +69,11 @@ type Shape struct {
 	// EtcdMembers, when set, runs etcd as that many member processes
 	// (else one member inside the drill's process).
 	EtcdMembers int `json:"etcd_members,omitempty"`
+	// NetNS, when set, runs every node in a network namespace of its own
+	// on a bridge, where this process may make them (root): drill 6 then
+	// cuts a node's link instead of freezing its agent. Without root the
+	// nodes share this namespace.
+	NetNS bool `json:"netns,omitempty"`
 }
 
 // Capacity is how many requests the shape's decode workers hold at once
@@ -85,13 +90,16 @@ func (s Shape) String() string {
 	if s.EtcdMembers > 0 {
 		out += fmt.Sprintf(", etcd of %d member processes", s.EtcdMembers)
 	}
+	if s.NetNS {
+		out += ", a network namespace per node"
+	}
 	return out
 }
 
 // Standard is the shape of the first drills: two nodes, each with a
 // decode and a prefill instance, and one frontend. Drills that can run on
 // it should use it, so that a local run starts a single cluster.
-var Standard = Shape{Nodes: 2, DecodePerNode: 1, Prefill: 2, Frontends: 1}
+var Standard = Shape{Nodes: 2, DecodePerNode: 1, Prefill: 2, Frontends: 1, NetNS: true}
 
 // Drill is one entry of the matrix.
 type Drill struct {

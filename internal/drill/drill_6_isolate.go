@@ -7,7 +7,9 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 )
 
 func init() {
@@ -26,6 +28,13 @@ func init() {
 // removal; then the agent resumes and must re-register its instances at
 // higher generations. Every stream of the load is bit-identical to its
 // reference, with no gap or duplicate.
+//
+// In a local cluster whose nodes run in network namespaces of their own
+// (Shape.NetNS, as root) the node is cut off for real instead: its link
+// goes down, so its agent reaches neither etcd nor its peers and its
+// workers reach no frontend. The streams it served then move (they are
+// silent past the lease: the frontends migrate them) and nothing can
+// start there; the rest is checked as above.
 func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error {
 	socket := c.Sockets[len(c.Sockets)-1]
 	victims, err := c.decodeWorkersOf(ctx, socket)
@@ -60,12 +69,17 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 	Latencies(r, streams)
 	figuresOf(r, o)
 	r.Figure("lease_ttl_ms", float64(ttl.Milliseconds()))
-	r.Figure("deregistered_ms", ms(iso.deregAt.Sub(iso.f.At)))
-	r.Figure("removed_ms", ms(iso.removed.Sub(iso.f.At)))
-	r.Figure("isolated_ms", ms(iso.thawAt.Sub(iso.f.At)))
+	r.Figure("deregistered_ms", ms(iso.deregAt.Sub(iso.at)))
+	r.Figure("removed_ms", ms(iso.removed.Sub(iso.at)))
+	r.Figure("isolated_ms", ms(iso.thawAt.Sub(iso.at)))
 	r.Figure("back_ms", ms(iso.backAt.Sub(iso.thawAt)))
 	r.Figure("streams_while_isolated", float64(later))
-	r.Figure("kept_through_freeze", float64(kept))
+	r.Figure("partitioned", b2f(iso.cut.partition()))
+	if iso.cut.partition() {
+		r.Figure("moved_off_cut_node", float64(movedOff(streams, victims, iso)))
+	} else {
+		r.Figure("kept_through_freeze", float64(kept))
+	}
 	r.Figure("reached_isolated_worker", float64(reached)+float64(reachedStreams))
 	r.Figure("routed_to_not_ready", Delta(before, afterM, "lifeline_frontend_routed_to_not_ready_total"))
 	var ck Check
@@ -74,14 +88,73 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 	ck.That(o.Failed == 0, "%d streams failed (%v)", o.Failed, o.FirstError)
 	ck.That(o.Gaps == 0 && o.Duplicates == 0, "%d gaps, %d duplicates", o.Gaps, o.Duplicates)
 	ck.That(o.Identical == o.Streams, "%d of %d streams bit-identical", o.Identical, o.Streams)
-	ck.Verdict(r, fmt.Sprintf("%s isolated: out of routing %.0f ms after the freeze; none of %d streams started meanwhile reached it; back at %v",
-		iso.f.Node, ms(iso.removed.Sub(iso.f.At)), later, iso.backGen))
+	ck.Verdict(r, fmt.Sprintf("%s isolated (%s): out of routing %.0f ms after it; none of %d streams started meanwhile reached it; back at %v",
+		iso.cut.node(), iso.cut.kind(), ms(iso.removed.Sub(iso.at)), later, iso.backGen))
 	return nil
 }
 
-// isolation is what happened to a frozen node.
+// cutoff is how a node is isolated: its agent frozen, or its link down.
+type cutoff interface {
+	// lift ends the isolation (once) and says when.
+	lift() (time.Time, error)
+	node() string
+	kind() string
+	// partition is true for a cut link: the node's workers cannot be
+	// asked anything while it lasts.
+	partition() bool
+}
+
+func (f *Freeze) lift() (time.Time, error) { return f.Thaw() }
+func (f *Freeze) node() string             { return f.Node }
+func (f *Freeze) kind() string             { return "agent SIGSTOPped" }
+func (f *Freeze) partition() bool          { return false }
+
+// Partition is a node whose link a drill took down.
+type Partition struct {
+	Node string
+	At   time.Time
+	ns   *netns.Node
+	done bool
+}
+
+// CutNode takes the link of socket's node down (its network namespace's
+// veth): every packet between it and etcd, the frontends and its peers is
+// lost until Heal. Only for a local cluster in namespaces (Shape.NetNS).
+func (c *Cluster) CutNode(ctx context.Context, socket string) (*Partition, error) {
+	ns := c.namespaces[socket]
+	if ns == nil {
+		return nil, fmt.Errorf("drill: the node of %s has no network namespace of its own", socket)
+	}
+	st, err := nodectl.GetStatus(ctx, socket)
+	if err != nil {
+		return nil, fmt.Errorf("drill: agent %s: %w", socket, err)
+	}
+	p := &Partition{Node: st.NodeID, At: time.Now(), ns: ns}
+	if err := ns.Cut(); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Heal brings the link back (once) and says when.
+func (p *Partition) Heal() (time.Time, error) {
+	if p.done {
+		return time.Time{}, nil
+	}
+	p.done = true
+	at := time.Now()
+	return at, p.ns.Heal()
+}
+
+func (p *Partition) lift() (time.Time, error) { return p.Heal() }
+func (p *Partition) node() string             { return p.Node }
+func (p *Partition) kind() string             { return "link " + p.ns.Link + " down" }
+func (p *Partition) partition() bool          { return true }
+
+// isolation is what happened to an isolated node.
 type isolation struct {
-	f                                *Freeze
+	cut                              cutoff
+	at                               time.Time
 	deregAt, removed, thawAt, backAt time.Time
 	startedAtRemoval, startedAtThaw  uint64
 	backGen                          []string
@@ -113,23 +186,38 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	case <-time.After(30 * time.Second):
 		return iso, nil, fmt.Errorf("drill: no stream reached %v within 30 s", victims[0].InstanceID)
 	}
-	if iso.f, err = c.FreezeAgent(ctx, socket); err != nil {
-		return iso, nil, err
+	if c.namespaces[socket] != nil {
+		p, err := c.CutNode(ctx, socket)
+		if err != nil {
+			return iso, nil, err
+		}
+		iso.cut, iso.at = p, p.At
+		r.Event(p.At, EvFault, "link of %s down (%s): no etcd, no peers, no frontend", p.Node, p.ns.Link)
+	} else {
+		f, err := c.FreezeAgent(ctx, socket)
+		if err != nil {
+			return iso, nil, err
+		}
+		iso.cut, iso.at = f, f.At
+		r.Event(f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", f.Node, f.PID)
 	}
-	defer iso.f.Thaw()
-	r.Event(iso.f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", iso.f.Node, iso.f.PID)
+	defer iso.cut.lift()
 	for _, v := range victims {
-		d, rm, err := c.Removed(ctx, Kill{Worker: v, At: iso.f.At, Rev: rev}, 30*time.Second)
+		d, rm, err := c.Removed(ctx, Kill{Worker: v, At: iso.at, Rev: rev}, 30*time.Second)
 		if err != nil {
 			return iso, nil, err
 		}
 		iso.deregAt, iso.removed = later(iso.deregAt, d), later(iso.removed, rm)
 	}
-	if iso.startedAtRemoval, err = c.requestsStarted(ctx, victims); err != nil {
-		return iso, nil, err
+	// Behind a cut link the workers cannot be asked (nothing can reach
+	// them either: the streams started meanwhile say where they went).
+	if !iso.cut.partition() {
+		if iso.startedAtRemoval, err = c.requestsStarted(ctx, victims); err != nil {
+			return iso, nil, err
+		}
 	}
 	rounds.Mark(iso.removed)
-	r.Event(iso.deregAt, EvRemoved, "%s's registrations gone (lease expired)", iso.f.Node)
+	r.Event(iso.deregAt, EvRemoved, "%s's registrations gone (lease expired)", iso.cut.node())
 	r.Event(iso.removed, EvRemoved, "every frontend's routing view without them")
 	select {
 	case <-rounds.Enough():
@@ -138,13 +226,15 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	case <-ctx.Done():
 		return iso, nil, ctx.Err()
 	}
-	if iso.startedAtThaw, err = c.requestsStarted(ctx, victims); err != nil {
+	if !iso.cut.partition() {
+		if iso.startedAtThaw, err = c.requestsStarted(ctx, victims); err != nil {
+			return iso, nil, err
+		}
+	}
+	if iso.thawAt, err = iso.cut.lift(); err != nil {
 		return iso, nil, err
 	}
-	if iso.thawAt, err = iso.f.Thaw(); err != nil {
-		return iso, nil, err
-	}
-	r.Event(iso.thawAt, EvPhase, "SIGCONT agent of %s after %.0f ms", iso.f.Node, ms(iso.thawAt.Sub(iso.f.At)))
+	r.Event(iso.thawAt, EvPhase, "%s back after %.0f ms (%s lifted)", iso.cut.node(), ms(iso.thawAt.Sub(iso.at)), iso.cut.kind())
 	for _, v := range victims {
 		b, err := c.WaitBack(ctx, v.InstanceID, v.Generation, time.Minute)
 		if err != nil {
@@ -177,15 +267,43 @@ func isolatedStreams(streams []*Stream, victims []Worker, iso isolation) (later,
 		}
 		var last Tok
 		for _, t := range s.Tokens {
-			if t.At.Before(iso.f.At) {
+			if t.At.Before(iso.at) {
 				last = t
 			}
 		}
-		if victim[last.Instance] && s.Err == nil && s.Result.Migrations == 0 && s.Tokens[len(s.Tokens)-1].At.After(iso.f.At) {
+		if victim[last.Instance] && s.Err == nil && s.Result.Migrations == 0 && s.Tokens[len(s.Tokens)-1].At.After(iso.at) {
 			kept++
 		}
 	}
 	return later, reached, kept
+}
+
+// movedOff counts the streams a victim was serving when its link went
+// down that went on elsewhere.
+func movedOff(streams []*Stream, victims []Worker, iso isolation) int {
+	victim := map[string]bool{}
+	for _, v := range victims {
+		victim[v.InstanceID] = true
+	}
+	n := 0
+	for _, s := range streams {
+		var before, after bool
+		for _, t := range s.Tokens {
+			before = before || (t.At.Before(iso.at) && victim[t.Instance])
+			after = after || (t.At.After(iso.at) && !victim[t.Instance])
+		}
+		if before && after {
+			n++
+		}
+	}
+	return n
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // decodeWorkersOf lists the decode workers of the agent at socket.

@@ -12,6 +12,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/rdma"
 )
 
@@ -48,11 +49,29 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			}
 		}()
 	}
-	env, err := localcluster.NewEnvWith(o.Dir, o.Binary, "", localcluster.EnvOptions{EtcdMembers: s.EtcdMembers, EtcdLog: o.Log})
+	var nt *netns.Net
+	var etcdHosts []string
+	if s.NetNS && netns.Available() == nil {
+		netns.Reap()
+		if nt, err = netns.Create(s.Nodes); err != nil {
+			return nil, err
+		}
+		etcdHosts = []string{nt.HostIP.String()}
+	} else {
+		s.NetNS = false
+	}
+	env, err := localcluster.NewEnvWith(o.Dir, o.Binary, "", localcluster.EnvOptions{EtcdMembers: s.EtcdMembers, EtcdLog: o.Log, EtcdHosts: etcdHosts})
 	if err != nil {
+		if nt != nil {
+			nt.Close()
+		}
 		return nil, err
 	}
-	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true, shape: s, env: env}
+	c := &Cluster{Model: o.Preset, Etcd: env.Client, Certs: env.Certs, Local: true, shape: s, env: env, namespaces: map[string]*netns.Node{}}
+	if nt != nil {
+		// Last of all: the nodes are stopped by then.
+		c.closers = append(c.closers, func() { nt.Close() })
+	}
 	c.closers = append(c.closers, env.Close)
 	if f, ok := o.Log.(*os.File); ok {
 		c.closers = append(c.closers, func() { f.Close() })
@@ -74,6 +93,12 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 		n.Stdout, n.Stderr = o.Log, o.Log
 		if s.CutTransfers && i == s.Nodes-1 {
 			n.ExtraEnv = []string{fmt.Sprintf("%s=%s=sleep:%s", failpoint.EnvVar, rdma.FailSourceMidway, CutFor)}
+		}
+		if nt != nil {
+			if err := env.InNamespace(n, nt.Nodes[i]); err != nil {
+				return nil, err
+			}
+			c.namespaces[n.Options.Socket] = nt.Nodes[i]
 		}
 		if err := n.Start(); err != nil {
 			return nil, err

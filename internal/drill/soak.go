@@ -41,10 +41,13 @@ const MaxRSSGrowth = 1.5
 type processes struct {
 	goroutines, fds, rss float64
 	// ours counts the goroutines whose stack runs through this module's
-	// code (all of a process's when its stacks could not be read): a leak
-	// of ours is one of them. The libraries' own (gRPC's and etcd's
-	// client transports, quic-go's, net/http's) come and go with their
-	// connections' state; a connection leaked shows in fds.
+	// code (all of a process's when its stacks could not be read), except
+	// those parked on a connection (reading its descriptor, or accepting
+	// its next QUIC stream): a leak of ours is one of them. Connections
+	// come and go with the pools' state (which peer a frontend or a
+	// worker holds one to when the load stops), and so do the libraries'
+	// goroutines (gRPC's and etcd's client transports, quic-go's,
+	// net/http's); a leaked connection shows in fds.
 	ours float64
 	// by is goroutines/descriptors per process, for the detail line.
 	by []string
@@ -74,7 +77,7 @@ func (c *Cluster) processes(ctx context.Context) (processes, error) {
 		}
 		p.stacks[u] = st
 		for k, n := range st {
-			if strings.Contains(k, module) {
+			if ofOurs(k) {
 				p.ours += float64(n)
 			}
 		}
@@ -84,6 +87,16 @@ func (c *Cluster) processes(ctx context.Context) (processes, error) {
 
 // module prefixes this module's functions in a stack.
 const module = "github.com/lifeline-llm/lifeline/"
+
+// ofOurs says whether a stack (parseGoroutineStacks' key) is one of this
+// module's goroutines not parked on a connection.
+func ofOurs(stack string) bool {
+	if !strings.Contains(stack, module) {
+		return false
+	}
+	inner, _, _ := strings.Cut(stack, " < "+module)
+	return !strings.Contains(inner, "internal/poll.runtime_pollWait") && !strings.Contains(inner, ").AcceptStream") && !strings.Contains(inner, ").AcceptUniStream")
+}
 
 // goroutineStacks reads a process's goroutines grouped by stack from
 // its metrics listener (the text form of the goroutine profile: blocks of

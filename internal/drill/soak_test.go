@@ -27,3 +27,19 @@ func TestParseGoroutineStacks(t *testing.T) {
 		t.Fatalf("moreGoroutines = %q", more)
 	}
 }
+
+func TestOfOurs(t *testing.T) {
+	for stack, want := range map[string]bool{
+		"runtime.gopark < github.com/lifeline-llm/lifeline/frontend.(*run).loop":                                  true,
+		"github.com/quic-go/quic-go.(*Conn).run":                                                                  false,
+		"internal/poll.runtime_pollWait < net.(*conn).Read < github.com/lifeline-llm/lifeline/kv.serveConn":       false,
+		"github.com/quic-go/quic-go.(*Conn).AcceptStream < github.com/lifeline-llm/lifeline/rdma.(*Engine).Serve": false,
+		// Parked on a connection below a frame of ours that waits on
+		// something else first: still ours.
+		"runtime.gopark < github.com/lifeline-llm/lifeline/x.wait < internal/poll.runtime_pollWait < github.com/lifeline-llm/lifeline/y.read": true,
+	} {
+		if got := ofOurs(stack); got != want {
+			t.Errorf("ofOurs(%q) = %v, want %v", stack, got, want)
+		}
+	}
+}

@@ -54,17 +54,28 @@ func freePort() (int, error) {
 // peer port accepts only etcd members' certificates. Without it
 // (in-process tests only) both are plain HTTP.
 func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
+	cd := ""
+	if len(certDir) > 0 {
+		cd = certDir[0]
+	}
+	return StartOn(dir, clientPort, nil, cd)
+}
+
+// StartOn is Start serving clients on hosts (IP addresses of this
+// machine, on the same port) besides loopback: processes in other network
+// namespaces reach it there.
+func StartOn(dir string, clientPort int, hosts []string, certDir string) (*Server, error) {
 	// A port found free can be taken by another process before etcd binds
 	// it; when the ports were ours to pick, pick again.
 	for attempt := 0; ; attempt++ {
-		s, err := start(dir, clientPort, certDir...)
+		s, err := start(dir, clientPort, hosts, certDir)
 		if err == nil || attempt == 4 || !errors.Is(err, syscall.EADDRINUSE) {
 			return s, err
 		}
 	}
 }
 
-func start(dir string, clientPort int, certDir ...string) (*Server, error) {
+func start(dir string, clientPort int, hosts []string, certDir string) (*Server, error) {
 	var err error
 	if clientPort == 0 {
 		if clientPort, err = freePort(); err != nil {
@@ -75,11 +86,7 @@ func start(dir string, clientPort int, certDir ...string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := Member{Dir: dir, ClientPort: clientPort, PeerPort: peerPort}
-	if len(certDir) > 0 {
-		m.CertDir = certDir[0]
-	}
-	return StartMember(m)
+	return StartMember(Member{Dir: dir, ClientPort: clientPort, PeerPort: peerPort, CertDir: certDir, ClientHosts: hosts})
 }
 
 // Member is one member of an etcd cluster.
@@ -88,6 +95,9 @@ type Member struct {
 	Name, Dir string
 	// ClientPort and PeerPort are its loopback ports.
 	ClientPort, PeerPort int
+	// ClientHosts are more addresses clients reach it at, on ClientPort
+	// (a bridge's, for nodes in network namespaces of their own).
+	ClientHosts []string
 	// InitialCluster is "name=peerURL,…" of every member at bootstrap
 	// (default: this member alone). A member that has data ignores it.
 	InitialCluster string
@@ -123,7 +133,15 @@ func StartMember(m Member) (*Server, error) {
 	}
 	cu, _ := url.Parse(fmt.Sprintf("%s://127.0.0.1:%d", m.Scheme(), m.ClientPort))
 	pu, _ := url.Parse(m.PeerURL())
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	cus := []url.URL{*cu}
+	for _, h := range m.ClientHosts {
+		u, err := url.Parse(fmt.Sprintf("%s://%s", m.Scheme(), net.JoinHostPort(h, fmt.Sprint(m.ClientPort))))
+		if err != nil {
+			return nil, fmt.Errorf("embedetcd: client host %q: %w", h, err)
+		}
+		cus = append(cus, *u)
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = cus, cus
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = m.InitialCluster
 	if cfg.InitialCluster == "" {

@@ -30,6 +30,10 @@ type Options struct {
 	// EtcdMembers, when set, runs etcd as that many member processes
 	// (`lifeline etcd`) instead of one member inside this process.
 	EtcdMembers int
+	// NetNS puts every node (its agent and workers) in a network
+	// namespace of its own on a bridge (root only): a node can then be cut
+	// off with real packet loss.
+	NetNS bool
 }
 
 // Validate names the first bad field.

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
@@ -40,6 +42,9 @@ type Env struct {
 	Etcd      *embedetcd.Server
 	Members   []*EtcdMember
 	Endpoints []string
+	// NodeEndpoints are the members' client addresses on EtcdHosts (nil
+	// without them).
+	NodeEndpoints []string
 	Client    *clientv3.Client
 
 	mu        sync.Mutex
@@ -61,6 +66,10 @@ type EnvOptions struct {
 	// EtcdLog), instead of one member embedded in this process.
 	EtcdMembers int
 	EtcdLog     io.Writer
+	// EtcdHosts are more addresses of this machine etcd serves clients on
+	// (a bridge's: nodes in network namespaces reach it there); their
+	// endpoints are NodeEndpoints.
+	EtcdHosts []string
 }
 
 // NewEnvWith is NewEnv shaped by o.
@@ -92,17 +101,19 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 		if log == nil {
 			log = io.Discard
 		}
-		if e.Members, err = startMembers(binary, filepath.Join(dir, "etcd"), etcdCerts, o.EtcdMembers, log); err != nil {
+		if e.Members, err = startMembers(binary, filepath.Join(dir, "etcd"), etcdCerts, o.EtcdMembers, o.EtcdHosts, log); err != nil {
 			return nil, err
 		}
 		for _, m := range e.Members {
 			e.Endpoints = append(e.Endpoints, m.Endpoint)
+			e.NodeEndpoints = append(e.NodeEndpoints, hostPorts(o.EtcdHosts, m.m.ClientPort)...)
 		}
 	} else {
-		if e.Etcd, err = embedetcd.Start(filepath.Join(dir, "etcd"), 0, etcdCerts); err != nil {
+		if e.Etcd, err = embedetcd.StartOn(filepath.Join(dir, "etcd"), 0, o.EtcdHosts, etcdCerts); err != nil {
 			return nil, err
 		}
 		e.Endpoints = []string{e.Etcd.Endpoint}
+		e.NodeEndpoints = hostPorts(o.EtcdHosts, e.Etcd.Port())
 	}
 	tlsConf, err := pki.EtcdClientTLS(e.Admin)
 	if err == nil {
@@ -121,6 +132,14 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 		return nil, fmt.Errorf("localcluster: etcd: %w", err)
 	}
 	return e, nil
+}
+
+func hostPorts(hosts []string, port int) []string {
+	var out []string
+	for _, h := range hosts {
+		out = append(out, net.JoinHostPort(h, strconv.Itoa(port)))
+	}
+	return out
 }
 
 // IdentityDir is where id's certificate directory is (or will be).

@@ -29,7 +29,7 @@ type EtcdMember struct {
 
 // startMembers starts n member processes of one cluster (they bootstrap
 // together) and returns once every one serves.
-func startMembers(binary, dir, certs string, n int, log io.Writer) ([]*EtcdMember, error) {
+func startMembers(binary, dir, certs string, n int, hosts []string, log io.Writer) ([]*EtcdMember, error) {
 	ms := make([]*EtcdMember, n)
 	var peers []string
 	for i := range ms {
@@ -42,7 +42,7 @@ func startMembers(binary, dir, certs string, n int, log io.Writer) ([]*EtcdMembe
 			return nil, err
 		}
 		name := fmt.Sprintf("etcd-%d", i)
-		m := embedetcd.Member{Name: name, Dir: filepath.Join(dir, name), ClientPort: cp, PeerPort: pp, CertDir: certs}
+		m := embedetcd.Member{Name: name, Dir: filepath.Join(dir, name), ClientPort: cp, PeerPort: pp, CertDir: certs, ClientHosts: hosts}
 		ms[i] = &EtcdMember{Name: name, Endpoint: fmt.Sprintf("127.0.0.1:%d", cp), binary: binary, m: m, log: log}
 		peers = append(peers, name+"="+m.PeerURL())
 	}
@@ -69,6 +69,9 @@ func startMembers(binary, dir, certs string, n int, log io.Writer) ([]*EtcdMembe
 func (m *EtcdMember) start() (<-chan error, error) {
 	args := []string{"etcd", "--name", m.m.Name, "--data-dir", m.m.Dir, "--client-port", fmt.Sprint(m.m.ClientPort),
 		"--peer-port", fmt.Sprint(m.m.PeerPort), "--initial-cluster", m.m.InitialCluster, "--certs", m.m.CertDir}
+	for _, h := range m.m.ClientHosts {
+		args = append(args, "--client-host", h)
+	}
 	cmd := exec.Command(m.binary, args...)
 	cmd.Stderr = m.log
 	out, err := cmd.StdoutPipe()

@@ -14,6 +14,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -32,6 +33,9 @@ type Node struct {
 	// cgroup).
 	Wrap           func(*exec.Cmd) *exec.Cmd
 	Stdout, Stderr io.Writer
+	// Namespace, when set (InNamespace), is the network namespace the
+	// node runs in.
+	Namespace *netns.Node
 
 	cmd    *exec.Cmd
 	exited chan struct{}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 )
 
 // up is a running `lifeline up`: it supervises its children (each agent,
@@ -29,7 +30,9 @@ type up struct {
 	log  *os.File
 
 	nodes []*Node
-	wg    sync.WaitGroup
+	// net, with --netns, holds every node's network namespace.
+	net *netns.Net
+	wg  sync.WaitGroup
 	// arenaSlots is every node's arena.
 	arenaSlots int
 
@@ -73,7 +76,19 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer log.Close()
-	env, err := NewEnvWith(dir, opts.Binary, "", EnvOptions{EtcdMembers: opts.EtcdMembers, EtcdLog: log})
+	var nt *netns.Net
+	var etcdHosts []string
+	if opts.NetNS {
+		for _, g := range netns.Reap() {
+			fmt.Fprintf(out, "up: removed %s a killed run left\n", g)
+		}
+		if nt, err = netns.Create(opts.Nodes); err != nil {
+			return fmt.Errorf("up: --netns: %w", err)
+		}
+		defer nt.Close()
+		etcdHosts = []string{nt.HostIP.String()}
+	}
+	env, err := NewEnvWith(dir, opts.Binary, "", EnvOptions{EtcdMembers: opts.EtcdMembers, EtcdLog: log, EtcdHosts: etcdHosts})
 	if err != nil {
 		return err
 	}
@@ -82,7 +97,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	u := &up{env: env, opts: opts, out: out, log: log, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
+	u := &up{env: env, net: nt, opts: opts, out: out, log: log, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
 	defer u.stop()
 	if err := u.startNodes(); err != nil {
 		return err
@@ -130,6 +145,11 @@ func (u *up) startNodes() error {
 		}
 		n := u.env.NewNode(o)
 		n.Stdout, n.Stderr = u.log, u.log
+		if u.net != nil {
+			if err := u.env.InNamespace(n, u.net.Nodes[i]); err != nil {
+				return fmt.Errorf("up: %w", err)
+			}
+		}
 		if err := n.Start(); err != nil {
 			return fmt.Errorf("up: %w", err)
 		}
@@ -354,6 +374,12 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
 	for _, n := range u.nodes {
 		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
+	}
+	if u.net != nil {
+		fmt.Fprintf(out, "\n  Each node in a network namespace of its own, on bridge %s (%s):\n", u.net.Bridge, u.net.HostIP)
+		for i, ns := range u.net.Nodes {
+			fmt.Fprintf(out, "  node-%d: namespace %s, %s; cut it off: ip link set %s down\n", i, ns.Name, ns.IP, ns.Link)
+		}
 	}
 	if len(urls) > 1 {
 		fmt.Fprintf(out, "\n  Any frontend resumes any stream (GET /v1/streams/{id} with its resume token and Last-Event-ID).\n")

@@ -1,0 +1,196 @@
+package netns
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// needRoot skips without root or ip, except in CI (LIFELINE_CI), where
+// that is a failure: CI runs as root.
+func needRoot(t *testing.T) {
+	t.Helper()
+	if err := Available(); err != nil {
+		if os.Getenv("LIFELINE_CI") != "" {
+			t.Fatalf("CI runs as root with iproute2: %v", err)
+		}
+		t.Skip(err)
+	}
+}
+
+// listenIn opens a TCP listener on addr inside namespace name (a socket
+// stays in the namespace it was made in; the thread that made it dies
+// with its goroutine, never back in the pool).
+func listenIn(t *testing.T, name, addr string) net.Listener {
+	t.Helper()
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	ch := make(chan result)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with us
+		f, err := os.Open("/run/netns/" + name)
+		if err == nil {
+			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+			f.Close()
+		}
+		if err != nil {
+			ch <- result{err: err}
+			return
+		}
+		ln, err := net.Listen("tcp", addr)
+		ch <- result{ln, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	t.Cleanup(func() { r.ln.Close() })
+	go func() {
+		for {
+			c, err := r.ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi"))
+			c.Close()
+		}
+	}()
+	return r.ln
+}
+
+// reach says whether a connection to addr gets the listener's greeting
+// within d.
+func reach(addr string, d time.Duration) bool {
+	c, err := net.DialTimeout("tcp", addr, d)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(d))
+	b := make([]byte, 2)
+	_, err = c.Read(b)
+	return err == nil && string(b) == "hi"
+}
+
+// reachFrom is reach from inside namespace name.
+func reachFrom(t *testing.T, name, addr string) bool {
+	t.Helper()
+	ch := make(chan bool)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with us
+		f, err := os.Open("/run/netns/" + name)
+		if err == nil {
+			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+			f.Close()
+		}
+		if err != nil {
+			t.Error(err)
+			ch <- false
+			return
+		}
+		ch <- reach(addr, time.Second)
+	}()
+	return <-ch
+}
+
+func TestCutAndHeal(t *testing.T) {
+	needRoot(t)
+	nt, err := Create(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nt.Close()
+	a, b := nt.Nodes[0], nt.Nodes[1]
+	lnA := listenIn(t, a.Name, net.JoinHostPort(a.IP.String(), "0"))
+	lnB := listenIn(t, b.Name, net.JoinHostPort(b.IP.String(), "0"))
+	// From the root namespace, both nodes answer.
+	if !reach(lnA.Addr().String(), 2*time.Second) || !reach(lnB.Addr().String(), 2*time.Second) {
+		t.Fatal("the nodes do not answer from the root namespace")
+	}
+	if !reachFrom(t, b.Name, lnA.Addr().String()) {
+		t.Fatal("b does not reach a through the bridge")
+	}
+	if err := a.Cut(); err != nil {
+		t.Fatal(err)
+	}
+	if reach(lnA.Addr().String(), time.Second) {
+		t.Fatal("node a answered through its cut link")
+	}
+	if !reach(lnB.Addr().String(), 2*time.Second) {
+		t.Fatal("cutting a cut b off too")
+	}
+	// b reaches a through the bridge, before the cut and after the heal;
+	// not during it.
+	if reachFrom(t, b.Name, lnA.Addr().String()) {
+		t.Fatal("b reached a through a's cut link")
+	}
+	if err := a.Heal(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !reach(lnA.Addr().String(), time.Second) {
+		if time.Now().After(deadline) {
+			t.Fatal("node a does not answer 10 s after its link came back")
+		}
+	}
+	if err := nt.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nt.Nodes {
+		if _, err := os.Stat("/run/netns/" + n.Name); !os.IsNotExist(err) {
+			t.Fatalf("namespace %s left after Close (%v)", n.Name, err)
+		}
+	}
+	if err := exec.Command("ip", "link", "show", nt.Bridge).Run(); err == nil {
+		t.Fatalf("bridge %s left after Close", nt.Bridge)
+	}
+}
+
+// TestExec runs `ip -o addr` through Exec in a node's namespace (this
+// test binary re-executed): it sees the node's address and not the
+// bridge's.
+func TestExec(t *testing.T) {
+	if name := os.Getenv("NETNS_TEST_EXEC"); name != "" {
+		t.Fatal(Exec(name, []string{"ip", "-o", "-4", "addr", "show"}))
+	}
+	needRoot(t)
+	nt, err := Create(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nt.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestExec$")
+	cmd.Env = append(os.Environ(), "NETNS_TEST_EXEC="+nt.Nodes[0].Name)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if !strings.Contains(string(out), nt.Nodes[0].IP.String()+"/24") || strings.Contains(string(out), nt.HostIP.String()+"/") {
+		t.Fatalf("in %s: %s", nt.Nodes[0].Name, out)
+	}
+}
+
+func TestReapKeepsLiveRuns(t *testing.T) {
+	needRoot(t)
+	nt, err := Create(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nt.Close()
+	for _, g := range Reap() {
+		if strings.Contains(g, nt.Nodes[0].Name) || strings.Contains(g, nt.Bridge) {
+			t.Fatalf("Reap removed a live run's %s", g)
+		}
+	}
+	if _, err := os.Stat("/run/netns/" + nt.Nodes[0].Name); err != nil {
+		t.Fatal(err)
+	}
+}
