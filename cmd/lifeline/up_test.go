@@ -18,6 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -368,4 +369,76 @@ func getPage(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// TestUpNetNSCutsANodeForReal: `lifeline up --netns` (root) runs each
+// node in a network namespace of its own on a bridge. Its agent's
+// metrics are on the namespace's address; with one node's link taken
+// down (as the usage line says), every stream still completes, on the
+// other node; after Ctrl-C no namespace or bridge is left.
+func TestUpNetNSCutsANodeForReal(t *testing.T) {
+	if err := netns.Available(); err != nil {
+		if os.Getenv("LIFELINE_CI") != "" {
+			t.Fatalf("CI runs as root with iproute2: %v", err)
+		}
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	up := startUp(t, dir, "--nodes", "2", "--netns")
+	cut := regexp.MustCompile(`node-(\d): namespace (\S+), (\S+); cut it off: ip link set (\S+) down`)
+	found := cut.FindAllStringSubmatch(up.out.String(), -1)
+	if len(found) != 2 {
+		t.Fatalf("no namespace lines for 2 nodes:\n%s", up.out.String())
+	}
+	bridge := regexp.MustCompile(`on bridge (\S+) `).FindStringSubmatch(up.out.String())
+	if bridge == nil {
+		t.Fatalf("no bridge named:\n%s", up.out.String())
+	}
+	for _, f := range found {
+		if _, err := os.Stat("/run/netns/" + f[2]); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(up.out.String(), "(agent metrics http://"+f[3]+":") {
+			t.Fatalf("node-%s's agent metrics not on its namespace's address %s:\n%s", f[1], f[3], up.out.String())
+		}
+	}
+	stream := func() int {
+		b := `{"model":"tiny","prompt":"hello there","max_tokens":12,"seed":3,"stream":true,"ignore_eos":true}`
+		resp, err := http.Post(up.url+"/v1/completions", "application/json", strings.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("through lifeline up --netns: %s", resp.Status)
+		}
+		return len(clustertest.ReadSSE(t, resp.Body, nil))
+	}
+	if n := stream(); n != 12 {
+		t.Fatalf("%d tokens", n)
+	}
+	link := found[1][4]
+	if out, err := exec.Command("ip", "link", "set", link, "down").CombinedOutput(); err != nil {
+		t.Fatalf("ip link set %s down: %v %s", link, err, out)
+	}
+	defer exec.Command("ip", "link", "set", link, "up").Run()
+	for i := 0; i < 6; i++ {
+		if n := stream(); n != 12 {
+			t.Fatalf("stream %d with node-1 cut off: %d tokens", i, n)
+		}
+	}
+	up.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-up.exited:
+	case <-time.After(90 * time.Second):
+		t.Fatal("lifeline up did not stop within 90 s of Ctrl-C")
+	}
+	for _, f := range found {
+		if _, err := os.Stat("/run/netns/" + f[2]); !os.IsNotExist(err) {
+			t.Errorf("namespace %s left after lifeline up stopped (%v)", f[2], err)
+		}
+	}
+	if exec.Command("ip", "link", "show", bridge[1]).Run() == nil {
+		t.Errorf("bridge %s left after lifeline up stopped", bridge[1])
+	}
 }

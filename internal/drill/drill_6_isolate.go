@@ -186,20 +186,8 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	case <-time.After(30 * time.Second):
 		return iso, nil, fmt.Errorf("drill: no stream reached %v within 30 s", victims[0].InstanceID)
 	}
-	if c.namespaces[socket] != nil {
-		p, err := c.CutNode(ctx, socket)
-		if err != nil {
-			return iso, nil, err
-		}
-		iso.cut, iso.at = p, p.At
-		r.Event(p.At, EvFault, "link of %s down (%s): no etcd, no peers, no frontend", p.Node, p.ns.Link)
-	} else {
-		f, err := c.FreezeAgent(ctx, socket)
-		if err != nil {
-			return iso, nil, err
-		}
-		iso.cut, iso.at = f, f.At
-		r.Event(f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", f.Node, f.PID)
+	if iso.cut, iso.at, err = c.cutOff(ctx, socket, r); err != nil {
+		return iso, nil, err
 	}
 	defer iso.cut.lift()
 	for _, v := range victims {
@@ -247,6 +235,25 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	streams := stop()
 	r.Event(time.Now(), EvLoadEnd, "")
 	return iso, streams, nil
+}
+
+// cutOff isolates socket's node: its link down when it has a network
+// namespace of its own, else its agent frozen.
+func (c *Cluster) cutOff(ctx context.Context, socket string, r *Recorder) (cutoff, time.Time, error) {
+	if c.namespaces[socket] != nil {
+		p, err := c.CutNode(ctx, socket)
+		if err != nil {
+			return nil, time.Time{}, err
+		}
+		r.Event(p.At, EvFault, "link of %s down (%s): no etcd, no peers, no frontend", p.Node, p.ns.Link)
+		return p, p.At, nil
+	}
+	f, err := c.FreezeAgent(ctx, socket)
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	r.Event(f.At, EvFault, "SIGSTOP agent of %s (pid %d): no lease renewal, its workers run on", f.Node, f.PID)
+	return f, f.At, nil
 }
 
 // isolatedStreams counts the streams started while the node was out of

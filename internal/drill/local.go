@@ -49,16 +49,13 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			}
 		}()
 	}
-	var nt *netns.Net
+	nt, err := localNet(&s)
+	if err != nil {
+		return nil, err
+	}
 	var etcdHosts []string
-	if s.NetNS && netns.Available() == nil {
-		netns.Reap()
-		if nt, err = netns.Create(s.Nodes); err != nil {
-			return nil, err
-		}
+	if nt != nil {
 		etcdHosts = []string{nt.HostIP.String()}
-	} else {
-		s.NetNS = false
 	}
 	env, err := localcluster.NewEnvWith(o.Dir, o.Binary, "", localcluster.EnvOptions{EtcdMembers: s.EtcdMembers, EtcdLog: o.Log, EtcdHosts: etcdHosts})
 	if err != nil {
@@ -81,31 +78,8 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			c.Close()
 		}
 	}()
-	var nodes []*localcluster.Node
-	c.closers = append(c.closers, func() { stopNodes(nodes) })
-	for i := 0; i < s.Nodes; i++ {
-		no := localNodeOptions(env, s, o.Preset, i)
-		// Each agent serves its metrics on a loopback port of its own.
-		if no.Metrics, err = localcluster.FreeLoopbackAddr(); err != nil {
-			return nil, err
-		}
-		n := env.NewNode(no)
-		n.Stdout, n.Stderr = o.Log, o.Log
-		if s.CutTransfers && i == s.Nodes-1 {
-			n.ExtraEnv = []string{fmt.Sprintf("%s=%s=sleep:%s", failpoint.EnvVar, rdma.FailSourceMidway, CutFor)}
-		}
-		if nt != nil {
-			if err := env.InNamespace(n, nt.Nodes[i]); err != nil {
-				return nil, err
-			}
-			c.namespaces[n.Options.Socket] = nt.Nodes[i]
-		}
-		if err := n.Start(); err != nil {
-			return nil, err
-		}
-		nodes = append(nodes, n)
-		c.Sockets = append(c.Sockets, n.Options.Socket)
-		c.AgentMetricsURLs = append(c.AgentMetricsURLs, "http://"+n.Options.Metrics)
+	if err := c.startNodes(env, nt, s, o); err != nil {
+		return nil, err
 	}
 	for i := 0; i < s.Frontends; i++ {
 		f, err := env.StartFrontend("127.0.0.1:0", o.Log, "--id", fmt.Sprintf("drill-frontend-%d", i))
@@ -119,6 +93,49 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 		return nil, err
 	}
 	return c, nil
+}
+
+// startNodes starts the agents of shape s (in nt's namespaces when nt is
+// not nil); Close stops them.
+func (c *Cluster) startNodes(env *localcluster.Env, nt *netns.Net, s Shape, o LocalOptions) (err error) {
+	var nodes []*localcluster.Node
+	c.closers = append(c.closers, func() { stopNodes(nodes) })
+	for i := 0; i < s.Nodes; i++ {
+		no := localNodeOptions(env, s, o.Preset, i)
+		// Each agent serves its metrics on a loopback port of its own.
+		if no.Metrics, err = localcluster.FreeLoopbackAddr(); err != nil {
+			return err
+		}
+		n := env.NewNode(no)
+		n.Stdout, n.Stderr = o.Log, o.Log
+		if s.CutTransfers && i == s.Nodes-1 {
+			n.ExtraEnv = []string{fmt.Sprintf("%s=%s=sleep:%s", failpoint.EnvVar, rdma.FailSourceMidway, CutFor)}
+		}
+		if nt != nil {
+			if err := env.InNamespace(n, nt.Nodes[i]); err != nil {
+				return err
+			}
+			c.namespaces[n.Options.Socket] = nt.Nodes[i]
+		}
+		if err := n.Start(); err != nil {
+			return err
+		}
+		nodes = append(nodes, n)
+		c.Sockets = append(c.Sockets, n.Options.Socket)
+		c.AgentMetricsURLs = append(c.AgentMetricsURLs, "http://"+n.Options.Metrics)
+	}
+	return nil
+}
+
+// localNet makes the nodes' network namespaces when s asks for them and
+// this process may (root); otherwise it clears s.NetNS and returns nil.
+func localNet(s *Shape) (*netns.Net, error) {
+	if !s.NetNS || netns.Available() != nil {
+		s.NetNS = false
+		return nil, nil
+	}
+	netns.Reap()
+	return netns.Create(s.Nodes)
 }
 
 // localNodeOptions is node i of shape s: its decode instances, its share

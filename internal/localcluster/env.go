@@ -45,7 +45,7 @@ type Env struct {
 	// NodeEndpoints are the members' client addresses on EtcdHosts (nil
 	// without them).
 	NodeEndpoints []string
-	Client    *clientv3.Client
+	Client        *clientv3.Client
 
 	mu        sync.Mutex
 	issued    map[pki.Identity]bool
@@ -89,7 +89,7 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 	if err := pki.Init(e.CA); err != nil {
 		return nil, err
 	}
-	etcdCerts, err := e.issue(pki.Etcd("local"))
+	etcdCerts, err := e.issue(pki.Etcd("local"), o.EtcdHosts...)
 	if err != nil {
 		return nil, err
 	}
@@ -147,13 +147,32 @@ func (e *Env) IdentityDir(id pki.Identity) string {
 	return filepath.Join(e.Dir, "certs", id.DirName())
 }
 
-// issue writes id's certificate directory unless it is there.
-func (e *Env) issue(id pki.Identity) (string, error) {
+// issue writes id's certificate directory unless it is there, naming
+// hosts too (again when the one there does not name them all).
+func (e *Env) issue(id pki.Identity, hosts ...string) (string, error) {
 	dir := e.IdentityDir(id)
-	if _, err := os.Stat(filepath.Join(dir, pki.KeyFile)); err == nil {
+	if _, err := os.Stat(filepath.Join(dir, pki.KeyFile)); err == nil && namesAll(dir, hosts) {
 		return dir, nil
 	}
-	return dir, pki.Issue(e.CA, dir, id, nil)
+	return dir, pki.Issue(e.CA, dir, id, hosts)
+}
+
+// namesAll says whether the certificate in dir names every host (IP
+// addresses or DNS names).
+func namesAll(dir string, hosts []string) bool {
+	if len(hosts) == 0 {
+		return true
+	}
+	conf, err := pki.Load(dir, "")
+	if err != nil || len(conf.Certificates) == 0 || conf.Certificates[0].Leaf == nil {
+		return false
+	}
+	for _, h := range hosts {
+		if conf.Certificates[0].Leaf.VerifyHostname(h) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Identity returns id's certificate directory, issuing it and adding id
