@@ -398,9 +398,11 @@ func (r *Request) OnDeregistered(instance string, now time.Time) []Action {
 	return r.Tick(now)
 }
 
-// stallTimeout is how much silence Tick allows from ep.
+// stallTimeout is how much silence Tick allows from ep: GoneSilence once
+// it is gone and was streaming tokens (a long prefill sends nothing for
+// a while, and is waited for as long as ever).
 func (r *Request) stallTimeout(ep Endpoint) time.Duration {
-	if r.Policy.GoneSilence > 0 && slices.Contains(r.gone, ep) {
+	if r.Policy.GoneSilence > 0 && r.State == Decoding && slices.Contains(r.gone, ep) {
 		return min(r.Policy.StallTimeout, r.Policy.GoneSilence)
 	}
 	return r.Policy.StallTimeout

@@ -162,6 +162,21 @@ func TestGoneEndpointSilenceMigratesSooner(t *testing.T) {
 	}
 }
 
+// TestGoneEndpointPrefillIsWaitedFor: a request still prefilling (no
+// token yet) on an endpoint whose registration vanished waits the full
+// stall timeout: a long prompt sends nothing for a while.
+func TestGoneEndpointPrefillIsWaitedFor(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	r.OnDeregistered("a", t0.Add(time.Second))
+	if acts := r.Tick(t0.Add(5 * time.Second)); len(acts) != 0 {
+		t.Fatalf("a prefill on a deregistered worker was given up on after 5 s: %v", acts)
+	}
+	if _, ok := has[Route](r.Tick(t0.Add(11 * time.Second))); !ok {
+		t.Fatal("a silent prefill was not given up on at the stall timeout")
+	}
+}
+
 // TestCancelBeatsLateMigration: the client cancels while a migration is
 // being routed; the route answer for the old epoch dispatches nothing.
 func TestCancelBeatsLateMigration(t *testing.T) {

@@ -98,11 +98,11 @@ type Policy struct {
 	// StallTimeout: a worker that sends nothing for this long is treated as
 	// failed (a zombie can hold a connection open and send nothing).
 	StallTimeout time.Duration
-	// GoneSilence is the stall timeout of an endpoint whose registration
-	// is gone (its lease expired, e.g. its node cut off): it no longer
-	// renews, so silence from it is not waited out for StallTimeout.
-	// Longer than the queue-position frames' second, so a stream still
-	// coming (the data plane needs no etcd) is never moved. 0: none.
+	// GoneSilence is the stall timeout of a decoding endpoint whose
+	// registration is gone (its lease expired, e.g. its node cut off):
+	// nothing renews it, so its silence is not waited out for
+	// StallTimeout. A stream still coming (the data plane needs no etcd)
+	// is never moved. 0: none.
 	GoneSilence time.Duration
 	// PrefillPerToken estimates re-prefill time, to tell whether the
 	// deadline still covers a migration.

@@ -12,11 +12,7 @@ package model
 import (
 	"errors"
 	"fmt"
-	"runtime"
 
-	"golang.org/x/sys/cpu"
-
-	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
@@ -113,10 +109,4 @@ func PresetConfig(name string) (Config, error) {
 // The architecture is in it because math.Exp (softmax, SwiGLU) is assembly
 // on amd64 and arm64 and Go elsewhere, and on amd64 takes an FMA path only
 // when the CPU has FMA.
-func NumericsID() string {
-	id := fmt.Sprintf("%s;tp=1;dtype=float32;kernel=%s;arch=%s", EngineVersion, matmul.KernelName(), runtime.GOARCH)
-	if runtime.GOARCH == "amd64" {
-		id += fmt.Sprintf(";fma=%v", cpu.X86.HasFMA)
-	}
-	return id
-}
+func NumericsID() string { return NumericsIDFor(1) }

@@ -22,7 +22,30 @@ type Model struct {
 	Revision string
 	ropeCos  []float32 // ContextLen × HeadSize/2
 	ropeSin  []float32
+	// tp, rank and reduce make the model one rank of a tensor-parallel
+	// group (Shard): W.Layers hold the rank's heads and FFN columns, and
+	// reduce sums a layer's partial output over the ranks. tp 0 or 1:
+	// the whole model.
+	tp, rank int
+	reduce   func([]float32) error
 }
+
+// TP is the model's tensor-parallel degree (1 for a whole model) and
+// Rank its rank.
+func (m *Model) TP() int {
+	if m.tp < 1 {
+		return 1
+	}
+	return m.tp
+}
+func (m *Model) Rank() int { return m.rank }
+
+// Local widths: a rank holds heads/tp query and key-value heads and
+// hidden/tp FFN units.
+func (m *Model) heads() int  { return m.Config.Heads / m.TP() }
+func (m *Model) qDim() int   { return m.heads() * m.Config.HeadSize() }
+func (m *Model) kvDim() int  { return m.Config.KVDim() / m.TP() }
+func (m *Model) hidden() int { return m.Config.HiddenDim / m.TP() }
 
 // New checks the weights against the config and prepares the model.
 func New(c Config, w *Weights) (*Model, error) {
@@ -49,7 +72,7 @@ func New(c Config, w *Weights) (*Model, error) {
 
 // KVLayout is the layout of this model's KV blocks with the given block size.
 func (m *Model) KVLayout(blockSize int) kvcache.Layout {
-	return kvcache.NewLayout(m.Config.Layers, m.Config.KVDim(), blockSize)
+	return kvcache.NewLayout(m.Config.Layers, m.kvDim(), blockSize)
 }
 
 // Input is one token position to compute.
@@ -88,17 +111,30 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 	if len(in) == 0 {
 		return nil
 	}
-	ws.reserve(m.Config, len(in))
+	ws.reserve(m, len(in))
 	dim := m.Config.Dim
 	for t, inp := range in {
 		copy(ws.x[t*dim:(t+1)*dim], m.W.Embedding[inp.Token*dim:(inp.Token+1)*dim])
 	}
 	for l := range m.W.Layers {
-		m.attentionBlock(ws, store, layout, in, l)
-		m.feedForward(ws, l, len(in))
+		if err := m.attentionBlock(ws, store, layout, in, l); err != nil {
+			return err
+		}
+		if err := m.feedForward(ws, l, len(in)); err != nil {
+			return err
+		}
 	}
 	m.outputHead(ws, in)
 	return nil
+}
+
+// sum adds a layer's partial output over the group's ranks (nothing to do
+// for a whole model).
+func (m *Model) sum(part []float32) error {
+	if m.reduce == nil {
+		return nil
+	}
+	return m.reduce(part)
 }
 
 // checkInputs rejects a store of another layout and any input outside the
@@ -124,15 +160,15 @@ func (m *Model) checkInputs(layout kvcache.Layout, in []Input) error {
 	return nil
 }
 
-// reserve sizes the per-layer activations for T positions.
-func (ws *Workspace) reserve(c Config, T int) {
-	dim, kvDim, hidden := c.Dim, c.KVDim(), c.HiddenDim
+// reserve sizes the per-layer activations of m for T positions.
+func (ws *Workspace) reserve(m *Model, T int) {
+	dim, qDim, kvDim, hidden := m.Config.Dim, m.qDim(), m.kvDim(), m.hidden()
 	ws.x = grow(ws.x, T*dim)
 	ws.xb = grow(ws.xb, T*dim)
-	ws.q = grow(ws.q, T*dim)
+	ws.q = grow(ws.q, T*qDim)
 	ws.k = grow(ws.k, T*kvDim)
 	ws.v = grow(ws.v, T*kvDim)
-	ws.att = grow(ws.att, T*dim)
+	ws.att = grow(ws.att, T*qDim)
 	ws.hb = grow(ws.hb, T*hidden)
 	ws.hb2 = grow(ws.hb2, T*hidden)
 }
@@ -140,19 +176,19 @@ func (ws *Workspace) reserve(c Config, T int) {
 // attentionBlock is the attention half of layer l: it writes every input's
 // rotated key and value into its KV block, then adds the attention output
 // to the residual stream ws.x.
-func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcache.Layout, in []Input, l int) {
+func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcache.Layout, in []Input, l int) error {
 	c := m.Config
 	lw := &m.W.Layers[l]
-	T, dim, kvDim, bs := len(in), c.Dim, c.KVDim(), layout.BlockSize
+	T, dim, qDim, kvDim, bs := len(in), c.Dim, m.qDim(), m.kvDim(), layout.BlockSize
 	x, xb := ws.x, ws.xb
 	for t := 0; t < T; t++ {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
 	}
-	matmul.MatMul(ws.q, xb, T, lw.Wq, dim, dim)
+	matmul.MatMul(ws.q, xb, T, lw.Wq, qDim, dim)
 	matmul.MatMul(ws.k, xb, T, lw.Wk, kvDim, dim)
 	matmul.MatMul(ws.v, xb, T, lw.Wv, kvDim, dim)
 	for t, inp := range in {
-		m.rope(ws.q[t*dim:(t+1)*dim], inp.Pos)
+		m.rope(ws.q[t*qDim:(t+1)*qDim], inp.Pos)
 		m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
 		blk := store.Block(inp.Blocks[inp.Pos/bs])
 		slot := inp.Pos % bs
@@ -160,16 +196,20 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 		copy(blk[layout.ValueOffset(l, slot):][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
 	}
 	m.attention(ws, store, in, l)
-	matmul.MatMul(xb, ws.att, T, lw.Wo, dim, dim)
+	matmul.MatMul(xb, ws.att, T, lw.Wo, dim, qDim)
+	if err := m.sum(xb[:T*dim]); err != nil {
+		return err
+	}
 	addInto(x, xb)
+	return nil
 }
 
 // feedForward is the SwiGLU half of layer l over T positions; it adds its
 // output to the residual stream ws.x.
-func (m *Model) feedForward(ws *Workspace, l, T int) {
+func (m *Model) feedForward(ws *Workspace, l, T int) error {
 	c := m.Config
 	lw := &m.W.Layers[l]
-	dim, hidden := c.Dim, c.HiddenDim
+	dim, hidden := c.Dim, m.hidden()
 	x, xb := ws.x, ws.xb
 	for t := 0; t < T; t++ {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
@@ -178,7 +218,11 @@ func (m *Model) feedForward(ws *Workspace, l, T int) {
 	matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
 	parallelChunks(len(ws.hb), 1<<13, func(lo, hi int) { swiglu(ws.hb[lo:hi], ws.hb2[lo:hi]) })
 	matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
+	if err := m.sum(xb[:T*dim]); err != nil {
+		return err
+	}
 	addInto(x, xb)
+	return nil
 }
 
 // outputHead fills the logits of the inputs that asked for them. It is the
@@ -311,7 +355,8 @@ func (m *Model) attention(ws *Workspace, store kvcache.Store, in []Input, l int)
 		}
 		run := func() {
 			for t := lo; t < hi; t++ {
-				ws.scores[w] = m.attendOne(ws.att[t*m.Config.Dim:(t+1)*m.Config.Dim], ws.q[t*m.Config.Dim:(t+1)*m.Config.Dim], ws.scores[w], store, in[t], l)
+				qd := m.qDim()
+				ws.scores[w] = m.attendOne(ws.att[t*qd:(t+1)*qd], ws.q[t*qd:(t+1)*qd], ws.scores[w], store, in[t], l)
 			}
 		}
 		if w == workers-1 {
@@ -328,12 +373,12 @@ func (m *Model) attendOne(out, q, scores []float32, store kvcache.Store, inp Inp
 	c := m.Config
 	layout := store.Layout()
 	bs := layout.BlockSize
-	hs, kvDim := c.HeadSize(), c.KVDim()
+	hs, kvDim := c.HeadSize(), m.kvDim()
 	group := c.Heads / c.KVHeads
 	n := inp.Pos + 1
 	scores = grow(scores, n)
 	scale := float32(math.Sqrt(float64(hs)))
-	for h := 0; h < c.Heads; h++ {
+	for h := 0; h < m.heads(); h++ {
 		qh := q[h*hs : (h+1)*hs]
 		kvOff := (h / group) * hs
 		for b := 0; b*bs < n; b++ {

@@ -1,0 +1,111 @@
+package model
+
+import (
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/decode/collective"
+)
+
+// tpGroup is a tensor-parallel group of shards of m in this process, each
+// rank with its own collective view, KV store and workspace.
+type tpGroup struct {
+	ranks []*seqRunner
+}
+
+func newTPGroup(t *testing.T, m *Model, tp, positions int) *tpGroup {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "group")
+	if err := collective.Create(path, tp, 1, positions*m.Config.Dim); err != nil {
+		t.Fatal(err)
+	}
+	g := &tpGroup{}
+	for r := 0; r < tp; r++ {
+		cg, err := collective.Open(path, r, tp, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cg.Close() })
+		s, err := m.Shard(r, tp, cg.AllReduce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.ranks = append(g.ranks, newSeqRunner(t, s, positions))
+	}
+	return g
+}
+
+// run computes tokens[from:to] on every rank at once and returns each
+// rank's logits.
+func (g *tpGroup) run(t *testing.T, tokens []int, from, to int) [][][]float32 {
+	t.Helper()
+	out := make([][][]float32, len(g.ranks))
+	var wg sync.WaitGroup
+	for r, sr := range g.ranks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[r] = sr.run(t, tokens, from, to)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// TestShardTP2IsExactForItsTP: a tp=2 group's ranks compute the same
+// logits bit for bit; token-by-token decode against the per-rank KV equals
+// one prefill of the sequence and equals a second group's run; and the
+// result is the whole model's up to float rounding (another order of
+// sums, not another function).
+func TestShardTP2IsExactForItsTP(t *testing.T) {
+	m := tinyModel(t)
+	const n = 40
+	toks := testTokens(n, 3)
+	prefill := newTPGroup(t, m, 2, n).run(t, toks, 0, n)
+	dec := newTPGroup(t, m, 2, n)
+	whole := newSeqRunner(t, m, n).run(t, toks, 0, n)
+	worst := 0.0
+	for p := 0; p < n; p++ {
+		step := dec.run(t, toks, p, p+1)
+		for r := range step {
+			if i := sameBits(step[r][0], prefill[0][p]); i >= 0 {
+				t.Fatalf("position %d: rank %d's decode and rank 0's prefill differ at logit %d", p, r, i)
+			}
+		}
+		for i, v := range whole[p] {
+			worst = max(worst, math.Abs(float64(v-prefill[0][p][i])))
+		}
+	}
+	t.Logf("tp=2 vs tp=1: largest logit difference %.3g", worst)
+	if worst == 0 || worst > 1e-3 {
+		t.Fatalf("tp=2 differs from tp=1 by %.3g at most: want a float rounding difference (0 < d ≤ 1e-3)", worst)
+	}
+	// KV per rank: each rank's blocks hold half the key-value width.
+	if got, want := dec.ranks[1].store.Layout(), m.KVLayout(dec.ranks[1].store.Layout().BlockSize); got.KVDim*2 != want.KVDim {
+		t.Fatalf("a rank's KV layout %v, the whole model's %v", got, want)
+	}
+}
+
+func TestShardRefusesWhatDoesNotSplit(t *testing.T) {
+	m := tinyModel(t) // 4 heads, 2 key-value heads
+	for _, c := range []struct{ rank, tp int }{{0, 4}, {0, 3}, {2, 2}, {-1, 2}} {
+		if _, err := m.Shard(c.rank, c.tp, func([]float32) error { return nil }); err == nil {
+			t.Errorf("rank %d of tp %d: no error", c.rank, c.tp)
+		}
+	}
+	if _, err := m.Shard(0, 2, nil); err == nil {
+		t.Error("tp 2 without an all-reduce: no error")
+	}
+	s, err := m.Shard(0, 1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Shard(0, 1, nil); err == nil {
+		t.Error("a shard of a shard: no error")
+	}
+	if NumericsIDFor(2) == NumericsID() {
+		t.Errorf("tp=2 has tp=1's numerics id %s", NumericsID())
+	}
+}
