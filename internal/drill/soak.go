@@ -2,6 +2,7 @@ package drill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -225,16 +226,34 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	if err != nil {
 		return err
 	}
-	stop := l.Steady(ctx)
-	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens, each started again as it ends", o.Config.Streams, o.Config.MaxTokens)
-	fmt.Fprintf(out, "soak: %v of faults, one every %v…\n", o.Duration, o.KillEvery)
-	kills, stops, faultErrs := faults(ctx, c, o, r)
-	streams := append(warmed, stop()...)
-	kills, stops = kills+wk, stops+ws
-	r.Event(time.Now(), EvLoadEnd, "")
+	// Two halves with a settle between: the pools (an agent's 4
+	// connections per peer, the frontend's one per worker endpoint) may
+	// still fill in the first; a leak grows in both, so the second must
+	// not grow at all.
+	half := o
+	half.Duration = o.Duration / 2
+	streams := warmed
+	var faultErrs []error
+	var mid processes
+	kills, stops := wk, ws
+	for i := 0; i < 2; i++ {
+		stop := l.Steady(ctx)
+		r.Event(time.Now(), EvLoadStart, "half %d: %d streams × %d tokens, each started again as it ends", i+1, o.Config.Streams, o.Config.MaxTokens)
+		fmt.Fprintf(out, "soak: half %d: %v of faults, one every %v…\n", i+1, half.Duration, o.KillEvery)
+		k, st, err := faults(ctx, c, half, r)
+		streams = append(streams, stop()...)
+		kills, stops, faultErrs = kills+k, stops+st, append(faultErrs, err)
+		r.Event(time.Now(), EvLoadEnd, "")
+		if i == 0 {
+			if _, _, mid, err = c.settle(ctx, processes{ours: math.Inf(1), fds: math.Inf(1)}); err != nil {
+				return err
+			}
+			r.Event(time.Now(), EvPhase, "settled between the halves")
+		}
+	}
 	l.Close()
 	closed = true
-	left, inFlight, after, err := c.settle(ctx, before)
+	left, inFlight, after, err := c.settle(ctx, mid)
 	if err != nil {
 		return err
 	}
@@ -244,8 +263,8 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 		r.Trace(c.requestTrace(ctx, d.Result.RequestID))
 	}
 	Latencies(r, streams)
-	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: faultErrs, base: base, left: left,
-		inFlight: inFlight, before: before, after: after})
+	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: errors.Join(faultErrs...), base: base, left: left,
+		inFlight: inFlight, before: before, mid: mid, after: after})
 	return nil
 }
 
@@ -254,12 +273,14 @@ type soakEnd struct {
 	kills, stops, tokens, inFlight int
 	faultErr                       error
 	base, left                     leaks
-	before, after                  processes
+	// before is after the warm-up, mid between the halves, after at
+	// the end.
+	before, mid, after processes
 }
 
 // judgeSoak records a soak's figures and verdict.
 func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
-	kills, stops, tokens, faultErrs, base, left, inFlight, before, after := e.kills, e.stops, e.tokens, e.faultErr, e.base, e.left, e.inFlight, e.before, e.after
+	kills, stops, tokens, faultErrs, base, left, inFlight, before, mid, after := e.kills, e.stops, e.tokens, e.faultErr, e.base, e.left, e.inFlight, e.before, e.mid, e.after
 	figuresOf(r, oc)
 	growth := 0.0
 	if before.rss > 0 {
@@ -274,9 +295,11 @@ func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
 	r.Figure("leaked_leases", float64(left.over(base).leases))
 	r.Figure("leaked_pulls", float64(left.over(base).pulls))
 	r.Figure("leaked_in_flight", float64(inFlight))
-	r.Figure("leaked_goroutines", after.ours-before.ours)
-	r.Figure("goroutines_delta", after.goroutines-before.goroutines)
-	r.Figure("leaked_fds", after.fds-before.fds)
+	r.Figure("leaked_goroutines", after.ours-mid.ours)
+	r.Figure("goroutines_delta", after.goroutines-mid.goroutines)
+	r.Figure("leaked_fds", after.fds-mid.fds)
+	r.Figure("first_half_goroutines", mid.goroutines-before.goroutines)
+	r.Figure("first_half_fds", mid.fds-before.fds)
 	r.Figure("rss_start_mb", before.rss/(1<<20))
 	r.Figure("rss_end_mb", after.rss/(1<<20))
 	r.Figure("rss_growth", growth)
@@ -287,8 +310,8 @@ func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
 	ck.That(oc.Gaps == 0 && oc.Duplicates == 0, "%d tokens lost, %d duplicated", oc.Gaps, oc.Duplicates)
 	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical (%s)", oc.Identical, oc.Streams, oc.FirstDiff)
 	ck.That(left.over(base) == (leaks{}) && inFlight == 0, "left behind: %+v, %d in flight (before: %+v)", left, inFlight, base)
-	ck.That(after.ours <= before.ours, "%v goroutines of lifeline's code more than at the start (all: %v → %v; more of: %v)", after.ours-before.ours, before.by, after.by, moreGoroutines(before, after))
-	ck.That(after.fds <= before.fds, "%v descriptors more than at the start", after.fds-before.fds)
+	ck.That(after.ours <= mid.ours, "%v goroutines of lifeline's code more than between the halves (all: %v → %v; more of: %v)", after.ours-mid.ours, mid.by, after.by, moreGoroutines(mid, after))
+	ck.That(after.fds <= mid.fds, "%v descriptors more than between the halves (goroutines/descriptors: %v → %v; more goroutines of: %v)", after.fds-mid.fds, mid.by, after.by, moreGoroutines(mid, after))
 	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
 	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
 		kills, stops, o.Duration, oc.Streams, tokens, growth))
