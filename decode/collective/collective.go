@@ -235,9 +235,54 @@ func (g *Group) AllReduce(buf []float32) error {
 	return nil
 }
 
+// Broadcast hands rank 0's msg to every rank: rank 0 passes its message
+// (and gets it back), the others pass nil and get a copy of it. It is a
+// collective step like AllReduce (every rank calls it, in the same
+// sequence). idle, when true, waits for rank 0 without the Timeout bound
+// (a follower waiting for the next step of an idle group), still
+// returning at once on an abort.
+func (g *Group) Broadcast(msg []byte, idle bool) ([]byte, error) {
+	limit := 4*g.maxElems - 4
+	if g.Rank == 0 && len(msg) > limit {
+		return nil, fmt.Errorf("%w: a broadcast of %d bytes, the segment holds %d", ErrBadSegment, len(msg), limit)
+	}
+	if g.TP == 1 {
+		return msg, nil
+	}
+	p := g.step & 1
+	raw := unsafe.Slice((*byte)(unsafe.Pointer(&g.buffer(0, p)[0])), 4*g.maxElems)
+	if g.Rank == 0 {
+		binary.LittleEndian.PutUint32(raw, uint32(len(msg)))
+		copy(raw[4:], msg)
+	}
+	arrivals := g.word32(offArrivals)
+	target := uint32((g.step + 1) * uint64(g.TP))
+	g.step++
+	atomic.AddUint32(arrivals, 1)
+	futexWake(arrivals)
+	timeout := g.Timeout
+	if idle {
+		timeout = 0
+	}
+	if err := g.waitFor(arrivals, target, timeout); err != nil {
+		return nil, err
+	}
+	if g.Rank == 0 {
+		return msg, nil
+	}
+	n := binary.LittleEndian.Uint32(raw)
+	if int(n) > limit {
+		return nil, fmt.Errorf("%w: a broadcast of %d bytes", ErrBadSegment, n)
+	}
+	return append([]byte(nil), raw[4:4+n]...), nil
+}
+
 // wait waits until *w has reached target (modulo 2³²), the group is
 // aborted, or Timeout passes.
-func (g *Group) wait(w *uint32, target uint32) error {
+func (g *Group) wait(w *uint32, target uint32) error { return g.waitFor(w, target, g.Timeout) }
+
+// waitFor is wait bounded by timeout (0: no bound but an abort).
+func (g *Group) waitFor(w *uint32, target uint32, timeout time.Duration) error {
 	abort := g.word32(offAbort)
 	// The word is read before the abort word: an abort changes both, the
 	// abort word first, so a word changed by an abort is never taken for
@@ -251,7 +296,7 @@ func (g *Group) wait(w *uint32, target uint32) error {
 			return nil
 		}
 	}
-	deadline := time.Now().Add(g.Timeout)
+	deadline := time.Now().Add(timeout)
 	for {
 		v := atomic.LoadUint32(w)
 		if atomic.LoadUint32(abort) != 0 {
@@ -261,8 +306,10 @@ func (g *Group) wait(w *uint32, target uint32) error {
 			return nil
 		}
 		left := time.Until(deadline)
-		if left <= 0 {
-			return fmt.Errorf("%w: %d of %d ranks arrived after %v", ErrTimeout, int(g.TP)-int(target-v), g.TP, g.Timeout)
+		if timeout == 0 {
+			left = time.Hour
+		} else if left <= 0 {
+			return fmt.Errorf("%w: %d of %d ranks arrived after %v", ErrTimeout, int(g.TP)-int(target-v), g.TP, timeout)
 		}
 		// Park until the word changes (an arrival, or an abort's wake),
 		// 10 ms at most: the abort word is looked at again.

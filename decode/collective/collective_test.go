@@ -246,3 +246,70 @@ func TestRankDeathAbortsTheGroup(t *testing.T) {
 		t.Fatalf("a survivor exited %v after the death, bound 50 ms", worst)
 	}
 }
+
+// TestBroadcastInterleavesWithAllReduce: rank 0's messages reach both
+// followers byte for byte, steps of broadcasts and all-reduces
+// interleaved; an idle wait for the next broadcast outlasts Timeout and
+// ends at once on an abort.
+func TestBroadcastInterleavesWithAllReduce(t *testing.T) {
+	const tp = 3
+	path := segment(t, tp, 2, 256)
+	rng := rand.New(rand.NewPCG(3, 4))
+	msgs := make([][]byte, 50)
+	for i := range msgs {
+		msgs[i] = make([]byte, rng.IntN(1000))
+		for j := range msgs[i] {
+			msgs[i][j] = byte(rng.Uint32())
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, tp)
+	for r := 0; r < tp; r++ {
+		g := open(t, path, r, tp, 2)
+		g.Timeout = 200 * time.Millisecond
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i, m := range msgs {
+				var in []byte
+				if r == 0 {
+					in = m
+				}
+				got, err := g.Broadcast(in, false)
+				if err == nil && string(got) != string(m) {
+					err = fmt.Errorf("message %d: %d bytes, want %d", i, len(got), len(m))
+				}
+				if err == nil {
+					err = g.AllReduce(make([]float32, 256))
+				}
+				if err != nil {
+					errs[r] = err
+					return
+				}
+			}
+			if r == 0 {
+				return
+			}
+			// Idle: rank 0 sends nothing more; the wait outlasts Timeout
+			// and ends with the abort.
+			_, errs[r] = g.Broadcast(nil, true)
+		}()
+	}
+	time.Sleep(500 * time.Millisecond) // more than Timeout
+	if err := AbortSegment(path); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if errs[0] != nil {
+		t.Fatalf("rank 0: %v", errs[0])
+	}
+	for r := 1; r < tp; r++ {
+		if !errors.Is(errs[r], ErrAborted) {
+			t.Fatalf("rank %d: %v, want the idle wait ended by the abort", r, errs[r])
+		}
+	}
+	g := open(t, path, 0, tp, 2)
+	if _, err := g.Broadcast(make([]byte, 4*256), false); !errors.Is(err, ErrBadSegment) {
+		t.Fatalf("a broadcast larger than the segment: %v", err)
+	}
+}

@@ -28,6 +28,9 @@ type Model struct {
 	// the whole model.
 	tp, rank int
 	reduce   func([]float32) error
+	// lead, on rank 0 of a group, hands every Forward's inputs to the
+	// other ranks before computing them (Lead).
+	lead func([]Input) error
 }
 
 // TP is the model's tensor-parallel degree (1 for a whole model) and
@@ -110,6 +113,11 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 	}
 	if len(in) == 0 {
 		return nil
+	}
+	if m.lead != nil {
+		if err := m.lead(in); err != nil {
+			return err
+		}
 	}
 	ws.reserve(m, len(in))
 	dim := m.Config.Dim

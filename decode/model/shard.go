@@ -1,11 +1,13 @@
 package model
 
 import (
+	"encoding/binary"
 	"fmt"
 	"runtime"
 
 	"golang.org/x/sys/cpu"
 
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/matmul"
 )
 
@@ -71,4 +73,144 @@ func NumericsIDFor(tp int) string {
 		id += fmt.Sprintf(";fma=%v", cpu.X86.HasFMA)
 	}
 	return id
+}
+
+// Lead returns rank 0 of a group that calls send with every Forward's
+// inputs before computing them: the other ranks compute the same inputs
+// (Follow) in their part of the model.
+func (m *Model) Lead(send func([]Input) error) *Model {
+	s := *m
+	s.lead = send
+	return &s
+}
+
+// EncodeInputs is the message Lead's send hands to the other ranks: each
+// input's token, position and whether its logits are wanted, each block
+// table once.
+func EncodeInputs(in []Input) []byte {
+	b := binary.AppendUvarint(nil, uint64(len(in)))
+	var tables [][]int32
+	index := map[*int32]int{}
+	for _, inp := range in {
+		b = binary.AppendUvarint(b, uint64(inp.Token))
+		b = binary.AppendUvarint(b, uint64(inp.Pos))
+		logits := uint64(0)
+		if inp.Logits != nil {
+			logits = 1
+		}
+		b = binary.AppendUvarint(b, logits)
+		t := -1
+		if len(inp.Blocks) > 0 {
+			key := (*int32)(&inp.Blocks[0])
+			i, ok := index[key]
+			if !ok || len(tables[i]) != len(inp.Blocks) {
+				i = len(tables)
+				index[key] = i
+				ids := make([]int32, len(inp.Blocks))
+				for j, id := range inp.Blocks {
+					ids[j] = int32(id)
+				}
+				tables = append(tables, ids)
+			}
+			t = i
+		}
+		b = binary.AppendVarint(b, int64(t))
+	}
+	b = binary.AppendUvarint(b, uint64(len(tables)))
+	for _, ids := range tables {
+		b = binary.AppendUvarint(b, uint64(len(ids)))
+		for _, id := range ids {
+			b = binary.AppendUvarint(b, uint64(id))
+		}
+	}
+	return b
+}
+
+// DecodeInputs reads EncodeInputs' message, without the logits: only
+// rank 0 samples, the others skip the classifier.
+func DecodeInputs(b []byte) ([]Input, error) {
+	r := &reader{b: b}
+	n := r.uvarint()
+	if r.err != nil || n > 1<<20 {
+		return nil, fmt.Errorf("%w: a step of %d inputs", ErrBadInput, n)
+	}
+	in := make([]Input, n)
+	tabs := make([]int64, n)
+	for i := range in {
+		in[i].Token, in[i].Pos = int(r.uvarint()), int(r.uvarint())
+		r.uvarint() // logits wanted (at rank 0)
+		tabs[i] = r.varint()
+	}
+	nt := r.uvarint()
+	if r.err != nil || nt > n {
+		return nil, fmt.Errorf("%w: %d block tables for %d inputs", ErrBadInput, nt, n)
+	}
+	tables := make([][]kvcache.BlockID, nt)
+	for i := range tables {
+		k := r.uvarint()
+		if r.err != nil || k > 1<<20 {
+			return nil, fmt.Errorf("%w: a block table of %d", ErrBadInput, k)
+		}
+		tables[i] = make([]kvcache.BlockID, k)
+		for j := range tables[i] {
+			tables[i][j] = kvcache.BlockID(r.uvarint())
+		}
+	}
+	if r.err != nil || len(r.b) != 0 {
+		return nil, fmt.Errorf("%w: a malformed step message", ErrBadInput)
+	}
+	for i, t := range tabs {
+		if t >= int64(len(tables)) || t < -1 {
+			return nil, fmt.Errorf("%w: input %d names block table %d of %d", ErrBadInput, i, t, len(tables))
+		}
+		if t >= 0 {
+			in[i].Blocks = tables[t]
+		}
+	}
+	return in, nil
+}
+
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = fmt.Errorf("short")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = fmt.Errorf("short")
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// Follow runs rank r>0 of a group: for every step rank 0 broadcasts
+// (recv, idle: it blocks until the next step), it computes the same inputs
+// in its part of the model on its own KV store, until recv fails (the
+// group aborted, or a collective timed out): that error is returned.
+func (m *Model) Follow(ws *Workspace, store kvcache.Store, recv func() ([]byte, error)) error {
+	for {
+		msg, err := recv()
+		if err != nil {
+			return err
+		}
+		in, err := DecodeInputs(msg)
+		if err != nil {
+			return err
+		}
+		if err := m.Forward(ws, store, in); err != nil {
+			return err
+		}
+	}
 }

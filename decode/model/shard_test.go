@@ -1,12 +1,14 @@
 package model
 
 import (
+	"errors"
 	"math"
 	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/decode/collective"
+	"github.com/lifeline-llm/lifeline/decode/kvcache"
 )
 
 // tpGroup is a tensor-parallel group of shards of m in this process, each
@@ -107,5 +109,70 @@ func TestShardRefusesWhatDoesNotSplit(t *testing.T) {
 	}
 	if NumericsIDFor(2) == NumericsID() {
 		t.Errorf("tp=2 has tp=1's numerics id %s", NumericsID())
+	}
+}
+
+// TestLeadAndFollow: rank 0 drives (Lead: every Forward's inputs
+// broadcast first), rank 1 follows on its own store (Follow) until the
+// group is aborted; rank 0's logits, prefill then token by token, are
+// the lock-step group's bit for bit. A malformed step message is refused.
+func TestLeadAndFollow(t *testing.T) {
+	m := tinyModel(t)
+	const n = 30
+	toks := testTokens(n, 5)
+	want := newTPGroup(t, m, 2, n).run(t, toks, 0, n)[0]
+
+	path := filepath.Join(t.TempDir(), "group")
+	if err := collective.Create(path, 2, 1, n*m.Config.Dim); err != nil {
+		t.Fatal(err)
+	}
+	var gs [2]*collective.Group
+	var shards [2]*Model
+	for r := range gs {
+		g, err := collective.Open(path, r, 2, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Close()
+		gs[r] = g
+		if shards[r], err = m.Shard(r, 2, g.AllReduce); err != nil {
+			t.Fatal(err)
+		}
+	}
+	leader := shards[0].Lead(func(in []Input) error {
+		_, err := gs[0].Broadcast(EncodeInputs(in), false)
+		return err
+	})
+	followed := make(chan error, 1)
+	go func() {
+		store, err := kvcache.NewMemStore(shards[1].KVLayout(kvcache.DefaultBlockSize), 64)
+		if err != nil {
+			followed <- err
+			return
+		}
+		var ws Workspace
+		followed <- shards[1].Follow(&ws, store, func() ([]byte, error) { return gs[1].Broadcast(nil, true) })
+	}()
+	lr := newSeqRunner(t, leader, n)
+	got := lr.run(t, toks, 0, n/2)
+	for p := n / 2; p < n; p++ {
+		got = append(got, lr.run(t, toks, p, p+1)...)
+	}
+	for p := range got {
+		if i := sameBits(got[p], want[p]); i >= 0 {
+			t.Fatalf("position %d: the led group's logit %d differs from the lock-step group's", p, i)
+		}
+	}
+	gs[0].Abort()
+	if err := <-followed; !errors.Is(err, collective.ErrAborted) {
+		t.Fatalf("the follower ended with %v, want the abort", err)
+	}
+	if _, err := DecodeInputs([]byte{5, 1}); !errors.Is(err, ErrBadInput) {
+		t.Fatalf("a truncated step message: %v", err)
+	}
+	in := []Input{{Token: 1, Pos: 0, Blocks: []kvcache.BlockID{3, 4}}, {Token: 2, Pos: 1, Blocks: []kvcache.BlockID{3, 4}}}
+	back, err := DecodeInputs(EncodeInputs(in))
+	if err != nil || len(back) != 2 || back[1].Token != 2 || back[1].Pos != 1 || len(back[0].Blocks) != 2 || back[0].Blocks[1] != 4 {
+		t.Fatalf("round trip: %+v, %v", back, err)
 	}
 }
