@@ -13,6 +13,7 @@ import (
 	"sync"
 	"unicode/utf8"
 
+	"github.com/lifeline-llm/lifeline/decode/collective"
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
@@ -67,6 +68,13 @@ type Options struct {
 	DraftPreset string
 	DraftLayers int
 	DraftK      int
+	// TP, when above 1, makes this engine rank Rank of a tensor-parallel
+	// group of TP ranks sharing the collective segment GroupSegment of
+	// group generation GroupGeneration (tp.go): rank 0 is the engine, the
+	// others follow it (RunFollower).
+	TP, Rank        int
+	GroupSegment    string
+	GroupGeneration uint64
 }
 
 // Validate reports the first bad option by name.
@@ -82,6 +90,14 @@ func (o *Options) Validate() error {
 		return badField("kv_blocks", "%d", o.KVBlocks)
 	case o.KVSocket != "" && o.InstanceID == "":
 		return badField("instance_id", "a writer to the shared arena needs an instance id")
+	case o.TP < 0 || o.TP > collective.MaxRanks || o.Rank < 0 || (o.TP > 1 && o.Rank >= o.TP):
+		return badField("tp", "rank %d of tp %d (tp 1..%d)", o.Rank, o.TP, collective.MaxRanks)
+	case o.TP > 1 && o.GroupSegment == "":
+		return badField("group_segment", "a tensor-parallel rank needs its group's segment")
+	case o.TP > 1 && o.KVSocket != "":
+		return badField("kv_socket", "a tensor-parallel group keeps its ranks' KV in their own memory (no arena)")
+	case o.TP > 1 && o.speculates():
+		return badField("draft", "speculative decoding with tensor parallelism is not built")
 	}
 	return o.validateDraft()
 }
@@ -93,6 +109,10 @@ type Engine struct {
 	Store     kvcache.Store
 	// Cache is the shared-arena store when Options.KVSocket is set.
 	Cache *kv.Cache
+	// GroupAborted, for rank 0 of a tensor-parallel group, is closed
+	// once the group is aborted (a rank died): the engine can compute
+	// nothing more, its worker exits (tp.go).
+	GroupAborted <-chan struct{}
 	sched *sched.Scheduler
 
 	stop    context.CancelFunc
@@ -119,41 +139,18 @@ func NewEngine(opts Options) (*Engine, error) {
 
 // newEngine is NewEngine without speculation.
 func newEngine(opts Options) (*Engine, error) {
-	var (
-		m   *model.Model
-		tok tokenizer.Tokenizer
-		err error
-	)
-	if opts.ModelPath != "" {
-		if m, err = model.LoadLlama2C(opts.ModelPath); err != nil {
-			return nil, err
-		}
-		f, err := os.Open(opts.TokenizerPath)
-		if err != nil {
-			return nil, fmt.Errorf("decode: tokenizer: %w", err)
-		}
-		defer f.Close()
-		if tok, err = tokenizer.ReadLlama2C(f, m.Config.VocabSize); err != nil {
-			return nil, fmt.Errorf("decode: tokenizer %s: %w", opts.TokenizerPath, err)
-		}
-	} else {
-		if m, err = model.Synthetic(opts.Preset, opts.WeightSeed); err != nil {
-			return nil, err
-		}
-		tok = tokenizer.NewBuiltin()
+	m, tok, err := loadModel(opts)
+	if err != nil {
+		return nil, err
 	}
 	limits := opts.Limits
 	if limits == (sched.Limits{}) {
 		limits = sched.DefaultLimits
 	}
 	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
-	blocks := opts.KVBlocks
-	if blocks == 0 {
-		// Room for 16 sequences of up to 1,024 positions; one long
-		// sequence may use the room of several.
-		perSeq := (min(m.Config.ContextLen, 1024) + bs - 1) / bs
-		// Plus the blocks the scheduler holds back for a canary.
-		blocks = perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
+	blocks := kvBlocks(opts, m, limits)
+	if opts.TP > 1 {
+		return leadGroup(opts, m, tok, limits, blocks)
 	}
 	if opts.KVSocket == "" {
 		store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
@@ -183,12 +180,46 @@ func newEngine(opts Options) (*Engine, error) {
 	return e, nil
 }
 
+// loadModel loads opts' model and tokenizer.
+func loadModel(opts Options) (*model.Model, tokenizer.Tokenizer, error) {
+	if opts.ModelPath == "" {
+		m, err := model.Synthetic(opts.Preset, opts.WeightSeed)
+		return m, tokenizer.NewBuiltin(), err
+	}
+	m, err := model.LoadLlama2C(opts.ModelPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := os.Open(opts.TokenizerPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decode: tokenizer: %w", err)
+	}
+	defer f.Close()
+	tok, err := tokenizer.ReadLlama2C(f, m.Config.VocabSize)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decode: tokenizer %s: %w", opts.TokenizerPath, err)
+	}
+	return m, tok, nil
+}
+
+// kvBlocks is the engine's KV block count: Options.KVBlocks, or room for
+// 16 sequences of up to 1,024 positions (one long sequence may use the
+// room of several) plus the blocks the scheduler holds back for a canary.
+func kvBlocks(opts Options, m *model.Model, limits sched.Limits) int {
+	if opts.KVBlocks > 0 {
+		return opts.KVBlocks
+	}
+	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
+	perSeq := (min(m.Config.ContextLen, 1024) + bs - 1) / bs
+	return perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
+}
+
 // BlockIdentity is the identity of the KV blocks this engine computes.
 func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layout) kv.Identity {
 	return kv.Identity{
 		Model: m.Config.Name, ModelRevision: m.Revision, TokenizerHash: tok.Hash(),
 		Layout: layout.String(), DType: layout.DType, RopeTheta: m.Config.RopeTheta,
-		BlockSize: layout.BlockSize, NumericsID: model.NumericsID(),
+		BlockSize: layout.BlockSize, NumericsID: model.NumericsIDFor(m.TP()),
 	}
 }
 
@@ -239,7 +270,7 @@ func (e *Engine) Stats() sched.Stats { return e.sched.Stats() }
 func (e *Engine) QueuePosition(id string) int { return e.sched.QueuePosition(id) }
 
 // NumericsID identifies the arithmetic of this engine build.
-func (e *Engine) NumericsID() string { return model.NumericsID() }
+func (e *Engine) NumericsID() string { return model.NumericsIDFor(e.Model.TP()) }
 
 // Request is one generation.
 type Request struct {

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -315,6 +316,33 @@ func (g *Group) waitFor(w *uint32, target uint32, timeout time.Duration) error {
 		// 10 ms at most: the abort word is looked at again.
 		futexWait(w, v, min(left, 10*time.Millisecond))
 	}
+}
+
+// WatchAbort returns a channel closed once the group is aborted (looked
+// at every millisecond), for a rank that must stop even while it has no
+// collective to wait in (rank 0 of an idle group); stop ends the watch
+// and returns once it ended (call it before Close).
+func (g *Group) WatchAbort() (aborted <-chan struct{}, stop func()) {
+	ch, quit, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	word := g.word32(offAbort)
+	go func() {
+		defer close(done)
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			if atomic.LoadUint32(word) != 0 {
+				close(ch)
+				return
+			}
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	var once sync.Once
+	return ch, func() { once.Do(func() { close(quit) }); <-done }
 }
 
 // Abort aborts the group: every rank waiting in a collective returns

@@ -93,6 +93,13 @@ func oneAddress(hostport string) bool {
 // Run loads the engine, serves until ctx is done, and prints a Ready line
 // to out once the endpoint accepts connections.
 func Run(ctx context.Context, opts Options, out io.Writer) error {
+	if opts.Engine.TP > 1 && opts.Engine.Rank > 0 {
+		// A follower rank: no endpoint, it computes what rank 0 sends.
+		return decode.RunFollower(ctx, opts.Engine, func() {
+			json.NewEncoder(out).Encode(workerclient.RankReady{InstanceID: opts.InstanceID, Generation: opts.Generation,
+				Rank: opts.Engine.Rank, TP: opts.Engine.TP, GroupGeneration: opts.Engine.GroupGeneration})
+		})
+	}
 	// The worker writes the shared arena as its instance and generation.
 	if opts.Engine.KVSocket != "" && opts.Engine.InstanceID == "" {
 		opts.Engine.InstanceID, opts.Engine.Generation = opts.InstanceID, opts.Generation
@@ -137,8 +144,16 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := failpoint.Hit(FailAfterReady); err != nil {
 		return err
 	}
+	// Rank 0 of a tensor-parallel group whose group was aborted (a rank
+	// died) can compute nothing more: it stops as at SIGTERM, and says why.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	go func() {
-		<-ctx.Done()
+		select {
+		case <-ctx.Done():
+		case <-e.GroupAborted: // nil unless rank 0 of a group
+			cancel(errGroupAborted)
+		}
 		ln.Close()
 		s.stopDetached()
 	}()
@@ -153,6 +168,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	for {
 		conn, err := ln.Accept(ctx)
 		if err != nil {
+			if errors.Is(context.Cause(ctx), errGroupAborted) {
+				return errGroupAborted
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -165,6 +183,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}()
 	}
 }
+
+// errGroupAborted ends rank 0 of an aborted tensor-parallel group.
+var errGroupAborted = errors.New("worker: the tensor-parallel group was aborted (a rank died or gave up)")
 
 type server struct {
 	opts   Options
@@ -249,7 +270,9 @@ func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
 		}()
 	}
 	wg.Wait()
-	if last := lastWrite.Load(); last != 0 {
+	// An aborted group's rank 0 leaves at once: its frames are errors,
+	// and its agent restarts the whole group.
+	if last := lastWrite.Load(); last != 0 && !errors.Is(context.Cause(ctx), errGroupAborted) {
 		t := time.NewTimer(time.Until(time.Unix(0, last).Add(closeGrace)))
 		select {
 		case <-conn.Context().Done():

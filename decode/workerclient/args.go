@@ -34,6 +34,12 @@ type Args struct {
 	DraftPreset string
 	DraftLayers int
 	DraftK      int
+	// TP, Rank, GroupSegment and GroupGeneration make the worker rank
+	// Rank of a tensor-parallel group of TP ranks (rank 0 serves the
+	// endpoint; the others only compute); TP 1: a worker of its own.
+	TP, Rank        int
+	GroupSegment    string
+	GroupGeneration uint64
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -55,6 +61,10 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&a.DraftPreset, "draft-preset", "", "speculative decoding with this synthetic draft preset (tiny)")
 	fs.IntVar(&a.DraftLayers, "draft-layers", 0, "speculative decoding with the target's first N layers as the draft (self-speculation)")
 	fs.IntVar(&a.DraftK, "draft-k", 4, "draft tokens proposed per step")
+	fs.IntVar(&a.TP, "tp", 1, "tensor-parallel degree of the instance's group")
+	fs.IntVar(&a.Rank, "rank", 0, "this worker's rank in its group (0 serves the endpoint)")
+	fs.StringVar(&a.GroupSegment, "group-segment", "", "the group's collective segment (its agent creates one per group generation)")
+	fs.Uint64Var(&a.GroupGeneration, "group-generation", 0, "the group generation this rank was started for (a segment of another is refused)")
 }
 
 // Argv is the command line, after the subcommand, that parses back to a:

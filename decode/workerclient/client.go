@@ -268,6 +268,16 @@ type Ready struct {
 	BatchCapacity int `json:"batch_capacity,omitempty"`
 }
 
+// RankReady is the JSON line a follower rank of a tensor-parallel group
+// prints on stdout once it joined its group (it serves no endpoint).
+type RankReady struct {
+	InstanceID      string `json:"instance_id"`
+	Generation      uint64 `json:"generation"`
+	Rank            int    `json:"rank"`
+	TP              int    `json:"tp"`
+	GroupGeneration uint64 `json:"group_generation"`
+}
+
 // QUICConfig is the worker endpoint's QUIC configuration, the same on both
 // ends.
 func QUICConfig() *quic.Config {
