@@ -113,7 +113,7 @@ type Engine struct {
 	// once the group is aborted (a rank died): the engine can compute
 	// nothing more, its worker exits (tp.go).
 	GroupAborted <-chan struct{}
-	sched *sched.Scheduler
+	sched        *sched.Scheduler
 
 	stop    context.CancelFunc
 	done    chan struct{}
