@@ -83,20 +83,24 @@ type instance struct {
 	spec InstanceSpec
 
 	// Guarded by Agent.mu.
-	gen        uint64
-	kvGen      uint64 // the generation the worker started with: its KV writer identity
-	pid        int
-	addr       string
-	state      string // starting, running, restarting, crash_loop, stopped
-	ready      bool
-	notReady   string // reason when not ready
-	lastExit   *controlapi.Event
-	spawnFails int // consecutive failures to get a generation
-	restarts   int
-	model      string
-	revision   string
-	numerics   string
-	kvIdentity *kv.Identity
+	gen      uint64
+	kvGen    uint64 // the generation the worker started with: its KV writer identity
+	pid      int
+	rankPIDs []int // ranks 1..n-1 of a tensor-parallel group
+	// groupEndedAt is when the group's last generation was ended (its
+	// restart time runs from there to the next ready).
+	groupEndedAt time.Time
+	addr         string
+	state        string // starting, running, restarting, crash_loop, stopped
+	ready        bool
+	notReady     string // reason when not ready
+	lastExit     *controlapi.Event
+	spawnFails   int // consecutive failures to get a generation
+	restarts     int
+	model        string
+	revision     string
+	numerics     string
+	kvIdentity   *kv.Identity
 	// contextLen and tokenizerHash are the worker's, registered for
 	// frontends' prompt checks.
 	contextLen    int

@@ -28,9 +28,19 @@ func (a *Agent) workers() []controlapi.Worker {
 
 // workerLocked is inst as the control API shows it. Agent.mu must be held.
 func (a *Agent) workerLocked(inst *instance) controlapi.Worker {
-	return controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
+	w := controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
 		LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts,
 		NextAttempt: inst.nextAttempt, CrashLoops: inst.crashLoops}
+	if n := inst.spec.ranks(); n > 1 {
+		w.TP = n
+		if inst.pid > 0 {
+			w.Ranks = append(w.Ranks, controlapi.RankProc{Rank: 0, PID: inst.pid})
+		}
+		for i, pid := range inst.rankPIDs {
+			w.Ranks = append(w.Ranks, controlapi.RankProc{Rank: i + 1, PID: pid})
+		}
+	}
+	return w
 }
 
 func (a *Agent) status() controlapi.Status {

@@ -45,6 +45,11 @@ type metrics struct {
 	// and frames dropped from full logs (both cumulative since the
 	// worker started), requests running detached now, accepted Attaches.
 	workerFramesBuffered, workerFramesDropped, workerDetached, workerAttaches *prometheus.GaugeVec
+	// Tensor-parallel groups: groups ended after a rank's death, how long
+	// from the abort until every rank was gone, and from the death until
+	// the group was ready again (group.go).
+	groupAborts           prometheus.Counter
+	groupEnd, groupReboot prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -71,6 +76,13 @@ func newMetrics() *metrics {
 	m.reg.MustRegister(m.detection, m.exits, m.restarts, m.canary, m.leaseLost, m.reregisters, m.orphans, m.slots, m.staleGen, m.etcdWriteErrors)
 	m.registerDrain()
 	m.registerWorker()
+	m.groupAborts = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_agent_group_aborts_total",
+		Help: "Tensor-parallel groups aborted and ended because one of their ranks died (or the group stopped)."})
+	m.groupEnd = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_agent_group_abort_seconds",
+		Help: "From a group's abort to every one of its ranks gone.", Buckets: prometheus.ExponentialBuckets(1e-4, 2, 16)})
+	m.groupReboot = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_agent_group_restart_seconds",
+		Help: "From a rank's death to its group ready again at a new generation.", Buckets: prometheus.ExponentialBuckets(0.05, 2, 12)})
+	m.reg.MustRegister(m.groupAborts, m.groupEnd, m.groupReboot)
 	return m
 }
 

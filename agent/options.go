@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/decode/collective"
 	"net"
 	"os"
 	"path/filepath"
@@ -58,7 +59,14 @@ type InstanceSpec struct {
 	DraftPreset string `json:"draft_preset,omitempty"`
 	DraftLayers int    `json:"draft_layers,omitempty"`
 	DraftK      int    `json:"draft_k,omitempty"`
+	// TP, above 1, makes each instance a tensor-parallel group of TP
+	// worker processes (ranks; group.go): one endpoint, one registration,
+	// one generation; any rank's death fails and restarts the whole group.
+	TP int `json:"tp,omitempty"`
 }
+
+// ranks is how many processes an instance of s is.
+func (s InstanceSpec) ranks() int { return max(s.TP, 1) }
 
 // Options are the agent's whole configuration, from a JSON file and flags.
 type Options struct {
@@ -243,7 +251,7 @@ func (o *Options) Validate() error {
 	}
 	seen := map[string]int{}
 	for i, in := range o.Instances {
-		key := in.Role + "/" + in.Preset
+		key := fmt.Sprintf("%s/%s/tp%d", in.Role, in.Preset, in.ranks())
 		if j, dup := seen[key]; dup {
 			return bad(fmt.Sprintf("instances[%d]", i), "same role and preset as instances[%d]: merge their counts", j)
 		}
@@ -263,6 +271,10 @@ func (o *Options) Validate() error {
 			return bad(fmt.Sprintf("instances[%d].draft_preset", i), "%q (tiny or small, and not with draft_layers)", in.DraftPreset)
 		case in.DraftLayers < 0 || in.DraftK < 0 || in.DraftK > 16:
 			return bad(fmt.Sprintf("instances[%d].draft_layers", i), "%d / draft_k %d (draft_k 0..16, 0 = default)", in.DraftLayers, in.DraftK)
+		case in.TP < 0 || in.TP > collective.MaxRanks:
+			return bad(fmt.Sprintf("instances[%d].tp", i), "%d (0..%d; 0 and 1: one process)", in.TP, collective.MaxRanks)
+		case in.TP > 1 && (in.DraftPreset != "" || in.DraftLayers != 0):
+			return bad(fmt.Sprintf("instances[%d].tp", i), "tp %d with speculative decoding is not built", in.TP)
 		}
 	}
 	return nil

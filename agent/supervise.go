@@ -18,7 +18,7 @@ func (a *Agent) startSupervision(ctx context.Context) {
 	a.mu.Unlock()
 	for _, spec := range a.opts.Instances {
 		for k := 0; k < spec.Count; k++ {
-			inst := &instance{id: fmt.Sprintf("%s-%s-%s-%d", a.opts.NodeID, spec.Role, spec.Preset, k), spec: spec, state: "starting",
+			inst := &instance{id: instanceID(a.opts.NodeID, spec, k), spec: spec, state: "starting",
 				reset: make(chan struct{}, 1)}
 			if drained {
 				// The last generation it had, for nodectl status: undrain
@@ -105,4 +105,13 @@ func (a *Agent) drained(inst *instance) bool {
 		inst.state = "drained"
 	}
 	return inst.draining
+}
+
+// instanceID names instance k of spec on node: <node>-<role>-<preset>-k,
+// with -tp<n> before k for a tensor-parallel group.
+func instanceID(node string, spec InstanceSpec, k int) string {
+	if spec.ranks() > 1 {
+		return fmt.Sprintf("%s-%s-%s-tp%d-%d", node, spec.Role, spec.Preset, spec.ranks(), k)
+	}
+	return fmt.Sprintf("%s-%s-%s-%d", node, spec.Role, spec.Preset, k)
 }

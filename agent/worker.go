@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/decode/collective"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
 )
@@ -39,6 +40,12 @@ type workerProc struct {
 	detected chan ebpf.Exit
 	waited   chan ebpf.Exit
 	ready    chan workerclient.Ready
+	// segment and followers, for rank 0 of a tensor-parallel group: its
+	// collective segment and ranks 1..n-1 (group.go).
+	segment   string
+	followers []*workerProc
+	// exited is closed once the reaper saw the process exit.
+	exited chan struct{}
 }
 
 // runOnce starts the worker at a new generation and supervises it until it
@@ -65,6 +72,8 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 	wctx, stopInstance := context.WithCancel(ctx)
 	defer stopInstance()
 	death := a.watchWorker(ctx, wctx, inst, gen, w)
+	// A group's surviving ranks go with it, before anything restarts.
+	a.endGroup(inst, gen, w)
 	if death.Detector == "" {
 		return nil, ctx.Err() // agent shutting down
 	}
@@ -76,10 +85,17 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 
 // workerArgs is the command line of inst's worker at generation gen.
 func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
-	return workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.workerCertDir(inst.id),
+	args := workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.workerCertDir(inst.id),
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
-		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}
+		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK, TP: inst.spec.ranks()}
+	if n := inst.spec.ranks(); n > 1 {
+		// A group keeps its ranks' KV in their own memory: no arena, no
+		// pulls (group.go).
+		args.KVSocket, args.KVTransfer = "", ""
+		args.GroupSegment, args.GroupGeneration = a.segmentPath(inst, gen), gen
+	}
+	return args
 }
 
 // startWorker spawns inst's worker at generation gen, places it and
@@ -87,6 +103,13 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
 	if err := a.issueWorkerCert(inst.id); err != nil {
 		return nil, err
+	}
+	var segment string
+	if inst.spec.ranks() > 1 {
+		var err error
+		if segment, err = a.createSegment(inst, gen); err != nil {
+			return nil, err
+		}
 	}
 	cmd := exec.Command(a.opts.WorkerBinary, append([]string{workerclient.Command}, a.workerArgs(inst, gen).Argv()...)...)
 	// Workers outlive an agent restart (systemd KillMode=process): their
@@ -107,7 +130,7 @@ func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
 		return nil, err
 	}
 	w := &workerProc{cmd: cmd, pid: cmd.Process.Pid, detected: make(chan ebpf.Exit, 1), waited: make(chan ebpf.Exit, 1),
-		ready: make(chan workerclient.Ready, 1)}
+		ready: make(chan workerclient.Ready, 1), segment: segment, exited: make(chan struct{})}
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.state, inst.ready, inst.notReady = gen, gen, w.pid, "", "starting", false, "starting"
 	a.byPID[w.pid] = w.detected
@@ -121,6 +144,14 @@ func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
 	// does not depend on the detector.
 	a.track(w.reap)
 	a.track(func() { readReady(stdout, w.ready) })
+	if segment != "" {
+		if err := a.startFollowers(inst, gen, w); err != nil {
+			// Rank 0 waits for them at the rendezvous: the group ends, its
+			// death is the instance's.
+			a.log.Warn("cannot start the group", "instance_id", inst.id, "generation", gen, "err", err)
+			collective.AbortSegment(segment)
+		}
+	}
 	return w, nil
 }
 
@@ -150,6 +181,9 @@ func (a *Agent) placeWorker(inst *instance, cmd *exec.Cmd) error {
 // (which has room for it: the send never blocks).
 func (w *workerProc) reap() {
 	w.cmd.Wait() // the exit status is in ProcessState
+	if w.exited != nil {
+		defer close(w.exited)
+	}
 	ex := ebpf.Exit{PID: w.pid, Code: w.cmd.ProcessState.ExitCode(), Detector: "wait", DetectedAt: time.Now()}
 	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		ex.Code, ex.Signal = -1, int(ws.Signal())
@@ -197,6 +231,10 @@ func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
 	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
 	inst.capacity, inst.batchCapacity = r.Capacity, r.BatchCapacity
+	if !inst.groupEndedAt.IsZero() {
+		a.metrics.groupReboot.Observe(time.Since(inst.groupEndedAt).Seconds())
+		inst.groupEndedAt = time.Time{}
+	}
 	if inst.starting != nil {
 		inst.starting.AddEvent("ready", trace.WithAttributes(attribute.String("addr", r.Addr)))
 		inst.starting.End()

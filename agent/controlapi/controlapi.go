@@ -32,6 +32,9 @@ const (
 	EventRetry = "retry"
 	// EventDrain: a drain moved to a new phase (Detail names it).
 	EventDrain = "drain"
+	// EventGroupEnded: a tensor-parallel group's ranks were all ended
+	// after a rank's death (Detail says how fast).
+	EventGroupEnded = "group_ended"
 )
 
 // Drain phases, in order. An undrain goes drained → undraining → none.
@@ -134,6 +137,16 @@ type Worker struct {
 	// doubles the cool-down.
 	NextAttempt time.Time `json:"next_attempt,omitzero"`
 	CrashLoops  int       `json:"crash_loops,omitempty"`
+	// TP is the instance's tensor-parallel degree (0 or 1: one process);
+	// Ranks its processes, rank 0 (PID) first.
+	TP    int        `json:"tp,omitempty"`
+	Ranks []RankProc `json:"ranks,omitempty"`
+}
+
+// RankProc is one rank process of a tensor-parallel instance.
+type RankProc struct {
+	Rank int `json:"rank"`
+	PID  int `json:"pid"`
 }
 
 // Status is `nodectl status --json`.

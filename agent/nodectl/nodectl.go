@@ -281,6 +281,9 @@ func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 			state += fmt.Sprintf(" (next attempt %s, in %v)", w.NextAttempt.Format(time.TimeOnly), time.Until(w.NextAttempt).Round(time.Second))
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%s\n", w.InstanceID, w.Role, w.Generation, w.PID, ready, state, w.Restarts, last)
+		for _, r := range w.Ranks {
+			fmt.Fprintf(tw, "  rank %d/%d\t\t%d\t%d\t\t\t\t\n", r.Rank, w.TP, w.Generation, r.PID)
+		}
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,128 @@
+package agent
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/decode/collective"
+	"github.com/lifeline-llm/lifeline/decode/model"
+	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/ebpf"
+)
+
+// A tensor-parallel instance (InstanceSpec.TP > 1) is a group of worker
+// processes: rank 0 serves the endpoint and leads, ranks 1..n-1 follow
+// it through a collective segment the agent creates for each group
+// generation (the instance's generation). The group is the unit of
+// health, failure and restart: one registration, one canary (through
+// rank 0), and any rank's death is the instance's death — the segment is
+// aborted (every surviving rank's collective returns at once and the rank
+// exits), the instance deregistered and its failure announced as for any
+// worker, every rank still running SIGKILLed and reaped, and all of them
+// started again together at a new generation, with a new segment: a rank
+// that presents the old generation is refused at the rendezvous.
+
+// segmentPath is the collective segment of inst's group at generation gen,
+// next to the arena (shared memory).
+func (a *Agent) segmentPath(inst *instance, gen uint64) string {
+	return filepath.Join(filepath.Dir(a.opts.ArenaPath), fmt.Sprintf("lifeline-group-%s-%d", inst.id, gen))
+}
+
+// createSegment makes inst's segment for generation gen, sized for a
+// step of the scheduler's most positions.
+func (a *Agent) createSegment(inst *instance, gen uint64) (string, error) {
+	cfg, err := model.PresetConfig(inst.spec.Preset)
+	if err != nil {
+		return "", err
+	}
+	path := a.segmentPath(inst, gen)
+	return path, collective.Create(path, inst.spec.ranks(), gen, sched.DefaultLimits.MaxStepTokens*cfg.Dim)
+}
+
+// startFollowers starts ranks 1..n-1 of inst's group at generation gen,
+// each reporting its death on w.detected, rank 0's channel: any rank's
+// death is the instance's.
+func (a *Agent) startFollowers(inst *instance, gen uint64, w *workerProc) error {
+	for r := 1; r < inst.spec.ranks(); r++ {
+		args := a.workerArgs(inst, gen)
+		args.Rank = r
+		cmd := exec.Command(a.opts.WorkerBinary, append([]string{workerclient.Command}, args.Argv()...)...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if inst.spec.Threads > 0 {
+			cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", inst.spec.Threads))
+		}
+		cmd.Stdout, cmd.Stderr = nil, os.Stderr
+		if err := cmd.Start(); err != nil {
+			return fmt.Errorf("agent: start rank %d of %s: %w", r, inst.id, err)
+		}
+		if err := a.placeWorker(inst, cmd); err != nil {
+			return err
+		}
+		f := &workerProc{cmd: cmd, pid: cmd.Process.Pid, detected: w.detected, waited: make(chan ebpf.Exit, 1), exited: make(chan struct{})}
+		w.followers = append(w.followers, f)
+		a.mu.Lock()
+		a.byPID[f.pid] = w.detected
+		inst.rankPIDs = append(inst.rankPIDs, f.pid)
+		a.mu.Unlock()
+		if err := a.detector.Watch(f.pid); err != nil {
+			a.log.Warn("cannot watch rank", "instance_id", inst.id, "rank", r, "pid", f.pid, "err", err)
+		}
+		a.track(func() {
+			f.reap()
+			// The reaper's report reaches the instance too, when the
+			// detector's did not.
+			select {
+			case w.detected <- <-f.waited:
+			default:
+			}
+		})
+		a.log.Info("rank started", "instance_id", inst.id, "generation", gen, "rank", r, "pid", f.pid)
+	}
+	return nil
+}
+
+// endGroup ends w's group after its death (or the agent's stop): the
+// segment aborted (the survivors' collectives return at once and they
+// exit), every rank still running SIGKILLed and reaped, the segment
+// removed. No rank of this generation is left.
+func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
+	if w.segment == "" {
+		return
+	}
+	at := time.Now()
+	if err := collective.AbortSegment(w.segment); err != nil {
+		a.log.Warn("cannot abort group", "instance_id", inst.id, "generation", gen, "err", err)
+	}
+	a.metrics.groupAborts.Inc()
+	for _, f := range append([]*workerProc{w}, w.followers...) {
+		select {
+		case <-f.exited:
+			continue
+		case <-time.After(200 * time.Millisecond):
+		}
+		f.cmd.Process.Kill()
+		<-f.exited
+	}
+	a.metrics.groupEnd.Observe(time.Since(at).Seconds())
+	a.mu.Lock()
+	for _, f := range append([]*workerProc{w}, w.followers...) {
+		delete(a.byPID, f.pid)
+	}
+	inst.rankPIDs = nil
+	a.mu.Unlock()
+	for _, f := range append([]*workerProc{w}, w.followers...) {
+		a.detector.Unwatch(f.pid)
+	}
+	os.Remove(w.segment)
+	a.mu.Lock()
+	inst.groupEndedAt = at
+	a.mu.Unlock()
+	a.emit(controlapi.Event{Kind: controlapi.EventGroupEnded, InstanceID: inst.id, Generation: gen,
+		Detail: fmt.Sprintf("group of %d ranks ended in %v", len(w.followers)+1, time.Since(at).Round(time.Millisecond))})
+}

@@ -1,0 +1,125 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
+)
+
+// alive says whether pid runs (a zombie does not).
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(b))
+	return len(f) > 2 && f[2] != "Z"
+}
+
+// TestAgentRestartsATPGroupAsAWhole: an instance with tp 2 is two worker
+// processes, one registration (its numerics id says tp=2). SIGKILL rank 1:
+// the instance is deregistered and its failure announced, rank 0 is gone
+// within a second (no rank of the old generation left), and both ranks
+// come back together at a higher generation, ready after their canary.
+// SIGSTOP rank 1 of the new group: its canary fails (rank 0's collectives
+// wait for it), and the whole group is restarted again.
+func TestAgentRestartsATPGroupAsAWhole(t *testing.T) {
+	metricsAddr := proctest.FreeTCPAddr(t)
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.Metrics = metricsAddr
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, TP: 2}}
+		o.CanaryIdle, o.CanaryTimeout = agent.Duration(500*time.Millisecond), agent.Duration(time.Second)
+	})
+	const id = "n1-decode-tiny-tp2-0"
+	reg := n.WaitRegistration(t, id, 0)
+	if !strings.Contains(reg.NumericsID, ";tp=2;") {
+		t.Fatalf("a tp=2 group registered numerics %q", reg.NumericsID)
+	}
+	ranks := func() []controlapi.RankProc {
+		for _, w := range n.NodectlWorkers(t) {
+			if w.InstanceID == id && w.TP == 2 {
+				return w.Ranks
+			}
+		}
+		return nil
+	}
+	rs := ranks()
+	if len(rs) != 2 || rs[0].PID == 0 || rs[1].PID == 0 {
+		t.Fatalf("ranks of %s: %+v", id, rs)
+	}
+	failures := n.Env.Client.Watch(context.Background(), schema.FailuresPrefix+id)
+	if err := syscall.Kill(rs[1].PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	select {
+	case fr := <-failures:
+		if len(fr.Events) == 0 || fr.Events[0].Type != clientv3.EventTypePut {
+			t.Fatalf("failure watch: %+v", fr)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no failure announced 10 s after rank 1's death; log:\n%s", n.Log.String())
+	}
+	proctest.WaitFor(t, time.Second, "rank 0 of the old generation gone", func() (bool, string) {
+		return !alive(rs[0].PID), fmt.Sprint(rs[0].PID, " still runs")
+	})
+	t.Logf("rank 0 gone %v after rank 1's kill", time.Since(killed))
+	back := n.WaitRegistration(t, id, reg.Generation)
+	rs2 := ranks()
+	if len(rs2) != 2 || rs2[0].PID == rs[0].PID || rs2[1].PID == rs[1].PID {
+		t.Fatalf("after the restart, ranks %+v (before %+v)", rs2, rs)
+	}
+	t.Logf("back at generation %d (was %d) %v after the kill", back.Generation, reg.Generation, time.Since(killed))
+	if strings.Contains(fmt.Sprint(procfs.Mentioning(n.Dir+"/")), fmt.Sprintf("--group-generation=%d ", reg.Generation)) {
+		t.Fatalf("a rank of generation %d still runs", reg.Generation)
+	}
+
+	// SIGSTOP rank 1: rank 0 cannot compute the canary; the group goes.
+	if err := syscall.Kill(rs2[1].PID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(rs2[1].PID, syscall.SIGCONT)
+	third := n.WaitRegistration(t, id, back.Generation)
+	if alive(rs2[0].PID) {
+		t.Fatalf("rank 0 of generation %d runs on after its group was restarted", back.Generation)
+	}
+	proctest.WaitFor(t, 5*time.Second, "the stopped rank gone", func() (bool, string) {
+		return !alive(rs2[1].PID), fmt.Sprint(rs2[1].PID, " still there")
+	})
+	t.Logf("a stopped rank: the group was restarted at generation %d", third.Generation)
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := string(page)
+	if !strings.Contains(m, "lifeline_agent_group_aborts_total 2") {
+		t.Fatalf("group aborts not counted:\n%s", grep(m, "lifeline_agent_group"))
+	}
+}
+
+func grep(page, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(page, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
