@@ -76,9 +76,12 @@ func (a *Agent) startFollowers(inst *instance, gen uint64, w *workerProc) error 
 		a.track(func() {
 			f.reap()
 			// The reaper's report reaches the instance too, when the
-			// detector's did not.
+			// detector's did not: as a detector's with its exit status
+			// (acted on at once; rank 0's reaper channel is its own).
+			ex := <-f.waited
+			ex.Detector = "reaper"
 			select {
-			case w.detected <- <-f.waited:
+			case w.detected <- ex:
 			default:
 			}
 		})
@@ -87,19 +90,27 @@ func (a *Agent) startFollowers(inst *instance, gen uint64, w *workerProc) error 
 	return nil
 }
 
-// endGroup ends w's group after its death (or the agent's stop): the
-// segment aborted (the survivors' collectives return at once and they
-// exit), every rank still running SIGKILLed and reaped, the segment
-// removed. No rank of this generation is left.
-func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
+// abortGroup aborts w's group after its death (or the agent's stop):
+// the survivors' collectives return at once and they exit.
+func (a *Agent) abortGroup(inst *instance, gen uint64, w *workerProc) {
 	if w.segment == "" {
 		return
 	}
-	at := time.Now()
+	w.abortedAt = time.Now()
 	if err := collective.AbortSegment(w.segment); err != nil {
 		a.log.Warn("cannot abort group", "instance_id", inst.id, "generation", gen, "err", err)
 	}
 	a.metrics.groupAborts.Inc()
+}
+
+// endGroup ends an aborted group (after its death was announced): every
+// rank still running SIGKILLed and reaped, the segment removed. No rank
+// of this generation is left.
+func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
+	if w.segment == "" {
+		return
+	}
+	at := w.abortedAt
 	for _, f := range append([]*workerProc{w}, w.followers...) {
 		select {
 		case <-f.exited:

@@ -72,6 +72,7 @@ func TestAgentRestartsATPGroupAsAWhole(t *testing.T) {
 		if len(fr.Events) == 0 || fr.Events[0].Type != clientv3.EventTypePut {
 			t.Fatalf("failure watch: %+v", fr)
 		}
+		t.Logf("failure announced %v after rank 1's kill", time.Since(killed))
 	case <-time.After(10 * time.Second):
 		t.Fatalf("no failure announced 10 s after rank 1's death; log:\n%s", n.Log.String())
 	}

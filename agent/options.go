@@ -249,6 +249,11 @@ func (o *Options) Validate() error {
 			return bad("worker_cgroup", "%q is not a cgroup directory: %v", o.WorkerCgroup, err)
 		}
 	}
+	return o.validateInstances(bad)
+}
+
+// validateInstances checks the instances' specs.
+func (o *Options) validateInstances(bad func(field, format string, args ...any) error) error {
 	seen := map[string]int{}
 	for i, in := range o.Instances {
 		key := fmt.Sprintf("%s/%s/tp%d", in.Role, in.Preset, in.ranks())

@@ -46,6 +46,8 @@ type workerProc struct {
 	followers []*workerProc
 	// exited is closed once the reaper saw the process exit.
 	exited chan struct{}
+	// abortedAt is when its group was aborted.
+	abortedAt time.Time
 }
 
 // runOnce starts the worker at a new generation and supervises it until it
@@ -72,8 +74,10 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 	wctx, stopInstance := context.WithCancel(ctx)
 	defer stopInstance()
 	death := a.watchWorker(ctx, wctx, inst, gen, w)
-	// A group's surviving ranks go with it, before anything restarts.
-	a.endGroup(inst, gen, w)
+	// A group's surviving ranks are told at once (their collectives
+	// return), and are gone before anything restarts.
+	a.abortGroup(inst, gen, w)
+	defer a.endGroup(inst, gen, w)
 	if death.Detector == "" {
 		return nil, ctx.Err() // agent shutting down
 	}
@@ -88,8 +92,9 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 	args := workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.workerCertDir(inst.id),
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
-		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK, TP: inst.spec.ranks()}
+		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}
 	if n := inst.spec.ranks(); n > 1 {
+		args.TP = n
 		// A group keeps its ranks' KV in their own memory: no arena, no
 		// pulls (group.go).
 		args.KVSocket, args.KVTransfer = "", ""

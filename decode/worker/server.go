@@ -94,11 +94,7 @@ func oneAddress(hostport string) bool {
 // to out once the endpoint accepts connections.
 func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if opts.Engine.TP > 1 && opts.Engine.Rank > 0 {
-		// A follower rank: no endpoint, it computes what rank 0 sends.
-		return decode.RunFollower(ctx, opts.Engine, func() {
-			json.NewEncoder(out).Encode(workerclient.RankReady{InstanceID: opts.InstanceID, Generation: opts.Generation,
-				Rank: opts.Engine.Rank, TP: opts.Engine.TP, GroupGeneration: opts.Engine.GroupGeneration})
-		})
+		return runFollower(ctx, opts, out)
 	}
 	// The worker writes the shared arena as its instance and generation.
 	if opts.Engine.KVSocket != "" && opts.Engine.InstanceID == "" {
@@ -144,19 +140,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := failpoint.Hit(FailAfterReady); err != nil {
 		return err
 	}
-	// Rank 0 of a tensor-parallel group whose group was aborted (a rank
-	// died) can compute nothing more: it stops as at SIGTERM, and says why.
-	ctx, cancel := context.WithCancelCause(ctx)
+	ctx, cancel := s.stopOnGroupAbort(ctx, ln)
 	defer cancel(nil)
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-e.GroupAborted: // nil unless rank 0 of a group
-			cancel(errGroupAborted)
-		}
-		ln.Close()
-		s.stopDetached()
-	}()
 	// Once every connection is done, nobody can attach to a detachable
 	// request any more: the engine ends after every sequence did.
 	defer func() {
@@ -168,7 +153,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	for {
 		conn, err := ln.Accept(ctx)
 		if err != nil {
-			if errors.Is(context.Cause(ctx), errGroupAborted) {
+			if groupAborted(ctx) {
 				return errGroupAborted
 			}
 			if ctx.Err() != nil {
@@ -183,9 +168,6 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		}()
 	}
 }
-
-// errGroupAborted ends rank 0 of an aborted tensor-parallel group.
-var errGroupAborted = errors.New("worker: the tensor-parallel group was aborted (a rank died or gave up)")
 
 type server struct {
 	opts   Options
@@ -272,7 +254,7 @@ func (s *server) serveConn(ctx context.Context, conn *quic.Conn) {
 	wg.Wait()
 	// An aborted group's rank 0 leaves at once: its frames are errors,
 	// and its agent restarts the whole group.
-	if last := lastWrite.Load(); last != 0 && !errors.Is(context.Cause(ctx), errGroupAborted) {
+	if last := lastWrite.Load(); last != 0 && !groupAborted(ctx) {
 		t := time.NewTimer(time.Until(time.Unix(0, last).Add(closeGrace)))
 		select {
 		case <-conn.Context().Done():
@@ -361,29 +343,6 @@ func intsOf(v []int32) []int {
 		out[i] = int(x)
 	}
 	return out
-}
-
-// ErrorFrame renders an engine error as a typed wire error.
-func ErrorFrame(err error) *wire.Error {
-	e := &wire.Error{Code: wire.Code_INTERNAL, Message: err.Error()}
-	var oe *sched.OverloadedError
-	switch {
-	case errors.As(err, &oe):
-		e.Code, e.Retryable = wire.Code_OVERLOADED, true
-	case errors.Is(err, decode.ErrInvalidRequest), errors.Is(err, sched.ErrInvalidRequest):
-		e.Code = wire.Code_INVALID_REQUEST
-	case errors.Is(err, sched.ErrTooLarge):
-		e.Code = wire.Code_TOO_LARGE
-	case errors.Is(err, sched.ErrCancelled):
-		e.Code = wire.Code_CANCELLED
-	case errors.Is(err, sched.ErrClosed):
-		e.Code, e.Retryable = wire.Code_SHUTTING_DOWN, true
-	case errors.Is(err, sched.ErrKVLost):
-		// Blocks taken back and not replaceable here: another worker can
-		// continue (migrate), this one could not.
-		e.Retryable = true
-	}
-	return e
 }
 
 // refusal is the error of a request a worker that does not accept refuses.

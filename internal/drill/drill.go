@@ -74,6 +74,9 @@ type Shape struct {
 	// cuts a node's link instead of freezing its agent. Without root the
 	// nodes share this namespace.
 	NetNS bool `json:"netns,omitempty"`
+	// TP, above 1, makes every decode instance a tensor-parallel group of
+	// TP worker processes.
+	TP int `json:"tp,omitempty"`
 }
 
 // Capacity is how many requests the shape's decode workers hold at once
@@ -92,6 +95,9 @@ func (s Shape) String() string {
 	}
 	if s.NetNS {
 		out += ", a network namespace per node"
+	}
+	if s.TP > 1 {
+		out += fmt.Sprintf(", each decode instance %d ranks", s.TP)
 	}
 	return out
 }

@@ -147,7 +147,7 @@ func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agen
 	o := env.NodeOptions(id, filepath.Join(env.Dir, id))
 	o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-drill-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id))
 	o.ArenaSlots, o.ArenaSlotBytes = 512, 131072
-	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: s.Threads}}
+	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: s.Threads, TP: s.TP}}
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
 	}

@@ -34,6 +34,9 @@ type Options struct {
 	// namespace of its own on a bridge (root only): a node can then be cut
 	// off with real packet loss.
 	NetNS bool
+	// TP, above 1, runs every decode instance as a tensor-parallel group
+	// of TP worker processes.
+	TP int
 }
 
 // Validate names the first bad field.
@@ -55,6 +58,8 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: listen: empty")
 	case o.Prefill < 0 || o.Prefill > 16:
 		return fmt.Errorf("up: prefill: %d (0..16)", o.Prefill)
+	case o.TP < 0 || o.TP > 8:
+		return fmt.Errorf("up: tp: %d (0..8; 0 and 1: one process per instance)", o.TP)
 	case o.Frontends < 0 || o.Frontends > 16:
 		return fmt.Errorf("up: frontends: %d (1..16)", o.Frontends)
 	}

@@ -139,7 +139,7 @@ func (u *up) startNodes() error {
 		if o.Metrics, err = FreeLoopbackAddr(); err != nil {
 			return fmt.Errorf("up: metrics port: %w", err)
 		}
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: opts.Preset, Count: 1}}
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: opts.Preset, Count: 1, TP: opts.TP}}
 		if np := opts.Prefill/opts.Nodes + b2i((opts.Nodes-1-i) < opts.Prefill%opts.Nodes); np > 0 {
 			o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: opts.Preset, Count: np})
 		}
