@@ -16,6 +16,8 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
@@ -123,4 +125,46 @@ func grep(page, prefix string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestTwoLayoutsShareNoKV: one node runs a tp=1 and a tp=2 instance of
+// the same model over one arena. A long prompt computed by the tp=1
+// worker is published and reused by it the second time; the tp=2 group
+// computes it without reusing a position (its ranks' KV is their own:
+// no block crosses between layouts), and its output is its own tp's, not
+// a read of the other layout's blocks.
+func TestTwoLayoutsShareNoKV(t *testing.T) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}, {Role: "decode", Preset: "small", Count: 1, TP: 2}}
+		o.ArenaSlotBytes = 131072
+		o.CanaryIdle = agent.Duration(time.Hour)
+	})
+	one, two := n.DialWorker(t, "n1-decode-small-0"), n.DialWorker(t, "n1-decode-small-tp2-0")
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 12)
+	reused := func(c *workerclient.Client, id string) (uint32, []int32) {
+		s, err := c.Generate(t.Context(), &wire.Generate{RequestId: id, Prompt: prompt, MaxTokens: 8, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r uint32
+		var toks []int32
+		for _, f := range clustertest.CollectFrames(t, s) {
+			if f.Error != nil {
+				t.Fatalf("%s: %v", id, f.Error)
+			}
+			r = max(r, f.ReusedPositions)
+			if f.FinishReason == "" && f.SequenceNo > 0 {
+				toks = append(toks, f.TokenId)
+			}
+		}
+		return r, toks
+	}
+	reused(one, "warm")
+	if r, _ := reused(one, "again"); r == 0 {
+		t.Fatal("the tp=1 worker reused nothing of a prompt it had just computed: the test proves nothing")
+	}
+	r, toks := reused(two, "tp2")
+	if r != 0 || len(toks) != 8 {
+		t.Fatalf("the tp=2 group reused %d positions of the tp=1 worker's blocks (%d tokens)", r, len(toks))
+	}
 }

@@ -23,7 +23,7 @@ func main() {
 	tokens := flag.Int("tokens", 64, "output tokens per sequence in the decode runs")
 	minRatio := flag.Float64("min-batch-ratio", 4, "required batch-16/batch-1 decode throughput on small")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured or spec")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec or tp")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -52,6 +52,8 @@ func main() {
 		err = runStructuredBench()
 	case "spec":
 		err = runSpecBench(*tokens)
+	case "tp":
+		err = runTPBench(20)
 	case "engine", "":
 		err = run(*tokens, *minRatio)
 		if err == nil && *only == "" {
@@ -84,8 +86,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runSpecBench(*tokens)
 		}
+		if err == nil && *only == "" {
+			err = runTPBench(20)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured or spec", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec or tp", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
