@@ -40,13 +40,21 @@ func runRankKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error
 	if err := l.Reference(ctx); err != nil {
 		return err
 	}
-	var survivorsGone time.Time
-	var wg sync.WaitGroup
+	// Watched from the kill on, while the load runs.
+	var (
+		survivorsGone, deregAt, removedAt time.Time
+		rmErr                             error
+		wg                                sync.WaitGroup
+	)
 	kill := killRankOnToken(ctx, c, l, r, 0, max(cfg.MaxTokens/4, 1), 1, func(k Kill) {
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			survivorsGone = waitGone(ctx, otherRanks(k), 10*time.Second)
+		}()
+		go func() {
+			defer wg.Done()
+			deregAt, removedAt, rmErr = c.Removed(ctx, k, 10*time.Second)
 		}()
 	})
 	r.Event(time.Now(), EvLoadStart, "%d streams × %d tokens", cfg.Streams, cfg.MaxTokens)
@@ -60,9 +68,8 @@ func runRankKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error
 	if !survivorsGone.IsZero() {
 		r.Event(survivorsGone, EvRemoved, "every other rank of %s generation %d gone", k.InstanceID, k.Generation)
 	}
-	deregAt, removedAt, err := c.Removed(ctx, k, 10*time.Second)
-	if err != nil {
-		return err
+	if rmErr != nil {
+		return rmErr
 	}
 	r.Event(deregAt, EvRemoved, "%s generation %d deregistered (one registration for the group)", k.InstanceID, k.Generation)
 	r.Event(removedAt, EvRemoved, "every frontend's routing view without it")

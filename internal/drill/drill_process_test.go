@@ -71,6 +71,7 @@ func TestShortPass(t *testing.T) {
 	figure(t, by[5], "migrated_streams", within(1, 3))
 	figure(t, by[5], "survivors_gone_ms", within(0.001, float64(drill.RankExitTarget.Milliseconds())))
 	figure(t, by[5], "lost_streams", eq(0))
+	figure(t, by[5], "removed_ms", within(0, float64(drill.RemovalTarget.Milliseconds())))
 	figure(t, by[3], "prefill_failures", within(1, 100))
 	figure(t, by[3], "leaked_slots", eq(0))
 	for _, k := range []string{"leaked_slots", "leaked_leases", "leaked_pulls", "leaked_in_flight"} {
