@@ -45,10 +45,18 @@ func (m *Model) Rank() int { return m.rank }
 
 // Local widths: a rank holds heads/tp query and key-value heads and
 // hidden/tp FFN units.
-func (m *Model) heads() int  { return m.Config.Heads / m.TP() }
-func (m *Model) qDim() int   { return m.heads() * m.Config.HeadSize() }
-func (m *Model) kvDim() int  { return m.Config.KVDim() / m.TP() }
-func (m *Model) hidden() int { return m.Config.HiddenDim / m.TP() }
+func (m *Model) heads() int { return m.Config.Heads / m.TP() }
+func (m *Model) qDim() int  { return m.heads() * m.Config.HeadSize() }
+func (m *Model) kvDim() int { return m.kvHeads() * m.Config.HeadSize() }
+
+// kvHeads are a rank's key-value heads: KVHeads/tp, or the one its query
+// heads share when there are more ranks than key-value heads (each then
+// held by tp/KVHeads ranks, computed by each).
+func (m *Model) kvHeads() int { return max(m.Config.KVHeads/m.TP(), 1) }
+
+// kvStart is the first key-value head of the rank.
+func (m *Model) kvStart() int { return m.rank * m.heads() / (m.Config.Heads / m.Config.KVHeads) }
+func (m *Model) hidden() int  { return m.Config.HiddenDim / m.TP() }
 
 // New checks the weights against the config and prepares the model.
 func New(c Config, w *Weights) (*Model, error) {

@@ -12,8 +12,10 @@ import (
 )
 
 // Shard returns rank's part of m for a tensor-parallel group of tp ranks:
-// its Heads/tp query heads and KVHeads/tp key-value heads (rows of Wq, Wk,
-// Wv, the matching columns of Wo) and its HiddenDim/tp FFN units (rows of
+// its Heads/tp query heads and KVHeads/tp key-value heads — or, with more
+// ranks than key-value heads, the one its query heads share (replicated:
+// tp/KVHeads ranks compute and keep it) — (rows of Wq, Wk, Wv, the
+// matching columns of Wo) and its HiddenDim/tp FFN units (rows of
 // W1 and W3, columns of W2); the embedding, the norms and the classifier
 // are whole. reduce must sum a slice over the group's ranks in a fixed
 // rank order (collective.Group.AllReduce): it is called twice per layer,
@@ -31,7 +33,7 @@ func (m *Model) Shard(rank, tp int, reduce func([]float32) error) (*Model, error
 		return nil, fmt.Errorf("model: shard of a shard")
 	case tp < 1 || rank < 0 || rank >= tp:
 		return nil, fmt.Errorf("model: rank %d of tp %d", rank, tp)
-	case c.Heads%tp != 0 || c.KVHeads%tp != 0 || c.HiddenDim%tp != 0:
+	case c.Heads%tp != 0 || (c.KVHeads%tp != 0 && tp%c.KVHeads != 0) || c.HiddenDim%tp != 0:
 		return nil, fmt.Errorf("model: %s does not split %d ways (%d heads, %d key-value heads, hidden %d)", c.Name, tp, c.Heads, c.KVHeads, c.HiddenDim)
 	case tp > 1 && reduce == nil:
 		return nil, fmt.Errorf("model: tp %d needs an all-reduce", tp)
@@ -40,13 +42,14 @@ func (m *Model) Shard(rank, tp int, reduce func([]float32) error) (*Model, error
 	s.tp, s.rank, s.reduce = tp, rank, reduce
 	s.Revision = fmt.Sprintf("%s/tp%d.%d", m.Revision, tp, rank)
 	dim, qd, kvd, hl := c.Dim, s.qDim(), s.kvDim(), s.hidden()
+	kv0 := s.kvStart() * c.HeadSize() // its first key-value row
 	s.W.Layers = make([]Layer, len(m.W.Layers))
 	for i, l := range m.W.Layers {
 		s.W.Layers[i] = Layer{
 			AttnNorm: l.AttnNorm, FFNNorm: l.FFNNorm,
 			Wq: l.Wq[rank*qd*dim : (rank+1)*qd*dim],
-			Wk: l.Wk[rank*kvd*dim : (rank+1)*kvd*dim],
-			Wv: l.Wv[rank*kvd*dim : (rank+1)*kvd*dim],
+			Wk: l.Wk[kv0*dim : (kv0+kvd)*dim],
+			Wv: l.Wv[kv0*dim : (kv0+kvd)*dim],
 			Wo: columns(l.Wo, dim, dim, rank*qd, qd),
 			W1: l.W1[rank*hl*dim : (rank+1)*hl*dim],
 			W3: l.W3[rank*hl*dim : (rank+1)*hl*dim],

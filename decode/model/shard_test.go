@@ -90,9 +90,40 @@ func TestShardTP2IsExactForItsTP(t *testing.T) {
 	}
 }
 
+// TestShardTP4ReplicatesKVHeads: tiny has 4 query heads and 2 key-value
+// heads; at tp 4 each rank holds one query head and the key-value head it
+// shares with its neighbour. The four ranks compute the same logits, token
+// by token against their KV as in one prefill, close to tp 1.
+func TestShardTP4ReplicatesKVHeads(t *testing.T) {
+	m := tinyModel(t)
+	const n = 24
+	toks := testTokens(n, 9)
+	prefill := newTPGroup(t, m, 4, n).run(t, toks, 0, n)
+	dec := newTPGroup(t, m, 4, n)
+	whole := newSeqRunner(t, m, n).run(t, toks, 0, n)
+	worst := 0.0
+	for p := 0; p < n; p++ {
+		step := dec.run(t, toks, p, p+1)
+		for r := range step {
+			if i := sameBits(step[r][0], prefill[0][p]); i >= 0 {
+				t.Fatalf("position %d: rank %d's decode and rank 0's prefill differ at logit %d", p, r, i)
+			}
+		}
+		for i, v := range whole[p] {
+			worst = max(worst, math.Abs(float64(v-prefill[0][p][i])))
+		}
+	}
+	if worst > 1e-3 {
+		t.Fatalf("tp=4 differs from tp=1 by %.3g", worst)
+	}
+	if got := dec.ranks[3].store.Layout().KVDim; got != m.Config.HeadSize() {
+		t.Fatalf("a tp=4 rank's KV width %d, want one head (%d)", got, m.Config.HeadSize())
+	}
+}
+
 func TestShardRefusesWhatDoesNotSplit(t *testing.T) {
-	m := tinyModel(t) // 4 heads, 2 key-value heads
-	for _, c := range []struct{ rank, tp int }{{0, 4}, {0, 3}, {2, 2}, {-1, 2}} {
+	m := tinyModel(t) // 4 heads, 2 key-value heads, hidden 176
+	for _, c := range []struct{ rank, tp int }{{0, 8}, {0, 3}, {2, 2}, {-1, 2}} {
 		if _, err := m.Shard(c.rank, c.tp, func([]float32) error { return nil }); err == nil {
 			t.Errorf("rank %d of tp %d: no error", c.rank, c.tp)
 		}
