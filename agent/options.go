@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/lifeline-llm/lifeline/decode/collective"
+	"github.com/lifeline-llm/lifeline/decode/model"
 	"net"
 	"os"
 	"path/filepath"
@@ -280,6 +281,9 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%d (0..%d; 0 and 1: one process)", in.TP, collective.MaxRanks)
 		case in.TP > 1 && (in.DraftPreset != "" || in.DraftLayers != 0):
 			return bad(fmt.Sprintf("instances[%d].tp", i), "tp %d with speculative decoding is not built", in.TP)
+		}
+		if cfg, err := model.PresetConfig(in.Preset); err == nil && in.TP > 1 && cfg.SplitsInto(in.TP) != nil {
+			return bad(fmt.Sprintf("instances[%d].tp", i), "%v", cfg.SplitsInto(in.TP))
 		}
 	}
 	return nil

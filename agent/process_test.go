@@ -210,6 +210,9 @@ func TestAgentBadConfig(t *testing.T) {
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "transfer_listen": "0.0.0.0:7480"}`, "transfer_advertise"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "transfer_listen": "nonsense"}`, "transfer_listen"},
 		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1, "threads": -1}]}`, "instances[0].threads"},
+		// 6 query heads do not split 4 ways; tp 9 is past the most ranks.
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "small", "count": 1, "tp": 4}]}`, "instances[0].tp"},
+		{`{"node_id": "a", "data_dir": "d", "socket": "s", "etcd": ["x:1"], "certs": "c", "arena": "/dev/shm/x", "instances": [{"role": "decode", "preset": "tiny", "count": 1, "tp": 9}]}`, "instances[0].tp"},
 	} {
 		p := filepath.Join(dir, "agent.json")
 		os.WriteFile(p, []byte(c.cfg), 0o600)

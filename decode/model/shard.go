@@ -33,8 +33,8 @@ func (m *Model) Shard(rank, tp int, reduce func([]float32) error) (*Model, error
 		return nil, fmt.Errorf("model: shard of a shard")
 	case tp < 1 || rank < 0 || rank >= tp:
 		return nil, fmt.Errorf("model: rank %d of tp %d", rank, tp)
-	case c.Heads%tp != 0 || (c.KVHeads%tp != 0 && tp%c.KVHeads != 0) || c.HiddenDim%tp != 0:
-		return nil, fmt.Errorf("model: %s does not split %d ways (%d heads, %d key-value heads, hidden %d)", c.Name, tp, c.Heads, c.KVHeads, c.HiddenDim)
+	case c.SplitsInto(tp) != nil:
+		return nil, c.SplitsInto(tp)
 	case tp > 1 && reduce == nil:
 		return nil, fmt.Errorf("model: tp %d needs an all-reduce", tp)
 	}
@@ -216,4 +216,14 @@ func (m *Model) Follow(ws *Workspace, store kvcache.Store, recv func() ([]byte, 
 			return err
 		}
 	}
+}
+
+// SplitsInto says whether a model of c splits into tp tensor-parallel
+// ranks: tp must divide the query heads and the FFN units, and divide or
+// be a multiple of the key-value heads.
+func (c Config) SplitsInto(tp int) error {
+	if tp < 1 || c.Heads%tp != 0 || (c.KVHeads%tp != 0 && tp%c.KVHeads != 0) || c.HiddenDim%tp != 0 {
+		return fmt.Errorf("model: %s does not split %d ways (%d heads, %d key-value heads, hidden %d)", c.Name, tp, c.Heads, c.KVHeads, c.HiddenDim)
+	}
+	return nil
 }
