@@ -51,7 +51,9 @@ func (a *Agent) createSegment(inst *instance, gen uint64) (string, error) {
 func (a *Agent) startFollowers(inst *instance, gen uint64, w *workerProc) error {
 	for r := 1; r < inst.spec.ranks(); r++ {
 		args := a.workerArgs(inst, gen)
-		args.Rank = r
+		// Rank 0 allocates the group's blocks (the owner's socket) and
+		// pulls; the others write their heads' part in the arena.
+		args.Rank, args.KVSocket, args.KVTransfer, args.KVArena = r, "", "", a.opts.ArenaPath
 		cmd := exec.Command(a.opts.WorkerBinary, append([]string{workerclient.Command}, args.Argv()...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if inst.spec.Threads > 0 {
@@ -103,9 +105,10 @@ func (a *Agent) abortGroup(inst *instance, gen uint64, w *workerProc) {
 	a.metrics.groupAborts.Inc()
 }
 
-// endGroup ends an aborted group (after its death was announced): every
-// rank still running SIGKILLed and reaped, the segment removed. No rank
-// of this generation is left.
+// endGroup ends an aborted group: every rank still running SIGKILLed (it
+// can compute nothing more, and must not write a block once the group's
+// are reclaimed) and reaped, the segment removed. No rank of this
+// generation is left.
 func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
 	if w.segment == "" {
 		return
@@ -114,11 +117,10 @@ func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
 	for _, f := range append([]*workerProc{w}, w.followers...) {
 		select {
 		case <-f.exited:
-			continue
-		case <-time.After(200 * time.Millisecond):
+		default:
+			f.cmd.Process.Kill()
+			<-f.exited
 		}
-		f.cmd.Process.Kill()
-		<-f.exited
 	}
 	a.metrics.groupEnd.Observe(time.Since(at).Seconds())
 	a.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -127,22 +128,22 @@ func grep(page, prefix string) string {
 	return strings.Join(out, "\n")
 }
 
-// TestTwoLayoutsShareNoKV: one node runs a tp=1 and a tp=2 instance of
-// the same model over one arena. A long prompt computed by the tp=1
-// worker is published and reused by it the second time; the tp=2 group
-// computes it without reusing a position (its ranks' KV is their own:
-// no block crosses between layouts), and its output is its own tp's, not
-// a read of the other layout's blocks.
-func TestTwoLayoutsShareNoKV(t *testing.T) {
+// TestGroupsShareKVByLayout: one node runs a tp=1 instance and two tp=2
+// groups of the same model over one arena. A long prompt computed by one
+// group is published (every rank wrote its heads' part of each block) and
+// reused by the other group, which then generates exactly what the first
+// did; the tp=1 worker reuses none of the groups' blocks, nor they its
+// (no block crosses between layouts), while it reuses its own.
+func TestGroupsShareKVByLayout(t *testing.T) {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}, {Role: "decode", Preset: "small", Count: 1, TP: 2}}
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}, {Role: "decode", Preset: "small", Count: 2, TP: 2}}
 		o.ArenaSlotBytes = 131072
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
-	one, two := n.DialWorker(t, "n1-decode-small-0"), n.DialWorker(t, "n1-decode-small-tp2-0")
-	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 12)
-	reused := func(c *workerclient.Client, id string) (uint32, []int32) {
-		s, err := c.Generate(t.Context(), &wire.Generate{RequestId: id, Prompt: prompt, MaxTokens: 8, IgnoreEos: true})
+	one := n.DialWorker(t, "n1-decode-small-0")
+	a, b := n.DialWorker(t, "n1-decode-small-tp2-0"), n.DialWorker(t, "n1-decode-small-tp2-1")
+	run := func(c *workerclient.Client, id, prompt string) (uint32, []int32) {
+		s, err := c.Generate(t.Context(), &wire.Generate{RequestId: id, Prompt: prompt, MaxTokens: 8, IgnoreEos: true, Temperature: 0.8, Seed: 5})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,12 +160,27 @@ func TestTwoLayoutsShareNoKV(t *testing.T) {
 		}
 		return r, toks
 	}
-	reused(one, "warm")
-	if r, _ := reused(one, "again"); r == 0 {
+	p := strings.Repeat("the quick brown fox jumps over the lazy dog ", 12)
+	if r, _ := run(a, "a", p); r != 0 {
+		t.Fatalf("group a reused %d positions of a prompt nobody computed", r)
+	}
+	r, toksB := run(b, "b", p)
+	_, toksA := run(a, "a2", p)
+	if r == 0 {
+		t.Fatal("group b reused nothing of the prompt group a had published")
+	}
+	if !slices.Equal(toksA, toksB) {
+		t.Fatalf("group b on a's blocks generated %v, group a %v", toksB, toksA)
+	}
+	if r, _ := run(one, "one", p); r != 0 {
+		t.Fatalf("the tp=1 worker reused %d positions of the groups' blocks", r)
+	}
+	q := strings.Repeat("a stitch in time saves nine ", 16)
+	run(one, "one-q", q)
+	if r, _ := run(one, "one-q2", q); r == 0 {
 		t.Fatal("the tp=1 worker reused nothing of a prompt it had just computed: the test proves nothing")
 	}
-	r, toks := reused(two, "tp2")
-	if r != 0 || len(toks) != 8 {
-		t.Fatalf("the tp=2 group reused %d positions of the tp=1 worker's blocks (%d tokens)", r, len(toks))
+	if r, _ := run(a, "a-q", q); r != 0 {
+		t.Fatalf("group a reused %d positions of the tp=1 worker's blocks", r)
 	}
 }

@@ -75,9 +75,10 @@ func (a *Agent) runOnce(ctx context.Context, inst *instance) (*controlapi.Event,
 	defer stopInstance()
 	death := a.watchWorker(ctx, wctx, inst, gen, w)
 	// A group's surviving ranks are told at once (their collectives
-	// return), and are gone before anything restarts.
+	// return) and killed: gone before the death is acted on, so that none
+	// writes into the group's blocks once they are reclaimed.
 	a.abortGroup(inst, gen, w)
-	defer a.endGroup(inst, gen, w)
+	a.endGroup(inst, gen, w)
 	if death.Detector == "" {
 		return nil, ctx.Err() // agent shutting down
 	}
@@ -95,9 +96,6 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}
 	if n := inst.spec.ranks(); n > 1 {
 		args.TP = n
-		// A group keeps its ranks' KV in their own memory: no arena, no
-		// pulls (group.go).
-		args.KVSocket, args.KVTransfer = "", ""
 		args.GroupSegment, args.GroupGeneration = a.segmentPath(inst, gen), gen
 	}
 	return args

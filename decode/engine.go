@@ -75,6 +75,10 @@ type Options struct {
 	TP, Rank        int
 	GroupSegment    string
 	GroupGeneration uint64
+	// KVArena, for a rank above 0 of a group whose rank 0 keeps its KV
+	// in the node's arena (KVSocket), is the arena file: the rank writes
+	// and reads its heads' part of the blocks rank 0 allocates there.
+	KVArena string
 }
 
 // Validate reports the first bad option by name.
@@ -94,8 +98,8 @@ func (o *Options) Validate() error {
 		return badField("tp", "rank %d of tp %d (tp 1..%d)", o.Rank, o.TP, collective.MaxRanks)
 	case o.TP > 1 && o.GroupSegment == "":
 		return badField("group_segment", "a tensor-parallel rank needs its group's segment")
-	case o.TP > 1 && o.KVSocket != "":
-		return badField("kv_socket", "a tensor-parallel group keeps its ranks' KV in their own memory (no arena)")
+	case o.TP > 1 && o.Rank > 0 && o.KVSocket != "":
+		return badField("kv_socket", "rank %d of a group writes the blocks rank 0 allocates: --kv-arena, not the owner's socket", o.Rank)
 	case o.TP > 1 && o.speculates():
 		return badField("draft", "speculative decoding with tensor parallelism is not built")
 	}
@@ -147,11 +151,33 @@ func newEngine(opts Options) (*Engine, error) {
 	if limits == (sched.Limits{}) {
 		limits = sched.DefaultLimits
 	}
-	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
 	blocks := kvBlocks(opts, m, limits)
+	var g *collective.Group
 	if opts.TP > 1 {
-		return leadGroup(opts, m, tok, limits, blocks)
+		if m, g, err = leadGroup(opts, m); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				g.Abort()
+				g.Close()
+			}
+		}()
 	}
+	e, err := newEngineOn(opts, m, tok, limits, blocks)
+	if err == nil && g != nil {
+		var stop func()
+		e.GroupAborted, stop = g.WatchAbort()
+		// The engine stopped: so is the group.
+		e.closers = append(e.closers, func() error { g.Abort(); stop(); return g.Close() })
+	}
+	return e, err
+}
+
+// newEngineOn is the engine of m over its KV store: the node's arena when
+// opts.KVSocket is set, else private memory.
+func newEngineOn(opts Options, m *model.Model, tok tokenizer.Tokenizer, limits sched.Limits, blocks int) (*Engine, error) {
+	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
 	if opts.KVSocket == "" {
 		store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
 		if err != nil {

@@ -8,7 +8,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // A tensor-parallel group is TP processes of one instance: rank 0 is the
@@ -16,9 +16,11 @@ import (
 // the model, and hands every forward pass's inputs to the other ranks
 // before computing it; they compute the same inputs on their parts, and
 // the two all-reduces of every layer give every rank the same residual
-// stream. Each rank's KV holds its own heads, in its own memory: a
-// group's blocks are never published to the node's arena, so nothing is
-// reused between groups (a miss and a recompute, never a wrong hit).
+// stream. A group's KV blocks hold every head: rank 0 allocates them —
+// in the node's arena when it has the owner's socket, publishing and
+// reusing them like any worker (the identity's numerics id carries tp, so
+// only a group of the same tp hits them) — and each rank writes and reads
+// its own heads' part (the others map the arena: Options.KVArena).
 // When a rank dies the group is aborted (collective.AbortSegment): every
 // other rank's collective returns at once and the rank exits; the engine
 // of rank 0 fails its step.
@@ -42,33 +44,20 @@ func joinGroup(opts Options, m *model.Model) (*model.Model, *collective.Group, e
 	return shard, g, nil
 }
 
-// leadGroup is rank 0's engine.
-func leadGroup(opts Options, m *model.Model, tok tokenizer.Tokenizer, limits sched.Limits, blocks int) (*Engine, error) {
+// leadGroup joins rank 0 to its group and returns the model it runs: its
+// part, handing every forward pass's inputs to the other ranks first.
+func leadGroup(opts Options, m *model.Model) (*model.Model, *collective.Group, error) {
 	if opts.Rank != 0 {
-		return nil, badField("rank", "rank %d is a follower: RunFollower, not an engine", opts.Rank)
+		return nil, nil, badField("rank", "rank %d is a follower: RunFollower, not an engine", opts.Rank)
 	}
 	shard, g, err := joinGroup(opts, m)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	lead := shard.Lead(func(in []model.Input) error {
+	return shard.Lead(func(in []model.Input) error {
 		_, err := g.Broadcast(model.EncodeInputs(in), false)
 		return err
-	})
-	store, err := kvcache.NewMemStore(lead.KVLayout(cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)), blocks)
-	if err == nil {
-		var e *Engine
-		if e, err = NewEngineWith(lead, tok, store, limits); err == nil {
-			var stop func()
-			e.GroupAborted, stop = g.WatchAbort()
-			// The engine stopped: so is the group.
-			e.closers = append(e.closers, func() error { g.Abort(); stop(); return g.Close() })
-			return e, nil
-		}
-	}
-	g.Abort()
-	g.Close()
-	return nil, err
+	}), g, nil
 }
 
 // RunFollower runs rank opts.Rank > 0 of a group until the group is
@@ -97,7 +86,17 @@ func RunFollower(ctx context.Context, opts Options, ready func()) error {
 	defer g.Close()
 	stop := context.AfterFunc(ctx, g.Abort)
 	defer stop()
-	store, err := kvcache.NewMemStore(shard.KVLayout(cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)), kvBlocks(opts, m, limits))
+	layout := shard.KVLayout(cmpOr(opts.BlockSize, kvcache.DefaultBlockSize))
+	var store kvcache.Store
+	if opts.KVArena != "" {
+		v, verr := kv.NewView(opts.KVArena, layout, kvBlocks(opts, m, limits))
+		if verr == nil {
+			defer v.Close()
+		}
+		store, err = v, verr
+	} else {
+		store, err = kvcache.NewMemStore(layout, kvBlocks(opts, m, limits))
+	}
 	if err != nil {
 		g.Abort()
 		return err

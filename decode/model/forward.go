@@ -56,6 +56,12 @@ func (m *Model) kvHeads() int { return max(m.Config.KVHeads/m.TP(), 1) }
 
 // kvStart is the first key-value head of the rank.
 func (m *Model) kvStart() int { return m.rank * m.heads() / (m.Config.Heads / m.Config.KVHeads) }
+
+// kvBase is where the rank's key-value heads sit in a position's row of a
+// block: a group's blocks hold every head, each rank writes and reads its
+// own (a rank never reads another's within a step: there is no barrier
+// between a layer's KV write and its attention).
+func (m *Model) kvBase() int { return m.kvStart() * m.Config.HeadSize() }
 func (m *Model) hidden() int  { return m.Config.HiddenDim / m.TP() }
 
 // New checks the weights against the config and prepares the model.
@@ -83,7 +89,7 @@ func New(c Config, w *Weights) (*Model, error) {
 
 // KVLayout is the layout of this model's KV blocks with the given block size.
 func (m *Model) KVLayout(blockSize int) kvcache.Layout {
-	return kvcache.NewLayout(m.Config.Layers, m.kvDim(), blockSize)
+	return kvcache.NewLayout(m.Config.Layers, m.Config.KVDim(), blockSize)
 }
 
 // Input is one token position to compute.
@@ -208,8 +214,11 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 		m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
 		blk := store.Block(inp.Blocks[inp.Pos/bs])
 		slot := inp.Pos % bs
-		copy(blk[layout.KeyOffset(l, slot):][:kvDim], ws.k[t*kvDim:(t+1)*kvDim])
-		copy(blk[layout.ValueOffset(l, slot):][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
+		// Each rank writes (and then reads) its own heads' part; the ranks
+		// of a replicated head write the same bits.
+		base := m.kvBase()
+		copy(blk[layout.KeyOffset(l, slot)+base:][:kvDim], ws.k[t*kvDim:(t+1)*kvDim])
+		copy(blk[layout.ValueOffset(l, slot)+base:][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
 	}
 	m.attention(ws, store, in, l)
 	matmul.MatMul(xb, ws.att, T, lw.Wo, dim, qDim)
@@ -389,14 +398,14 @@ func (m *Model) attendOne(out, q, scores []float32, store kvcache.Store, inp Inp
 	c := m.Config
 	layout := store.Layout()
 	bs := layout.BlockSize
-	hs, kvDim := c.HeadSize(), m.kvDim()
+	hs, kvDim := c.HeadSize(), layout.KVDim
 	group := c.Heads / c.KVHeads
 	n := inp.Pos + 1
 	scores = grow(scores, n)
 	scale := float32(math.Sqrt(float64(hs)))
 	for h := 0; h < m.heads(); h++ {
 		qh := q[h*hs : (h+1)*hs]
-		kvOff := (h / group) * hs
+		kvOff := m.kvBase() + (h/group)*hs
 		for b := 0; b*bs < n; b++ {
 			blk := store.Block(inp.Blocks[b])
 			cnt := min(bs, n-b*bs)

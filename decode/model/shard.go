@@ -21,7 +21,10 @@ import (
 // rank order (collective.Group.AllReduce): it is called twice per layer,
 // on the attention's and the FFN's partial outputs, and every rank then
 // holds the same residual stream, so every rank computes the same logits.
-// The rank's KV blocks hold its own heads only (KVLayout).
+// A group's KV blocks have the whole model's layout: each rank writes and
+// reads its own key-value heads' part of every position (a group shares
+// its blocks, in the node's arena, and reuses those of any group of the
+// same tp: the block identity's numerics id carries it).
 //
 // The sums differ from the whole model's order of operations: a shard's
 // output is deterministic for its tp, and bit-identical between groups of
@@ -40,7 +43,6 @@ func (m *Model) Shard(rank, tp int, reduce func([]float32) error) (*Model, error
 	}
 	s := *m
 	s.tp, s.rank, s.reduce = tp, rank, reduce
-	s.Revision = fmt.Sprintf("%s/tp%d.%d", m.Revision, tp, rank)
 	dim, qd, kvd, hl := c.Dim, s.qDim(), s.kvDim(), s.hidden()
 	kv0 := s.kvStart() * c.HeadSize() // its first key-value row
 	s.W.Layers = make([]Layer, len(m.W.Layers))

@@ -84,9 +84,12 @@ func TestShardTP2IsExactForItsTP(t *testing.T) {
 	if worst == 0 || worst > 1e-3 {
 		t.Fatalf("tp=2 differs from tp=1 by %.3g at most: want a float rounding difference (0 < d ≤ 1e-3)", worst)
 	}
-	// KV per rank: each rank's blocks hold half the key-value width.
-	if got, want := dec.ranks[1].store.Layout(), m.KVLayout(dec.ranks[1].store.Layout().BlockSize); got.KVDim*2 != want.KVDim {
-		t.Fatalf("a rank's KV layout %v, the whole model's %v", got, want)
+	// A rank writes its own heads' half of each position (rank 1: the
+	// second): the other half of its blocks stays as it was (zero).
+	blk := dec.ranks[1].store.Block(dec.ranks[1].blocks[0])
+	layout := dec.ranks[1].store.Layout()
+	if half := layout.KVDim / 2; !allZero(blk[layout.KeyOffset(0, 0):][:half]) || allZero(blk[layout.KeyOffset(0, 0)+half:][:half]) {
+		t.Fatal("rank 1 did not write exactly its heads' half of the key row")
 	}
 }
 
@@ -116,8 +119,22 @@ func TestShardTP4ReplicatesKVHeads(t *testing.T) {
 	if worst > 1e-3 {
 		t.Fatalf("tp=4 differs from tp=1 by %.3g", worst)
 	}
-	if got := dec.ranks[3].store.Layout().KVDim; got != m.Config.HeadSize() {
-		t.Fatalf("a tp=4 rank's KV width %d, want one head (%d)", got, m.Config.HeadSize())
+	// Ranks 0 and 1 share key-value head 0, 2 and 3 head 1: each writes
+	// its replica, the same bits, and nothing else.
+	for r := range 4 {
+		blk := dec.ranks[r].store.Block(dec.ranks[r].blocks[0])
+		layout := dec.ranks[r].store.Layout()
+		head := layout.KVDim / 2
+		mine, other := blk[layout.KeyOffset(0, 0)+(r/2)*head:][:head], blk[layout.KeyOffset(0, 0)+(1-r/2)*head:][:head]
+		if allZero(mine) || !allZero(other) {
+			t.Fatalf("tp=4 rank %d did not write exactly its key-value head", r)
+		}
+		if r%2 == 1 {
+			twin := dec.ranks[r-1].store.Block(dec.ranks[r-1].blocks[0])[layout.KeyOffset(0, 0)+(r/2)*head:][:head]
+			if i := sameBits(mine, twin); i >= 0 {
+				t.Fatalf("tp=4 ranks %d and %d hold different bits of their shared head at %d", r-1, r, i)
+			}
+		}
 	}
 }
 
@@ -206,4 +223,13 @@ func TestLeadAndFollow(t *testing.T) {
 	if err != nil || len(back) != 2 || back[1].Token != 2 || back[1].Pos != 1 || len(back[0].Blocks) != 2 || back[0].Blocks[1] != 4 {
 		t.Fatalf("round trip: %+v, %v", back, err)
 	}
+}
+
+func allZero(v []float32) bool {
+	for _, x := range v {
+		if x != 0 {
+			return false
+		}
+	}
+	return true
 }

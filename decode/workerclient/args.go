@@ -40,6 +40,9 @@ type Args struct {
 	TP, Rank        int
 	GroupSegment    string
 	GroupGeneration uint64
+	// KVArena, for a rank above 0, is the node's arena file (rank 0 has
+	// the owner's socket and allocates the group's blocks there).
+	KVArena string
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -65,6 +68,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&a.Rank, "rank", 0, "this worker's rank in its group (0 serves the endpoint)")
 	fs.StringVar(&a.GroupSegment, "group-segment", "", "the group's collective segment (its agent creates one per group generation)")
 	fs.Uint64Var(&a.GroupGeneration, "group-generation", 0, "the group generation this rank was started for (a segment of another is refused)")
+	fs.StringVar(&a.KVArena, "kv-arena", "", "a rank above 0: the node's KV arena file, where it writes its heads' part of the blocks rank 0 allocates")
 }
 
 // Argv is the command line, after the subcommand, that parses back to a:
