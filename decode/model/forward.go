@@ -62,7 +62,7 @@ func (m *Model) kvStart() int { return m.rank * m.heads() / (m.Config.Heads / m.
 // own (a rank never reads another's within a step: there is no barrier
 // between a layer's KV write and its attention).
 func (m *Model) kvBase() int { return m.kvStart() * m.Config.HeadSize() }
-func (m *Model) hidden() int  { return m.Config.HiddenDim / m.TP() }
+func (m *Model) hidden() int { return m.Config.HiddenDim / m.TP() }
 
 // New checks the weights against the config and prepares the model.
 func New(c Config, w *Weights) (*Model, error) {
