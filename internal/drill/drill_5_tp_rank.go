@@ -97,12 +97,7 @@ func runRankKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error
 	r.Figure("removed_ms", ms(removedAt.Sub(k.At)))
 	r.Figure("survivors_gone_ms", ms(survivorsGone.Sub(k.At)))
 	r.Figure("group_back_ms", ms(backAt.Sub(k.At)))
-	fresh := len(back.Ranks) == k.TP
-	for _, nr := range back.Ranks {
-		for _, or := range k.Ranks {
-			fresh = fresh && nr.PID != or.PID
-		}
-	}
+	fresh := allNew(back, k)
 	var ck Check
 	ck.That(k.TP > 1 && len(k.Ranks) == k.TP, "%s is not a tensor-parallel group (%d ranks listed)", k.InstanceID, len(k.Ranks))
 	ck.That(len(rto) > 0, "no stream was on the killed group when its rank died")
@@ -171,6 +166,17 @@ func (c *Cluster) KillRank(ctx context.Context, instance string, rank int) (Kill
 		return Kill{Worker: w, At: at, Rev: rev}, nil
 	}
 	return Kill{}, fmt.Errorf("drill: no agent runs %s", instance)
+}
+
+// allNew says whether back's ranks are all new processes, as many as k's.
+func allNew(back Worker, k Kill) bool {
+	fresh := len(back.Ranks) == k.TP
+	for _, nr := range back.Ranks {
+		for _, or := range k.Ranks {
+			fresh = fresh && nr.PID != or.PID
+		}
+	}
+	return fresh
 }
 
 // otherRanks are the pids of k's group but the killed rank 1's.

@@ -220,4 +220,3 @@ func running(pid int) bool {
 	f := strings.Fields(string(b))
 	return err == nil && len(f) > 2 && f[2] != "Z"
 }
-
