@@ -13,6 +13,17 @@ type observer struct {
 	r   *Request
 	// tr holds the request's spans (nil: not traced).
 	tr *reqTrace
+	// revision is an instance's model revision, as registered ("" when
+	// unknown), for the logs' model_revision.
+	revision func(instanceID string) string
+}
+
+// revisionOf is id's model revision for a log line.
+func (o observer) revisionOf(id string) string {
+	if o.revision == nil {
+		return ""
+	}
+	return o.revision(id)
 }
 
 func (o observer) migrating(reason string) {
@@ -65,7 +76,7 @@ func (o observer) dispatch(d Dispatch) {
 	attempt := o.r.Migrations + 1
 	o.tr.dispatched(d, attempt)
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
-		"generation", d.To.Generation, "decode_attempt", attempt, "sequence_no", len(d.Prefix))
+		"generation", d.To.Generation, "model_revision", o.revisionOf(d.To.InstanceID), "decode_attempt", attempt, "sequence_no", len(d.Prefix))
 	o.m.replayedPrefill.Add(float64(len(d.Prefix)))
 }
 
@@ -73,7 +84,7 @@ func (o observer) prefill(p Prefill) {
 	attempt := o.r.PrefillFailures + 1
 	o.tr.prefillSent(p, attempt)
 	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation,
-		"prefill_attempt", attempt)
+		"model_revision", o.revisionOf(p.At.InstanceID), "prefill_attempt", attempt)
 }
 
 // prefilled: the prefill instance handed the prompt's KV off.

@@ -233,6 +233,12 @@ func (s *Server) instanceGone(id string, gen uint64, reason string) {
 	s.notifyRuns(id, event{failed: true, instance: id, gen: gen, reason: reason})
 }
 
+// revisionOf is instance id's registered model revision ("" if unknown).
+func (s *Server) revisionOf(id string) string {
+	in, _ := s.router.Instance(id)
+	return in.ModelRevision
+}
+
 // notifyRuns sends e to every request on instance id.
 func (s *Server) notifyRuns(id string, e event) {
 	s.mu.Lock()

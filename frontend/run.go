@@ -99,7 +99,7 @@ type run struct {
 }
 
 func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
-	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body)},
+	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body), revision: s.revisionOf},
 		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
 		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
 }
