@@ -77,6 +77,7 @@ func TestFrontendWaitsForRestartedWorkers(t *testing.T) {
 // never a 404; a model nobody ever served is a 404 at once. With etcd
 // gone, /readyz says the registry watch is not healthy.
 func TestFrontendWaitsForCapacity(t *testing.T) {
+	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
 	env := clustertest.NewEnv(t)
 	url := startFrontend(t, env)
 	short := startFrontend(t, env, "--capacity-wait", "1s")

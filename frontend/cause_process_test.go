@@ -19,6 +19,7 @@ import (
 // error, written before the connection closes; the client cancelled
 // nothing, and is not told it did.
 func TestFrontendStopIsNotAClientCancel(t *testing.T) {
+	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	log := &proctest.SyncBuffer{}
@@ -61,6 +62,7 @@ func TestFrontendStopIsNotAClientCancel(t *testing.T) {
 // reason: not an error, and never a cancel (a worker that cancels its own
 // sequences is a failure to migrate from; TestWorkerCancelMigrates).
 func TestFrontendWorkerStopCompletes(t *testing.T) {
+	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)

@@ -437,6 +437,7 @@ func ringToken(t *testing.T, n *clustertest.Node, id string, expiry time.Time) s
 // is back the same resume succeeds, and the request was driven by one
 // frontend.
 func TestFailoverEtcdDownDuringTakeover(t *testing.T) {
+	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")

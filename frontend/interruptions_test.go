@@ -342,6 +342,7 @@ func (p *etcdCut) setCut(cut bool) {
 // migration, and complete bit-identical; a request made meanwhile waits
 // until the agents, reconnected, register again at higher generations.
 func TestFrontendEtcdPartitionKeepsStreams(t *testing.T) {
+	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
 	env := clustertest.NewEnv(t)
 	proxy := newEtcdCut(t, env.Etcd.Endpoint)
 	viaProxy := func(o *clustertest.Config) { o.Etcd = []string{proxy.ln.Addr().String()} }
