@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 // A tensor-parallel instance (InstanceSpec.TP > 1) is a group of worker
@@ -138,4 +141,42 @@ func (a *Agent) endGroup(inst *instance, gen uint64, w *workerProc) {
 	a.mu.Unlock()
 	a.emit(controlapi.Event{Kind: controlapi.EventGroupEnded, InstanceID: inst.id, Generation: gen,
 		Detail: fmt.Sprintf("group of %d ranks ended in %v", len(w.followers)+1, time.Since(at).Round(time.Millisecond))})
+}
+
+// endOrphanGroup ends the group a previous agent process left running (a
+// group is not adopted: its followers are not this process's to watch).
+// Its segment is aborted (every rank returns from its collective or its
+// wait for the next step), every process of it — found by the segment on
+// its command line — SIGKILLed and gone, rank 0's KV writer reported dead
+// and the segment removed; the supervisor then starts a fresh group at a
+// new generation.
+func (a *Agent) endOrphanGroup(inst *instance, rec *workerRecord) {
+	seg := a.segmentPath(inst, rec.KVGeneration)
+	collective.AbortSegment(seg)
+	var pids []int
+	for _, p := range procfs.Mentioning("--group-segment=" + seg) {
+		pids = append(pids, p.PID)
+		syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for syscall.Kill(pid, 0) == nil && !zombie(pid) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: rec.KVGeneration})
+	a.forgetWorker(inst.id)
+	os.Remove(seg)
+	a.metrics.groupAborts.Inc()
+	a.log.Warn("group not adopted", "instance_id", inst.id, "generation", rec.Generation, "pids", pids,
+		"recovery_action", "a tensor-parallel group left by a previous agent process is ended and started again")
+	a.emit(controlapi.Event{Kind: controlapi.EventGroupEnded, InstanceID: inst.id, Generation: rec.Generation,
+		Detail: fmt.Sprintf("left by a previous agent: %d processes ended", len(pids))})
+}
+
+// zombie says whether pid has exited and waits to be reaped.
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	i := strings.LastIndexByte(string(b), ')')
+	return err != nil || i < 0 || len(b) < i+3 || b[i+2] == 'Z'
 }

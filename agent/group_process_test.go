@@ -184,3 +184,43 @@ func TestGroupsShareKVByLayout(t *testing.T) {
 		t.Fatalf("group a reused %d positions of the tp=1 worker's blocks", r)
 	}
 }
+
+// TestAgentRestartEndsItsOldGroup: the agent is SIGKILLed while its tp=2
+// group runs (workers outlive their agent). The restarted agent does not
+// adopt a group: it aborts the old group's segment, ends every one of its
+// processes and starts a fresh group at a higher generation; no process
+// of the old group is left.
+func TestAgentRestartEndsItsOldGroup(t *testing.T) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, TP: 2}}
+	})
+	const id = "n1-decode-tiny-tp2-0"
+	reg := n.WaitRegistration(t, id, 0)
+	var old []controlapi.RankProc
+	for _, w := range n.NodectlWorkers(t) {
+		if w.InstanceID == id {
+			old = w.Ranks
+		}
+	}
+	if len(old) != 2 {
+		t.Fatalf("ranks %+v", old)
+	}
+	n.Process().Kill()
+	<-n.Exited()
+	for _, r := range old {
+		if !alive(r.PID) {
+			t.Fatalf("rank %d (pid %d) died with its agent", r.Rank, r.PID)
+		}
+	}
+	n.Restart(t)
+	back := n.WaitRegistration(t, id, reg.Generation)
+	proctest.WaitFor(t, 5*time.Second, "the old group's processes gone", func() (bool, string) {
+		for _, r := range old {
+			if alive(r.PID) {
+				return false, fmt.Sprintf("rank %d (pid %d) still runs", r.Rank, r.PID)
+			}
+		}
+		return true, ""
+	})
+	t.Logf("a fresh group at generation %d (was %d)", back.Generation, reg.Generation)
+}

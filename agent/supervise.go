@@ -42,7 +42,9 @@ func (a *Agent) startSupervision(ctx context.Context) {
 // row) before it is tried again.
 func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	h := newRestartHistory(&a.opts)
-	if rec, ok := a.adoptable(inst.id); ok {
+	if rec, ok := a.adoptable(inst.id); ok && inst.spec.ranks() > 1 {
+		a.endOrphanGroup(inst, rec)
+	} else if ok {
 		a.adopt(ctx, inst, rec)
 		if ctx.Err() != nil || a.drained(inst) {
 			return
