@@ -574,3 +574,44 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 	}
 	clustertest.NoOrphans(t, n1, n2)
 }
+
+// TestPDAcrossNodesWithGroups: decode on n1 and prefill on n2, each a
+// tensor-parallel group of 2 ranks. The prompt is prefilled by n2's group
+// (each rank writing its heads' part of the blocks), the blocks pulled
+// into n1's arena, and n1's group reuses them; the output is what n1's
+// group computes alone, without P/D (bit-exact within tp 2).
+func TestPDAcrossNodesWithGroups(t *testing.T) {
+	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.CanaryIdle = agent.Duration(time.Hour)
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, TP: 2}}
+	})
+	n2 := clustertest.Peer(t, n1, "n2", func(o *clustertest.Config) {
+		o.Instances = []agent.InstanceSpec{{Role: "prefill", Preset: "tiny", Count: 1, TP: 2}}
+	})
+	n1.WaitRegistration(t, "n1-decode-tiny-tp2-0", 0)
+	n2.WaitRegistration(t, "n2-prefill-tiny-tp2-0", 0)
+	url := clustertest.StartFrontend(t, n1)
+	got := complete(t, url, pdBody(24))
+	if got.ll["pd"] != "transfer" || got.ll["kv_reused_positions"].(float64) == 0 {
+		t.Fatalf("not served through a transfer between the groups: %v", got.ll)
+	}
+	// The reference: n1's group alone, straight from its worker (the same
+	// output whether it computes the prompt or reuses the pulled blocks).
+	c := n1.DialWorker(t, "n1-decode-tiny-tp2-0")
+	s, err := c.Generate(t.Context(), &wire.Generate{RequestId: "ref", Prompt: pdPrompt, MaxTokens: 24, Temperature: 0.9, TopP: 1, Seed: 11, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want strings.Builder
+	for _, f := range clustertest.CollectFrames(t, s) {
+		if f.Error != nil {
+			t.Fatal(f.Error)
+		}
+		if f.FinishReason == "" && f.SequenceNo > 0 {
+			want.WriteString(f.Text)
+		}
+	}
+	if got.text != want.String() {
+		t.Fatalf("P/D between tp=2 groups:\n%q\nwant (n1's group alone)\n%q", got.text, want.String())
+	}
+}
