@@ -182,6 +182,9 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 	if err := a.restoreDrained(); err != nil {
 		return err
 	}
+	// The instances exist before the control socket answers: an undrain
+	// sent as soon as it does must find them.
+	start := a.createInstances()
 	ctl, err := a.serveControl(ctx)
 	if err != nil {
 		return err
@@ -192,7 +195,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 			return err
 		}
 	}
-	a.startSupervision(ctx)
+	a.startSupervision(ctx, start)
 	a.startSystemd(ctx)
 	<-stop.Done()
 	daemon.SdNotify(false, daemon.SdNotifyStopping)

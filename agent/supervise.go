@@ -8,14 +8,15 @@ import (
 	"time"
 )
 
-// startSupervision routes the detector's reports and starts one
-// supervisor per configured instance; on a node that is drained (it was
-// before the agent restarted) the instances stay stopped until undrain.
-func (a *Agent) startSupervision(ctx context.Context) {
-	a.track(func() { a.dispatchExits(ctx) })
+// createInstances makes every configured instance, before the control
+// socket serves (an undrain must find them); on a node that is drained
+// (it was before the agent restarted) they stay stopped until undrain.
+// It returns those to start.
+func (a *Agent) createInstances() []*instance {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	drained := a.drain != nil
-	a.mu.Unlock()
+	var start []*instance
 	for _, spec := range a.opts.Instances {
 		for k := 0; k < spec.Count; k++ {
 			inst := &instance{id: instanceID(a.opts.NodeID, spec, k), spec: spec, state: "starting",
@@ -25,14 +26,21 @@ func (a *Agent) startSupervision(ctx context.Context) {
 				// starts it at a higher one.
 				inst.gen, _ = a.localGeneration(inst.id)
 				inst.draining, inst.state, inst.notReady = true, "drained", "drained"
+			} else {
+				start = append(start, inst)
 			}
-			a.mu.Lock()
 			a.instances[inst.id] = inst
-			a.mu.Unlock()
-			if !drained {
-				a.startInstance(inst)
-			}
 		}
+	}
+	return start
+}
+
+// startSupervision routes the detector's reports and starts one
+// supervisor per instance of start.
+func (a *Agent) startSupervision(ctx context.Context, start []*instance) {
+	a.track(func() { a.dispatchExits(ctx) })
+	for _, inst := range start {
+		a.startInstance(inst)
 	}
 }
 
