@@ -9,6 +9,10 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
 )
 
 // ErrBadCheckpoint is wrapped by every error about a malformed model.bin.
@@ -20,7 +24,19 @@ var ErrBadCheckpoint = errors.New("model: malformed llama2.c checkpoint")
 // with the RoPE tables (unused here) before the optional classifier.
 const llama2CHeaderInts = 7
 
-// LoadLlama2C reads a llama2.c model.bin.
+// LoadLlama2C loads a llama2.c model.bin. On a little-endian Linux host
+// the weights are the file's own pages, mapped read-only and shared with
+// the page cache (as llama2.c's run.c does): start-up costs the header
+// and size checks, one parallel pass that refuses non-finite weights and
+// the revision hash, and no copy. Elsewhere, or when the file cannot be
+// mapped, the weights are read into memory (ReadLlama2C).
+//
+// A mapping is never unmapped: a worker loads its model once, and every
+// model made from it (Shard, FirstLayers, Lead) shares its weights. They
+// are never written (a write would fault: the pages are read-only).
+// Replace a checkpoint by renaming a new file over it: a file rewritten
+// or truncated in place changes or takes away the weights of a running
+// model.
 func LoadLlama2C(path string) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -31,7 +47,10 @@ func LoadLlama2C(path string) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
 	}
-	m, err := ReadLlama2C(bufio.NewReaderSize(f, 1<<20), st.Size())
+	m, err := mapLlama2C(f, st.Size())
+	if errors.Is(err, errNotMapped) {
+		m, err = ReadLlama2C(bufio.NewReaderSize(f, 1<<20), st.Size())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
 	}
@@ -39,12 +58,100 @@ func LoadLlama2C(path string) (*Model, error) {
 	return m, nil
 }
 
-// ReadLlama2C decodes a checkpoint of exactly size bytes from r.
+// errNotMapped says that a checkpoint is to be read instead of mapped;
+// nothing of the file was consumed.
+var errNotMapped = errors.New("model: checkpoint not mapped")
+
+// mapLlama2C is the model over a mapping of f's size bytes.
+func mapLlama2C(f *os.File, size int64) (*Model, error) {
+	if cpu.IsBigEndian || size < 4*llama2CHeaderInts || size > math.MaxInt {
+		// Too short: the reader says why the header is bad.
+		return nil, errNotMapped
+	}
+	data, err := mapFile(f, int(size))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errNotMapped, err)
+	}
+	m, err := llama2CFromBytes(data)
+	if err != nil {
+		unmapFile(data)
+		return nil, err
+	}
+	return m, nil
+}
+
+// llama2CFromBytes decodes a whole checkpoint whose weights stay in data
+// (the model keeps data for good): a little-endian host only, data
+// 4-byte aligned after the header.
+func llama2CFromBytes(data []byte) (*Model, error) {
+	var hdr [llama2CHeaderInts]int32
+	if len(data) < 4*len(hdr) {
+		return nil, fmt.Errorf("%w: header: %d bytes", ErrBadCheckpoint, len(data))
+	}
+	for i := range hdr {
+		hdr[i] = int32(binary.LittleEndian.Uint32(data[4*i:]))
+	}
+	c, shared, err := llama2CShape(hdr, int64(len(data)))
+	if err != nil {
+		return nil, err
+	}
+	body := data[4*len(hdr):]
+	if cpu.IsBigEndian || uintptr(unsafe.Pointer(unsafe.SliceData(body)))%4 != 0 {
+		return nil, errNotMapped
+	}
+	floats := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(body))), len(body)/4)
+	var taken [][]float32
+	w, err := llama2CWeights(c, shared, func(n int) ([]float32, error) {
+		v := floats[:n:n]
+		floats = floats[n:]
+		taken = append(taken, v)
+		return v, nil
+	}, func(n int) error {
+		floats = floats[n:]
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := allFinite(taken); err != nil {
+		return nil, err
+	}
+	return New(c, w)
+}
+
+// ReadLlama2C decodes a checkpoint of exactly size bytes from r into
+// memory of its own.
 func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 	var hdr [llama2CHeaderInts]int32
 	if err := binary.Read(r, binary.LittleEndian, &hdr); err != nil {
 		return nil, fmt.Errorf("%w: header: %v", ErrBadCheckpoint, err)
 	}
+	c, shared, err := llama2CShape(hdr, size)
+	if err != nil {
+		return nil, err
+	}
+	w, err := llama2CWeights(c, shared, func(n int) ([]float32, error) {
+		v := make([]float32, n)
+		if err := binary.Read(r, binary.LittleEndian, v); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrBadCheckpoint, err)
+		}
+		return v, allFinite([][]float32{v})
+	}, func(n int) error {
+		if _, err := io.CopyN(io.Discard, r, 4*int64(n)); err != nil {
+			return fmt.Errorf("%w: rope tables: %v", ErrBadCheckpoint, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return New(c, w)
+}
+
+// llama2CShape is the config a header describes, and whether the
+// classifier is the embedding; the file must have exactly the size the
+// header implies.
+func llama2CShape(hdr [llama2CHeaderInts]int32, size int64) (Config, bool, error) {
 	shared := hdr[5] > 0
 	vocab := int(hdr[5])
 	if vocab < 0 {
@@ -56,7 +163,7 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 		RopeTheta: 10000, NormEps: 1e-5,
 	}
 	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadCheckpoint, err)
+		return Config{}, false, fmt.Errorf("%w: %v", ErrBadCheckpoint, err)
 	}
 	// All sizes are bounded by Validate, so this cannot overflow int64.
 	floats := int64(c.Params()) - int64(c.VocabSize*c.Dim) + int64(c.ContextLen*c.HeadSize())
@@ -64,23 +171,17 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 		floats += int64(c.VocabSize * c.Dim)
 	}
 	if want := 4*llama2CHeaderInts + 4*floats; size != want {
-		return nil, fmt.Errorf("%w: file has %d bytes, header implies %d", ErrBadCheckpoint, size, want)
+		return Config{}, false, fmt.Errorf("%w: file has %d bytes, header implies %d", ErrBadCheckpoint, size, want)
 	}
-	read := func(n int) ([]float32, error) {
-		v := make([]float32, n)
-		if err := binary.Read(r, binary.LittleEndian, v); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrBadCheckpoint, err)
-		}
-		for _, x := range v {
-			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
-				return nil, fmt.Errorf("%w: non-finite weight", ErrBadCheckpoint)
-			}
-		}
-		return v, nil
-	}
+	return c, shared, nil
+}
+
+// llama2CWeights takes the tensors in the file's order: take returns the
+// next n values, skip passes over n (the RoPE tables).
+func llama2CWeights(c Config, shared bool, take func(n int) ([]float32, error), skip func(n int) error) (*Weights, error) {
 	w := &Weights{Layers: make([]Layer, c.Layers)}
 	var err error
-	if w.Embedding, err = read(c.VocabSize * c.Dim); err != nil {
+	if w.Embedding, err = take(c.VocabSize * c.Dim); err != nil {
 		return nil, err
 	}
 	// Tensors are stored tensor-major across layers.
@@ -100,23 +201,43 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 	}
 	for _, t := range perLayer {
 		for i := range w.Layers {
-			if *t.get(&w.Layers[i]), err = read(t.n); err != nil {
+			if *t.get(&w.Layers[i]), err = take(t.n); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if w.FinalNorm, err = read(c.Dim); err != nil {
+	if w.FinalNorm, err = take(c.Dim); err != nil {
 		return nil, err
 	}
-	if _, err := io.CopyN(io.Discard, r, 4*int64(c.ContextLen*c.HeadSize())); err != nil {
-		return nil, fmt.Errorf("%w: rope tables: %v", ErrBadCheckpoint, err)
+	if err := skip(c.ContextLen * c.HeadSize()); err != nil {
+		return nil, err
 	}
 	if shared {
 		w.Classifier = w.Embedding
-	} else if w.Classifier, err = read(c.VocabSize * c.Dim); err != nil {
+	} else if w.Classifier, err = take(c.VocabSize * c.Dim); err != nil {
 		return nil, err
 	}
-	return New(c, w)
+	return w, nil
+}
+
+// allFinite refuses a NaN or an infinity anywhere in tensors, looking on
+// every core.
+func allFinite(tensors [][]float32) error {
+	pieces := chunks(tensors, revisionChunk)
+	var bad atomic.Bool
+	forEachChunk(pieces, func(i int, _ []byte) {
+		for _, x := range pieces[i].data {
+			// Exponent all ones: an infinity or a NaN.
+			if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
+				bad.Store(true)
+				return
+			}
+		}
+	})
+	if bad.Load() {
+		return fmt.Errorf("%w: non-finite weight", ErrBadCheckpoint)
+	}
+	return nil
 }
 
 // WriteLlama2C writes m as a llama2.c model.bin. An output bias has no

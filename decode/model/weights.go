@@ -1,9 +1,6 @@
 package model
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"fmt"
 	"math"
 
@@ -71,26 +68,6 @@ func (w *Weights) check(c Config) error {
 		}
 	}
 	return nil
-}
-
-// revision hashes the shape and every weight: two models with the same
-// revision compute the same function.
-func revision(c Config, w *Weights) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;vocab=%d;ctx=%d;theta=%v;eps=%v\x00",
-		EngineVersion, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.VocabSize, c.ContextLen, c.RopeTheta, c.NormEps)
-	buf := make([]byte, 0, 1<<16)
-	for _, t := range w.tensors(c) {
-		h.Write([]byte(t.name))
-		for i := 0; i < len(t.data); i += 1 << 14 {
-			buf = buf[:0]
-			for _, v := range t.data[i:min(i+1<<14, len(t.data))] {
-				buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
-			}
-			h.Write(buf)
-		}
-	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
 }
 
 // Synthetic builds a preset with weights that are a pure function of

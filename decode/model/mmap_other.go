@@ -1,0 +1,15 @@
+//go:build !linux
+
+package model
+
+import (
+	"errors"
+	"os"
+)
+
+// mapFile is not built here: checkpoints are read into memory.
+func mapFile(*os.File, int) ([]byte, error) {
+	return nil, errors.New("model: mapping a checkpoint is built for linux only")
+}
+
+func unmapFile([]byte) error { return nil }

@@ -1,0 +1,105 @@
+package model
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// revisionChunk is the number of values hashed as one piece of a tensor:
+// the pieces are hashed on every core, since one SHA-256 pass over a
+// checkpoint costs more than reading it (the start-up goal is to be
+// ready in twice the time of one read).
+const revisionChunk = 1 << 18
+
+// revision hashes the shape and every weight: two models with the same
+// revision compute the same function. It is the SHA-256 of the shape and,
+// per tensor, of its name and the SHA-256 of each revisionChunk values of
+// it (little-endian float32 bits), in order.
+func revision(c Config, w *Weights) string {
+	ts := w.tensors(c)
+	data := make([][]float32, len(ts))
+	for i, t := range ts {
+		data[i] = t.data
+	}
+	pieces := chunks(data, revisionChunk)
+	sums := make([][sha256.Size]byte, len(pieces))
+	forEachChunk(pieces, func(i int, buf []byte) {
+		sums[i] = sha256.Sum256(float32Bytes(pieces[i].data, buf))
+	})
+	h := sha256.New()
+	fmt.Fprintf(h, "%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;vocab=%d;ctx=%d;theta=%v;eps=%v;chunk=%d\x00",
+		EngineVersion, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.VocabSize, c.ContextLen, c.RopeTheta, c.NormEps, revisionChunk)
+	for i, p := range pieces {
+		if p.first {
+			h.Write([]byte(ts[p.tensor].name))
+		}
+		h.Write(sums[i][:])
+	}
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// chunk is at most n consecutive values of one tensor.
+type chunk struct {
+	tensor int
+	first  bool // the tensor's first chunk (an empty tensor has one, empty)
+	data   []float32
+}
+
+// chunks cuts every tensor into pieces of at most n values.
+func chunks(tensors [][]float32, n int) []chunk {
+	var out []chunk
+	for t, v := range tensors {
+		out = append(out, chunk{tensor: t, first: true, data: v[:min(n, len(v))]})
+		for i := n; i < len(v); i += n {
+			out = append(out, chunk{tensor: t, data: v[i:min(i+n, len(v))]})
+		}
+	}
+	return out
+}
+
+// forEachChunk calls fn for every chunk, on up to GOMAXPROCS goroutines;
+// buf is fn's goroutine's scratch of 4*revisionChunk bytes.
+func forEachChunk(pieces []chunk, fn func(i int, buf []byte)) {
+	workers := min(runtime.GOMAXPROCS(0), len(pieces))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var buf []byte
+			if cpu.IsBigEndian {
+				buf = make([]byte, 0, 4*revisionChunk)
+			}
+			for i := int(next.Add(1) - 1); i < len(pieces); i = int(next.Add(1) - 1) {
+				fn(i, buf)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// float32Bytes is v as little-endian bytes: v's own memory on a
+// little-endian host, else encoded into buf.
+func float32Bytes(v []float32, buf []byte) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	if !cpu.IsBigEndian {
+		return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+	}
+	buf = buf[:0]
+	for _, x := range v {
+		buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
+	}
+	return buf
+}
