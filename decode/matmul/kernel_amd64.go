@@ -8,7 +8,7 @@ import "golang.org/x/sys/cpu"
 func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
 
 //go:noescape
-func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32)
+func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
 
 //go:noescape
 func axpyAVX2(dst *float32, a float32, x *float32, n8 uintptr)
@@ -18,6 +18,7 @@ var avx2Kernels = kernels{
 	dot4x3: dot4x3AVX2,
 	dot1x4: dot1x4AVX2,
 	axpy:   axpyAVX2,
+	sum:    sumAVX2,
 }
 
 func init() {
@@ -25,3 +26,6 @@ func init() {
 		active = avx2Kernels
 	}
 }
+
+//go:noescape
+func sumAVX2(p *float32, n32 uintptr) float32

@@ -2,6 +2,16 @@
 
 #include "textflag.h"
 
+// HSUM8 folds the eight lanes of Y into lane 0 of X in hsum8's order, with
+// T as scratch: a_k = l_k + l_(k+4), then (a0+a2) + (a1+a3).
+#define HSUM8(Y, X, T) \
+	VEXTRACTF128 $1, Y, T \
+	VADDPS T, X, X \
+	VMOVHLPS X, X, T \
+	VADDPS T, X, X \
+	VMOVSHDUP X, T \
+	VADDSS T, X, X
+
 // The kernels keep one 8-lane accumulator per (token, row) pair and walk the
 // inner dimension in 8-float steps with one FMA per step, so every dot
 // product sees the same sequence of roundings whichever kernel computed it.
@@ -92,13 +102,19 @@ store4x3:
 	VZEROUPPER
 	RET
 
-// func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32)
-TEXT ·dot1x4AVX2(SB), NOSPLIT, $0-40
+// func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
+//
+// Four rows against one activation vector, each row's lanes folded as hsum8
+// does — (l0+l4 + l2+l6) + (l1+l5 + l3+l7) — and stored to out. pf is
+// prefetched at 128 bytes per step, four rows' worth over the loop: the
+// caller points it at the next four rows.
+TEXT ·dot1x4AVX2(SB), NOSPLIT, $0-48
 	MOVQ x+0(FP), SI
 	MOVQ w+8(FP), DI
 	MOVQ wstride+16(FP), R9
 	MOVQ n8+24(FP), CX
-	MOVQ acc+32(FP), DX
+	MOVQ out+32(FP), DX
+	MOVQ pf+40(FP), R8
 
 	LEAQ (DI)(R9*1), R10
 	LEAQ (DI)(R9*2), R11
@@ -110,10 +126,14 @@ TEXT ·dot1x4AVX2(SB), NOSPLIT, $0-40
 	VXORPS Y7, Y7, Y7
 
 	XORQ AX, AX
+	XORQ BX, BX
 	TESTQ CX, CX
 	JZ   store1x4
 
 loop1x4:
+	PREFETCHT0 (R8)(BX*1)
+	PREFETCHT0 64(R8)(BX*1)
+	ADDQ $128, BX
 	VMOVUPS (SI)(AX*1), Y0
 	VFMADD231PS (DI)(AX*1), Y0, Y4
 	VFMADD231PS (R10)(AX*1), Y0, Y5
@@ -124,10 +144,14 @@ loop1x4:
 	JNZ  loop1x4
 
 store1x4:
-	VMOVUPS Y4, 0(DX)
-	VMOVUPS Y5, 32(DX)
-	VMOVUPS Y6, 64(DX)
-	VMOVUPS Y7, 96(DX)
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	HSUM8(Y5, X5, X0)
+	VMOVSS X5, 4(DX)
+	HSUM8(Y6, X6, X0)
+	VMOVSS X6, 8(DX)
+	HSUM8(Y7, X7, X0)
+	VMOVSS X7, 12(DX)
 	VZEROUPPER
 	RET
 
@@ -152,4 +176,38 @@ loopaxpy:
 
 doneaxpy:
 	VZEROUPPER
+	RET
+
+// func sumAVX2(p *float32, n32 uintptr) float32
+// Reads 32 floats per step into four accumulators: the read-only streaming
+// baseline the decode kernels are measured against.
+TEXT ·sumAVX2(SB), NOSPLIT, $0-20
+	MOVQ p+0(FP), SI
+	MOVQ n32+8(FP), CX
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	TESTQ CX, CX
+	JZ   donesum
+
+loopsum:
+	VADDPS 0(SI), Y0, Y0
+	VADDPS 32(SI), Y1, Y1
+	VADDPS 64(SI), Y2, Y2
+	VADDPS 96(SI), Y3, Y3
+	ADDQ $128, SI
+	DECQ CX
+	JNZ  loopsum
+
+donesum:
+	VADDPS Y1, Y0, Y0
+	VADDPS Y3, Y2, Y2
+	VADDPS Y2, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPS X1, X0, X0
+	VHADDPS X0, X0, X0
+	VHADDPS X0, X0, X0
+	VZEROUPPER
+	MOVSS X0, ret+16(FP)
 	RET

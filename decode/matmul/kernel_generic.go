@@ -32,18 +32,18 @@ func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 
 	}
 }
 
-func dot1x4Generic(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32) {
+func dot1x4Generic(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, _ *float32) {
 	n := int(n8) * 8
-	*acc = [32]float32{}
 	xr := unsafe.Slice(x, n)
 	for r := 0; r < 4; r++ {
 		wr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(w), uintptr(r)*wstride)), n)
-		lanes := acc[r*8 : r*8+8]
+		var lanes [8]float32
 		for i := 0; i < n; i += 8 {
 			for l := 0; l < 8; l++ {
 				lanes[l] = fma32(wr[i+l], xr[i+l], lanes[l])
 			}
 		}
+		out[r] = hsum8(lanes[:])
 	}
 }
 
@@ -61,4 +61,17 @@ var genericKernels = kernels{
 	dot4x3: dot4x3Generic,
 	dot1x4: dot1x4Generic,
 	axpy:   axpyGeneric,
+	sum:    sumGeneric,
+}
+
+func sumGeneric(p *float32, n32 uintptr) float32 {
+	var acc [32]float32
+	for i, v := range unsafe.Slice(p, int(n32)*32) {
+		acc[i%32] += v
+	}
+	var s float32
+	for _, v := range acc {
+		s += v
+	}
+	return s
 }

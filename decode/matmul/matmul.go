@@ -9,16 +9,17 @@
 // still reuse each weight load four times so that batching pays.
 package matmul
 
-import (
-	"runtime"
-	"sync"
-)
+import "runtime"
 
 type kernels struct {
 	name   string
 	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
-	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, acc *[32]float32)
+	// dot1x4 stores four rows' folded sums (hsum8 of their lanes, no
+	// tail) and prefetches pf, the next four rows.
+	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
 	axpy   func(dst *float32, a float32, x *float32, n8 uintptr)
+	// sum reads 32 floats per step: the read-bandwidth baseline.
+	sum func(p *float32, n32 uintptr) float32
 }
 
 var active = genericKernels
@@ -73,17 +74,21 @@ func DotRows(out []float32, x, w []float32, stride int) {
 	}
 	_ = w[(len(out)-1)*stride+n-1]
 	n8 := n / 8
-	var acc [32]float32
+	var sums [4]float32
 	r := 0
 	for ; r+4 <= len(out); r += 4 {
-		active.dot1x4(&x[0], &w[r*stride], uintptr(stride)*4, uintptr(n8), &acc)
+		pf := &w[r*stride]
+		if r+8 <= len(out) {
+			pf = &w[(r+4)*stride]
+		}
+		active.dot1x4(&x[0], &w[r*stride], uintptr(stride)*4, uintptr(n8), &sums, pf)
 		for j := 0; j < 4; j++ {
-			out[r+j] = tail(hsum8(acc[j*8:j*8+8]), x, w[(r+j)*stride:], n8*8)
+			out[r+j] = tail(sums[j], x, w[(r+j)*stride:], n8*8)
 		}
 	}
 	for ; r < len(out); r++ {
-		active.dot1x4(&x[0], &w[r*stride], 0, uintptr(n8), &acc)
-		out[r] = tail(hsum8(acc[:8]), x, w[r*stride:], n8*8)
+		active.dot1x4(&x[0], &w[r*stride], 0, uintptr(n8), &sums, &w[r*stride])
+		out[r] = tail(sums[0], x, w[r*stride:], n8*8)
 	}
 }
 
@@ -126,17 +131,42 @@ func MatMul(out, x []float32, T int, w []float32, m, n int) {
 	// Chunks are multiples of 12 rows so that full tiles stay full.
 	chunk := (m + workers - 1) / workers
 	chunk = (chunk + 11) / 12 * 12
-	var wg sync.WaitGroup
-	for r0 := chunk; r0 < m; r0 += chunk {
-		r1 := min(r0+chunk, m)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			matmulRows(out, x, T, w, m, n, r0, r1)
-		}()
+	parallel((m+chunk-1)/chunk, func(part int) {
+		r0 := part * chunk
+		matmulRows(out, x, T, w, m, n, r0, min(r0+chunk, m))
+	})
+}
+
+// Stream reads every element of buf once, with the widest loads of the
+// kernel set and on the same goroutines as MatMul, and returns their sum so
+// that no read can be skipped. It is the read-bandwidth baseline the
+// products are measured against: a read-only stream over as many bytes as
+// a product's weights.
+func Stream(buf []float32) float32 {
+	parts := min(runtime.GOMAXPROCS(0), maxHelpers+1)
+	if len(buf) < minParallelMACs {
+		parts = 1
 	}
-	matmulRows(out, x, T, w, m, n, 0, min(chunk, m))
-	wg.Wait()
+	chunk := (len(buf)/parts + 31) / 32 * 32
+	var sums [maxHelpers + 1]float32
+	parallel(parts, func(part int) {
+		lo := min(part*chunk, len(buf))
+		hi := min(lo+chunk, len(buf))
+		n32 := (hi - lo) / 32
+		var s float32
+		if n32 > 0 {
+			s = active.sum(&buf[lo], uintptr(n32))
+		}
+		for _, v := range buf[lo+n32*32 : hi] {
+			s += v
+		}
+		sums[part] = s
+	})
+	var s float32
+	for _, v := range sums[:parts] {
+		s += v
+	}
+	return s
 }
 
 func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {

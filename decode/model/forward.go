@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"runtime"
-	"sync"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/matmul"
@@ -304,16 +303,10 @@ func parallelChunks(n, grain int, f func(lo, hi int)) {
 		return
 	}
 	per := (n + workers - 1) / workers
-	var wg sync.WaitGroup
-	for lo := per; lo < n; lo += per {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			f(lo, min(lo+per, n))
-		}()
-	}
-	f(0, min(per, n))
-	wg.Wait()
+	matmul.Parallel((n+per-1)/per, func(part int) {
+		lo := part * per
+		f(lo, min(lo+per, n))
+	})
 }
 
 func addInto(dst, src []float32) {
@@ -371,27 +364,13 @@ func (m *Model) attention(ws *Workspace, store kvcache.Store, in []Input, l int)
 	for len(ws.scores) < workers {
 		ws.scores = append(ws.scores, nil)
 	}
-	var wg sync.WaitGroup
 	per := (len(in) + workers - 1) / workers
-	for w := 0; w < workers; w++ {
-		lo, hi := w*per, min((w+1)*per, len(in))
-		if lo >= hi {
-			break
+	matmul.Parallel((len(in)+per-1)/per, func(w int) {
+		qd := m.qDim()
+		for t := w * per; t < min((w+1)*per, len(in)); t++ {
+			ws.scores[w] = m.attendOne(ws.att[t*qd:(t+1)*qd], ws.q[t*qd:(t+1)*qd], ws.scores[w], store, in[t], l)
 		}
-		run := func() {
-			for t := lo; t < hi; t++ {
-				qd := m.qDim()
-				ws.scores[w] = m.attendOne(ws.att[t*qd:(t+1)*qd], ws.q[t*qd:(t+1)*qd], ws.scores[w], store, in[t], l)
-			}
-		}
-		if w == workers-1 {
-			run()
-			continue
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); run() }()
-	}
-	wg.Wait()
+	})
 }
 
 func (m *Model) attendOne(out, q, scores []float32, store kvcache.Store, inp Input, l int) []float32 {

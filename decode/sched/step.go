@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
-	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 )
@@ -193,14 +193,6 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []pick {
 		sampleFrom(0) // small batches: no goroutine per step
 		return picks
 	}
-	var wg sync.WaitGroup
-	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			sampleFrom(w)
-		}()
-	}
-	wg.Wait()
+	matmul.Parallel(workers, sampleFrom)
 	return picks
 }

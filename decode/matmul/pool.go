@@ -1,0 +1,189 @@
+package matmul
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A decode step of a small model is some fifty products of a millisecond or
+// less, separated by microseconds of single-threaded work. Starting a
+// goroutine per product and waiting for it costs a wake-up of an idle CPU
+// each time — tens to hundreds of microseconds on a virtual machine, most of
+// a token's time. So the products run on helpers that stay: each spins for
+// a short while after a job, where the next job finds it awake, and only
+// then parks.
+
+// spinFor is how long a helper keeps polling for the next job before it
+// parks. It covers the gaps between a step's products, not between steps
+// of an idle engine.
+const spinFor = 200 * time.Microsecond
+
+// maxHelpers bounds the helpers started at init.
+const maxHelpers = 63
+
+// job is one parallel call: parts 0..n-1 of f, part 0 run by the caller.
+type job struct {
+	f    func(part int)
+	n    int
+	next atomic.Int32 // the next part to take
+	done atomic.Int32 // parts finished
+	// waiting is set by a caller that stopped spinning for the last part;
+	// whoever finishes it then sends on fin.
+	waiting atomic.Bool
+	fin     chan struct{}
+}
+
+type helper struct {
+	parked atomic.Bool
+	wake   chan struct{}
+}
+
+type pool struct {
+	// mu makes one caller at a time the pool's user; a caller that finds
+	// it taken runs its parts on goroutines of its own.
+	mu      sync.Mutex
+	seq     atomic.Uint64 // incremented per job
+	cur     atomic.Pointer[job]
+	helpers []*helper
+}
+
+var workers = newPool(min(runtime.GOMAXPROCS(0)-1, maxHelpers))
+
+func newPool(n int) *pool {
+	p := &pool{}
+	for range max(n, 0) {
+		h := &helper{wake: make(chan struct{}, 1)}
+		h.parked.Store(true)
+		p.helpers = append(p.helpers, h)
+		go p.run(h)
+	}
+	return p
+}
+
+// run is a helper's loop: take parts of the current job until none are
+// left, spin for the next job, park.
+func (p *pool) run(h *helper) {
+	var seen uint64
+	for {
+		if s := p.seq.Load(); s != seen {
+			seen = s
+			if j := p.cur.Load(); j != nil {
+				j.work()
+			}
+			continue
+		}
+		if p.spin(seen) {
+			continue
+		}
+		h.parked.Store(true)
+		if p.seq.Load() != seen {
+			// A job came between the last look and parking: unpark, unless
+			// its caller already took the flag and is sending a wake-up.
+			if !h.parked.CompareAndSwap(true, false) {
+				<-h.wake
+			}
+			continue
+		}
+		<-h.wake
+	}
+}
+
+// spin polls for a job after seen until spinFor passes.
+func (p *pool) spin(seen uint64) bool {
+	deadline := time.Now().Add(spinFor)
+	for i := 0; ; i++ {
+		if p.seq.Load() != seen {
+			return true
+		}
+		if i%64 == 63 {
+			if time.Now().After(deadline) {
+				return false
+			}
+			// Let the goroutines that share this CPU (the network, the
+			// scheduler) run; with nothing else runnable it returns at once.
+			runtime.Gosched()
+		}
+	}
+}
+
+// work takes and runs parts until none are left.
+func (j *job) work() {
+	for {
+		i := int(j.next.Add(1)) - 1
+		if i >= j.n {
+			return
+		}
+		j.f(i)
+		if int(j.done.Add(1)) == j.n && j.waiting.Load() {
+			j.fin <- struct{}{}
+		}
+	}
+}
+
+// wait returns when every part has finished. It spins for a part that a
+// helper is running; if the helper lost its CPU (a busy machine), the
+// caller sleeps until the last part finishes instead of burning the CPU the
+// helper needs.
+func (j *job) wait() {
+	deadline := time.Now().Add(spinFor)
+	for i := 0; j.done.Load() != int32(j.n); i++ {
+		if i%64 != 63 {
+			continue
+		}
+		if time.Now().Before(deadline) {
+			runtime.Gosched()
+			continue
+		}
+		j.waiting.Store(true)
+		if j.done.Load() != int32(j.n) {
+			<-j.fin
+		}
+		return
+	}
+}
+
+// Parallel runs f(0) … f(n-1), each exactly once, on the caller and the
+// engine's helpers, and returns when all have returned. Which goroutine runs
+// a part never changes what it computes. A call made while the helpers are
+// busy (from inside f, or by another engine) runs on goroutines of its own.
+func Parallel(n int, f func(part int)) { parallel(n, f) }
+
+// parallel is Parallel.
+func parallel(n int, f func(part int)) {
+	if n <= 1 {
+		if n == 1 {
+			f(0)
+		}
+		return
+	}
+	p := workers
+	if len(p.helpers) == 0 || !p.mu.TryLock() {
+		parallelGo(n, f)
+		return
+	}
+	defer p.mu.Unlock()
+	j := &job{f: f, n: n, fin: make(chan struct{}, 1)}
+	p.cur.Store(j)
+	p.seq.Add(1)
+	for _, h := range p.helpers[:min(len(p.helpers), n-1)] {
+		if h.parked.CompareAndSwap(true, false) {
+			h.wake <- struct{}{}
+		}
+	}
+	j.work()
+	j.wait()
+	p.cur.Store(nil)
+}
+
+// parallelGo is parallel on goroutines of its own, for a caller that finds
+// the pool in use (two engines in one process).
+func parallelGo(n int, f func(part int)) {
+	var wg sync.WaitGroup
+	for i := 1; i < n; i++ {
+		wg.Go(func() { f(i) })
+	}
+	f(0)
+	wg.Wait()
+}
