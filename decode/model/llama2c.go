@@ -220,26 +220,6 @@ func llama2CWeights(c Config, shared bool, take func(n int) ([]float32, error), 
 	return w, nil
 }
 
-// allFinite refuses a NaN or an infinity anywhere in tensors, looking on
-// every core.
-func allFinite(tensors [][]float32) error {
-	pieces := chunks(tensors, revisionChunk)
-	var bad atomic.Bool
-	forEachChunk(pieces, func(i int, _ []byte) {
-		for _, x := range pieces[i].data {
-			// Exponent all ones: an infinity or a NaN.
-			if math.Float32bits(x)&0x7f800000 == 0x7f800000 {
-				bad.Store(true)
-				return
-			}
-		}
-	})
-	if bad.Load() {
-		return fmt.Errorf("%w: non-finite weight", ErrBadCheckpoint)
-	}
-	return nil
-}
-
 // WriteLlama2C writes m as a llama2.c model.bin. An output bias has no
 // place in that format and is refused.
 func WriteLlama2C(out io.Writer, m *Model) error {
@@ -277,4 +257,44 @@ func WriteLlama2C(out io.Writer, m *Model) error {
 		binary.Write(bw, binary.LittleEndian, m.W.Classifier)
 	}
 	return bw.Flush()
+}
+
+// allFinite refuses a NaN or an infinity anywhere in tensors, looking on
+// every core.
+func allFinite(tensors [][]float32) error {
+	pieces := chunks(tensors, revisionChunk)
+	var bad atomic.Bool
+	forEachChunk(pieces, func(i int, _ []byte) {
+		if !finite(pieces[i].data) {
+			bad.Store(true)
+		}
+	})
+	if bad.Load() {
+		return fmt.Errorf("%w: non-finite weight", ErrBadCheckpoint)
+	}
+	return nil
+}
+
+// finite reports whether no value of v has an exponent of all ones (an
+// infinity or a NaN), two values at a time: in each 32-bit lane, the
+// exponent bits xor all ones plus all ones carries into bit 31 unless
+// they were all ones, and never out of the lane.
+func finite(v []float32) bool {
+	const exp = 0x7f800000
+	if len(v) > 0 && uintptr(unsafe.Pointer(&v[0]))%8 != 0 {
+		if math.Float32bits(v[0])&exp == exp {
+			return false
+		}
+		v = v[1:]
+	}
+	pairs := unsafe.Slice((*uint64)(unsafe.Pointer(unsafe.SliceData(v))), len(v)/2)
+	const exp2, top2 = exp<<32 | exp, 1<<63 | 1<<31
+	acc := uint64(top2)
+	for _, x := range pairs {
+		acc &= (x&exp2 ^ exp2) + exp2
+	}
+	if len(v)%2 == 1 && math.Float32bits(v[len(v)-1])&exp == exp {
+		return false
+	}
+	return acc&top2 == top2
 }

@@ -280,3 +280,31 @@ func FuzzLlama2CFromBytes(f *testing.F) {
 		}
 	})
 }
+
+// TestFiniteMatchesIsNaNIsInf: the two-at-a-time check agrees with
+// math.IsNaN and math.IsInf at every length, alignment and position.
+func TestFiniteMatchesIsNaNIsInf(t *testing.T) {
+	values := []uint32{0, 0x80000000, 1, 0x007fffff, 0x7f7fffff, 0xff7fffff, 0x3f800000, 0x7f000000, // finite
+		0x7f800000, 0xff800000, 0x7fc00000, 0xffc00000, 0x7f800001, 0xffffffff} // infinities and NaNs
+	backing := make([]float32, 12)
+	for off := 0; off < 2; off++ {
+		for n := 0; n <= 10; n++ {
+			for pos := 0; pos < n; pos++ {
+				for _, bits := range values {
+					v := backing[off : off+n]
+					for i := range v {
+						v[i] = float32(i) - 3.5
+					}
+					v[pos] = math.Float32frombits(bits)
+					x := float64(v[pos])
+					if want := !math.IsNaN(x) && !math.IsInf(x, 0); finite(v) != want {
+						t.Fatalf("offset %d length %d: %#08x at %d: finite %v, want %v", off, n, bits, pos, !want, want)
+					}
+				}
+			}
+		}
+	}
+	if !finite(nil) {
+		t.Fatal("an empty tensor is not finite")
+	}
+}
