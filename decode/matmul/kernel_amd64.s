@@ -17,24 +17,27 @@
 // product sees the same sequence of roundings whichever kernel computed it.
 // The caller folds the lanes in a fixed order (see hsum8).
 
-// func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
+// func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
+//
+// Four tokens times three rows; token i's sum for row j, its lanes folded as
+// hsum8 does, is stored at out + i*ostride + 4*j.
 //
 // pf is prefetched at 96 bytes per step: the caller points it at the next
 // three weight rows, which streaming from DRAM would otherwise stall on.
-TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-56
+TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), SI
 	MOVQ xstride+8(FP), R8
 	MOVQ w+16(FP), DI
 	MOVQ wstride+24(FP), R9
 	MOVQ n8+32(FP), CX
-	MOVQ acc+40(FP), DX
+	MOVQ out+40(FP), DX
 
 	LEAQ (SI)(R8*1), R10
 	LEAQ (SI)(R8*2), R11
 	LEAQ (R10)(R8*2), R12
 	LEAQ (DI)(R9*1), R13
 	LEAQ (DI)(R9*2), BX
-	MOVQ pf+48(FP), R8
+	MOVQ pf+56(FP), R8
 	XORQ R9, R9
 
 	VXORPS Y4, Y4, Y4
@@ -87,18 +90,34 @@ loop4x3:
 	JNZ  loop4x3
 
 store4x3:
-	VMOVUPS Y4, 0(DX)
-	VMOVUPS Y5, 32(DX)
-	VMOVUPS Y6, 64(DX)
-	VMOVUPS Y7, 96(DX)
-	VMOVUPS Y8, 128(DX)
-	VMOVUPS Y9, 160(DX)
-	VMOVUPS Y10, 192(DX)
-	VMOVUPS Y11, 224(DX)
-	VMOVUPS Y12, 256(DX)
-	VMOVUPS Y13, 288(DX)
-	VMOVUPS Y14, 320(DX)
-	VMOVUPS Y15, 352(DX)
+	MOVQ ostride+48(FP), CX
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	HSUM8(Y5, X5, X0)
+	VMOVSS X5, 4(DX)
+	HSUM8(Y6, X6, X0)
+	VMOVSS X6, 8(DX)
+	ADDQ CX, DX
+	HSUM8(Y7, X7, X0)
+	VMOVSS X7, 0(DX)
+	HSUM8(Y8, X8, X0)
+	VMOVSS X8, 4(DX)
+	HSUM8(Y9, X9, X0)
+	VMOVSS X9, 8(DX)
+	ADDQ CX, DX
+	HSUM8(Y10, X10, X0)
+	VMOVSS X10, 0(DX)
+	HSUM8(Y11, X11, X0)
+	VMOVSS X11, 4(DX)
+	HSUM8(Y12, X12, X0)
+	VMOVSS X12, 8(DX)
+	ADDQ CX, DX
+	HSUM8(Y13, X13, X0)
+	VMOVSS X13, 0(DX)
+	HSUM8(Y14, X14, X0)
+	VMOVSS X14, 4(DX)
+	HSUM8(Y15, X15, X0)
+	VMOVSS X15, 8(DX)
 	VZEROUPPER
 	RET
 

@@ -15,19 +15,20 @@ func fma32(a, b, c float32) float32 {
 	return float32(math.FMA(float64(a), float64(b), float64(c)))
 }
 
-func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, _ *float32) {
+func dot4x3Generic(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, _ *float32) {
 	n := int(n8) * 8
-	*acc = [96]float32{}
 	for t := 0; t < 4; t++ {
 		xr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(x), uintptr(t)*xstride)), n)
+		o := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(out), uintptr(t)*ostride)), 3)
 		for r := 0; r < 3; r++ {
 			wr := unsafe.Slice((*float32)(unsafe.Add(unsafe.Pointer(w), uintptr(r)*wstride)), n)
-			lanes := acc[(t*3+r)*8 : (t*3+r)*8+8]
+			var lanes [8]float32
 			for i := 0; i < n; i += 8 {
 				for l := 0; l < 8; l++ {
 					lanes[l] = fma32(wr[i+l], xr[i+l], lanes[l])
 				}
 			}
+			o[r] = hsum8(lanes[:])
 		}
 	}
 }

@@ -13,7 +13,9 @@ import "runtime"
 
 type kernels struct {
 	name   string
-	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, acc *[96]float32, pf *float32)
+	// dot4x3 stores four tokens' folded sums (no tail) for three rows:
+	// token i's for row j at out + i*ostride + 4*j.
+	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
 	// dot1x4 stores four rows' folded sums (hsum8 of their lanes, no
 	// tail) and prefetches pf, the next four rows.
 	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
@@ -178,10 +180,21 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	}
 	n8 := n / 8
 	xs := uintptr(n) * 4
+	ostride := uintptr(m) * 4
 	T4 := T &^ 3
-	var acc [96]float32
-	store := func(t, r, k int) {
-		out[t*m+r] = tail(hsum8(acc[k*8:k*8+8]), x[t*n:(t+1)*n], w[r*n:], n8*8)
+	// addTails adds the products past the last 8-float step to the sums
+	// the kernel stored; all our dimensions are multiples of 8, so it
+	// rarely has anything to do.
+	addTails := func(t, r, rows int) {
+		if n8*8 == n {
+			return
+		}
+		for i := 0; i < 4; i++ {
+			for j := 0; j < rows; j++ {
+				o := &out[(t+i)*m+r+j]
+				*o = tail(*o, x[(t+i)*n:(t+i+1)*n], w[(r+j)*n:], n8*8)
+			}
+		}
 	}
 	r := r0
 	for ; r+3 <= r1; r += 3 {
@@ -196,21 +209,19 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 			if t > 0 {
 				pf = &w[r*n]
 			}
-			active.dot4x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &acc, pf)
-			for i := 0; i < 4; i++ {
-				for j := 0; j < 3; j++ {
-					store(t+i, r+j, i*3+j)
-				}
-			}
+			active.dot4x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &out[t*m+r], ostride, pf)
+			addTails(t, r, 3)
 		}
 	}
+	var one [12]float32
 	for ; r < r1; r++ {
 		for t := 0; t < T4; t += 4 {
 			// A zero weight stride computes the one row three times.
-			active.dot4x3(&x[t*n], xs, &w[r*n], 0, uintptr(n8), &acc, &w[r*n])
+			active.dot4x3(&x[t*n], xs, &w[r*n], 0, uintptr(n8), &one[0], 12, &w[r*n])
 			for i := 0; i < 4; i++ {
-				store(t+i, r, i*3)
+				out[(t+i)*m+r] = one[i*3]
 			}
+			addTails(t, r, 1)
 		}
 	}
 	for t := T4; t < T; t++ {
