@@ -3,12 +3,12 @@ package kv
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
-	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -28,6 +28,7 @@ type CacheStats struct {
 	CorruptOnRead  int `json:"corrupt_on_read"`  // acquired blocks whose checksum or header did not verify
 	AcquireFailed  int `json:"acquire_failed"`   // prefix lookups that failed (owner away)
 	HandBackFailed int `json:"hand_back_failed"` // aborts or releases the owner did not take
+	AllocWaited    int `json:"alloc_waited"`     // allocations that waited for the owner (the pool was empty)
 }
 
 // Cache is a worker's KV block store in the node's shared-memory arena:
@@ -53,6 +54,12 @@ type Cache struct {
 	mu     sync.Mutex
 	blocks map[kvcache.BlockID]*cacheBlock
 	stats  CacheStats
+	// pool holds slots allocated ahead of need (WRITING, ours at the
+	// owner, under our lease: a worker death reclaims them with the rest),
+	// so that Alloc, called under the scheduler's lock, makes no round
+	// trip; PublishBlocks refills it after each step. At most poolTarget.
+	pool       []Ref
+	poolTarget int
 }
 
 type cacheBlock struct {
@@ -65,6 +72,10 @@ type cacheBlock struct {
 	// lost is set when the client could no longer prove the block is ours:
 	// its slot may belong to someone else now.
 	lost bool
+	// unsure is set when a publish of the block got no answer: the owner
+	// may have published it, so its slot is never reused for another
+	// block (Free aborts it instead of putting it back in the pool).
+	unsure bool
 }
 
 // ownerCallTimeout bounds one call to the owner from the decode step. A
@@ -101,7 +112,8 @@ func NewCache(client *Client, layout kvcache.Layout, id Identity, capacity int) 
 		arena.Close()
 		return nil, err
 	}
-	c := &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, private: private, blocks: map[kvcache.BlockID]*cacheBlock{}}
+	c := &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, private: private, blocks: map[kvcache.BlockID]*cacheBlock{},
+		poolTarget: max(1, min(maxPool, capacity/4))}
 	client.OnLost(c.markLost)
 	return c, nil
 }
@@ -115,6 +127,9 @@ func (c *Cache) markLost(refs []Ref) {
 			c.stats.Lost++
 		}
 	}
+	c.pool = slices.DeleteFunc(c.pool, func(p Ref) bool {
+		return slices.ContainsFunc(refs, func(r Ref) bool { return r.Slot == p.Slot && r.Gen == p.Gen })
+	})
 }
 
 // Losses counts blocks declared lost. It first fences the client if its
@@ -154,6 +169,7 @@ func (c *Cache) Close() error {
 			// sequences needs one call each.
 		}
 	}
+	c.drainPool()
 	return c.arena.Close()
 }
 
@@ -187,9 +203,7 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 	if full {
 		return 0, kvcache.ErrNoFreeBlocks
 	}
-	ctx, cancel := c.ownerCtx()
-	refs, err := c.client.Allocate(ctx, 1)
-	cancel()
+	r, err := c.fromPool()
 	if err != nil {
 		// Degrade to private memory: this block will not be shared. Any
 		// failure does: the owner away, or its arena full (other writers'
@@ -203,9 +217,9 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 		c.stats.Fallback++
 		return privateBase + id, nil
 	}
-	id := kvcache.BlockID(refs[0].Slot)
+	id := kvcache.BlockID(r.Slot)
 	c.mu.Lock()
-	c.blocks[id] = &cacheBlock{ref: refs[0], holders: 1}
+	c.blocks[id] = &cacheBlock{ref: r, holders: 1}
 	c.mu.Unlock()
 	return id, nil
 }
@@ -232,6 +246,9 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 	}
 	if b.lost {
 		return nil // the owner already took it back
+	}
+	if !b.shared && !b.unsure && c.recycle(b.ref) {
+		return nil // back in the pool: still ours, never published
 	}
 	ctx, cancel := c.ownerCtx()
 	defer cancel()
@@ -261,62 +278,10 @@ func (c *Cache) payload(id kvcache.BlockID) []byte {
 	return c.arena.Payload(int(id))[:c.layout.BlockBytes()]
 }
 
-// Publish seals and publishes a full block under the key of its prefix.
+// Publish seals and publishes one full block under the key of its
+// prefix: PublishBlocks of one block.
 func (c *Cache) Publish(id, parentID kvcache.BlockID, tokens []int) {
-	bs := c.layout.BlockSize
-	if id >= privateBase {
-		return // private fallback blocks are never shared
-	}
-	c.mu.Lock()
-	b, ok := c.blocks[id]
-	var parent BlockKey
-	parentKnown := false
-	if pb, ok := c.blocks[parentID]; ok && pb.shared {
-		parent, parentKnown = pb.key, true
-	}
-	c.mu.Unlock()
-	if !ok || b.shared || b.lost || len(tokens)%bs != 0 || len(tokens) == 0 {
-		return
-	}
-	if len(tokens) == bs {
-		parent, parentKnown = BlockKey{}, true
-	}
-	if !parentKnown {
-		// The parent block is private (its publish failed): hash the chain.
-		keys := c.identity.Chain(tokens[:len(tokens)-bs], -1)
-		parent = keys[len(keys)-1]
-	}
-	key := c.identity.Key(parent, tokens[len(tokens)-bs:])
-	ref := b.ref
-	ref.PayloadLen = uint32(c.layout.BlockBytes())
-	ref.Checksum = shm.Checksum(c.payload(id))
-	fail := func() {
-		c.mu.Lock()
-		c.stats.PublishFailed++
-		c.mu.Unlock()
-	}
-	if err := failpoint.Hit(FailBeforeSeal); err != nil {
-		fail()
-		return
-	}
-	ctx, cancel := c.ownerCtx()
-	defer cancel()
-	if err := c.client.Seal(ctx, ref, key, parent); err != nil {
-		fail()
-		return
-	}
-	if err := failpoint.Hit(FailBeforePublish); err != nil {
-		fail()
-		return
-	}
-	if err := c.client.Publish(ctx, ref); err != nil {
-		fail()
-		return
-	}
-	c.mu.Lock()
-	b.ref, b.shared, b.key = ref, true, key
-	c.stats.Published++
-	c.mu.Unlock()
+	c.PublishBlocks([]kvcache.FullBlock{{ID: id, Parent: parentID, Tokens: tokens}})
 }
 
 // AcquirePrefix leases the longest published prefix of tokens and verifies

@@ -98,8 +98,10 @@ func headerAgrees(ev slotEvidence, m Manifest) bool {
 		return false
 	}
 	h := ev.Header.State
+	// A publish batch seals headers before its PUBLISHED manifests are
+	// written: a crash in between leaves SEALED over WRITING.
 	return h == m.State || (m.State == Published && h == Sealed) || (m.State == Sealed && h == Writing) ||
-		(m.State == Writing && h == Allocated)
+		(m.State == Writing && (h == Allocated || h == Sealed))
 }
 
 // recover rebuilds the owner's state from the manifests and slot headers

@@ -57,6 +57,8 @@ func TestDecideRecovery(t *testing.T) {
 			slotEvidence{HeaderOK: true, Header: hdr(2, Writing), ArenaGen: 2, HasManifest: true, Manifest: man(2, Writing)}, recoverUnfinished, 2},
 		{"writing, header one behind (allocated)",
 			slotEvidence{HeaderOK: true, Header: hdr(2, Allocated), ArenaGen: 2, HasManifest: true, Manifest: man(2, Writing)}, recoverUnfinished, 2},
+		{"writing, header sealed (a publish batch cut before its manifests)",
+			slotEvidence{HeaderOK: true, Header: hdr(2, Sealed), ArenaGen: 2, HasManifest: true, Manifest: man(2, Writing)}, recoverUnfinished, 2},
 		{"writing, header free",
 			slotEvidence{HeaderOK: true, Header: hdr(2, Free), ArenaGen: 2, HasManifest: true, Manifest: man(2, Writing)}, recoverDrop, 2},
 		{"writing, header torn",

@@ -250,6 +250,8 @@ func dispatch(o *Owner, sid *SessionID, req *kvpb.Request, resp *kvpb.Response) 
 		return handleAcquire(o, *sid, op.Acquire, resp)
 	case *kvpb.Request_Release:
 		return o.Release(*sid, fromPB(op.Release.Ref))
+	case *kvpb.Request_SealPublish:
+		return handleSealPublish(o, *sid, op.SealPublish, resp)
 	default:
 		return dispatchAdmin(o, req, resp)
 	}

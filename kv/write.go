@@ -1,6 +1,10 @@
 package kv
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/dgraph-io/badger/v4"
+)
 
 // Allocate hands the session n slots in WRITING state, each at a new
 // generation. When no slot is free it evicts unleased published blocks,
@@ -22,36 +26,58 @@ func (o *Owner) Allocate(sid SessionID, n int) ([]Ref, error) {
 	if len(o.free) < n {
 		return nil, fmt.Errorf("%w: need %d, %d free", ErrNoFreeSlots, n, len(o.free))
 	}
-	// Bump every generation in the headers first (ALLOCATED fences old
-	// references at once), then persist all manifests in one batch, then
-	// mark the headers WRITING. A crash in between leaves ALLOCATED headers
-	// without manifests, which a restart frees at the bumped generation.
-	taken := o.free[len(o.free)-n:]
-	o.free = o.free[:len(o.free)-n]
-	undo := func() {
-		for _, i := range taken {
-			o.resetSlot(i, false)
-		}
-	}
 	wb := o.db.NewWriteBatch()
 	defer wb.Cancel()
+	taken, err := o.takeSlotsLocked(s, sid, n, wb)
+	if err != nil {
+		return nil, err
+	}
+	if err := wb.Flush(); err != nil {
+		o.undoTakeLocked(taken)
+		return nil, fmt.Errorf("kv: persist allocation: %w", err)
+	}
+	return o.commitTakenLocked(s, taken)
+}
+
+// takeSlotsLocked takes n free slots for the session and stages their
+// WRITING manifests in wb. It bumps every generation in the headers first
+// (ALLOCATED fences old references at once); the caller flushes wb, then
+// calls commitTakenLocked to mark the headers WRITING, or undoTakeLocked.
+// A crash in between leaves ALLOCATED headers without manifests, which a
+// restart frees at the bumped generation.
+func (o *Owner) takeSlotsLocked(s *session, sid SessionID, n int, wb *badger.WriteBatch) ([]uint32, error) {
+	taken := o.free[len(o.free)-n:]
+	o.free = o.free[:len(o.free)-n]
+	taken = append([]uint32(nil), taken...)
 	now := o.opts.Now()
 	for _, i := range taken {
 		sl := &o.slots[i]
 		sl.gen++
 		sl.state, sl.writer, sl.session = Allocated, s.writer, sid
 		if err := o.setHeader(i); err != nil {
-			undo()
+			o.undoTakeLocked(taken)
 			return nil, err
 		}
 		sl.state = Writing
-		wb.Set(manifestKey(i), o.manifestOf(i, now).Encode())
+		if err := wb.Set(manifestKey(i), o.manifestOf(i, now).Encode()); err != nil {
+			o.undoTakeLocked(taken)
+			return nil, fmt.Errorf("kv: stage allocation: %w", err)
+		}
 	}
-	if err := wb.Flush(); err != nil {
-		undo()
-		return nil, fmt.Errorf("kv: persist allocation: %w", err)
+	return taken, nil
+}
+
+// undoTakeLocked returns slots taken by takeSlotsLocked to the pool.
+func (o *Owner) undoTakeLocked(taken []uint32) {
+	for _, i := range taken {
+		o.resetSlot(i, false)
 	}
-	refs := make([]Ref, 0, n)
+}
+
+// commitTakenLocked marks taken slots WRITING once their manifests are
+// durable and hands them to the session.
+func (o *Owner) commitTakenLocked(s *session, taken []uint32) ([]Ref, error) {
+	refs := make([]Ref, 0, len(taken))
 	for _, i := range taken {
 		if err := o.setHeader(i); err != nil {
 			return nil, err

@@ -154,6 +154,23 @@ type Sharing interface {
 	Publish(id BlockID, parent BlockID, tokens []int)
 }
 
+// FullBlock is one fully computed block offered for reuse: the arguments
+// of one Sharing.Publish.
+type FullBlock struct {
+	ID, Parent BlockID
+	Tokens     []int
+}
+
+// BatchSharing is implemented by sharing stores that publish many blocks
+// in one operation: the scheduler hands them every block a step finished
+// (all sequences), in order, once per step, outside its lock. A block's
+// parent may be an earlier block of the same call. A store may also use
+// the call, even with no blocks, to prepare blocks for later Allocs.
+type BatchSharing interface {
+	Sharing
+	PublishBlocks([]FullBlock)
+}
+
 // NoBlock is the parent of a sequence's first block.
 const NoBlock BlockID = -1
 

@@ -61,20 +61,33 @@ func (s *Scheduler) revalidateLocked() {
 	}
 }
 
-// publish offers the sequence's newly completed blocks for reuse. It runs
-// outside the lock, while the sequence is in flight.
-func (s *Scheduler) publish(seq *sequence) {
+// publish offers the newly completed blocks of a step's sequences for
+// reuse, a parent before its child. It runs outside the lock, while the
+// sequences are in flight: a store that publishes in batches gets the
+// whole step in one call (and the chance to prepare blocks for the next
+// Allocs without a round trip under the lock), even when it is empty.
+func (s *Scheduler) publish(seqs []*sequence) {
 	sh, ok := s.store.(kvcache.Sharing)
 	if !ok {
 		return
 	}
 	bs := s.store.Layout().BlockSize
-	for ; seq.published < seq.computed/bs; seq.published++ {
-		parent := kvcache.NoBlock
-		if seq.published > 0 {
-			parent = seq.blocks[seq.published-1]
+	var full []kvcache.FullBlock
+	for _, seq := range seqs {
+		for ; seq.published < seq.computed/bs; seq.published++ {
+			parent := kvcache.NoBlock
+			if seq.published > 0 {
+				parent = seq.blocks[seq.published-1]
+			}
+			full = append(full, kvcache.FullBlock{ID: seq.blocks[seq.published], Parent: parent, Tokens: seq.tokens[:(seq.published+1)*bs]})
 		}
-		sh.Publish(seq.blocks[seq.published], parent, seq.tokens[:(seq.published+1)*bs])
+	}
+	if bsh, ok := sh.(kvcache.BatchSharing); ok {
+		bsh.PublishBlocks(full)
+		return
+	}
+	for _, f := range full {
+		sh.Publish(f.ID, f.Parent, f.Tokens)
 	}
 }
 

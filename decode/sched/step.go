@@ -38,9 +38,7 @@ func (s *Scheduler) Step() (bool, error) {
 	err := s.model.Forward(&s.ws, s.store, b.in)
 	var picks []pick
 	if err == nil {
-		for _, seq := range b.seqs {
-			s.publish(seq)
-		}
+		s.publish(b.seqs)
 		picks = s.sampleAll(b.sampled)
 		s.verifyAll(b.spec)
 	}

@@ -741,6 +741,141 @@ func (*Empty) Descriptor() ([]byte, []int) {
 	return file_lifeline_kv_proto_rawDescGZIP(), []int{11}
 }
 
+// SealPublish seals and publishes a batch of blocks the session wrote with
+// one manifest write, and in the same write allocates `allocate` fresh
+// slots (a writer's pool, taken ahead of need). The owner checksums each
+// payload itself (refs carry slot, gen and payload_len); keys[i] and
+// parents[i] belong to refs[i]. Each block succeeds or fails on its own.
+type SealPublish struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Refs          []*Ref                 `protobuf:"bytes,1,rep,name=refs,proto3" json:"refs,omitempty"`
+	Keys          [][]byte               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	Parents       [][]byte               `protobuf:"bytes,3,rep,name=parents,proto3" json:"parents,omitempty"`
+	Allocate      uint32                 `protobuf:"varint,4,opt,name=allocate,proto3" json:"allocate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SealPublish) Reset() {
+	*x = SealPublish{}
+	mi := &file_lifeline_kv_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SealPublish) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SealPublish) ProtoMessage() {}
+
+func (x *SealPublish) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_kv_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SealPublish.ProtoReflect.Descriptor instead.
+func (*SealPublish) Descriptor() ([]byte, []int) {
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SealPublish) GetRefs() []*Ref {
+	if x != nil {
+		return x.Refs
+	}
+	return nil
+}
+
+func (x *SealPublish) GetKeys() [][]byte {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *SealPublish) GetParents() [][]byte {
+	if x != nil {
+		return x.Parents
+	}
+	return nil
+}
+
+func (x *SealPublish) GetAllocate() uint32 {
+	if x != nil {
+		return x.Allocate
+	}
+	return 0
+}
+
+// BlockResult is one block's outcome in a SealPublish: OK with the ref
+// as published (its checksum set), or the code the block was refused with.
+type BlockResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Code          Code                   `protobuf:"varint,1,opt,name=code,proto3,enum=lifeline.kv.v1.Code" json:"code,omitempty"`
+	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	Ref           *Ref                   `protobuf:"bytes,3,opt,name=ref,proto3" json:"ref,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BlockResult) Reset() {
+	*x = BlockResult{}
+	mi := &file_lifeline_kv_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BlockResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BlockResult) ProtoMessage() {}
+
+func (x *BlockResult) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_kv_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BlockResult.ProtoReflect.Descriptor instead.
+func (*BlockResult) Descriptor() ([]byte, []int) {
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *BlockResult) GetCode() Code {
+	if x != nil {
+		return x.Code
+	}
+	return Code_OK
+}
+
+func (x *BlockResult) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *BlockResult) GetRef() *Ref {
+	if x != nil {
+		return x.Ref
+	}
+	return nil
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -760,6 +895,7 @@ type Request struct {
 	//	*Request_WriterDead
 	//	*Request_ReportCorrupt
 	//	*Request_Sweep
+	//	*Request_SealPublish
 	Op            isRequest_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -767,7 +903,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_kv_proto_msgTypes[12]
+	mi := &file_lifeline_kv_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +915,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_kv_proto_msgTypes[12]
+	mi := &file_lifeline_kv_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +928,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_kv_proto_rawDescGZIP(), []int{12}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Request) GetId() uint64 {
@@ -935,6 +1071,15 @@ func (x *Request) GetSweep() *Empty {
 	return nil
 }
 
+func (x *Request) GetSealPublish() *SealPublish {
+	if x != nil {
+		if x, ok := x.Op.(*Request_SealPublish); ok {
+			return x.SealPublish
+		}
+	}
+	return nil
+}
+
 type isRequest_Op interface {
 	isRequest_Op()
 }
@@ -995,6 +1140,10 @@ type Request_Sweep struct {
 	Sweep *Empty `protobuf:"bytes,15,opt,name=sweep,proto3,oneof"`
 }
 
+type Request_SealPublish struct {
+	SealPublish *SealPublish `protobuf:"bytes,16,opt,name=seal_publish,json=sealPublish,proto3,oneof"`
+}
+
 func (*Request_Hello) isRequest_Op() {}
 
 func (*Request_KeepAlive) isRequest_Op() {}
@@ -1023,6 +1172,8 @@ func (*Request_ReportCorrupt) isRequest_Op() {}
 
 func (*Request_Sweep) isRequest_Op() {}
 
+func (*Request_SealPublish) isRequest_Op() {}
+
 type Stats struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Slots         uint32                 `protobuf:"varint,1,opt,name=slots,proto3" json:"slots,omitempty"`
@@ -1037,7 +1188,7 @@ type Stats struct {
 
 func (x *Stats) Reset() {
 	*x = Stats{}
-	mi := &file_lifeline_kv_proto_msgTypes[13]
+	mi := &file_lifeline_kv_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1049,7 +1200,7 @@ func (x *Stats) String() string {
 func (*Stats) ProtoMessage() {}
 
 func (x *Stats) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_kv_proto_msgTypes[13]
+	mi := &file_lifeline_kv_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1062,7 +1213,7 @@ func (x *Stats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stats.ProtoReflect.Descriptor instead.
 func (*Stats) Descriptor() ([]byte, []int) {
-	return file_lifeline_kv_proto_rawDescGZIP(), []int{13}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Stats) GetSlots() uint32 {
@@ -1108,22 +1259,25 @@ func (x *Stats) GetCounters() map[string]uint64 {
 }
 
 type Response struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
-	Code          Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=lifeline.kv.v1.Code" json:"code,omitempty"`
-	Message       string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
-	Hello         *HelloReply            `protobuf:"bytes,4,opt,name=hello,proto3" json:"hello,omitempty"`
-	Refs          []*Ref                 `protobuf:"bytes,5,rep,name=refs,proto3" json:"refs,omitempty"`
-	Count         uint32                 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
-	Dropped       bool                   `protobuf:"varint,7,opt,name=dropped,proto3" json:"dropped,omitempty"`
-	Stats         *Stats                 `protobuf:"bytes,8,opt,name=stats,proto3" json:"stats,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	Code    Code                   `protobuf:"varint,2,opt,name=code,proto3,enum=lifeline.kv.v1.Code" json:"code,omitempty"`
+	Message string                 `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	Hello   *HelloReply            `protobuf:"bytes,4,opt,name=hello,proto3" json:"hello,omitempty"`
+	Refs    []*Ref                 `protobuf:"bytes,5,rep,name=refs,proto3" json:"refs,omitempty"`
+	Count   uint32                 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	Dropped bool                   `protobuf:"varint,7,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Stats   *Stats                 `protobuf:"bytes,8,opt,name=stats,proto3" json:"stats,omitempty"`
+	// results answers a SealPublish, one per block; refs then holds the
+	// slots it allocated.
+	Results       []*BlockResult `protobuf:"bytes,9,rep,name=results,proto3" json:"results,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Response) Reset() {
 	*x = Response{}
-	mi := &file_lifeline_kv_proto_msgTypes[14]
+	mi := &file_lifeline_kv_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1135,7 +1289,7 @@ func (x *Response) String() string {
 func (*Response) ProtoMessage() {}
 
 func (x *Response) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_kv_proto_msgTypes[14]
+	mi := &file_lifeline_kv_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1148,7 +1302,7 @@ func (x *Response) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Response.ProtoReflect.Descriptor instead.
 func (*Response) Descriptor() ([]byte, []int) {
-	return file_lifeline_kv_proto_rawDescGZIP(), []int{14}
+	return file_lifeline_kv_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Response) GetId() uint64 {
@@ -1207,6 +1361,13 @@ func (x *Response) GetStats() *Stats {
 	return nil
 }
 
+func (x *Response) GetResults() []*BlockResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 var File_lifeline_kv_proto protoreflect.FileDescriptor
 
 const file_lifeline_kv_proto_rawDesc = "" +
@@ -1260,7 +1421,16 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\"\a\n" +
-	"\x05Empty\"\xfb\x05\n" +
+	"\x05Empty\"\x80\x01\n" +
+	"\vSealPublish\x12'\n" +
+	"\x04refs\x18\x01 \x03(\v2\x13.lifeline.kv.v1.RefR\x04refs\x12\x12\n" +
+	"\x04keys\x18\x02 \x03(\fR\x04keys\x12\x18\n" +
+	"\aparents\x18\x03 \x03(\fR\aparents\x12\x1a\n" +
+	"\ballocate\x18\x04 \x01(\rR\ballocate\"x\n" +
+	"\vBlockResult\x12(\n" +
+	"\x04code\x18\x01 \x01(\x0e2\x14.lifeline.kv.v1.CodeR\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12%\n" +
+	"\x03ref\x18\x03 \x01(\v2\x13.lifeline.kv.v1.RefR\x03ref\"\xbd\x06\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12-\n" +
 	"\x05hello\x18\x02 \x01(\v2\x15.lifeline.kv.v1.HelloH\x00R\x05hello\x12:\n" +
@@ -1279,7 +1449,8 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"\vwriter_dead\x18\r \x01(\v2\x1a.lifeline.kv.v1.WriterDeadH\x00R\n" +
 	"writerDead\x12@\n" +
 	"\x0ereport_corrupt\x18\x0e \x01(\v2\x17.lifeline.kv.v1.RefOnlyH\x00R\rreportCorrupt\x12-\n" +
-	"\x05sweep\x18\x0f \x01(\v2\x15.lifeline.kv.v1.EmptyH\x00R\x05sweepB\x04\n" +
+	"\x05sweep\x18\x0f \x01(\v2\x15.lifeline.kv.v1.EmptyH\x00R\x05sweep\x12@\n" +
+	"\fseal_publish\x18\x10 \x01(\v2\x1b.lifeline.kv.v1.SealPublishH\x00R\vsealPublishB\x04\n" +
 	"\x02op\"\xec\x02\n" +
 	"\x05Stats\x12\x14\n" +
 	"\x05slots\x18\x01 \x01(\rR\x05slots\x12=\n" +
@@ -1294,7 +1465,7 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x96\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xcd\x02\n" +
 	"\bResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12(\n" +
 	"\x04code\x18\x02 \x01(\x0e2\x14.lifeline.kv.v1.CodeR\x04code\x12\x18\n" +
@@ -1303,7 +1474,8 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"\x04refs\x18\x05 \x03(\v2\x13.lifeline.kv.v1.RefR\x04refs\x12\x14\n" +
 	"\x05count\x18\x06 \x01(\rR\x05count\x12\x18\n" +
 	"\adropped\x18\a \x01(\bR\adropped\x12+\n" +
-	"\x05stats\x18\b \x01(\v2\x15.lifeline.kv.v1.StatsR\x05stats*\xb4\x01\n" +
+	"\x05stats\x18\b \x01(\v2\x15.lifeline.kv.v1.StatsR\x05stats\x125\n" +
+	"\aresults\x18\t \x03(\v2\x1b.lifeline.kv.v1.BlockResultR\aresults*\xb4\x01\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\f\n" +
 	"\bINTERNAL\x10\x01\x12\x0f\n" +
@@ -1332,26 +1504,28 @@ func file_lifeline_kv_proto_rawDescGZIP() []byte {
 }
 
 var file_lifeline_kv_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_lifeline_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_lifeline_kv_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_lifeline_kv_proto_goTypes = []any{
-	(Code)(0),          // 0: lifeline.kv.v1.Code
-	(*Ref)(nil),        // 1: lifeline.kv.v1.Ref
-	(*Hello)(nil),      // 2: lifeline.kv.v1.Hello
-	(*HelloReply)(nil), // 3: lifeline.kv.v1.HelloReply
-	(*Allocate)(nil),   // 4: lifeline.kv.v1.Allocate
-	(*KeepAlive)(nil),  // 5: lifeline.kv.v1.KeepAlive
-	(*Seal)(nil),       // 6: lifeline.kv.v1.Seal
-	(*Publish)(nil),    // 7: lifeline.kv.v1.Publish
-	(*Abort)(nil),      // 8: lifeline.kv.v1.Abort
-	(*Keys)(nil),       // 9: lifeline.kv.v1.Keys
-	(*RefOnly)(nil),    // 10: lifeline.kv.v1.RefOnly
-	(*WriterDead)(nil), // 11: lifeline.kv.v1.WriterDead
-	(*Empty)(nil),      // 12: lifeline.kv.v1.Empty
-	(*Request)(nil),    // 13: lifeline.kv.v1.Request
-	(*Stats)(nil),      // 14: lifeline.kv.v1.Stats
-	(*Response)(nil),   // 15: lifeline.kv.v1.Response
-	nil,                // 16: lifeline.kv.v1.Stats.ByStateEntry
-	nil,                // 17: lifeline.kv.v1.Stats.CountersEntry
+	(Code)(0),           // 0: lifeline.kv.v1.Code
+	(*Ref)(nil),         // 1: lifeline.kv.v1.Ref
+	(*Hello)(nil),       // 2: lifeline.kv.v1.Hello
+	(*HelloReply)(nil),  // 3: lifeline.kv.v1.HelloReply
+	(*Allocate)(nil),    // 4: lifeline.kv.v1.Allocate
+	(*KeepAlive)(nil),   // 5: lifeline.kv.v1.KeepAlive
+	(*Seal)(nil),        // 6: lifeline.kv.v1.Seal
+	(*Publish)(nil),     // 7: lifeline.kv.v1.Publish
+	(*Abort)(nil),       // 8: lifeline.kv.v1.Abort
+	(*Keys)(nil),        // 9: lifeline.kv.v1.Keys
+	(*RefOnly)(nil),     // 10: lifeline.kv.v1.RefOnly
+	(*WriterDead)(nil),  // 11: lifeline.kv.v1.WriterDead
+	(*Empty)(nil),       // 12: lifeline.kv.v1.Empty
+	(*SealPublish)(nil), // 13: lifeline.kv.v1.SealPublish
+	(*BlockResult)(nil), // 14: lifeline.kv.v1.BlockResult
+	(*Request)(nil),     // 15: lifeline.kv.v1.Request
+	(*Stats)(nil),       // 16: lifeline.kv.v1.Stats
+	(*Response)(nil),    // 17: lifeline.kv.v1.Response
+	nil,                 // 18: lifeline.kv.v1.Stats.ByStateEntry
+	nil,                 // 19: lifeline.kv.v1.Stats.CountersEntry
 }
 var file_lifeline_kv_proto_depIdxs = []int32{
 	1,  // 0: lifeline.kv.v1.Hello.owned:type_name -> lifeline.kv.v1.Ref
@@ -1360,31 +1534,36 @@ var file_lifeline_kv_proto_depIdxs = []int32{
 	1,  // 3: lifeline.kv.v1.Publish.ref:type_name -> lifeline.kv.v1.Ref
 	1,  // 4: lifeline.kv.v1.Abort.ref:type_name -> lifeline.kv.v1.Ref
 	1,  // 5: lifeline.kv.v1.RefOnly.ref:type_name -> lifeline.kv.v1.Ref
-	2,  // 6: lifeline.kv.v1.Request.hello:type_name -> lifeline.kv.v1.Hello
-	5,  // 7: lifeline.kv.v1.Request.keep_alive:type_name -> lifeline.kv.v1.KeepAlive
-	4,  // 8: lifeline.kv.v1.Request.allocate:type_name -> lifeline.kv.v1.Allocate
-	6,  // 9: lifeline.kv.v1.Request.seal:type_name -> lifeline.kv.v1.Seal
-	7,  // 10: lifeline.kv.v1.Request.publish:type_name -> lifeline.kv.v1.Publish
-	8,  // 11: lifeline.kv.v1.Request.abort:type_name -> lifeline.kv.v1.Abort
-	9,  // 12: lifeline.kv.v1.Request.acquire:type_name -> lifeline.kv.v1.Keys
-	9,  // 13: lifeline.kv.v1.Request.lookup:type_name -> lifeline.kv.v1.Keys
-	10, // 14: lifeline.kv.v1.Request.release:type_name -> lifeline.kv.v1.RefOnly
-	10, // 15: lifeline.kv.v1.Request.delete:type_name -> lifeline.kv.v1.RefOnly
-	12, // 16: lifeline.kv.v1.Request.stats:type_name -> lifeline.kv.v1.Empty
-	11, // 17: lifeline.kv.v1.Request.writer_dead:type_name -> lifeline.kv.v1.WriterDead
-	10, // 18: lifeline.kv.v1.Request.report_corrupt:type_name -> lifeline.kv.v1.RefOnly
-	12, // 19: lifeline.kv.v1.Request.sweep:type_name -> lifeline.kv.v1.Empty
-	16, // 20: lifeline.kv.v1.Stats.by_state:type_name -> lifeline.kv.v1.Stats.ByStateEntry
-	17, // 21: lifeline.kv.v1.Stats.counters:type_name -> lifeline.kv.v1.Stats.CountersEntry
-	0,  // 22: lifeline.kv.v1.Response.code:type_name -> lifeline.kv.v1.Code
-	3,  // 23: lifeline.kv.v1.Response.hello:type_name -> lifeline.kv.v1.HelloReply
-	1,  // 24: lifeline.kv.v1.Response.refs:type_name -> lifeline.kv.v1.Ref
-	14, // 25: lifeline.kv.v1.Response.stats:type_name -> lifeline.kv.v1.Stats
-	26, // [26:26] is the sub-list for method output_type
-	26, // [26:26] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	1,  // 6: lifeline.kv.v1.SealPublish.refs:type_name -> lifeline.kv.v1.Ref
+	0,  // 7: lifeline.kv.v1.BlockResult.code:type_name -> lifeline.kv.v1.Code
+	1,  // 8: lifeline.kv.v1.BlockResult.ref:type_name -> lifeline.kv.v1.Ref
+	2,  // 9: lifeline.kv.v1.Request.hello:type_name -> lifeline.kv.v1.Hello
+	5,  // 10: lifeline.kv.v1.Request.keep_alive:type_name -> lifeline.kv.v1.KeepAlive
+	4,  // 11: lifeline.kv.v1.Request.allocate:type_name -> lifeline.kv.v1.Allocate
+	6,  // 12: lifeline.kv.v1.Request.seal:type_name -> lifeline.kv.v1.Seal
+	7,  // 13: lifeline.kv.v1.Request.publish:type_name -> lifeline.kv.v1.Publish
+	8,  // 14: lifeline.kv.v1.Request.abort:type_name -> lifeline.kv.v1.Abort
+	9,  // 15: lifeline.kv.v1.Request.acquire:type_name -> lifeline.kv.v1.Keys
+	9,  // 16: lifeline.kv.v1.Request.lookup:type_name -> lifeline.kv.v1.Keys
+	10, // 17: lifeline.kv.v1.Request.release:type_name -> lifeline.kv.v1.RefOnly
+	10, // 18: lifeline.kv.v1.Request.delete:type_name -> lifeline.kv.v1.RefOnly
+	12, // 19: lifeline.kv.v1.Request.stats:type_name -> lifeline.kv.v1.Empty
+	11, // 20: lifeline.kv.v1.Request.writer_dead:type_name -> lifeline.kv.v1.WriterDead
+	10, // 21: lifeline.kv.v1.Request.report_corrupt:type_name -> lifeline.kv.v1.RefOnly
+	12, // 22: lifeline.kv.v1.Request.sweep:type_name -> lifeline.kv.v1.Empty
+	13, // 23: lifeline.kv.v1.Request.seal_publish:type_name -> lifeline.kv.v1.SealPublish
+	18, // 24: lifeline.kv.v1.Stats.by_state:type_name -> lifeline.kv.v1.Stats.ByStateEntry
+	19, // 25: lifeline.kv.v1.Stats.counters:type_name -> lifeline.kv.v1.Stats.CountersEntry
+	0,  // 26: lifeline.kv.v1.Response.code:type_name -> lifeline.kv.v1.Code
+	3,  // 27: lifeline.kv.v1.Response.hello:type_name -> lifeline.kv.v1.HelloReply
+	1,  // 28: lifeline.kv.v1.Response.refs:type_name -> lifeline.kv.v1.Ref
+	16, // 29: lifeline.kv.v1.Response.stats:type_name -> lifeline.kv.v1.Stats
+	14, // 30: lifeline.kv.v1.Response.results:type_name -> lifeline.kv.v1.BlockResult
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_kv_proto_init() }
@@ -1392,7 +1571,7 @@ func file_lifeline_kv_proto_init() {
 	if File_lifeline_kv_proto != nil {
 		return
 	}
-	file_lifeline_kv_proto_msgTypes[12].OneofWrappers = []any{
+	file_lifeline_kv_proto_msgTypes[14].OneofWrappers = []any{
 		(*Request_Hello)(nil),
 		(*Request_KeepAlive)(nil),
 		(*Request_Allocate)(nil),
@@ -1407,6 +1586,7 @@ func file_lifeline_kv_proto_init() {
 		(*Request_WriterDead)(nil),
 		(*Request_ReportCorrupt)(nil),
 		(*Request_Sweep)(nil),
+		(*Request_SealPublish)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1414,7 +1594,7 @@ func file_lifeline_kv_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_kv_proto_rawDesc), len(file_lifeline_kv_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

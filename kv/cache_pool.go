@@ -1,0 +1,82 @@
+package kv
+
+// maxPool bounds the slots a cache allocates ahead of need: enough for a
+// long prefill's blocks (512 positions at 16 per block) without taking
+// much of a shared arena from other writers' cached blocks.
+const maxPool = 32
+
+// fromPool takes a slot allocated ahead of need. When the pool is empty
+// (the cache's first allocation, or a burst larger than the pool) it
+// allocates a whole pool's worth in one round trip.
+func (c *Cache) fromPool() (Ref, error) {
+	c.mu.Lock()
+	if n := len(c.pool); n > 0 {
+		r := c.pool[n-1]
+		c.pool = c.pool[:n-1]
+		c.mu.Unlock()
+		return r, nil
+	}
+	want := max(1, min(c.poolTarget, c.capacity-c.inUseLocked()))
+	c.stats.AllocWaited++
+	c.mu.Unlock()
+	ctx, cancel := c.ownerCtx()
+	refs, err := c.client.Allocate(ctx, want)
+	cancel()
+	if err != nil && want > 1 {
+		// The arena may have room for one block if not for a pool.
+		ctx, cancel := c.ownerCtx()
+		refs, err = c.client.Allocate(ctx, 1)
+		cancel()
+	}
+	if err != nil {
+		return Ref{}, err
+	}
+	c.mu.Lock()
+	c.pool = append(c.pool, refs[1:]...)
+	c.mu.Unlock()
+	return refs[0], nil
+}
+
+// refillWantLocked is how many slots PublishBlocks should allocate: up to
+// the pool's target, never past the cache's capacity.
+func (c *Cache) refillWantLocked() int {
+	return max(0, min(c.poolTarget-len(c.pool), c.capacity-c.inUseLocked()-len(c.pool)))
+}
+
+// recycle puts a freed block that was never published back in the pool:
+// the slot is still ours at the owner, and nobody else has a reference
+// to it. It reports false when the pool is full.
+func (c *Cache) recycle(r Ref) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.pool) >= c.poolTarget {
+		return false
+	}
+	c.pool = append(c.pool, Ref{Slot: r.Slot, Gen: r.Gen})
+	return true
+}
+
+// drainPool hands the pool's slots back to the owner.
+func (c *Cache) drainPool() {
+	c.mu.Lock()
+	pool := c.pool
+	c.pool = nil
+	c.mu.Unlock()
+	for _, r := range pool {
+		ctx, cancel := c.ownerCtx()
+		if err := c.client.Abort(ctx, r); err != nil {
+			// The owner reclaims it when our lease ends.
+			c.mu.Lock()
+			c.stats.HandBackFailed++
+			c.mu.Unlock()
+		}
+		cancel()
+	}
+}
+
+// Pooled is how many slots the cache holds allocated ahead of need.
+func (c *Cache) Pooled() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pool)
+}
