@@ -101,6 +101,9 @@ type Engine struct {
 
 	// verbs serves RDMA verbs fetches; nil where the node has none.
 	verbs verbsServer
+	// dataPort is the TCP port of the TLS-over-TCP data path (ServeTCP),
+	// offered to peers that ask over QUIC; 0: none.
+	dataPort atomic.Uint32
 
 	fetchesServed, blocksServed, bytesServed      atomic.Uint64
 	pullsOK, pullsFailed, staleDropped            atomic.Uint64

@@ -73,6 +73,11 @@ func (e *Engine) ServeStream(ctx context.Context, rw io.ReadWriter) error {
 			return bw.Flush()
 		}
 		return e.verbs.serve(e, op.VerbsFetch, br, bw)
+	case *transferpb.Request_DataPath:
+		if err := frame.Write(bw, &transferpb.DataPathOffer{TcpPort: e.dataPort.Load()}); err != nil {
+			return err
+		}
+		return bw.Flush()
 	default:
 		return fmt.Errorf("%w: unknown operation", ErrBadTransfer)
 	}
@@ -120,7 +125,9 @@ func (e *Engine) Serve(ctx context.Context, ln *quic.Listener) error {
 
 // QUIC is the default transport. A fetch is split over Streams streams,
 // read in parallel straight into the destination slots. Its Dialer also
-// sends Pull requests (a worker asking its own agent for blocks).
+// sends Pull requests (a worker asking its own agent for blocks). Where
+// the source offers a TLS-over-TCP data path (asked once per QUIC
+// connection, on a QUIC stream), fetches take it instead: see tcpdata.go.
 type QUIC struct {
 	*transferclient.Dialer
 	// Streams is how many streams one fetch uses (default 4), spread over
@@ -131,17 +138,40 @@ type QUIC struct {
 	// Stall is how long a fetch waits for the next block before it gives
 	// the source up (default 1.5 s).
 	Stall time.Duration
+	// TCP: fetch over the source's TLS-over-TCP data path when it offers
+	// one (default true), on TCPStreams connections (default 1); over
+	// QUIC where it offers none or its data path cannot be dialed.
+	TCP        bool
+	TCPStreams int
+
+	pathsMu sync.Mutex
+	paths   map[string]dataPath // by source address
 }
 
 // NewQUIC returns a QUIC transport that presents tlsConf.
 func NewQUIC(tlsConf *tls.Config) *QUIC {
-	return &QUIC{Dialer: transferclient.NewDialer(tlsConf), Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond}
+	return &QUIC{Dialer: transferclient.NewDialer(tlsConf), Streams: 4, Conns: 4, Stall: 1500 * time.Millisecond, TCP: true, TCPStreams: 1}
 }
 
 func (q *QUIC) Name() string { return "quic" }
 
 // Fetch implements Transport.
 func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
+	if q.TCP {
+		if p, ok := q.dataPath(ctx, addr); ok {
+			n, err := q.fetchTCP(ctx, addr, p, f, into)
+			if !errors.Is(err, errDataDial) || ctx.Err() != nil {
+				return n, err
+			}
+			// Nothing was asked on it: QUIC, and the data path again
+			// only after a while.
+			q.shelve(addr, p)
+		}
+	}
+	return q.fetchQUIC(ctx, addr, f, into)
+}
+
+func (q *QUIC) fetchQUIC(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
 	var used []*quic.Conn
 	var mu sync.Mutex
 	next := 0

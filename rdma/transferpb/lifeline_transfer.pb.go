@@ -857,6 +857,101 @@ func (x *VerbsDone) GetRead() uint32 {
 	return 0
 }
 
+// DataPathQuery asks a source, on a QUIC stream, whether it serves fetches
+// over a TLS-over-TCP data path too (a kernel TCP stream moves bulk bytes
+// with far less CPU than user-space QUIC's 1,452-byte packets).
+type DataPathQuery struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataPathQuery) Reset() {
+	*x = DataPathQuery{}
+	mi := &file_lifeline_transfer_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataPathQuery) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataPathQuery) ProtoMessage() {}
+
+func (x *DataPathQuery) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataPathQuery.ProtoReflect.Descriptor instead.
+func (*DataPathQuery) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{12}
+}
+
+// DataPathOffer answers a DataPathQuery: the TCP port, on the host the
+// query reached, of the source's data path (0: none). A client dials it
+// with the same certificates and accepts it only if it presents the same
+// certificate as the QUIC endpoint; only fetches are served there.
+type DataPathOffer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TcpPort       uint32                 `protobuf:"varint,1,opt,name=tcp_port,json=tcpPort,proto3" json:"tcp_port,omitempty"`
+	Error         string                 `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DataPathOffer) Reset() {
+	*x = DataPathOffer{}
+	mi := &file_lifeline_transfer_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DataPathOffer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DataPathOffer) ProtoMessage() {}
+
+func (x *DataPathOffer) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_transfer_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DataPathOffer.ProtoReflect.Descriptor instead.
+func (*DataPathOffer) Descriptor() ([]byte, []int) {
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *DataPathOffer) GetTcpPort() uint32 {
+	if x != nil {
+		return x.TcpPort
+	}
+	return 0
+}
+
+func (x *DataPathOffer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
 type Request struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
@@ -864,6 +959,7 @@ type Request struct {
 	//	*Request_Fetch
 	//	*Request_Pull
 	//	*Request_VerbsFetch
+	//	*Request_DataPath
 	Op            isRequest_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -871,7 +967,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_transfer_proto_msgTypes[12]
+	mi := &file_lifeline_transfer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +979,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_transfer_proto_msgTypes[12]
+	mi := &file_lifeline_transfer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +992,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_transfer_proto_rawDescGZIP(), []int{12}
+	return file_lifeline_transfer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -933,6 +1029,15 @@ func (x *Request) GetVerbsFetch() *VerbsFetch {
 	return nil
 }
 
+func (x *Request) GetDataPath() *DataPathQuery {
+	if x != nil {
+		if x, ok := x.Op.(*Request_DataPath); ok {
+			return x.DataPath
+		}
+	}
+	return nil
+}
+
 type isRequest_Op interface {
 	isRequest_Op()
 }
@@ -949,11 +1054,17 @@ type Request_VerbsFetch struct {
 	VerbsFetch *VerbsFetch `protobuf:"bytes,3,opt,name=verbs_fetch,json=verbsFetch,proto3,oneof"`
 }
 
+type Request_DataPath struct {
+	DataPath *DataPathQuery `protobuf:"bytes,4,opt,name=data_path,json=dataPath,proto3,oneof"`
+}
+
 func (*Request_Fetch) isRequest_Op() {}
 
 func (*Request_Pull) isRequest_Op() {}
 
 func (*Request_VerbsFetch) isRequest_Op() {}
+
+func (*Request_DataPath) isRequest_Op() {}
 
 var File_lifeline_transfer_proto protoreflect.FileDescriptor
 
@@ -1027,12 +1138,17 @@ const file_lifeline_transfer_proto_rawDesc = "" +
 	"\x06blocks\x18\x03 \x03(\v2 .lifeline.transfer.v1.VerbsBlockR\x06blocks\x12\x14\n" +
 	"\x05error\x18\x04 \x01(\tR\x05error\"\x1f\n" +
 	"\tVerbsDone\x12\x12\n" +
-	"\x04read\x18\x01 \x01(\rR\x04read\"\xbb\x01\n" +
+	"\x04read\x18\x01 \x01(\rR\x04read\"\x0f\n" +
+	"\rDataPathQuery\"@\n" +
+	"\rDataPathOffer\x12\x19\n" +
+	"\btcp_port\x18\x01 \x01(\rR\atcpPort\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xff\x01\n" +
 	"\aRequest\x123\n" +
 	"\x05fetch\x18\x01 \x01(\v2\x1b.lifeline.transfer.v1.FetchH\x00R\x05fetch\x120\n" +
 	"\x04pull\x18\x02 \x01(\v2\x1a.lifeline.transfer.v1.PullH\x00R\x04pull\x12C\n" +
 	"\vverbs_fetch\x18\x03 \x01(\v2 .lifeline.transfer.v1.VerbsFetchH\x00R\n" +
-	"verbsFetchB\x04\n" +
+	"verbsFetch\x12B\n" +
+	"\tdata_path\x18\x04 \x01(\v2#.lifeline.transfer.v1.DataPathQueryH\x00R\bdataPathB\x04\n" +
 	"\x02opB2Z0github.com/lifeline-llm/lifeline/rdma/transferpbb\x06proto3"
 
 var (
@@ -1047,7 +1163,7 @@ func file_lifeline_transfer_proto_rawDescGZIP() []byte {
 	return file_lifeline_transfer_proto_rawDescData
 }
 
-var file_lifeline_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_lifeline_transfer_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_lifeline_transfer_proto_goTypes = []any{
 	(*Binding)(nil),       // 0: lifeline.transfer.v1.Binding
 	(*Fetch)(nil),         // 1: lifeline.transfer.v1.Fetch
@@ -1061,7 +1177,9 @@ var file_lifeline_transfer_proto_goTypes = []any{
 	(*VerbsBlock)(nil),    // 9: lifeline.transfer.v1.VerbsBlock
 	(*VerbsOffer)(nil),    // 10: lifeline.transfer.v1.VerbsOffer
 	(*VerbsDone)(nil),     // 11: lifeline.transfer.v1.VerbsDone
-	(*Request)(nil),       // 12: lifeline.transfer.v1.Request
+	(*DataPathQuery)(nil), // 12: lifeline.transfer.v1.DataPathQuery
+	(*DataPathOffer)(nil), // 13: lifeline.transfer.v1.DataPathOffer
+	(*Request)(nil),       // 14: lifeline.transfer.v1.Request
 }
 var file_lifeline_transfer_proto_depIdxs = []int32{
 	0,  // 0: lifeline.transfer.v1.Fetch.binding:type_name -> lifeline.transfer.v1.Binding
@@ -1075,11 +1193,12 @@ var file_lifeline_transfer_proto_depIdxs = []int32{
 	1,  // 8: lifeline.transfer.v1.Request.fetch:type_name -> lifeline.transfer.v1.Fetch
 	5,  // 9: lifeline.transfer.v1.Request.pull:type_name -> lifeline.transfer.v1.Pull
 	8,  // 10: lifeline.transfer.v1.Request.verbs_fetch:type_name -> lifeline.transfer.v1.VerbsFetch
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	12, // 11: lifeline.transfer.v1.Request.data_path:type_name -> lifeline.transfer.v1.DataPathQuery
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_transfer_proto_init() }
@@ -1087,10 +1206,11 @@ func file_lifeline_transfer_proto_init() {
 	if File_lifeline_transfer_proto != nil {
 		return
 	}
-	file_lifeline_transfer_proto_msgTypes[12].OneofWrappers = []any{
+	file_lifeline_transfer_proto_msgTypes[14].OneofWrappers = []any{
 		(*Request_Fetch)(nil),
 		(*Request_Pull)(nil),
 		(*Request_VerbsFetch)(nil),
+		(*Request_DataPath)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1098,7 +1218,7 @@ func file_lifeline_transfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_transfer_proto_rawDesc), len(file_lifeline_transfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
