@@ -221,8 +221,10 @@ func (s *Server) followGroup(w http.ResponseWriter, req *http.Request, g *group,
 		st.useRouter(s.router)
 		unwatch[i] = st.watch()
 	}
+	w, unslow := s.slow.watch(w)
 	gone := false
 	defer func() {
+		unslow()
 		done := true
 		for _, u := range unwatch {
 			done = u() && done

@@ -33,6 +33,12 @@ type Limits struct {
 	// IdleTimeout closes a keep-alive connection (HTTP/1.1, HTTP/2,
 	// HTTP/3) with no request in flight for that long.
 	IdleTimeout time.Duration
+	// WriteTimeout bounds a write to a streaming client: a client whose
+	// connection takes none of a write (an event, or the few kilobytes
+	// buffered since the last) for that long has its stream closed, and
+	// resumes by Last-Event-ID (slowclient.go). A slow reader costs no
+	// more than its request's log meanwhile.
+	WriteTimeout time.Duration
 	// MaxBodyBytes bounds a request body: a larger one is a 413
 	// request_too_large, answered without reading it whole.
 	MaxBodyBytes int64
@@ -48,6 +54,7 @@ const (
 	DefaultReadHeaderTimeout = 10 * time.Second
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 60 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
 	DefaultMaxBodyBytes      = 4 << 20
 )
 
@@ -70,7 +77,17 @@ func (l Limits) withDefaults() Limits {
 	def(&l.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	def(&l.BodyTimeout, DefaultBodyTimeout)
 	def(&l.IdleTimeout, DefaultIdleTimeout)
+	def(&l.WriteTimeout, DefaultWriteTimeout)
 	return l
+}
+
+// writeTimeout is the streams' write timeout in force (0: none, with the
+// limits off).
+func (l Limits) writeTimeout() time.Duration {
+	if l.Off {
+		return 0
+	}
+	return l.WriteTimeout
 }
 
 // Validate refuses negative limits, naming the field.
@@ -82,8 +99,8 @@ func (l Limits) Validate() error {
 		return fmt.Errorf("frontend: limits: MaxStreams %d < 0", l.MaxStreams)
 	case l.MaxBodyBytes < 0:
 		return fmt.Errorf("frontend: limits: MaxBodyBytes %d < 0", l.MaxBodyBytes)
-	case l.ReadHeaderTimeout < 0 || l.BodyTimeout < 0 || l.IdleTimeout < 0:
-		return fmt.Errorf("frontend: limits: negative timeout (read header %v, body %v, idle %v)", l.ReadHeaderTimeout, l.BodyTimeout, l.IdleTimeout)
+	case l.ReadHeaderTimeout < 0 || l.BodyTimeout < 0 || l.IdleTimeout < 0 || l.WriteTimeout < 0:
+		return fmt.Errorf("frontend: limits: negative timeout (read header %v, body %v, idle %v, write %v)", l.ReadHeaderTimeout, l.BodyTimeout, l.IdleTimeout, l.WriteTimeout)
 	}
 	return nil
 }

@@ -70,6 +70,11 @@ func (s *Server) serveMetrics(ctx context.Context, ready io.Writer) error {
 	}
 	// The goroutines by stack (?debug=1), for a leak's name.
 	mux.Handle("GET /debug/pprof/goroutine", pprof.Handler("goroutine"))
+	// The heap (?gc=1 collects first: what a stream holds) and a CPU
+	// profile (?seconds=N), for the cost of a stream and of a token.
+	mux.Handle("GET /debug/pprof/heap", pprof.Handler("heap"))
+	mux.Handle("GET /debug/pprof/allocs", pprof.Handler("allocs"))
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() { <-ctx.Done(); srv.Close() }()
 	go srv.Serve(ln)

@@ -41,6 +41,10 @@ type metrics struct {
 	// the cap.
 	refused      *prometheus.CounterVec
 	connsRefused prometheus.Counter
+	// Streams: tokens committed to the logs, clients whose connection
+	// was closed for not reading (slowClientTimeout).
+	tokens      prometheus.Counter
+	slowClients prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -83,6 +87,10 @@ func newMetrics() *metrics {
 	m.connsRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_connections_refused_total",
 		Help: "TCP connections refused at the connection cap (cleartext: a 503 with Retry-After; TLS: closed)."})
 	m.reg.MustRegister(m.refused, m.connsRefused)
+	m.tokens = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_tokens_total", Help: "Tokens committed to the requests' logs (relayed to their clients)."})
+	m.slowClients = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_slow_clients_closed_total",
+		Help: "Streams whose client read nothing for the write timeout: the connection was closed (a resumable stream is resumed by Last-Event-ID)."})
+	m.reg.MustRegister(m.tokens, m.slowClients)
 	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations, m.zeroRTTResumes, m.tooEarly)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)

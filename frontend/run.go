@@ -43,11 +43,19 @@ type transferResult struct {
 // the machine returns and feeds the machine what comes back (frames,
 // failures, hand-offs, timers). It decides nothing itself.
 type run struct {
-	s      *Server
-	r      *Request
-	body   CompletionRequest
-	st     *stream
+	s    *Server
+	r    *Request
+	body CompletionRequest
+	st   *stream
+	// events carries the worker streams' frames and the prefill and
+	// transfer answers, in order (a sender waits while it is full);
+	// notes the registry's announcements (dropped when full: a lost one
+	// is caught by the stall timeout). Both are short: a request's run
+	// holds them for its whole life, and a thousand open requests each
+	// holding a thousand-event buffer was most of the frontend's memory
+	// per stream (event is about 120 bytes).
 	events chan event
+	notes  chan event
 	obs    observer
 	// dispatched: a decode worker attempt was made (the next counts as a
 	// retry in the amplification figure).
@@ -99,10 +107,17 @@ type run struct {
 }
 
 func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
-	return &run{s: s, r: r, body: body, st: st, events: make(chan event, 1024), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body), revision: s.revisionOf},
+	return &run{s: s, r: r, body: body, st: st, events: make(chan event, runEvents), notes: make(chan event, runNotes), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body), revision: s.revisionOf},
 		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
 		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
 }
+
+// The capacity of a run's channels: frames in flight to the run loop, and
+// announcements not yet taken (a request is on one or two instances).
+const (
+	runEvents = 16
+	runNotes  = 8
+)
 
 // capacityWait is a request's wait for an instance of its model: the
 // registry's signal, and the wait's bound.
@@ -152,7 +167,7 @@ func (x *run) waitChans() (<-chan struct{}, <-chan time.Time) {
 // registry watcher; a lost announcement is caught by the stall timeout.
 func (x *run) notify(e event) {
 	select {
-	case x.events <- e:
+	case x.notes <- e:
 	default:
 	}
 }
@@ -189,6 +204,11 @@ func (x *run) loop(ctx context.Context) {
 			acts = x.capacityChanged()
 		case e := <-x.events:
 			acts = x.handle(e, time.Now())
+		case e := <-x.notes:
+			if x.drainEvents(ctx) {
+				return
+			}
+			acts = x.handle(e, time.Now())
 		case <-deadline:
 			acts = x.r.OnDeadline(time.Now())
 		case <-tick.C:
@@ -199,6 +219,19 @@ func (x *run) loop(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// drainEvents handles the events already waiting, before an announcement:
+// an announcement does not overtake the frames its worker sent before
+// (the two travel on separate channels). True once the request has
+// finished.
+func (x *run) drainEvents(ctx context.Context) bool {
+	for len(x.events) > 0 {
+		if x.execAll(ctx, x.handle(<-x.events, time.Now())) {
+			return true
+		}
+	}
+	return false
 }
 
 // execAll carries out acts, and the actions they lead to, in order; true
@@ -284,7 +317,8 @@ func (x *run) execDeliver(d Deliver) {
 	if took, ok := x.tl.markRecovered(now); ok {
 		x.obs.recovered(took)
 	}
-	x.st.append(d.Tokens)
+	x.st.publish(x.r.Output)
+	x.s.metrics.tokens.Add(float64(len(d.Tokens)))
 }
 
 // execPrefillFailed ends a failed prefill instance's part. Every way one

@@ -79,6 +79,7 @@ type Options struct {
 type Server struct {
 	opts    Options
 	limits  Limits // opts.Limits with the defaults
+	slow    *slowWatch
 	log     *slog.Logger
 	etcd    *clientv3.Client
 	workTLS *tls.Config
@@ -301,6 +302,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics(),
 		limits: opts.Limits.withDefaults()}
 	s.keys.maxAge = opts.ResumeTokenMaxAge
+	s.slow = &slowWatch{timeout: s.limits.writeTimeout(), m: s.metrics}
 	if opts.Tracing != nil {
 		s.tracer = opts.Tracing.Tracer("github.com/lifeline-llm/lifeline/frontend")
 	}

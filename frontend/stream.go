@@ -79,6 +79,18 @@ func (st *stream) append(toks []Token) {
 	st.mu.Unlock()
 }
 
+// publish makes the log out, the request's output so far. The machine's
+// Output only ever grows (a token in it never changes), so the log shares
+// it rather than holding a second copy of every token; its capacity is
+// cut to its length, so that nothing appends into what a reader holds.
+func (st *stream) publish(out []Token) {
+	st.mu.Lock()
+	st.tokens = out[:len(out):len(out)]
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
+}
+
 // taken records that a worker has taken the request.
 func (st *stream) taken() { st.dispatchedOnce.Do(func() { close(st.dispatched) }) }
 
@@ -134,7 +146,9 @@ func (st *stream) state() (done bool, r *Request, changed chan struct{}) {
 func (st *stream) snapshot(after int) (toks []Token, done bool, r *Request, changed chan struct{}) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	toks = append([]Token(nil), st.tokens[min(after, len(st.tokens)):]...)
+	// No copy: the log only grows, and what is in it never changes.
+	n := len(st.tokens)
+	toks = st.tokens[min(after, n):n:n]
 	return toks, st.done, st.r, st.changed
 }
 
@@ -169,11 +183,13 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	st.useRouter(s.router)
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
+	w, unslow := s.slow.watch(w)
 	unwatch := st.watch()
 	// gone is set when the client went away (a failed write or its
 	// context): the request context may not be cancelled yet at that point.
 	gone := false
 	defer func() {
+		unslow()
 		done := unwatch()
 		// A plain request lives as long as the connection that made it;
 		// followers that resumed it do not keep it alive.

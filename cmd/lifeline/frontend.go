@@ -141,6 +141,7 @@ func limitFlags(f *pflag.FlagSet, l *frontend.Limits) {
 	f.Int64Var(&l.MaxBodyBytes, "max-body-bytes", frontend.DefaultMaxBodyBytes, "largest request body; larger ones get 413 request_too_large")
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", frontend.DefaultReadHeaderTimeout, "time to read a request's headers (and a new connection's wait for its first)")
 	f.DurationVar(&l.BodyTimeout, "body-timeout", frontend.DefaultBodyTimeout, "time to read a request's body; slower ones get 408 request_timeout")
+	f.DurationVar(&l.WriteTimeout, "write-timeout", frontend.DefaultWriteTimeout, "close a stream whose client takes none of a write for this long (it resumes by Last-Event-ID; the stream's log is its only buffer)")
 	f.DurationVar(&l.IdleTimeout, "idle-timeout", frontend.DefaultIdleTimeout, "close keep-alive connections (HTTP/1.1, HTTP/2, HTTP/3) idle this long")
 	f.BoolVar(&l.Off, "no-limits", false, "no connection cap, body or idle timeout, default stream limits (to measure what the limits cost)")
 	f.MarkHidden("no-limits")
