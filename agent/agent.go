@@ -33,6 +33,8 @@ type Agent struct {
 	// transfer moves KV blocks to and from peers; kvAddr is its advertised
 	// endpoint and transport why it uses the transport it does.
 	transfer  *rdma.Engine
+	quic      *rdma.QUIC // the transfer engine's QUIC transport
+	peers     *peers
 	kvAddr    string
 	transport rdma.Status
 	kvSocket  string
@@ -179,6 +181,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger) error {
 		return err
 	}
 	defer a.etcd.Close()
+	a.startPeers(ctx)
 	if err := a.restoreDrained(); err != nil {
 		return err
 	}

@@ -35,6 +35,7 @@ func (a *Agent) startTransfer(ctx context.Context) error {
 		return fmt.Errorf("agent: transfer certs: %w", err)
 	}
 	tr := rdma.NewQUIC(clientConf)
+	a.quic = tr
 	a.transfer = rdma.NewEngine(a.kvOwner, tr)
 	var closer func() error = tr.Close
 	if a.transport.Transport == "rdma" {

@@ -37,7 +37,8 @@ var (
 
 // agentGrants are the keys node's agent may touch: read the
 // registrations (drain acknowledgements compare them), the frontends'
-// records and the disruption budget; write its node record, its
+// records, the other nodes' records (it dials their transfer endpoints
+// ahead of need) and the disruption budget; write its node record, its
 // disruption-budget share, and its instances' registrations,
 // generations and failure announcements. Instance ids are
 // "<node>-<role>-<preset>-<k>", and pki.ValidNode keeps a node's
@@ -46,6 +47,7 @@ func agentGrants(node string) []grant {
 	g := []grant{
 		{schema.InstancesPrefix, true, read},
 		{schema.FrontendsPrefix, true, read},
+		{schema.NodesPrefix, true, read},
 		{"/lifeline/v1/drain/", true, read},
 		{schema.NodesPrefix + node, false, readWrite},
 		{schema.DrainHoldersPrefix + node, false, readWrite},

@@ -142,6 +142,15 @@ func (d *Dialer) Conn(ctx context.Context, addr string, index int) (*quic.Conn, 
 	return c, nil
 }
 
+// Cached reports whether connection index to addr is open, without
+// dialing it.
+func (d *Dialer) Cached(addr string, index int) bool {
+	d.mu.Lock()
+	c := d.conns[fmt.Sprintf("%s#%d", addr, index)]
+	d.mu.Unlock()
+	return c != nil && c.Context().Err() == nil
+}
+
 // explain names the certificate an endpoint refused: with QUIC the
 // refusal arrives after the client's side of the handshake, on the first
 // stream. Which node's workers the endpoint accepts is not known here.
