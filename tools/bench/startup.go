@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"io"
 	"os"
@@ -71,7 +72,7 @@ func writeFileWith(path string, write func(io.Writer) error) error {
 
 // startupFigures are one run's times.
 type startupFigures struct {
-	read, readFile, load, copying, tok, ready, firstToken time.Duration
+	read, readFile, hash, load, copying, tok, ready, firstToken time.Duration
 }
 
 // runStartupBench measures a worker's start-up on a stories15M-shape
@@ -118,6 +119,7 @@ func runStartupBench() error {
 		fmt.Printf("| %s | %.1f ms | read once: %.1f ms | %.2f× |\n", name, ms(d), ms(read), float64(d)/float64(read))
 	}
 	row("read the file once (os.ReadFile, fresh buffer)", med(func(f startupFigures) time.Duration { return f.readFile }))
+	row("SHA-256 of the file once, one goroutine (the revision's work)", med(func(f startupFigures) time.Duration { return f.hash }))
 	row("LoadLlama2C (mapped: checks, revision)", med(func(f startupFigures) time.Duration { return f.load }))
 	row("ReadLlama2C over a bufio reader (the copying path)", med(func(f startupFigures) time.Duration { return f.copying }))
 	row("tokenizer.bin", med(func(f startupFigures) time.Duration { return f.tok }))
@@ -142,6 +144,7 @@ func startupRun(modelPath, tokPath string, buf []byte) (f startupFigures, err er
 	if f.read, err = readInto(modelPath, buf); err != nil {
 		return f, err
 	}
+	f.hash, _ = timed(func() error { sha256.Sum256(buf); return nil })
 	debug.FreeOSMemory()
 	if f.ready, f.firstToken, err = engineStartup(modelPath, tokPath); err != nil {
 		return f, err
