@@ -113,7 +113,7 @@ func NewCache(client *Client, layout kvcache.Layout, id Identity, capacity int) 
 		return nil, err
 	}
 	c := &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, private: private, blocks: map[kvcache.BlockID]*cacheBlock{},
-		poolTarget: max(1, min(maxPool, capacity/4))}
+		poolTarget: max(1, min(maxPool, capacity/4, client.Slots()/8))}
 	client.OnLost(c.markLost)
 	return c, nil
 }

@@ -2,7 +2,8 @@ package kv
 
 // maxPool bounds the slots a cache allocates ahead of need: enough for a
 // long prefill's blocks (512 positions at 16 per block) without taking
-// much of a shared arena from other writers' cached blocks.
+// much of a shared arena from other writers' cached blocks. A cache also
+// holds at most a quarter of its capacity and an eighth of the arena.
 const maxPool = 32
 
 // fromPool takes a slot allocated ahead of need. When the pool is empty

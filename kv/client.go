@@ -316,6 +316,7 @@ func (c *Client) Close() error {
 // ArenaPath, Slots and PayloadSize describe the owner's arena.
 func (c *Client) ArenaPath() string { c.mu.Lock(); defer c.mu.Unlock(); return c.hello.ArenaPath }
 func (c *Client) PayloadSize() int  { c.mu.Lock(); defer c.mu.Unlock(); return int(c.hello.PayloadSize) }
+func (c *Client) Slots() int        { c.mu.Lock(); defer c.mu.Unlock(); return int(c.hello.Slots) }
 
 // Allocate gets n slots in WRITING state.
 func (c *Client) Allocate(ctx context.Context, n int) ([]Ref, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode"
@@ -88,8 +89,7 @@ func runKVBench() error {
 	}
 	defer node.stop()
 
-	// Publish path, per block, through the socket, against a memcpy of the
-	// same block.
+	// Publish path through the socket, against a memcpy of the same block.
 	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench", Gen: 1})
 	if err != nil {
 		return err
@@ -104,7 +104,6 @@ func runKVBench() error {
 	for i := range tokens {
 		tokens[i] = 300 + i%2000
 	}
-	src := make([]float32, layout.BlockFloats())
 	// The first write to each page of a fresh mapping costs about 5 µs on
 	// these VMs whatever the kernel is told up front; write every slot
 	// once so that the figures are the steady state of a running node.
@@ -112,24 +111,24 @@ func runKVBench() error {
 		clear(cache.Arena().Payload(slot))
 		shm.Checksum(node.owner.Arena().Payload(slot))
 	}
+	pub, err := measurePublish(cache, layout)
+	if err != nil {
+		return err
+	}
+	// The handoff below acquires blocks the writer published: publish them
+	// (a step of 28 and then single blocks) and keep them.
 	var ids []kvcache.BlockID
-	publish := timeIt(func() {
-		for b := 0; b < blocks; b++ {
-			id, err := cache.Alloc()
-			if err != nil {
-				panic(err)
-			}
-			copy(cache.Block(id), src)
-			cache.Publish(id, parentOf(ids), tokens[:(b+1)*16])
-			ids = append(ids, id)
+	var full []kvcache.FullBlock
+	for b := 0; b < blocks; b++ {
+		id, err := cache.Alloc()
+		if err != nil {
+			return err
 		}
-	}) / blocks
-	dst := make([]float32, len(src))
-	memcpy := timeIt(func() {
-		for b := 0; b < blocks; b++ {
-			copy(dst, src)
-		}
-	}) / blocks
+		full = append(full, kvcache.FullBlock{ID: id, Parent: parentOf(ids), Tokens: tokens[:(b+1)*16]})
+		ids = append(ids, id)
+	}
+	cache.PublishBlocks(full[:28])
+	cache.PublishBlocks(full[28:])
 
 	// Lookup of a 2k-token prefix (128 blocks): key chain + one request.
 	lookupKeys := decode.BlockIdentity(m, tok, layout)
@@ -172,7 +171,7 @@ func runKVBench() error {
 	}
 
 	fmt.Printf("| measure | figure | baseline (same run) | ratio |\n|---|---|---|---|\n")
-	fmt.Printf("| allocate → write → seal → publish, per block | %v | memcpy of one block: %v | %.1f× |\n", publish.Round(time.Microsecond), memcpy.Round(100*time.Nanosecond), float64(publish)/float64(memcpy))
+	fmt.Print(pub)
 	fmt.Printf("| lookup of a 2,048-token prefix (128 blocks, %d found) | %v | — | — |\n", found, lookup.Round(time.Microsecond))
 	fmt.Printf("| handoff of 28 published blocks (3.5 MiB) to another mapping, checksums verified | %v, %d/%d blocks read in place, 0 bytes copied | memcpy of 3.5 MiB: %v | %.1f× |\n",
 		handoff.Round(time.Microsecond), inPlace, len(got), handoffCopy.Round(time.Microsecond), float64(handoff)/float64(handoffCopy))
@@ -296,4 +295,110 @@ func parentOf(ids []kvcache.BlockID) kvcache.BlockID {
 		return kvcache.NoBlock
 	}
 	return ids[len(ids)-1]
+}
+
+// publishGoal is the bound on a block's publish, amortised over a
+// step's batch: at most this many memcpys of the block.
+const publishGoal = 5.0
+
+// measurePublish times allocate → write → seal → publish per block, one
+// block per call and a step's blocks in one call (16 and 28 blocks: a
+// 256- and a 448-token prefill), beside a memcpy of one block, in rounds
+// interleaved so that a noisy neighbour hits every figure alike; each
+// figure is its median round.
+func measurePublish(cache *kv.Cache, layout kvcache.Layout) (string, error) {
+	src := make([]float32, layout.BlockFloats())
+	dst := make([]float32, len(src))
+	for i := range src {
+		src[i] = float32(i)
+	}
+	base := 100_000
+	// run publishes steps steps of n blocks each, perCall blocks per call,
+	// and returns the time per block; the blocks are freed afterwards (and
+	// stay cached: 8 rounds of 76 blocks and the 200 below fit the arena,
+	// so that no eviction lands in a figure).
+	run := func(n, steps, perCall int) (time.Duration, error) {
+		var elapsed time.Duration
+		for s := 0; s < steps; s++ {
+			tokens := make([]int, n*16)
+			for i := range tokens {
+				tokens[i] = base + i
+			}
+			base += len(tokens)
+			var failed error
+			var step []kvcache.BlockID
+			elapsed += timeIt(func() {
+				for b := 0; b < n; b++ {
+					id, err := cache.Alloc()
+					if err != nil {
+						failed = err
+						return
+					}
+					copy(cache.Block(id), src)
+					step = append(step, id)
+				}
+				for b := 0; b < n; b += perCall {
+					var full []kvcache.FullBlock
+					for k := b; k < min(n, b+perCall); k++ {
+						full = append(full, kvcache.FullBlock{ID: step[k], Parent: parentOf(step[:k]), Tokens: tokens[:(k+1)*16]})
+					}
+					cache.PublishBlocks(full)
+				}
+			})
+			if failed != nil {
+				return 0, failed
+			}
+			for _, id := range step {
+				cache.Free(id)
+			}
+		}
+		return elapsed / time.Duration(n*steps), nil
+	}
+	before := cache.Stats().Published
+	const rounds = 7
+	var single, b16, b28, memcpy []float64
+	for r := -1; r < rounds; r++ { // round -1 warms up (fills the pool)
+		one, err := run(16, 1, 1)
+		if err != nil {
+			return "", err
+		}
+		s16, err := run(16, 2, 16)
+		if err != nil {
+			return "", err
+		}
+		s28, err := run(28, 1, 28)
+		if err != nil {
+			return "", err
+		}
+		mc := timeIt(func() {
+			for b := 0; b < 200; b++ {
+				copy(dst, src)
+			}
+		}) / 200
+		if r >= 0 {
+			single, b16, b28, memcpy = append(single, float64(one)), append(b16, float64(s16)), append(b28, float64(s28)), append(memcpy, float64(mc))
+		}
+	}
+	if got, want := cache.Stats().Published-before, (rounds+1)*(16+32+28); got != want {
+		return "", fmt.Errorf("bench: %d blocks published of %d (stats %+v)", got, want, cache.Stats())
+	}
+	mc := kvMedian(memcpy)
+	row := func(what string, v []float64, goal bool) string {
+		d, ratio := kvMedian(v), kvMedian(v)/mc
+		verdict := ""
+		if goal {
+			verdict = fmt.Sprintf(" (goal ≤ %.0f×: %s)", publishGoal, map[bool]string{true: "met", false: "NOT MET"}[ratio <= publishGoal])
+		}
+		return fmt.Sprintf("| allocate → write → seal → publish, %s | %v | memcpy of one block: %v | %.1f×%s |\n", what,
+			time.Duration(d).Round(100*time.Nanosecond), time.Duration(mc).Round(100*time.Nanosecond), ratio, verdict)
+	}
+	return row("one block per call, per block", single, false) +
+		row("a step of 16 blocks in one call, per block", b16, true) +
+		row("a step of 28 blocks in one call, per block", b28, true), nil
+}
+
+func kvMedian(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
