@@ -318,31 +318,41 @@ func (g *Group) waitFor(w *uint32, target uint32, timeout time.Duration) error {
 	}
 }
 
-// WatchAbort returns a channel closed once the group is aborted (looked
-// at every millisecond), for a rank that must stop even while it has no
-// collective to wait in (rank 0 of an idle group); stop ends the watch
-// and returns once it ended (call it before Close).
+// WatchAbort returns a channel closed once the group is aborted, for a
+// rank that must stop even while it has no collective to wait in (rank 0
+// of an idle group); stop ends the watch and returns once it ended (call
+// it before Close). The watch parks on a futex of the abort word, which
+// an abort wakes: no polling while nothing happens.
 func (g *Group) WatchAbort() (aborted <-chan struct{}, stop func()) {
-	ch, quit, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	ch, done := make(chan struct{}), make(chan struct{})
+	var quit atomic.Bool
 	word := g.word32(offAbort)
 	go func() {
 		defer close(done)
-		t := time.NewTicker(time.Millisecond)
-		defer t.Stop()
-		for {
+		for !quit.Load() {
 			if atomic.LoadUint32(word) != 0 {
 				close(ch)
 				return
 			}
-			select {
-			case <-quit:
-				return
-			case <-t.C:
-			}
+			// A bound on the park, in case a wake-up is ever lost.
+			futexWait(word, 0, time.Second)
 		}
 	}()
 	var once sync.Once
-	return ch, func() { once.Do(func() { close(quit) }); <-done }
+	return ch, func() {
+		once.Do(func() { quit.Store(true) })
+		// Wake the watch without changing the word: it sees quit. Again
+		// until it ended, for a watch that was between its look at quit
+		// and its park when the first wake-up came.
+		for {
+			futexWake(word)
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
 }
 
 // Abort aborts the group: every rank waiting in a collective returns
@@ -376,6 +386,7 @@ func abort(word, arrivals *uint32) {
 	// expected); the abort word wins over any count it then sees.
 	atomic.AddUint32(arrivals, 1<<31)
 	futexWake(arrivals)
+	futexWake(word)
 }
 
 const (

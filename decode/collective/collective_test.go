@@ -3,6 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -147,6 +148,45 @@ func TestAbortEndsWaitsAtOnce(t *testing.T) {
 	}
 }
 
+// TestWatchAbort: a watch parked on the abort word hears an abort made
+// through another mapping at once, and a watch of a group nobody aborts
+// stops at once.
+func TestWatchAbort(t *testing.T) {
+	path := segment(t, 2, 1, 64)
+	g := open(t, path, 0, 2, 1)
+	for i := 0; i < 20; i++ {
+		aborted, stop := g.WatchAbort()
+		if i%2 == 1 {
+			time.Sleep(time.Millisecond) // parked by now, most likely
+		}
+		at := time.Now()
+		stop()
+		if d := time.Since(at); d > 100*time.Millisecond {
+			t.Fatalf("stop took %v", d)
+		}
+		select {
+		case <-aborted:
+			t.Fatal("the watch said aborted; nobody aborted")
+		default:
+		}
+	}
+	aborted, stop := g.WatchAbort()
+	defer stop()
+	time.Sleep(20 * time.Millisecond)
+	at := time.Now()
+	if err := AbortSegment(path); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-aborted:
+		if d := time.Since(at); d > 50*time.Millisecond {
+			t.Fatalf("the watch heard the abort after %v", d)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the watch never heard the abort")
+	}
+}
+
 func TestMissingRankTimesOut(t *testing.T) {
 	path := segment(t, 2, 1, 8)
 	g := open(t, path, 0, 2, 1)
@@ -200,9 +240,7 @@ func TestMain(m *testing.M) {
 // returning: the agent's exit event) aborts the segment. Every survivor
 // exits with "aborted" within 50 ms of the death being seen. Five times.
 func TestRankDeathAbortsTheGroup(t *testing.T) {
-	if testing.Short() {
-		t.Skip("process test")
-	}
+	proctest.Processes(t)
 	const tp = 4
 	var worst time.Duration
 	for round := 0; round < 5; round++ {
