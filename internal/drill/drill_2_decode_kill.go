@@ -64,6 +64,17 @@ func runDecodeKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) err
 // as the token of sequence number seq reaches the client, once; the
 // returned function says what was killed after the load ran.
 func KillOnToken(ctx context.Context, c *Cluster, l *Load, r *Recorder, stream, seq int) func() (Kill, error) {
+	return killOnToken(l, r, stream, seq, func(instance string) (Kill, error) { return c.KillWorker(ctx, instance) },
+		func(k Kill) string {
+			return fmt.Sprintf("SIGKILL %s (pid %d, generation %d)", k.InstanceID, k.PID, k.Generation)
+		}, nil)
+}
+
+// killOnToken arms l to run kill, once, on the instance that served
+// stream's token seq, records the fault as say describes it and then
+// calls after (when not nil); the function returned says what was
+// killed.
+func killOnToken(l *Load, r *Recorder, stream, seq int, kill func(instance string) (Kill, error), say func(Kill) string, after func(Kill)) func() (Kill, error) {
 	var (
 		once sync.Once
 		k    Kill
@@ -78,9 +89,13 @@ func KillOnToken(ctx context.Context, c *Cluster, l *Load, r *Recorder, stream, 
 			return
 		}
 		once.Do(func() {
-			k, err = c.KillWorker(ctx, t.Instance)
-			if err == nil {
-				r.Event(k.At, EvFault, "SIGKILL %s (pid %d, generation %d) after stream %d's token %d", k.InstanceID, k.PID, k.Generation, stream, seq)
+			k, err = kill(t.Instance)
+			if err != nil {
+				return
+			}
+			r.Event(k.At, EvFault, "%s after stream %d's token %d", say(k), stream, seq)
+			if after != nil {
+				after(k)
 			}
 		})
 	}

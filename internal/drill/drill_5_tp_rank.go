@@ -114,28 +114,10 @@ func runRankKill(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error
 // killRankOnToken is KillOnToken for rank of the group serving stream;
 // after is called with the kill, at once.
 func killRankOnToken(ctx context.Context, c *Cluster, l *Load, r *Recorder, stream, seq, rank int, after func(Kill)) func() (Kill, error) {
-	var (
-		once sync.Once
-		k    Kill
-		err  = fmt.Errorf("drill: stream %d never reached sequence %d: nothing was killed", stream, seq)
-	)
-	prev := l.OnToken
-	l.OnToken = func(s *Stream, t Tok) {
-		if prev != nil {
-			prev(s, t)
-		}
-		if s.Index != stream || t.Seq != seq {
-			return
-		}
-		once.Do(func() {
-			k, err = c.KillRank(ctx, t.Instance, rank)
-			if err == nil {
-				r.Event(k.At, EvFault, "SIGKILL rank %d of %s (pid %d, generation %d) after stream %d's token %d", rank, k.InstanceID, k.Ranks[rank].PID, k.Generation, stream, seq)
-				after(k)
-			}
-		})
-	}
-	return func() (Kill, error) { return k, err }
+	return killOnToken(l, r, stream, seq, func(instance string) (Kill, error) { return c.KillRank(ctx, instance, rank) },
+		func(k Kill) string {
+			return fmt.Sprintf("SIGKILL rank %d of %s (pid %d, generation %d)", rank, k.InstanceID, k.Ranks[rank].PID, k.Generation)
+		}, after)
 }
 
 // KillRank SIGKILLs rank of instance's tensor-parallel group.
