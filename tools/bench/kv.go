@@ -313,46 +313,8 @@ func measurePublish(cache *kv.Cache, layout kvcache.Layout) (string, error) {
 		src[i] = float32(i)
 	}
 	base := 100_000
-	// run publishes steps steps of n blocks each, perCall blocks per call,
-	// and returns the time per block; the blocks are freed afterwards (and
-	// stay cached: 8 rounds of 76 blocks and the 200 below fit the arena,
-	// so that no eviction lands in a figure).
 	run := func(n, steps, perCall int) (time.Duration, error) {
-		var elapsed time.Duration
-		for s := 0; s < steps; s++ {
-			tokens := make([]int, n*16)
-			for i := range tokens {
-				tokens[i] = base + i
-			}
-			base += len(tokens)
-			var failed error
-			var step []kvcache.BlockID
-			elapsed += timeIt(func() {
-				for b := 0; b < n; b++ {
-					id, err := cache.Alloc()
-					if err != nil {
-						failed = err
-						return
-					}
-					copy(cache.Block(id), src)
-					step = append(step, id)
-				}
-				for b := 0; b < n; b += perCall {
-					var full []kvcache.FullBlock
-					for k := b; k < min(n, b+perCall); k++ {
-						full = append(full, kvcache.FullBlock{ID: step[k], Parent: parentOf(step[:k]), Tokens: tokens[:(k+1)*16]})
-					}
-					cache.PublishBlocks(full)
-				}
-			})
-			if failed != nil {
-				return 0, failed
-			}
-			for _, id := range step {
-				cache.Free(id)
-			}
-		}
-		return elapsed / time.Duration(n*steps), nil
+		return publishSteps(cache, src, &base, n, steps, perCall)
 	}
 	before := cache.Stats().Published
 	const rounds = 7
@@ -401,4 +363,47 @@ func kvMedian(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// publishSteps publishes steps steps of n blocks each, perCall blocks per
+// call, and returns the time per block; the blocks are freed afterwards
+// (and stay cached: 8 rounds of 76 blocks and the 200 of runKVBench fit
+// the arena, so that no eviction lands in a figure). Tokens start at
+// *base, which moves past them: no key repeats.
+func publishSteps(cache *kv.Cache, src []float32, base *int, n, steps, perCall int) (time.Duration, error) {
+	var elapsed time.Duration
+	for s := 0; s < steps; s++ {
+		tokens := make([]int, n*16)
+		for i := range tokens {
+			tokens[i] = *base + i
+		}
+		*base += len(tokens)
+		var failed error
+		var step []kvcache.BlockID
+		elapsed += timeIt(func() {
+			for b := 0; b < n; b++ {
+				id, err := cache.Alloc()
+				if err != nil {
+					failed = err
+					return
+				}
+				copy(cache.Block(id), src)
+				step = append(step, id)
+			}
+			for b := 0; b < n; b += perCall {
+				var full []kvcache.FullBlock
+				for k := b; k < min(n, b+perCall); k++ {
+					full = append(full, kvcache.FullBlock{ID: step[k], Parent: parentOf(step[:k]), Tokens: tokens[:(k+1)*16]})
+				}
+				cache.PublishBlocks(full)
+			}
+		})
+		if failed != nil {
+			return 0, failed
+		}
+		for _, id := range step {
+			cache.Free(id)
+		}
+	}
+	return elapsed / time.Duration(n*steps), nil
 }
