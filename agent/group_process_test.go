@@ -148,15 +148,13 @@ func TestGroupsShareKVByLayout(t *testing.T) {
 			t.Fatal(err)
 		}
 		var r uint32
-		var toks []int32
-		for _, f := range clustertest.CollectFrames(t, s) {
-			if f.Error != nil {
-				t.Fatalf("%s: %v", id, f.Error)
-			}
+		fs := clustertest.CollectFrames(t, s)
+		for _, f := range fs {
 			r = max(r, f.ReusedPositions)
-			if f.FinishReason == "" && f.SequenceNo > 0 {
-				toks = append(toks, f.TokenId)
-			}
+		}
+		toks, _, err := clustertest.Generated(fs)
+		if err != nil {
+			t.Fatalf("%s: %v", id, err)
 		}
 		return r, toks
 	}

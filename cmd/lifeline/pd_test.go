@@ -602,16 +602,11 @@ func TestPDAcrossNodesWithGroups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var want strings.Builder
-	for _, f := range clustertest.CollectFrames(t, s) {
-		if f.Error != nil {
-			t.Fatal(f.Error)
-		}
-		if f.FinishReason == "" && f.SequenceNo > 0 {
-			want.WriteString(f.Text)
-		}
+	_, want, err := clustertest.Generated(clustertest.CollectFrames(t, s))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if got.text != want.String() {
-		t.Fatalf("P/D between tp=2 groups:\n%q\nwant (n1's group alone)\n%q", got.text, want.String())
+	if got.text != want {
+		t.Fatalf("P/D between tp=2 groups:\n%q\nwant (n1's group alone)\n%q", got.text, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -317,6 +318,23 @@ func CollectFrames(t testing.TB, s *workerclient.Stream) []*wire.Frame {
 		}
 		fs = append(fs, f)
 	}
+}
+
+// Generated is what a worker stream's frames generated: the ids and text
+// of its token frames in order (not the finish frame, not the prefix
+// replay), and the first error frame as an error.
+func Generated(fs []*wire.Frame) (ids []int32, text string, err error) {
+	var b strings.Builder
+	for _, f := range fs {
+		if f.Error != nil && err == nil {
+			err = fmt.Errorf("%s: %s", f.Error.Code, f.Error.Message)
+		}
+		if f.FinishReason == "" && f.SequenceNo > 0 {
+			ids = append(ids, f.TokenId)
+			b.WriteString(f.Text)
+		}
+	}
+	return ids, b.String(), err
 }
 
 // SmallDecode is a node of count small-preset decode instances, with
