@@ -176,8 +176,12 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 	if st := o.Stats(); st.ByState["WRITING"] != 3+pooled {
 		t.Fatalf("owner %+v, want %d WRITING", st, 3+pooled)
 	}
+	// A block never published goes back to the pool: still WRITING and
+	// ours at the owner, no round trip.
+	if err := cache.Free(full[2].ID); err != nil || cache.Pooled() != pooled+1 || o.Stats().ByState["WRITING"] != 3+pooled {
+		t.Fatalf("free: %v; pooled %d (was %d), owner %+v", err, cache.Pooled(), pooled, o.Stats())
+	}
 	cache.PublishBlocks(full[:2])
-	cache.Free(full[2].ID) // never published: back in the pool, no round trip
 	if err := cache.Close(); err != nil {
 		t.Fatal(err)
 	}

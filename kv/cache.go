@@ -72,9 +72,10 @@ type cacheBlock struct {
 	// lost is set when the client could no longer prove the block is ours:
 	// its slot may belong to someone else now.
 	lost bool
-	// unsure is set when a publish of the block got no answer: the owner
-	// may have published it, so its slot is never reused for another
-	// block (Free aborts it instead of putting it back in the pool).
+	// unsure is set when a publish of the block got no answer (the owner
+	// may have published it) or a refusal other than a duplicate (the
+	// slot may not be ours): its slot is never reused for another block
+	// (Free aborts it instead of putting it back in the pool).
 	unsure bool
 }
 

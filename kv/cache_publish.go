@@ -57,8 +57,11 @@ func (c *Cache) PublishBlocks(full []kvcache.FullBlock) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, p := range plan {
-		if res.Errs[i] != nil {
+		if err := res.Errs[i]; err != nil {
 			c.stats.PublishFailed++
+			// Only a duplicate says the slot is still ours and untouched;
+			// a stale or foreign one may be another writer's by now.
+			p.b.unsure = p.b.unsure || !errors.Is(err, ErrDuplicate)
 			continue
 		}
 		p.b.ref, p.b.shared, p.b.key = res.Published[i], true, p.key
