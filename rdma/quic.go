@@ -18,15 +18,31 @@ import (
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
-// blockWriter frames a fetch's answer on a stream.
-type blockWriter struct{ w *bufio.Writer }
+// blockWriter frames a fetch's answer on a stream: through w, except
+// that payloads of directWrite bytes or more go from the arena straight
+// to raw (w's destination), saving a copy of every byte.
+type blockWriter struct {
+	w   *bufio.Writer
+	raw io.Writer
+	// flush (when not nil) pushes out what raw holds back.
+	flush func() error
+}
+
+func (b *blockWriter) flushAll() error {
+	if err := b.w.Flush(); err != nil || b.flush == nil {
+		return err
+	}
+	return b.flush()
+}
+
+const directWrite = 128 << 10
 
 func (b *blockWriter) start(available int, errMsg string) error {
 	if err := frame.Write(b.w, &transferpb.FetchStart{Available: uint32(available), Error: errMsg}); err != nil {
 		return err
 	}
 	if errMsg != "" || available == 0 {
-		return b.w.Flush()
+		return b.flushAll()
 	}
 	return nil
 }
@@ -35,7 +51,14 @@ func (b *blockWriter) block(h *transferpb.BlockHeader, payload []byte) error {
 	if err := frame.Write(b.w, h); err != nil {
 		return err
 	}
-	_, err := b.w.Write(payload)
+	if b.raw == nil || len(payload) < directWrite {
+		_, err := b.w.Write(payload)
+		return err
+	}
+	if err := b.w.Flush(); err != nil {
+		return err
+	}
+	_, err := b.raw.Write(payload)
 	return err
 }
 
@@ -43,7 +66,7 @@ func (b *blockWriter) end(sent int) error {
 	if err := frame.Write(b.w, &transferpb.FetchEnd{Sent: uint32(sent)}); err != nil {
 		return err
 	}
-	return b.w.Flush()
+	return b.flushAll()
 }
 
 // ServeStream answers one request on a bidirectional byte stream: a fetch
@@ -58,7 +81,7 @@ func (e *Engine) ServeStream(ctx context.Context, rw io.ReadWriter) error {
 	bw := bufio.NewWriterSize(rw, 1<<20)
 	switch op := req.Op.(type) {
 	case *transferpb.Request_Fetch:
-		return e.serveFetch(op.Fetch, &blockWriter{w: bw})
+		return e.serveFetch(op.Fetch, &blockWriter{w: bw, raw: rw})
 	case *transferpb.Request_Pull:
 		reply := e.Pull(ctx, op.Pull)
 		if err := frame.Write(bw, reply); err != nil {

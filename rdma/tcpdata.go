@@ -71,13 +71,14 @@ func (e *Engine) ServeTCP(ctx context.Context, ln net.Listener, tlsConf *tls.Con
 			defer c.Close()
 			cut := context.AfterFunc(ctx, func() { c.Close() })
 			defer cut()
-			e.serveData(tls.Server(c, tlsConf))
+			bc := &batchConn{Conn: c}
+			e.serveData(tls.Server(bc, tlsConf), bc)
 		}()
 	}
 }
 
 // serveData answers the one fetch of a data path connection.
-func (e *Engine) serveData(c *tls.Conn) error {
+func (e *Engine) serveData(c *tls.Conn, bc *batchConn) error {
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	if err := c.Handshake(); err != nil {
 		return err
@@ -88,14 +89,62 @@ func (e *Engine) serveData(c *tls.Conn) error {
 		return err
 	}
 	c.SetDeadline(time.Time{})
-	bw := bufio.NewWriterSize(&stallWriter{c: c, stall: dataWriteStall}, 1<<20)
-	w := &blockWriter{w: bw}
+	sw := &stallWriter{c: c, stall: dataWriteStall}
+	bc.batch = make([]byte, 0, dataBatch)
+	w := &blockWriter{w: bufio.NewWriterSize(sw, 1<<20), raw: sw, flush: bc.flush}
 	f := req.GetFetch()
 	if f == nil {
 		return w.start(0, "the TCP data path serves fetches only")
 	}
 	return e.serveFetch(f, w)
 }
+
+// dataBatch is how many bytes of TLS records a data path connection
+// hands the kernel per system call (crypto/tls writes and reads one
+// 16 KiB record at a time: a system call each).
+const dataBatch = 256 << 10
+
+// batchConn gathers the TLS records written on it once batch is set (after
+// the handshake) and writes them dataBatch bytes at a time, and the rest
+// on flush.
+type batchConn struct {
+	net.Conn
+	batch []byte
+}
+
+func (b *batchConn) Write(p []byte) (int, error) {
+	if b.batch == nil {
+		return b.Conn.Write(p)
+	}
+	if len(b.batch)+len(p) > cap(b.batch) {
+		if err := b.flush(); err != nil {
+			return 0, err
+		}
+		if len(p) >= cap(b.batch) {
+			return b.Conn.Write(p)
+		}
+	}
+	b.batch = append(b.batch, p...)
+	return len(p), nil
+}
+
+func (b *batchConn) flush() error {
+	if len(b.batch) == 0 {
+		return nil
+	}
+	_, err := b.Conn.Write(b.batch)
+	b.batch = b.batch[:0]
+	return err
+}
+
+// readBatchConn reads from the kernel dataBatch bytes at a time, for
+// crypto/tls's record-sized reads.
+type readBatchConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (r *readBatchConn) Read(p []byte) (int, error) { return r.r.Read(p) }
 
 // stallWriter bounds every write by the stall timeout.
 type stallWriter struct {
@@ -207,11 +256,19 @@ func (q *QUIC) dialData(ctx context.Context, target string, peer []byte) (*tls.C
 	if q.Local != nil && !q.Local.IsUnspecified() {
 		nd.LocalAddr = &net.TCPAddr{IP: q.Local}
 	}
-	c, err := (&tls.Dialer{NetDialer: nd, Config: q.TLS}).DialContext(ctx, "tcp", target)
+	raw, err := nd.DialContext(ctx, "tcp", target)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %w", errDataDial, target, err)
 	}
-	tc := c.(*tls.Conn)
+	conf := q.TLS.Clone()
+	if conf.ServerName == "" {
+		conf.ServerName, _, _ = net.SplitHostPort(target)
+	}
+	tc := tls.Client(&readBatchConn{Conn: raw, r: bufio.NewReaderSize(raw, dataBatch)}, conf)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, fmt.Errorf("%w: %s: %w", errDataDial, target, err)
+	}
 	if certs := tc.ConnectionState().PeerCertificates; len(certs) == 0 || !bytes.Equal(certs[0].Raw, peer) {
 		tc.Close()
 		return nil, fmt.Errorf("%w: %s presents another certificate than the QUIC endpoint", errDataDial, target)
