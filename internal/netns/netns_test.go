@@ -1,6 +1,8 @@
 package netns
 
 import (
+	"bufio"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -34,20 +36,14 @@ func listenIn(t *testing.T, name, addr string) net.Listener {
 		err error
 	}
 	ch := make(chan result)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with us
-		f, err := os.Open("/run/netns/" + name)
-		if err == nil {
-			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-			f.Close()
-		}
+	inNamespace(name, func(err error) {
 		if err != nil {
 			ch <- result{err: err}
 			return
 		}
 		ln, err := net.Listen("tcp", addr)
 		ch <- result{ln, err}
-	}()
+	})
 	r := <-ch
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -84,21 +80,30 @@ func reach(addr string, d time.Duration) bool {
 func reachFrom(t *testing.T, name, addr string) bool {
 	t.Helper()
 	ch := make(chan bool)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with us
-		f, err := os.Open("/run/netns/" + name)
-		if err == nil {
-			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-			f.Close()
-		}
+	inNamespace(name, func(err error) {
 		if err != nil {
 			t.Error(err)
 			ch <- false
 			return
 		}
 		ch <- reach(addr, time.Second)
-	}()
+	})
 	return <-ch
+}
+
+// inNamespace runs f on a thread of its own that joined the network
+// namespace name (err says why it could not). The thread is never given
+// back: it exits with f's goroutine.
+func inNamespace(name string, f func(err error)) {
+	go func() {
+		runtime.LockOSThread()
+		ns, err := os.Open("/run/netns/" + name)
+		if err == nil {
+			err = unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET)
+			ns.Close()
+		}
+		f(err)
+	}()
 }
 
 func TestCutAndHeal(t *testing.T) {
@@ -192,5 +197,62 @@ func TestReapKeepsLiveRuns(t *testing.T) {
 	}
 	if _, err := os.Stat("/run/netns/" + nt.Nodes[0].Name); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestMain doubles as a run that TestReapRemovesAKilledRun kills: with
+// NETNS_TEST_HOLD set it creates a network, prints its bridge and
+// namespace, and waits to be killed.
+func TestMain(m *testing.M) {
+	if os.Getenv("NETNS_TEST_HOLD") != "" {
+		nt, err := Create(1)
+		if err != nil {
+			fmt.Println("error", err)
+			os.Exit(1)
+		}
+		fmt.Println(nt.Bridge, nt.Nodes[0].Name)
+		select {}
+	}
+	os.Exit(m.Run())
+}
+
+// TestReapRemovesAKilledRun: the bridge and namespace of a run that was
+// SIGKILLed (so it never removed them) are removed by Reap, and said so.
+func TestReapRemovesAKilledRun(t *testing.T) {
+	needRoot(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "NETNS_TEST_HOLD=1")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		cmd.Process.Kill()
+		t.Fatalf("the holding run said nothing: %v", err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 2 || f[0] == "error" {
+		cmd.Process.Kill()
+		t.Fatalf("the holding run: %s", line)
+	}
+	bridge, ns := f[0], f[1]
+	cmd.Process.Kill()
+	cmd.Wait()
+	if _, err := os.Stat("/run/netns/" + ns); err != nil {
+		t.Fatalf("the killed run's namespace is not there to reap: %v", err)
+	}
+	gone := strings.Join(Reap(), "; ")
+	if !strings.Contains(gone, "namespace "+ns) || !strings.Contains(gone, "bridge "+bridge) {
+		t.Fatalf("Reap said %q; want namespace %s and bridge %s", gone, ns, bridge)
+	}
+	if _, err := os.Stat("/run/netns/" + ns); !os.IsNotExist(err) {
+		t.Fatalf("namespace %s still there after Reap: %v", ns, err)
+	}
+	if err := exec.Command("ip", "link", "show", bridge).Run(); err == nil {
+		t.Fatalf("bridge %s still there after Reap", bridge)
 	}
 }
