@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/overload"
 )
 
 // SoakOptions configure `lifeline drill soak`.
@@ -104,21 +105,9 @@ func ofOurs(stack string) bool {
 // "N @ pcs" followed by "#\t..." frame lines); the key is a block's
 // function names, innermost first.
 func goroutineStacks(ctx context.Context, u string) (map[string]int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u+"/debug/pprof/goroutine?debug=1", nil)
+	body, err := overload.Get(ctx, u+"/debug/pprof/goroutine?debug=1", 16<<20)
 	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("drill: goroutines of %s: %s", u, resp.Status)
-	}
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
-	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("drill: goroutines: %w", err)
 	}
 	return parseGoroutineStacks(string(body)), nil
 }

@@ -8,7 +8,6 @@
 package overload
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -194,23 +193,12 @@ func Scrape(ctx context.Context, metricsURL string) (map[string]float64, error) 
 	if metricsURL == "" {
 		return nil, fmt.Errorf("overload: no metrics URL")
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, metricsURL+"/metrics", nil)
+	page, err := Get(ctx, metricsURL+"/metrics", 16<<20)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("overload: metrics: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("overload: metrics of %s: %s", metricsURL, resp.Status)
-	}
 	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
+	for _, line := range strings.Split(string(page), "\n") {
 		i := strings.LastIndexByte(line, ' ')
 		if line == "" || line[0] == '#' || i < 0 {
 			continue
@@ -219,10 +207,29 @@ func Scrape(ctx context.Context, metricsURL string) (map[string]float64, error) 
 			m[line[:i]] += v
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("overload: metrics of %s: %w", metricsURL, err)
-	}
 	return m, nil
+}
+
+// Get reads a page of a metrics listener (the Prometheus page, a pprof
+// profile), at most limit bytes of it; any status but 200 is an error.
+func Get(ctx context.Context, url string, limit int64) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("overload: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("overload: %s: %s", url, resp.Status)
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("overload: %s: %w", url, err)
+	}
+	return body, nil
 }
 
 // Attempts reads the frontend's decode worker attempts so far (first
