@@ -56,6 +56,31 @@ func (g *tpGroup) run(t *testing.T, tokens []int, from, to int) [][][]float32 {
 	return out
 }
 
+// decodeEqualsPrefill runs toks through a tp group token by token and
+// through another in one prefill: every rank's decode logits must be rank
+// 0's prefill logits, bit for bit. It returns the decoding group and the
+// largest difference from the whole model's logits.
+func decodeEqualsPrefill(t *testing.T, m *Model, tp int, toks []int) (*tpGroup, float64) {
+	t.Helper()
+	n := len(toks)
+	prefill := newTPGroup(t, m, tp, n).run(t, toks, 0, n)
+	dec := newTPGroup(t, m, tp, n)
+	whole := newSeqRunner(t, m, n).run(t, toks, 0, n)
+	worst := 0.0
+	for p := 0; p < n; p++ {
+		step := dec.run(t, toks, p, p+1)
+		for r := range step {
+			if i := sameBits(step[r][0], prefill[0][p]); i >= 0 {
+				t.Fatalf("tp=%d position %d: rank %d's decode and rank 0's prefill differ at logit %d", tp, p, r, i)
+			}
+		}
+		for i, v := range whole[p] {
+			worst = max(worst, math.Abs(float64(v-prefill[0][p][i])))
+		}
+	}
+	return dec, worst
+}
+
 // TestShardTP2IsExactForItsTP: a tp=2 group's ranks compute the same
 // logits bit for bit; token-by-token decode against the per-rank KV equals
 // one prefill of the sequence and equals a second group's run; and the
@@ -65,21 +90,7 @@ func TestShardTP2IsExactForItsTP(t *testing.T) {
 	m := tinyModel(t)
 	const n = 40
 	toks := testTokens(n, 3)
-	prefill := newTPGroup(t, m, 2, n).run(t, toks, 0, n)
-	dec := newTPGroup(t, m, 2, n)
-	whole := newSeqRunner(t, m, n).run(t, toks, 0, n)
-	worst := 0.0
-	for p := 0; p < n; p++ {
-		step := dec.run(t, toks, p, p+1)
-		for r := range step {
-			if i := sameBits(step[r][0], prefill[0][p]); i >= 0 {
-				t.Fatalf("position %d: rank %d's decode and rank 0's prefill differ at logit %d", p, r, i)
-			}
-		}
-		for i, v := range whole[p] {
-			worst = max(worst, math.Abs(float64(v-prefill[0][p][i])))
-		}
-	}
+	dec, worst := decodeEqualsPrefill(t, m, 2, toks)
 	t.Logf("tp=2 vs tp=1: largest logit difference %.3g", worst)
 	if worst == 0 || worst > 1e-3 {
 		t.Fatalf("tp=2 differs from tp=1 by %.3g at most: want a float rounding difference (0 < d ≤ 1e-3)", worst)
@@ -101,21 +112,7 @@ func TestShardTP4ReplicatesKVHeads(t *testing.T) {
 	m := tinyModel(t)
 	const n = 24
 	toks := testTokens(n, 9)
-	prefill := newTPGroup(t, m, 4, n).run(t, toks, 0, n)
-	dec := newTPGroup(t, m, 4, n)
-	whole := newSeqRunner(t, m, n).run(t, toks, 0, n)
-	worst := 0.0
-	for p := 0; p < n; p++ {
-		step := dec.run(t, toks, p, p+1)
-		for r := range step {
-			if i := sameBits(step[r][0], prefill[0][p]); i >= 0 {
-				t.Fatalf("position %d: rank %d's decode and rank 0's prefill differ at logit %d", p, r, i)
-			}
-		}
-		for i, v := range whole[p] {
-			worst = max(worst, math.Abs(float64(v-prefill[0][p][i])))
-		}
-	}
+	dec, worst := decodeEqualsPrefill(t, m, 4, toks)
 	if worst > 1e-3 {
 		t.Fatalf("tp=4 differs from tp=1 by %.3g", worst)
 	}
