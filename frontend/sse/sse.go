@@ -259,6 +259,13 @@ func (w *Writer) WriteChunk(c *Chunk) error {
 		w.buf.WriteString(strconv.Itoa(seq))
 		w.buf.WriteByte('\n')
 	}
+	w.buf.WriteString("data: ")
+	if b, ok := appendTokenChunk(w.buf.AvailableBuffer(), c); ok {
+		w.buf.Write(b)
+		w.buf.WriteString("\n\n")
+		return w.flush()
+	}
+	w.buf.Truncate(w.buf.Len() - len("data: "))
 	return w.data(c)
 }
 

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
@@ -23,8 +21,10 @@ import (
 
 // The frontend at scale: one frontend holding streamsOpen concurrent
 // streamed chat completions of tiny workers, every streamsSlowEvery-th
-// one a slow reader (a 4 KiB receive buffer, one event a second), the
-// others reading an event every streamsPace. A tiny worker holds the KV
+// one a slow reader (one event a second), the others reading an event
+// every streamsPace, all over HTTP/2 with 8 KiB stream windows (so that
+// the frontend's writers wait on them instead of handing a whole stream
+// to the kernel's loopback buffers). A tiny worker holds the KV
 // of about 16 whole contexts (decode.kvBlocks), so the streams are
 // generated in waves and stay open because their readers are slower
 // than the workers, as on a real cluster where decoding is what is
@@ -40,7 +40,7 @@ const (
 	streamsSlowEvery = 5
 	streamsMaxTokens = 200 // tiny's context is 512
 	streamsPace      = 500 * time.Millisecond
-	cpuStreams       = 200
+	cpuStreams       = 400
 	streamsNodes     = 2
 	streamsWorkers   = 2 // per node
 	streamsSlots     = 300
@@ -173,31 +173,32 @@ type streamClients struct {
 	cancel                     context.CancelFunc
 }
 
-// slowTransport dials with a 4 KiB receive buffer, so that a reader that
-// does not read makes the frontend's writes wait (on loopback the
-// kernel's default buffers would otherwise take a whole stream).
-func slowTransport() *http.Transport {
-	d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
-		return rc.Control(func(fd uintptr) { syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096) })
-	}}
-	return &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}
+// windowTransport speaks cleartext HTTP/2 with an 8 KiB window per
+// stream, so that a reader that lags makes the frontend's writer wait (on
+// loopback the kernel's socket buffers would otherwise take a whole
+// stream, whatever the client's receive buffer).
+func windowTransport() *http.Transport {
+	tr := &http.Transport{Protocols: new(http.Protocols), HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: 8 << 10, MaxReceiveBufferPerConnection: 4 << 20}}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	return tr
 }
 
 // openStreams starts n streams of maxTokens against url, every
-// slowEvery-th a slow reader; the others read an event every pace (0: as
-// fast as they come).
+// slowEvery-th a slow reader (an event a second); the others read an
+// event every pace, or as fast as they come with pace 0 (HTTP/1.1).
+// Paced readers speak HTTP/2 with small windows (windowTransport): the
+// frontend's writer of a stream whose reader lags waits, as over a real
+// network.
 func openStreams(url string, n, slowEvery, maxTokens int, pace time.Duration) *streamClients {
 	ctx, cancel := context.WithCancel(context.Background())
 	sc := &streamClients{cancel: cancel}
-	fast := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
-	slow := &http.Client{Transport: slowTransport()}
+	cl := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	if pace > 0 {
+		cl = &http.Client{Transport: windowTransport()}
+	}
 	for i := 0; i < n; i++ {
-		cl := fast
-		if i%slowEvery == slowEvery-1 {
-			cl = slow
-		}
 		wait := pace
-		if cl == slow {
+		if i%slowEvery == slowEvery-1 {
 			wait = time.Second
 		}
 		sc.wg.Go(func() { sc.stream(ctx, cl, url, i, maxTokens, wait) })
@@ -300,6 +301,9 @@ func runStreamsBench() error {
 		return err
 	}
 	fast := openStreams(c.fe.URL, cpuStreams, 1<<30, streamsMaxTokens, 0)
+	if path := os.Getenv("LIFELINE_BENCH_STREAMS_CPUPROFILE"); path != "" {
+		c.saveProfile(path, "/debug/pprof/profile?seconds=5")
+	}
 	fast.wg.Wait()
 	fe1, wk1, tok1, err := c.cpuSample(workers)
 	if err != nil {
@@ -352,6 +356,9 @@ func (c *streamsCluster) memoryPhase() (f memFigures, err error) {
 	}
 	if f.open, err = c.sampleMemory(); err != nil {
 		return f, err
+	}
+	if path := os.Getenv("LIFELINE_BENCH_STREAMS_HEAPPROFILE"); path != "" {
+		c.saveProfile(path, "/debug/pprof/heap")
 	}
 	if err := c.waitTokensSettle(f.base.tokens + streamsOpen*streamsMaxTokens); err != nil {
 		return f, err
@@ -417,4 +424,17 @@ func printStreamsTable(f memFigures, cpu cpuFigures) {
 	fmt.Printf("| slow clients cut by the write timeout | %.0f | | | |\n", f.lag2.slowClosed)
 	fmt.Printf("| frontend CPU per relayed token (%d fast-reading streams × %d tokens, %d received) | %.1f µs | workers' CPU per generated token: %.1f µs | %.3f | < %.2f: %s |\n\n",
 		cpuStreams, streamsMaxTokens, cpu.received, feTok/1e3, wkTok/1e3, feTok/wkTok, cpuShareGoal, verdict(feTok/wkTok < cpuShareGoal))
+}
+
+// saveProfile writes one of the frontend's profiles to path (a diagnosis:
+// LIFELINE_BENCH_STREAMS_CPUPROFILE, LIFELINE_BENCH_STREAMS_HEAPPROFILE).
+func (c *streamsCluster) saveProfile(path, endpoint string) {
+	resp, err := http.Get(c.fe.MetricsURL + endpoint)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: profile:", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	os.WriteFile(path, b, 0o644)
 }
