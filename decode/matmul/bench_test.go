@@ -38,3 +38,31 @@ func BenchmarkMemcpy(b *testing.B) {
 		copy(dst, src)
 	}
 }
+
+// BenchmarkWideKernel compares the eight-token kernel with the four-token
+// one on the same product (run with -count to interleave them).
+func BenchmarkWideKernel(b *testing.B) {
+	if active.dot8x3 == nil {
+		b.Skip("no eight-token kernel on this CPU")
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	m, n := 1024, 384
+	w := randVec(r, m*n)
+	for _, T := range []int{16, 64} {
+		x := randVec(r, T*n)
+		out := make([]float32, T*m)
+		for _, wide := range []bool{true, false} {
+			b.Run(fmt.Sprintf("T=%d/wide=%v", T, wide), func(b *testing.B) {
+				saved := active.dot8x3
+				if !wide {
+					active.dot8x3 = nil
+				}
+				defer func() { active.dot8x3 = saved }()
+				for b.Loop() {
+					MatMul(out, x, T, w, m, n)
+				}
+				b.ReportMetric(float64(2*T*m*n)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			})
+		}
+	}
+}

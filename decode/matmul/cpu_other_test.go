@@ -3,3 +3,4 @@
 package matmul
 
 func avx2Available() bool { return false }
+func wideAvailable() bool { return false }

@@ -21,9 +21,20 @@ var avx2Kernels = kernels{
 	sum:    sumAVX2,
 }
 
+//go:noescape
+func dot8x3AVX512(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
+
+// hasAVX512 is what dot8x3AVX512 needs: 512-bit registers (F), their
+// 256-bit forms for the high registers (VL) and the 256-bit inserts and
+// broadcasts (DQ).
+var hasAVX512 = cpu.X86.HasAVX512F && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512DQ
+
 func init() {
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
 		active = avx2Kernels
+		if hasAVX512 {
+			active.dot8x3 = dot8x3AVX512
+		}
 	}
 }
 

@@ -16,6 +16,9 @@ type kernels struct {
 	// dot4x3 stores four tokens' folded sums (no tail) for three rows:
 	// token i's for row j at out + i*ostride + 4*j.
 	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
+	// dot8x3, where the CPU has it, is dot4x3 for eight tokens, rounding
+	// every sum exactly as dot4x3 does (nil: none).
+	dot8x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
 	// dot1x4 stores four rows' folded sums (hsum8 of their lanes, no
 	// tail) and prefetches pf, the next four rows.
 	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
@@ -110,6 +113,10 @@ func Axpy(dst []float32, a float32, x []float32) {
 	}
 }
 
+// partsPerWorker is how many chunks a parallel product is split into per
+// goroutine that may run it.
+const partsPerWorker = 4
+
 // minParallelMACs is the work below which splitting a product across
 // goroutines costs more than it saves.
 const minParallelMACs = 1 << 16
@@ -130,9 +137,11 @@ func MatMul(out, x []float32, T int, w []float32, m, n int) {
 		matmulRows(out, x, T, w, m, n, 0, m)
 		return
 	}
-	// Chunks are multiples of 12 rows so that full tiles stay full.
-	chunk := (m + workers - 1) / workers
-	chunk = (chunk + 11) / 12 * 12
+	// Chunks are multiples of 12 rows so that full tiles stay full, and
+	// several per worker: a helper that loses its CPU mid-product holds
+	// up only its chunk, the others are taken by whoever is running.
+	chunk := (m + partsPerWorker*workers - 1) / (partsPerWorker * workers)
+	chunk = max(12, (chunk+11)/12*12)
 	parallel((m+chunk-1)/chunk, func(part int) {
 		r0 := part * chunk
 		matmulRows(out, x, T, w, m, n, r0, min(r0+chunk, m))
@@ -204,7 +213,19 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 		if r+6 <= r1 {
 			next = &w[(r+3)*n]
 		}
-		for t := 0; t < T4; t += 4 {
+		t := 0
+		if active.dot8x3 != nil {
+			for ; t+8 <= T4; t += 8 {
+				pf := next
+				if t > 0 {
+					pf = &w[r*n]
+				}
+				active.dot8x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &out[t*m+r], ostride, pf)
+				addTails(t, r, 3)
+				addTails(t+4, r, 3)
+			}
+		}
+		for ; t < T4; t += 4 {
 			pf := next
 			if t > 0 {
 				pf = &w[r*n]

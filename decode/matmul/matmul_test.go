@@ -119,3 +119,30 @@ func TestKernelsAgreeClosely(t *testing.T) {
 		}
 	}
 }
+
+// TestWideKernelRoundsAsTheNarrow: the eight-token kernel, where the CPU
+// has it, gives every product the bits of the four-token kernel.
+func TestWideKernelRoundsAsTheNarrow(t *testing.T) {
+	if active.dot8x3 == nil {
+		if wideAvailable() {
+			t.Fatal("the CPU has AVX-512 but the eight-token kernel is not in use")
+		}
+		t.Skip("no eight-token kernel on this CPU")
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, dims := range [][3]int{{8, 384, 384}, {16, 1024, 384}, {19, 13, 7}, {40, 172, 64}, {9, 5, 3}, {24, 96, 1024}} {
+		T, m, n := dims[0], dims[1], dims[2]
+		w, x := randVec(r, m*n), randVec(r, T*n)
+		wide, narrow := make([]float32, T*m), make([]float32, T*m)
+		MatMul(wide, x, T, w, m, n)
+		saved := active.dot8x3
+		active.dot8x3 = nil
+		MatMul(narrow, x, T, w, m, n)
+		active.dot8x3 = saved
+		for i := range wide {
+			if math.Float32bits(wide[i]) != math.Float32bits(narrow[i]) {
+				t.Fatalf("T=%d m=%d n=%d: output %d is %x with the wide kernel, %x without", T, m, n, i, math.Float32bits(wide[i]), math.Float32bits(narrow[i]))
+			}
+		}
+	}
+}
