@@ -12,7 +12,7 @@ package matmul
 import "runtime"
 
 type kernels struct {
-	name   string
+	name string
 	// dot4x3 stores four tokens' folded sums (no tail) for three rows:
 	// token i's for row j at out + i*ostride + 4*j.
 	dot4x3 func(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
