@@ -71,7 +71,11 @@ func New(c Config, w *Weights) (*Model, error) {
 	if err := w.check(c); err != nil {
 		return nil, err
 	}
-	m := &Model{Config: c, W: *w, Revision: revision(c, w)}
+	rev, err := revision(c, w)
+	if err != nil {
+		return nil, err
+	}
+	m := &Model{Config: c, W: *w, Revision: rev}
 	half := c.HeadSize() / 2
 	m.ropeCos = make([]float32, c.ContextLen*half)
 	m.ropeSin = make([]float32, c.ContextLen*half)

@@ -9,7 +9,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -100,11 +99,9 @@ func llama2CFromBytes(data []byte) (*Model, error) {
 		return nil, errNotMapped
 	}
 	floats := unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(body))), len(body)/4)
-	var taken [][]float32
 	w, err := llama2CWeights(c, shared, func(n int) ([]float32, error) {
 		v := floats[:n:n]
 		floats = floats[n:]
-		taken = append(taken, v)
 		return v, nil
 	}, func(n int) error {
 		floats = floats[n:]
@@ -113,10 +110,17 @@ func llama2CFromBytes(data []byte) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := allFinite(taken); err != nil {
-		return nil, err
+	return newFromCheckpoint(c, w)
+}
+
+// newFromCheckpoint is New for a checkpoint's weights: non-finite ones
+// make it a malformed checkpoint.
+func newFromCheckpoint(c Config, w *Weights) (*Model, error) {
+	m, err := New(c, w)
+	if errors.Is(err, ErrNonFinite) {
+		return nil, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
 	}
-	return New(c, w)
+	return m, err
 }
 
 // ReadLlama2C decodes a checkpoint of exactly size bytes from r into
@@ -135,7 +139,7 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 		if err := binary.Read(r, binary.LittleEndian, v); err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadCheckpoint, err)
 		}
-		return v, allFinite([][]float32{v})
+		return v, nil
 	}, func(n int) error {
 		if _, err := io.CopyN(io.Discard, r, 4*int64(n)); err != nil {
 			return fmt.Errorf("%w: rope tables: %v", ErrBadCheckpoint, err)
@@ -145,7 +149,7 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	return New(c, w)
+	return newFromCheckpoint(c, w)
 }
 
 // llama2CShape is the config a header describes, and whether the
@@ -257,22 +261,6 @@ func WriteLlama2C(out io.Writer, m *Model) error {
 		binary.Write(bw, binary.LittleEndian, m.W.Classifier)
 	}
 	return bw.Flush()
-}
-
-// allFinite refuses a NaN or an infinity anywhere in tensors, looking on
-// every core.
-func allFinite(tensors [][]float32) error {
-	pieces := chunks(tensors, revisionChunk)
-	var bad atomic.Bool
-	forEachChunk(pieces, func(i int, _ []byte) {
-		if !finite(pieces[i].data) {
-			bad.Store(true)
-		}
-	})
-	if bad.Load() {
-		return fmt.Errorf("%w: non-finite weight", ErrBadCheckpoint)
-	}
-	return nil
 }
 
 // finite reports whether no value of v has an exponent of all ones (an

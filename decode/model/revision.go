@@ -1,6 +1,7 @@
 package model
 
 import (
+	"errors"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -24,7 +25,11 @@ const revisionChunk = 1 << 18
 // revision compute the same function. It is the SHA-256 of the shape and,
 // per tensor, of its name and the SHA-256 of each revisionChunk values of
 // it (little-endian float32 bits), in order.
-func revision(c Config, w *Weights) string {
+//
+// The same pass refuses a NaN or an infinity anywhere (ErrNonFinite): each
+// chunk is looked at while it is in cache, so a checkpoint's weights are
+// read from memory once, not once per check.
+func revision(c Config, w *Weights) (string, error) {
 	ts := w.tensors(c)
 	data := make([][]float32, len(ts))
 	for i, t := range ts {
@@ -32,9 +37,18 @@ func revision(c Config, w *Weights) string {
 	}
 	pieces := chunks(data, revisionChunk)
 	sums := make([][sha256.Size]byte, len(pieces))
+	var bad atomic.Int64
+	bad.Store(-1)
 	forEachChunk(pieces, func(i int, buf []byte) {
+		if !finite(pieces[i].data) {
+			bad.CompareAndSwap(-1, int64(pieces[i].tensor))
+			return
+		}
 		sums[i] = sha256.Sum256(float32Bytes(pieces[i].data, buf))
 	})
+	if t := bad.Load(); t >= 0 {
+		return "", fmt.Errorf("%w in %s", ErrNonFinite, ts[t].name)
+	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;vocab=%d;ctx=%d;theta=%v;eps=%v;chunk=%d\x00",
 		EngineVersion, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.VocabSize, c.ContextLen, c.RopeTheta, c.NormEps, revisionChunk)
@@ -44,8 +58,12 @@ func revision(c Config, w *Weights) string {
 		}
 		h.Write(sums[i][:])
 	}
-	return hex.EncodeToString(h.Sum(nil))[:32]
+	return hex.EncodeToString(h.Sum(nil))[:32], nil
 }
+
+// ErrNonFinite is wrapped by the error of a model with a NaN or an
+// infinity among its weights.
+var ErrNonFinite = errors.New("model: non-finite weight")
 
 // chunk is at most n consecutive values of one tensor.
 type chunk struct {
