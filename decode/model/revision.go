@@ -1,10 +1,10 @@
 package model
 
 import (
-	"errors"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	"runtime"
