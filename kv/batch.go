@@ -142,17 +142,24 @@ func (o *Owner) checkBatchLocked(sid SessionID, blocks []BatchBlock, res *BatchR
 // spread over the CPUs: the CRC is most of a block's publish cost.
 func (o *Owner) checksumBatchLocked(blocks []BatchBlock, todo []int, res *BatchResult) {
 	workers := min(runtime.GOMAXPROCS(0), len(todo))
+	sumFrom := func(w int) {
+		for k := w; k < len(todo); k += workers {
+			r := blocks[todo[k]].Ref
+			// Slot and length were checked: this cannot fail.
+			sum, _ := o.arena.PayloadChecksum(int(r.Slot), int(r.PayloadLen))
+			res.Published[todo[k]] = Ref{Slot: r.Slot, Gen: r.Gen, Checksum: sum, PayloadLen: r.PayloadLen}
+		}
+	}
+	if workers <= 1 {
+		sumFrom(0) // one block: no goroutine
+		return
+	}
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for k := w; k < len(todo); k += workers {
-				r := blocks[todo[k]].Ref
-				// Slot and length were checked: this cannot fail.
-				sum, _ := o.arena.PayloadChecksum(int(r.Slot), int(r.PayloadLen))
-				res.Published[todo[k]] = Ref{Slot: r.Slot, Gen: r.Gen, Checksum: sum, PayloadLen: r.PayloadLen}
-			}
+			sumFrom(w)
 		}()
 	}
 	wg.Wait()

@@ -155,8 +155,19 @@ func runKVBench() error {
 	for slot := 0; slot < 1024; slot++ {
 		shm.Checksum(rcache.Arena().Payload(slot)) // fault the reader's mapping in
 	}
+	// The median of five acquisitions (each handed back but the last): one
+	// alone is at the mercy of a busy neighbour.
 	var got []kvcache.BlockID
-	handoff := timeIt(func() { got = rcache.AcquirePrefix(tokens[:28*16+1], 28) })
+	var handoffs []float64
+	for i := 0; i < 5; i++ {
+		if i > 0 {
+			for _, id := range got {
+				rcache.Free(id)
+			}
+		}
+		handoffs = append(handoffs, float64(timeIt(func() { got = rcache.AcquirePrefix(tokens[:28*16+1], 28) })))
+	}
+	handoff := time.Duration(kvMedian(handoffs))
 	inPlace := 0
 	for _, id := range got {
 		if b := rcache.Block(id); rcache.Contains(&b[0]) {
