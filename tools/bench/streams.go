@@ -415,8 +415,9 @@ func printStreamsTable(f memFigures, cpu cpuFigures) {
 	wkTok := float64(cpu.wk) * 1e7 / cpu.tokens
 	grow := f.lag2.inUse() - f.lag1.inUse()
 	fmt.Printf("| measure | figure | baseline (same run) | ratio | goal |\n|---|---|---|---|---|\n")
-	fmt.Printf("| frontend memory per open stream (Go heap + stacks after GC; %d streams open, 1 in %d a slow reader, %.0f tokens in a log on average) | %.1f KiB | %.1f MiB before the streams | | < 50 KB: %s |\n",
-		streamsOpen, streamsSlowEvery, logTokens, per/1024, f.base.inUse()/(1<<20), verdict(per < perStreamGoal))
+	fmt.Printf("| frontend memory per open stream (Go heap + stacks after GC; %d streams open, 1 in %d a slow reader, %.0f tokens in a log on average) | %.1f KiB (heap %.1f, stacks %.1f) | %.1f MiB before the streams | | < 50 KB: %s |\n",
+		streamsOpen, streamsSlowEvery, logTokens, per/1024, (f.open.heap-f.base.heap)/streamsOpen/1024, (f.open.stacks-f.base.stacks)/streamsOpen/1024,
+		f.base.inUse()/(1<<20), verdict(per < perStreamGoal))
 	fmt.Printf("| frontend RSS per open stream | %.1f KiB | %.1f MiB before | | |\n", rss/1024, f.base.rss/(1<<20))
 	fmt.Printf("| frontend goroutines per open stream | %.2f | %.0f before | | |\n", (f.open.goroutines-f.base.goroutines)/streamsOpen, f.base.goroutines)
 	fmt.Printf("| frontend memory growth over 5 s, every log complete, every reader behind (they read %d events meanwhile) | %+.1f KiB | %.1f MiB held | %.4f | no growth: %s |\n",
