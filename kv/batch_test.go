@@ -167,6 +167,7 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cache.PoolIdle = time.Hour // counted below: no hand-back for idleness
 	tokens := batchTokens(3, 900)
 	full := writeBlocks(t, cache, tokens, 3)
 	pooled := cache.Pooled()
@@ -187,6 +188,36 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 	}
 	if st := o.Stats(); st.ByState["WRITING"] != 0 || st.Leases != 0 || st.SlotsInUse != 2 || st.ByState["PUBLISHED"] != 2 {
 		t.Fatalf("after close: %+v; want the 2 published blocks cached and nothing else held", st)
+	}
+}
+
+// TestCachePoolHandedBackWhenIdle: a cache that allocates nothing for
+// PoolIdle hands its pool back (the owner holds only the blocks in use),
+// and the next allocation takes a pool again.
+func TestCachePoolHandedBackWhenIdle(t *testing.T) {
+	o, sock := serveOwner(t, 64, 3*time.Second)
+	c, err := Dial(t.Context(), sock, Writer{"w", 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cache.Close()
+	cache.PoolIdle = 50 * time.Millisecond
+	full := writeBlocks(t, cache, batchTokens(2, 500), 2)
+	if cache.Pooled() == 0 {
+		t.Fatal("no pool after the first allocations")
+	}
+	proctest.WaitFor(t, 5*time.Second, "the idle pool handed back", func() (bool, string) {
+		st := o.Stats()
+		return cache.Pooled() == 0 && st.ByState["WRITING"] == 2, fmt.Sprintf("pooled %d, owner %+v", cache.Pooled(), st)
+	})
+	cache.PublishBlocks(full)
+	if _, err := cache.Alloc(); err != nil || cache.Pooled() == 0 {
+		t.Fatalf("an allocation after the hand-back: %v, pooled %d", err, cache.Pooled())
 	}
 }
 

@@ -60,6 +60,13 @@ type Cache struct {
 	// trip; PublishBlocks refills it after each step. At most poolTarget.
 	pool       []Ref
 	poolTarget int
+	// PoolIdle is how long the pool is kept unused (DefaultPoolIdle); set
+	// it before the first allocation. poolUsed is when the pool was last
+	// taken from or refilled; poolTimer hands it back once it has been
+	// idle that long.
+	PoolIdle  time.Duration
+	poolUsed  time.Time
+	poolTimer *time.Timer
 }
 
 type cacheBlock struct {
@@ -114,7 +121,7 @@ func NewCache(client *Client, layout kvcache.Layout, id Identity, capacity int) 
 		return nil, err
 	}
 	c := &Cache{client: client, arena: arena, layout: layout, identity: id, capacity: capacity, private: private, blocks: map[kvcache.BlockID]*cacheBlock{},
-		poolTarget: max(1, min(maxPool, capacity/4, client.Slots()/8))}
+		poolTarget: max(1, min(maxPool, capacity/4, client.Slots()/8)), PoolIdle: DefaultPoolIdle}
 	client.OnLost(c.markLost)
 	return c, nil
 }
@@ -170,6 +177,11 @@ func (c *Cache) Close() error {
 			// sequences needs one call each.
 		}
 	}
+	c.mu.Lock()
+	if c.poolTimer != nil {
+		c.poolTimer.Stop()
+	}
+	c.mu.Unlock()
 	c.drainPool()
 	return c.arena.Close()
 }

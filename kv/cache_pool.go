@@ -1,5 +1,7 @@
 package kv
 
+import "time"
+
 // maxPool bounds the slots a cache allocates ahead of need: enough for a
 // long prefill's blocks (512 positions at 16 per block) without taking
 // much of a shared arena from other writers' cached blocks. A cache also
@@ -11,6 +13,7 @@ const maxPool = 32
 // allocates a whole pool's worth in one round trip.
 func (c *Cache) fromPool() (Ref, error) {
 	c.mu.Lock()
+	c.touchPoolLocked()
 	if n := len(c.pool); n > 0 {
 		r := c.pool[n-1]
 		c.pool = c.pool[:n-1]
@@ -34,8 +37,37 @@ func (c *Cache) fromPool() (Ref, error) {
 	}
 	c.mu.Lock()
 	c.pool = append(c.pool, refs[1:]...)
+	c.touchPoolLocked()
 	c.mu.Unlock()
 	return refs[0], nil
+}
+
+// DefaultPoolIdle is how long a cache keeps its pool while it allocates
+// nothing (Cache.PoolIdle): an idle worker leaves the arena's slots to
+// other writers, and a node at rest holds no WRITING slot. The next
+// allocation fills it again.
+const DefaultPoolIdle = time.Second
+
+// touchPoolLocked notes a use of the pool and arms its hand-back.
+func (c *Cache) touchPoolLocked() {
+	c.poolUsed = time.Now()
+	if c.poolTimer == nil {
+		c.poolTimer = time.AfterFunc(c.PoolIdle, c.poolIdleCheck)
+	}
+}
+
+// poolIdleCheck hands the pool back if it was not used for PoolIdle, and
+// looks again later otherwise.
+func (c *Cache) poolIdleCheck() {
+	c.mu.Lock()
+	if wait := c.PoolIdle - time.Since(c.poolUsed); wait > 0 {
+		c.poolTimer.Reset(wait)
+		c.mu.Unlock()
+		return
+	}
+	c.poolTimer = nil
+	c.mu.Unlock()
+	c.drainPool()
 }
 
 // refillWantLocked is how many slots PublishBlocks should allocate: up to
@@ -54,6 +86,7 @@ func (c *Cache) recycle(r Ref) bool {
 		return false
 	}
 	c.pool = append(c.pool, Ref{Slot: r.Slot, Gen: r.Gen})
+	c.touchPoolLocked()
 	return true
 }
 

@@ -68,6 +68,7 @@ func (c *Cache) PublishBlocks(full []kvcache.FullBlock) {
 		c.stats.Published++
 	}
 	c.pool = append(c.pool, res.Allocated...)
+	c.touchPoolLocked()
 }
 
 // planPublish picks the blocks that can be published (arena blocks of
