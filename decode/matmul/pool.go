@@ -47,6 +47,9 @@ type pool struct {
 	seq     atomic.Uint64 // incremented per job
 	cur     atomic.Pointer[job]
 	helpers []*helper
+	// serialUntil (Unix nanoseconds) is when the pool leaves serial mode.
+	serialUntil  atomic.Int64
+	serialSpells atomic.Uint64
 }
 
 var workers = newPool(min(runtime.GOMAXPROCS(0)-1, maxHelpers))
@@ -164,6 +167,13 @@ func parallel(n int, f func(part int)) {
 		return
 	}
 	defer p.mu.Unlock()
+	start := time.Now()
+	if start.UnixNano() < p.serialUntil.Load() {
+		for i := range n {
+			f(i)
+		}
+		return
+	}
 	j := &job{f: f, n: n, fin: make(chan struct{}, 1)}
 	p.cur.Store(j)
 	p.seq.Add(1)
@@ -173,9 +183,29 @@ func parallel(n int, f func(part int)) {
 		}
 	}
 	j.work()
+	worked := time.Since(start)
 	j.wait()
 	p.cur.Store(nil)
+	if waited := time.Since(start) - worked; waited > worked && waited > stallAfter {
+		p.serialUntil.Store(time.Now().Add(serialFor).UnixNano())
+		p.serialSpells.Add(1)
+	}
 }
+
+// A helper that loses its CPU in the middle of a part holds its caller up
+// until the kernel runs it again, which on a machine busier than its cores
+// costs more than the helpers save. A job whose caller waited for its
+// helpers longer than it worked itself (and longer than stallAfter) puts
+// the pool in serial mode for serialFor: callers run every part alone and
+// the helpers park; then the helpers are tried again.
+const (
+	stallAfter = 100 * time.Microsecond
+	serialFor  = 50 * time.Millisecond
+)
+
+// SerialSpells counts the times the helpers were left alone for serialFor
+// because one of them had lost its CPU mid-job.
+func SerialSpells() uint64 { return workers.serialSpells.Load() }
 
 // parallelGo is parallel on goroutines of its own, for a caller that finds
 // the pool in use (two engines in one process).
