@@ -212,20 +212,42 @@ func loadModel(opts Options) (*model.Model, tokenizer.Tokenizer, error) {
 		m, err := model.Synthetic(opts.Preset, opts.WeightSeed)
 		return m, tokenizer.NewBuiltin(), err
 	}
+	// The tokenizer is read while the weights load (on a worker's
+	// restart, both are what it waits for before it can prefill).
+	var tok tokenizer.Tokenizer
+	var tokErr error
+	loaded := make(chan struct{})
+	vocab, vocabErr := model.Llama2CVocabSize(opts.ModelPath)
+	go func() {
+		defer close(loaded)
+		if vocabErr == nil {
+			tok, tokErr = loadTokenizer(opts.TokenizerPath, vocab)
+		}
+	}()
 	m, err := model.LoadLlama2C(opts.ModelPath)
-	if err != nil {
+	<-loaded
+	switch {
+	case err != nil:
 		return nil, nil, err
-	}
-	f, err := os.Open(opts.TokenizerPath)
-	if err != nil {
-		return nil, nil, fmt.Errorf("decode: tokenizer: %w", err)
-	}
-	defer f.Close()
-	tok, err := tokenizer.ReadLlama2C(f, m.Config.VocabSize)
-	if err != nil {
-		return nil, nil, fmt.Errorf("decode: tokenizer %s: %w", opts.TokenizerPath, err)
+	case vocabErr != nil:
+		return nil, nil, vocabErr
+	case tokErr != nil:
+		return nil, nil, tokErr
 	}
 	return m, tok, nil
+}
+
+func loadTokenizer(path string, vocab int) (tokenizer.Tokenizer, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("decode: tokenizer: %w", err)
+	}
+	defer f.Close()
+	tok, err := tokenizer.ReadLlama2C(f, vocab)
+	if err != nil {
+		return nil, fmt.Errorf("decode: tokenizer %s: %w", path, err)
+	}
+	return tok, nil
 }
 
 // kvBlocks is the engine's KV block count: Options.KVBlocks, or room for
