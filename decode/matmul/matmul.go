@@ -148,6 +148,55 @@ func MatMul(out, x []float32, T int, w []float32, m, n int) {
 	})
 }
 
+// Product is one of several products of the same activations: Out = x
+// times the transpose of the M×n matrix W (as MatMul). Then, when not nil,
+// is called with each range of rows [r0, r1) once those rows of Out are
+// computed for every token, on the goroutine that computed them: for
+// elementwise work on them.
+type Product struct {
+	Out, W []float32
+	M      int
+	Then   func(r0, r1 int)
+}
+
+// MatMuls computes every product of x (T rows of n) in one parallel call:
+// one wait for all of them instead of one each. Each product is split
+// into the same number of row ranges as MatMul would split it; which
+// goroutine computes a range never changes a result.
+func MatMuls(x []float32, T, n int, prods ...Product) {
+	if T == 0 {
+		return
+	}
+	_ = x[T*n-1]
+	macs, chunks := 0, make([]int, len(prods))
+	for _, p := range prods {
+		_ = p.Out[T*p.M-1]
+		_ = p.W[p.M*n-1]
+		macs += T * p.M * n
+	}
+	workers := runtime.GOMAXPROCS(0)
+	parts := partsPerWorker * workers
+	if macs < minParallelMACs || workers == 1 {
+		parts = 1
+	}
+	for i, p := range prods {
+		chunks[i] = max(12, ((p.M+parts-1)/parts+11)/12*12)
+	}
+	parallel(parts, func(part int) {
+		for i, p := range prods {
+			r0 := min(part*chunks[i], p.M)
+			r1 := min(r0+chunks[i], p.M)
+			if r0 == r1 {
+				continue
+			}
+			matmulRows(p.Out, x, T, p.W, p.M, n, r0, r1)
+			if p.Then != nil {
+				p.Then(r0, r1)
+			}
+		}
+	})
+}
+
 // Stream reads every element of buf once, with the widest loads of the
 // kernel set and on the same goroutines as MatMul, and returns their sum so
 // that no read can be skipped. It is the read-bandwidth baseline the

@@ -209,9 +209,10 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 	for t := 0; t < T; t++ {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
 	}
-	matmul.MatMul(ws.q, xb, T, lw.Wq, qDim, dim)
-	matmul.MatMul(ws.k, xb, T, lw.Wk, kvDim, dim)
-	matmul.MatMul(ws.v, xb, T, lw.Wv, kvDim, dim)
+	matmul.MatMuls(xb[:T*dim], T, dim,
+		matmul.Product{Out: ws.q, W: lw.Wq, M: qDim},
+		matmul.Product{Out: ws.k, W: lw.Wk, M: kvDim},
+		matmul.Product{Out: ws.v, W: lw.Wv, M: kvDim})
 	for t, inp := range in {
 		m.rope(ws.q[t*qDim:(t+1)*qDim], inp.Pos)
 		m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
@@ -242,9 +243,15 @@ func (m *Model) feedForward(ws *Workspace, l, T int) error {
 	for t := 0; t < T; t++ {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
 	}
-	matmul.MatMul(ws.hb, xb, T, lw.W1, hidden, dim)
-	matmul.MatMul(ws.hb2, xb, T, lw.W3, hidden, dim)
-	parallelChunks(len(ws.hb), 1<<13, func(lo, hi int) { swiglu(ws.hb[lo:hi], ws.hb2[lo:hi]) })
+	hb, hb2 := ws.hb[:T*hidden], ws.hb2[:T*hidden]
+	matmul.MatMuls(xb[:T*dim], T, dim,
+		matmul.Product{Out: hb, W: lw.W1, M: hidden},
+		matmul.Product{Out: hb2, W: lw.W3, M: hidden, Then: func(r0, r1 int) {
+			// The gate of rows the same goroutine just computed of both.
+			for t := 0; t < T; t++ {
+				swiglu(hb[t*hidden+r0:t*hidden+r1], hb2[t*hidden+r0:t*hidden+r1])
+			}
+		}})
 	matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
 	if err := m.sum(xb[:T*dim]); err != nil {
 		return err
@@ -295,22 +302,6 @@ func swiglu(a, b []float32) {
 	for i, h := range a {
 		a[i] = float32(h/float32(1+math.Exp(float64(-h)))) * b[i]
 	}
-}
-
-// parallelChunks calls f on disjoint ranges covering [0, n), on several
-// goroutines when n is at least grain. Elementwise work gives the same bits
-// however it is split.
-func parallelChunks(n, grain int, f func(lo, hi int)) {
-	workers := runtime.GOMAXPROCS(0)
-	if n < grain || workers == 1 {
-		f(0, n)
-		return
-	}
-	per := (n + workers - 1) / workers
-	matmul.Parallel((n+per-1)/per, func(part int) {
-		lo := part * per
-		f(lo, min(lo+per, n))
-	})
 }
 
 func addInto(dst, src []float32) {
