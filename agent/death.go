@@ -50,6 +50,13 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Ev
 	reclaimed := a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: kvGen})
 	span.AddEvent("kv_reclaimed", trace.WithAttributes(attribute.Int("blocks", reclaimed)))
 
+	// The event before the etcd writes: whoever sees the deregistration
+	// or the announcement finds the exit in the node's events too.
+	e := a.emit(controlapi.Event{Kind: controlapi.EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
+		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
+	a.mu.Lock()
+	inst.lastExit = &e
+	a.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	a.deregister(ctx, inst.id, gen, reason)
@@ -59,11 +66,6 @@ func (a *Agent) onDeath(inst *instance, gen uint64, ex ebpf.Exit) *controlapi.Ev
 	span.AddEvent("failure_announced")
 	span.SetAttributes(attribute.String("failure_reason", reason), attribute.String("recovery_action", "deregistered; restart"))
 	endSpan(span, reason)
-	e := a.emit(controlapi.Event{Kind: controlapi.EventExit, InstanceID: inst.id, Generation: gen, PID: ex.PID, Reason: reason, ExitCode: ex.Code,
-		Signal: ex.Signal, Detector: ex.Detector, DetectedAt: ex.DetectedAt, Detail: fmt.Sprintf("%d KV blocks reclaimed", reclaimed)})
-	a.mu.Lock()
-	inst.lastExit = &e
-	a.mu.Unlock()
 	a.metrics.exits.WithLabelValues(reason).Inc()
 	a.metrics.detection.WithLabelValues(ex.Detector).Observe(time.Since(ex.DetectedAt).Seconds())
 	a.metrics.orphans.Add(float64(reclaimed))
