@@ -24,6 +24,7 @@ import (
 // identical to an uninterrupted run, no gap, no duplicate.
 func TestSlowReaderIsCutAndResumes(t *testing.T) {
 	proctest.Processes(t)
+	t.Parallel()
 	const writeTimeout, tokens, readFirst = 2 * time.Second, 2000, 10
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)

@@ -168,6 +168,7 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	cache.PoolIdle = time.Hour // counted below: no hand-back for idleness
+	cache.Prepare(true)        // a scheduler with work: slots come ahead of need
 	tokens := batchTokens(3, 900)
 	full := writeBlocks(t, cache, tokens, 3)
 	pooled := cache.Pooled()
@@ -191,9 +192,10 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 	}
 }
 
-// TestCachePoolHandedBackWhenIdle: a cache that allocates nothing for
-// PoolIdle hands its pool back (the owner holds only the blocks in use),
-// and the next allocation takes a pool again.
+// TestCachePoolHandedBackWhenIdle: a cache whose scheduler had no work
+// (beyond canaries) for PoolIdle hands its pool back (the owner holds only
+// the blocks in use); a canary's allocation takes one slot and nothing
+// ahead; the next request's allocation takes a pool again.
 func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 	o, sock := serveOwner(t, 64, 3*time.Second)
 	c, err := Dial(t.Context(), sock, Writer{"w", 1})
@@ -207,6 +209,7 @@ func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 	}
 	defer cache.Close()
 	cache.PoolIdle = 50 * time.Millisecond
+	cache.Prepare(true)
 	full := writeBlocks(t, cache, batchTokens(2, 500), 2)
 	if cache.Pooled() == 0 {
 		t.Fatal("no pool after the first allocations")
@@ -216,6 +219,12 @@ func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 		return cache.Pooled() == 0 && st.ByState["WRITING"] == 2, fmt.Sprintf("pooled %d, owner %+v", cache.Pooled(), st)
 	})
 	cache.PublishBlocks(full)
+	// A canary's step (no other work): one slot for it, nothing ahead.
+	cache.Prepare(false)
+	if _, err := cache.Alloc(); err != nil || cache.Pooled() != 0 {
+		t.Fatalf("a canary's allocation: %v, pooled %d; want nothing ahead", err, cache.Pooled())
+	}
+	cache.Prepare(true) // a new request
 	if _, err := cache.Alloc(); err != nil || cache.Pooled() == 0 {
 		t.Fatalf("an allocation after the hand-back: %v, pooled %d", err, cache.Pooled())
 	}
@@ -234,6 +243,8 @@ func TestCachePoolReclaimedWhenWriterDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	cache.PoolIdle = time.Hour
+	cache.Prepare(true)
 	writeBlocks(t, cache, batchTokens(1, 50), 1)
 	if cache.Pooled() == 0 {
 		t.Fatal("no pool")

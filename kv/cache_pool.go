@@ -20,7 +20,10 @@ func (c *Cache) fromPool() (Ref, error) {
 		c.mu.Unlock()
 		return r, nil
 	}
-	want := max(1, min(c.poolTarget, c.capacity-c.inUseLocked()))
+	want := 1
+	if c.workingLocked() {
+		want = max(1, min(c.poolTarget, c.capacity-c.inUseLocked()))
+	}
 	c.stats.AllocWaited++
 	c.mu.Unlock()
 	ctx, cancel := c.ownerCtx()
@@ -48,16 +51,31 @@ func (c *Cache) fromPool() (Ref, error) {
 // allocation fills it again.
 const DefaultPoolIdle = time.Second
 
-// touchPoolLocked notes a use of the pool and arms its hand-back.
-func (c *Cache) touchPoolLocked() {
+// Prepare implements kvcache.Preparer: a step with work beyond canaries
+// keeps the pool filled for another PoolIdle; canaries alone let it go.
+func (c *Cache) Prepare(busy bool) {
+	if !busy {
+		return
+	}
+	c.mu.Lock()
 	c.poolUsed = time.Now()
+	c.touchPoolLocked()
+	c.mu.Unlock()
+}
+
+// workingLocked says whether a step had work beyond canaries within the
+// last PoolIdle: only then are slots allocated ahead of need.
+func (c *Cache) workingLocked() bool { return time.Since(c.poolUsed) < c.PoolIdle }
+
+// touchPoolLocked arms the pool's hand-back.
+func (c *Cache) touchPoolLocked() {
 	if c.poolTimer == nil {
 		c.poolTimer = time.AfterFunc(c.PoolIdle, c.poolIdleCheck)
 	}
 }
 
-// poolIdleCheck hands the pool back if it was not used for PoolIdle, and
-// looks again later otherwise.
+// poolIdleCheck hands the pool back if no step had work beyond canaries
+// for PoolIdle, and looks again later otherwise.
 func (c *Cache) poolIdleCheck() {
 	c.mu.Lock()
 	if wait := c.PoolIdle - time.Since(c.poolUsed); wait > 0 {
@@ -73,6 +91,9 @@ func (c *Cache) poolIdleCheck() {
 // refillWantLocked is how many slots PublishBlocks should allocate: up to
 // the pool's target, never past the cache's capacity.
 func (c *Cache) refillWantLocked() int {
+	if !c.workingLocked() {
+		return 0
+	}
 	return max(0, min(c.poolTarget-len(c.pool), c.capacity-c.inUseLocked()-len(c.pool)))
 }
 

@@ -171,6 +171,14 @@ type BatchSharing interface {
 	PublishBlocks([]FullBlock)
 }
 
+// Preparer is implemented by stores that allocate blocks ahead of need.
+// Before handing over each step's blocks the scheduler says whether the
+// step served more than canaries: a store with no such work for a while
+// gives back what it holds ahead, so an idle worker holds nothing ahead.
+type Preparer interface {
+	Prepare(busy bool)
+}
+
 // NoBlock is the parent of a sequence's first block.
 const NoBlock BlockID = -1
 

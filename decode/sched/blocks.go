@@ -12,6 +12,10 @@ import (
 // retryable *OverloadedError.
 func (s *Scheduler) reserveLocked(seq *sequence, need int) error {
 	seq.blocks, seq.computed, seq.published = nil, 0, 0
+	if p, ok := s.store.(kvcache.Preparer); ok && seq.req.Priority != Canary {
+		// Work: its blocks may come ahead of need (no round trip each).
+		p.Prepare(true)
+	}
 	if sh, ok := s.store.(kvcache.Sharing); ok {
 		// The last prompt position is always computed: its logits pick
 		// the first new token.
@@ -70,6 +74,9 @@ func (s *Scheduler) publish(seqs []*sequence) {
 	sh, ok := s.store.(kvcache.Sharing)
 	if !ok {
 		return
+	}
+	if p, ok := s.store.(kvcache.Preparer); ok {
+		p.Prepare(slices.ContainsFunc(seqs, func(q *sequence) bool { return q.req.Priority != Canary }))
 	}
 	bs := s.store.Layout().BlockSize
 	var full []kvcache.FullBlock
