@@ -87,14 +87,12 @@ func (a *Agent) startTransfer(ctx context.Context) error {
 }
 
 // serveDataPath opens the TLS-over-TCP data path beside the QUIC endpoint
-// (the same address, the same port where it is free): peers that ask over
+// (the same address): peers that ask over
 // QUIC fetch bulk blocks on it, at a fraction of QUIC's CPU per byte. It is
 // an optimisation: without it every fetch stays on QUIC.
 func (a *Agent) serveDataPath(ctx context.Context, at *net.UDPAddr, tlsConf *tls.Config) {
-	tln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: at.IP, Port: at.Port})
-	if err != nil {
-		tln, err = net.ListenTCP("tcp", &net.TCPAddr{IP: at.IP})
-	}
+	// A port of the kernel's choosing: the offer carries it.
+	tln, err := net.ListenTCP("tcp", &net.TCPAddr{IP: at.IP})
 	if err != nil {
 		a.log.Warn("KV transfer data path unavailable: fetches from this node stay on QUIC", "err", err)
 		return
