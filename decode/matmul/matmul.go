@@ -142,7 +142,7 @@ func MatMul(out, x []float32, T int, w []float32, m, n int) {
 	// up only its chunk, the others are taken by whoever is running.
 	chunk := (m + partsPerWorker*workers - 1) / (partsPerWorker * workers)
 	chunk = max(12, (chunk+11)/12*12)
-	parallel((m+chunk-1)/chunk, func(part int) {
+	Parallel((m+chunk-1)/chunk, func(part int) {
 		r0 := part * chunk
 		matmulRows(out, x, T, w, m, n, r0, min(r0+chunk, m))
 	})
@@ -182,7 +182,7 @@ func MatMuls(x []float32, T, n int, prods ...Product) {
 	for i, p := range prods {
 		chunks[i] = max(12, ((p.M+parts-1)/parts+11)/12*12)
 	}
-	parallel(parts, func(part int) {
+	Parallel(parts, func(part int) {
 		for i, p := range prods {
 			r0 := min(part*chunks[i], p.M)
 			r1 := min(r0+chunks[i], p.M)
@@ -209,7 +209,7 @@ func Stream(buf []float32) float32 {
 	}
 	chunk := (len(buf)/parts + 31) / 32 * 32
 	var sums [maxHelpers + 1]float32
-	parallel(parts, func(part int) {
+	Parallel(parts, func(part int) {
 		lo := min(part*chunk, len(buf))
 		hi := min(lo+chunk, len(buf))
 		n32 := (hi - lo) / 32

@@ -29,8 +29,8 @@ type job struct {
 	n    int
 	next atomic.Int32 // the next part to take
 	done atomic.Int32 // parts finished
-	// waiting is set by a caller that stopped spinning for the last part;
-	// whoever finishes it then sends on fin.
+	// waiting is set (after fin is made) by a caller that stopped spinning
+	// for the last part; whoever finishes it then sends on fin.
 	waiting atomic.Bool
 	fin     chan struct{}
 }
@@ -48,8 +48,7 @@ type pool struct {
 	cur     atomic.Pointer[job]
 	helpers []*helper
 	// serialUntil (Unix nanoseconds) is when the pool leaves serial mode.
-	serialUntil  atomic.Int64
-	serialSpells atomic.Uint64
+	serialUntil atomic.Int64
 }
 
 var workers = newPool(min(runtime.GOMAXPROCS(0)-1, maxHelpers))
@@ -77,7 +76,7 @@ func (p *pool) run(h *helper) {
 			}
 			continue
 		}
-		if p.spin(seen) {
+		if spinUntil(func() bool { return p.seq.Load() != seen }) {
 			continue
 		}
 		h.parked.Store(true)
@@ -93,19 +92,19 @@ func (p *pool) run(h *helper) {
 	}
 }
 
-// spin polls for a job after seen until spinFor passes.
-func (p *pool) spin(seen uint64) bool {
+// spinUntil polls cond for up to spinFor and reports whether it held,
+// yielding now and then to the goroutines that share this CPU (the network,
+// the scheduler; with nothing else runnable that returns at once).
+func spinUntil(cond func() bool) bool {
 	deadline := time.Now().Add(spinFor)
 	for i := 0; ; i++ {
-		if p.seq.Load() != seen {
+		if cond() {
 			return true
 		}
 		if i%64 == 63 {
 			if time.Now().After(deadline) {
 				return false
 			}
-			// Let the goroutines that share this CPU (the network, the
-			// scheduler) run; with nothing else runnable it returns at once.
 			runtime.Gosched()
 		}
 	}
@@ -130,20 +129,15 @@ func (j *job) work() {
 // caller sleeps until the last part finishes instead of burning the CPU the
 // helper needs.
 func (j *job) wait() {
-	deadline := time.Now().Add(spinFor)
-	for i := 0; j.done.Load() != int32(j.n); i++ {
-		if i%64 != 63 {
-			continue
-		}
-		if time.Now().Before(deadline) {
-			runtime.Gosched()
-			continue
-		}
-		j.waiting.Store(true)
-		if j.done.Load() != int32(j.n) {
-			<-j.fin
-		}
+	finished := func() bool { return j.done.Load() == int32(j.n) }
+	if spinUntil(finished) {
 		return
+	}
+	// fin is made before waiting is set: whoever sees waiting sees fin.
+	j.fin = make(chan struct{}, 1)
+	j.waiting.Store(true)
+	if !finished() {
+		<-j.fin
 	}
 }
 
@@ -151,10 +145,7 @@ func (j *job) wait() {
 // engine's helpers, and returns when all have returned. Which goroutine runs
 // a part never changes what it computes. A call made while the helpers are
 // busy (from inside f, or by another engine) runs on goroutines of its own.
-func Parallel(n int, f func(part int)) { parallel(n, f) }
-
-// parallel is Parallel.
-func parallel(n int, f func(part int)) {
+func Parallel(n int, f func(part int)) {
 	if n <= 1 {
 		if n == 1 {
 			f(0)
@@ -174,7 +165,7 @@ func parallel(n int, f func(part int)) {
 		}
 		return
 	}
-	j := &job{f: f, n: n, fin: make(chan struct{}, 1)}
+	j := &job{f: f, n: n}
 	p.cur.Store(j)
 	p.seq.Add(1)
 	for _, h := range p.helpers[:min(len(p.helpers), n-1)] {
@@ -188,7 +179,6 @@ func parallel(n int, f func(part int)) {
 	p.cur.Store(nil)
 	if waited := time.Since(start) - worked; waited > worked && waited > stallAfter {
 		p.serialUntil.Store(time.Now().Add(serialFor).UnixNano())
-		p.serialSpells.Add(1)
 	}
 }
 
@@ -203,11 +193,7 @@ const (
 	serialFor  = 50 * time.Millisecond
 )
 
-// SerialSpells counts the times the helpers were left alone for serialFor
-// because one of them had lost its CPU mid-job.
-func SerialSpells() uint64 { return workers.serialSpells.Load() }
-
-// parallelGo is parallel on goroutines of its own, for a caller that finds
+// parallelGo is Parallel on goroutines of its own, for a caller that finds
 // the pool in use (two engines in one process).
 func parallelGo(n int, f func(part int)) {
 	var wg sync.WaitGroup
