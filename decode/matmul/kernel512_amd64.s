@@ -2,15 +2,7 @@
 
 #include "textflag.h"
 
-// HSUM8 as in kernel_amd64.s: the eight lanes of Y into lane 0 of X, in
-// hsum8's order, T scratch.
-#define HSUM8(Y, X, T) \
-	VEXTRACTF128 $1, Y, T \
-	VADDPS T, X, X \
-	VMOVHLPS X, X, T \
-	VADDPS T, X, X \
-	VMOVSHDUP X, T \
-	VADDSS T, X, X
+#include "hsum_amd64.h"
 
 // STORE2 folds accumulator Z (its low half token 2k, its high half token
 // 2k+1, one row) into out at O (token 2k) and O+ostride (token 2k+1).
@@ -20,6 +12,16 @@
 	VMOVSS X, O \
 	HSUM8(Y12, X12, X13) \
 	VMOVSS X12, O(S*1)
+
+// PAIR loads one 8-float step of two tokens (at LO and HI, offset AX) into
+// the halves of Z (Y its low half) and adds its products with the three
+// weight rows (Z16, Z17, Z18) to the pair's accumulators A, B, C.
+#define PAIR(LO, HI, Y, Z, A, B, C) \
+	VMOVUPS (LO)(AX*1), Y \
+	VINSERTF32X8 $1, (HI)(AX*1), Z, Z \
+	VFMADD231PS Z16, Z, A \
+	VFMADD231PS Z17, Z, B \
+	VFMADD231PS Z18, Z, C
 
 // func dot8x3AVX512(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
 //
@@ -71,29 +73,10 @@ loop8x3:
 	VBROADCASTF32X8 (R9)(AX*1), Z17
 	VBROADCASTF32X8 (DX)(AX*1), Z18
 
-	VMOVUPS (SI)(AX*1), Y20
-	VINSERTF32X8 $1, (R10)(AX*1), Z20, Z20
-	VFMADD231PS Z16, Z20, Z0
-	VFMADD231PS Z17, Z20, Z1
-	VFMADD231PS Z18, Z20, Z2
-
-	VMOVUPS (R11)(AX*1), Y21
-	VINSERTF32X8 $1, (R12)(AX*1), Z21, Z21
-	VFMADD231PS Z16, Z21, Z3
-	VFMADD231PS Z17, Z21, Z4
-	VFMADD231PS Z18, Z21, Z5
-
-	VMOVUPS (BX)(AX*1), Y22
-	VINSERTF32X8 $1, (R13)(AX*1), Z22, Z22
-	VFMADD231PS Z16, Z22, Z6
-	VFMADD231PS Z17, Z22, Z7
-	VFMADD231PS Z18, Z22, Z8
-
-	VMOVUPS (R14)(AX*1), Y23
-	VINSERTF32X8 $1, (R15)(AX*1), Z23, Z23
-	VFMADD231PS Z16, Z23, Z9
-	VFMADD231PS Z17, Z23, Z10
-	VFMADD231PS Z18, Z23, Z11
+	PAIR(SI, R10, Y20, Z20, Z0, Z1, Z2)
+	PAIR(R11, R12, Y21, Z21, Z3, Z4, Z5)
+	PAIR(BX, R13, Y22, Z22, Z6, Z7, Z8)
+	PAIR(R14, R15, Y23, Z23, Z9, Z10, Z11)
 
 	ADDQ $32, AX
 	DECQ CX

@@ -2,20 +2,12 @@
 
 #include "textflag.h"
 
-// HSUM8 folds the eight lanes of Y into lane 0 of X in hsum8's order, with
-// T as scratch: a_k = l_k + l_(k+4), then (a0+a2) + (a1+a3).
-#define HSUM8(Y, X, T) \
-	VEXTRACTF128 $1, Y, T \
-	VADDPS T, X, X \
-	VMOVHLPS X, X, T \
-	VADDPS T, X, X \
-	VMOVSHDUP X, T \
-	VADDSS T, X, X
+#include "hsum_amd64.h"
 
 // The kernels keep one 8-lane accumulator per (token, row) pair and walk the
 // inner dimension in 8-float steps with one FMA per step, so every dot
-// product sees the same sequence of roundings whichever kernel computed it.
-// The caller folds the lanes in a fixed order (see hsum8).
+// product sees the same sequence of roundings whichever kernel computed it;
+// they fold the lanes in hsum8's order (HSUM8).
 
 // func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)
 //
@@ -91,33 +83,13 @@ loop4x3:
 
 store4x3:
 	MOVQ ostride+48(FP), CX
-	HSUM8(Y4, X4, X0)
-	VMOVSS X4, 0(DX)
-	HSUM8(Y5, X5, X0)
-	VMOVSS X5, 4(DX)
-	HSUM8(Y6, X6, X0)
-	VMOVSS X6, 8(DX)
+	STORE3(Y4, X4, Y5, X5, Y6, X6, DX)
 	ADDQ CX, DX
-	HSUM8(Y7, X7, X0)
-	VMOVSS X7, 0(DX)
-	HSUM8(Y8, X8, X0)
-	VMOVSS X8, 4(DX)
-	HSUM8(Y9, X9, X0)
-	VMOVSS X9, 8(DX)
+	STORE3(Y7, X7, Y8, X8, Y9, X9, DX)
 	ADDQ CX, DX
-	HSUM8(Y10, X10, X0)
-	VMOVSS X10, 0(DX)
-	HSUM8(Y11, X11, X0)
-	VMOVSS X11, 4(DX)
-	HSUM8(Y12, X12, X0)
-	VMOVSS X12, 8(DX)
+	STORE3(Y10, X10, Y11, X11, Y12, X12, DX)
 	ADDQ CX, DX
-	HSUM8(Y13, X13, X0)
-	VMOVSS X13, 0(DX)
-	HSUM8(Y14, X14, X0)
-	VMOVSS X14, 4(DX)
-	HSUM8(Y15, X15, X0)
-	VMOVSS X15, 8(DX)
+	STORE3(Y13, X13, Y14, X14, Y15, X15, DX)
 	VZEROUPPER
 	RET
 
