@@ -394,13 +394,20 @@ func TestPullRejectsHostileSources(t *testing.T) {
 
 // BenchmarkFetchQUIC moves 64 MiB of 1 MiB blocks between two owners over
 // the QUIC transport (profile it with -cpuprofile).
-func BenchmarkFetchQUIC(b *testing.B) {
+func BenchmarkFetchQUIC(b *testing.B) { benchFetch(b, false) }
+
+// benchFetch moves 64 MiB of 1 MiB blocks between two owners, over QUIC or
+// (tcp) the source's TLS-over-TCP data path, which it then checks was used.
+func benchFetch(b *testing.B, tcp bool) {
 	c, err := pki.InitIdentity(b.TempDir(), pki.Agent("rdmatest"))
 	if err != nil {
 		b.Fatal(err)
 	}
-	benchNode := func() *node { return newNodeTB(b, c, 1<<20) }
-	src, dst := benchNode(), benchNode()
+	src, dst := newNodeTB(b, c, 1<<20), newNodeTB(b, c, 1<<20)
+	var dl *dataListener
+	if tcp {
+		dl = src.serveTCP(b, c, nil)
+	}
 	keys := chain(64, "bench")
 	src.publishTB(b, keys, 1<<20)
 	sid, _, _, _ := dst.owner.Hello(kv.Writer{Instance: "d", Gen: 1}, nil, nil)
@@ -419,6 +426,9 @@ func BenchmarkFetchQUIC(b *testing.B) {
 		}); err != nil {
 			b.Fatal(err)
 		}
+	}
+	if tcp && dl.accepted.Load() == 0 {
+		b.Fatal("the data path was not used")
 	}
 }
 

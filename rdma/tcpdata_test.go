@@ -231,33 +231,4 @@ func TestDataPathServesFetchesOnly(t *testing.T) {
 // BenchmarkFetchTCP moves 64 MiB of 1 MiB blocks between two owners over
 // the transport's TLS-over-TCP data path (BenchmarkFetchQUIC's blocks;
 // profile both with -cpuprofile).
-func BenchmarkFetchTCP(b *testing.B) {
-	c, err := pki.InitIdentity(b.TempDir(), pki.Agent("rdmatest"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	src, dst := newNodeTB(b, c, 1<<20), newNodeTB(b, c, 1<<20)
-	dl := src.serveTCP(b, c, nil)
-	keys := chain(64, "bench")
-	src.publishTB(b, keys, 1<<20)
-	sid, _, _, _ := dst.owner.Hello(kv.Writer{Instance: "d", Gen: 1}, nil, nil)
-	refs, err := dst.owner.Allocate(sid, len(keys))
-	if err != nil {
-		b.Fatal(err)
-	}
-	tlsConf, _ := transferclient.TLS(c)
-	q := NewQUIC(tlsConf)
-	defer q.Close()
-	f := &transferpb.Fetch{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Count: uint32(len(keys))}
-	b.SetBytes(int64(len(keys)) << 20)
-	for b.Loop() {
-		if _, err := q.Fetch(context.Background(), src.addr, f, func(i int, h *transferpb.BlockHeader) ([]byte, error) {
-			return dst.owner.Arena().Payload(int(refs[i].Slot))[:h.PayloadLen], nil
-		}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if dl.accepted.Load() == 0 {
-		b.Fatal("the data path was not used")
-	}
-}
+func BenchmarkFetchTCP(b *testing.B) { benchFetch(b, true) }
