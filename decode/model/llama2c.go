@@ -288,20 +288,26 @@ func finite(v []float32) bool {
 }
 
 // Llama2CVocabSize reads the vocabulary size from the header of the
-// llama2.c checkpoint at path, without loading it: a tokenizer can then be
-// read while the weights load.
+// llama2.c checkpoint at path (checked as LoadLlama2C checks it, against
+// the file's size), without loading it: a tokenizer can then be read while
+// the weights load.
 func Llama2CVocabSize(path string) (int, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return 0, fmt.Errorf("model: %s: %w", path, err)
 	}
 	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("model: %s: %w", path, err)
+	}
 	var hdr [llama2CHeaderInts]int32
 	if err := binary.Read(f, binary.LittleEndian, &hdr); err != nil {
 		return 0, fmt.Errorf("%w: %s: header: %v", ErrBadCheckpoint, path, err)
 	}
-	if hdr[5] == 0 || hdr[5] == math.MinInt32 {
-		return 0, fmt.Errorf("%w: %s: vocabulary size %d", ErrBadCheckpoint, path, hdr[5])
+	c, _, err := llama2CShape(hdr, st.Size())
+	if err != nil {
+		return 0, fmt.Errorf("model: %s: %w", path, err)
 	}
-	return int(max(hdr[5], -hdr[5])), nil
+	return c.VocabSize, nil
 }

@@ -308,3 +308,33 @@ func TestLlama2CRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestLlama2CVocabSize: the header's vocabulary size, read without
+// loading; a file cut short of what its header implies is refused as
+// LoadLlama2C refuses it.
+func TestLlama2CVocabSize(t *testing.T) {
+	src := tinyModel(t)
+	w := src.W
+	w.OutputBias = nil
+	m, err := New(src.Config, &w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := WriteLlama2C(&buf, m); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "model.bin")
+	if err := os.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := Llama2CVocabSize(path); err != nil || n != m.Config.VocabSize {
+		t.Fatalf("Llama2CVocabSize = %d, %v; want %d", n, err, m.Config.VocabSize)
+	}
+	if err := os.WriteFile(path, buf.Bytes()[:buf.Len()-4], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Llama2CVocabSize(path); !errors.Is(err, ErrBadCheckpoint) {
+		t.Fatalf("a cut file: %v, want ErrBadCheckpoint", err)
+	}
+}
