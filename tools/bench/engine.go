@@ -162,7 +162,11 @@ func streamGBs(buf []float32) float64 {
 	return float64(len(buf)*4*iters) / time.Since(start).Seconds() / 1e9
 }
 
+// median is v's median (0 for none).
 func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
