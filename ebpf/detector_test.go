@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,7 +16,25 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/cgtest"
 )
 
+// helperLeaderExit: the main thread exits alone (SYS_EXIT, not
+// exit_group) and the process lives on in its other threads until a byte
+// on stdin ends it with code 3.
+const helperLeaderExit = "leader-exit"
+
+func init() {
+	if os.Getenv("LIFELINE_EBPF_HELPER") == helperLeaderExit {
+		runtime.LockOSThread() // main stays on the leader thread
+	}
+}
+
 func TestMain(m *testing.M) {
+	if os.Getenv("LIFELINE_EBPF_HELPER") == helperLeaderExit {
+		go func() {
+			io.ReadFull(os.Stdin, make([]byte, 1))
+			os.Exit(3)
+		}()
+		syscall.RawSyscall(syscall.SYS_EXIT, 0, 0, 0)
+	}
 	if os.Getenv("LIFELINE_EBPF_HELPER") == "alloc" {
 		// Wait until the test has put us in a memory-limited cgroup, then
 		// allocate and touch far more than the limit.
@@ -158,4 +177,53 @@ func TestOOMKillClassified(t *testing.T) {
 		t.Fatalf("OOM kill reported as %+v", ex)
 	}
 	cmd.Wait()
+}
+
+// TestLeaderThreadExitIsNotTheProcessExit: a process whose main thread
+// exited alone is still alive; its exit is reported when its last thread
+// ends, with that exit's code.
+func TestLeaderThreadExitIsNotTheProcessExit(t *testing.T) {
+	for name, d := range detectors(t) {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^$")
+			cmd.Env = append(os.Environ(), "LIFELINE_EBPF_HELPER="+helperLeaderExit)
+			stdin, _ := cmd.StdinPipe()
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			pid := cmd.Process.Pid
+			d.Watch(pid)
+			deadline := time.Now().Add(10 * time.Second)
+			for !leaderIsZombie(pid) {
+				if time.Now().After(deadline) {
+					t.Fatal("the helper's main thread did not exit")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			// The leader's exit went through the probes already; an event
+			// for it would be in the ring buffer by now.
+			select {
+			case ex := <-d.Exits():
+				t.Fatalf("%+v reported while the process still runs", ex)
+			case <-time.After(200 * time.Millisecond):
+			}
+			stdin.Write([]byte{1})
+			if ex := waitExit(t, d, pid); ex.Code != 3 || ex.Signal != 0 {
+				t.Fatalf("exit 3 after the leader thread reported as %+v", ex)
+			}
+			cmd.Wait()
+		})
+	}
+}
+
+// leaderIsZombie reports whether pid's main thread has exited while the
+// process lives on.
+func leaderIsZombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, pid))
+	if err != nil {
+		return false
+	}
+	_, after, ok := strings.Cut(string(b), ") ")
+	return ok && strings.HasPrefix(after, "Z")
 }

@@ -1,9 +1,9 @@
 //go:build ignore
 
 // Process exit and OOM-victim probes for the node agent. Exits are filtered
-// in the kernel to the thread-group leaders the agent watches; OOM victims
-// are rare and all go to user space, which matches them to watched
-// processes.
+// in the kernel to the processes the agent watches, reported once, when
+// the last thread of the process exits; OOM victims are rare and all go
+// to user space, which matches them to watched processes.
 
 #include <linux/types.h>
 #include <linux/bpf.h>
@@ -13,10 +13,19 @@
 char __license[] SEC("license") = "Dual MIT/GPL";
 
 // Only the fields we read, relocated by CO-RE against the running kernel.
+typedef struct {
+	int counter;
+} atomic_t;
+
+struct signal_struct {
+	atomic_t live;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
 	int exit_code;
+	struct signal_struct *signal;
 } __attribute__((preserve_access_index));
 
 enum event_kind {
@@ -51,11 +60,18 @@ const struct event *unused_event __attribute__((unused));
 SEC("tracepoint/sched/sched_process_exit")
 int on_process_exit(void *ctx) {
 	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	__u32 pid = BPF_CORE_READ(task, pid);
 	__u32 tgid = BPF_CORE_READ(task, tgid);
-	if (pid != tgid)
-		return 0;
 	if (!bpf_map_lookup_elem(&watched, &tgid))
+		return 0;
+	// The process is dead when its last thread exits (signal->live was
+	// decremented before this tracepoint), not when its leader does: a
+	// leader killed by the OOM killer's SIGKILL can exit while the thread
+	// that ran the OOM killer has yet to mark it as the victim. Two
+	// threads exiting together may both see zero; the one that removes
+	// the watch reports.
+	if (BPF_CORE_READ(task, signal, live.counter) != 0)
+		return 0;
+	if (bpf_map_delete_elem(&watched, &tgid) != 0)
 		return 0;
 	struct event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e)
