@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -360,7 +361,40 @@ func (c *Cluster) FreezeAgent(ctx context.Context, socket string) (*Freeze, erro
 	if err := syscall.Kill(st.PID, syscall.SIGSTOP); err != nil {
 		return nil, fmt.Errorf("drill: SIGSTOP agent %s (pid %d): %w", st.NodeID, st.PID, err)
 	}
-	return f, nil
+	// The fault is in place once every thread has stopped (one in the
+	// middle of a long system call stops when it returns).
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		stopped, state := f.Stopped()
+		if stopped {
+			return f, nil
+		}
+		if time.Now().After(deadline) {
+			f.Thaw()
+			return nil, fmt.Errorf("drill: agent %s (pid %d) not stopped 2 s after SIGSTOP: %s", st.NodeID, st.PID, state)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Stopped reports whether every thread of the frozen agent is stopped,
+// and otherwise the first that is not, with its state.
+func (f *Freeze) Stopped() (bool, string) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", f.PID))
+	if err != nil {
+		return false, err.Error()
+	}
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", f.PID, t.Name()))
+		if err != nil {
+			continue // the thread exited
+		}
+		_, after, _ := strings.Cut(string(b), ") ")
+		if state, _, _ := strings.Cut(after, " "); state != "T" && state != "t" {
+			return false, fmt.Sprintf("thread %s in state %s", t.Name(), state)
+		}
+	}
+	return true, ""
 }
 
 // Thaw resumes a frozen agent (once; later calls do nothing) and returns

@@ -3,6 +3,7 @@ package drill
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -63,6 +64,14 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	r.Event(f.At, EvFault, "SIGSTOP the KV owner (agent of %s, pid %d)", f.Node, f.PID)
 	pausedStreams, paused, reusedPaused := run("owner paused")
 	pausedFor := time.Since(f.At)
+	stillStopped, state := f.Stopped()
+	var reusers []string
+	for _, s := range pausedStreams {
+		if s.Result.KVReusedPositions > 0 {
+			reusers = append(reusers, fmt.Sprintf("stream %d (%s, started %.0f ms after the SIGSTOP): %d",
+				s.Index, s.Result.RequestID, ms(s.Started.Sub(f.At)), s.Result.KVReusedPositions))
+		}
+	}
 	thawAt, err := f.Thaw()
 	if err != nil {
 		return err
@@ -100,7 +109,8 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	r.Figure("leaked_leases", float64(left.over(base).leases))
 	var ck Check
 	ck.That(reusedWarm > 0, "the warm run reused no position: the cache was never hit")
-	ck.That(reusedPaused == 0, "%d positions reused while the owner was paused (no block can be verified then)", reusedPaused)
+	ck.That(stillStopped, "the owner did not stay stopped through the paused run (%s): something resumed it", state)
+	ck.That(reusedPaused == 0, "%d positions reused while the owner was paused (no block can be verified then): %s", reusedPaused, strings.Join(reusers, "; "))
 	ck.That(pausedFor < KVOwnerPause, "the streams took %v with the owner paused (bound %v)", pausedFor.Round(time.Millisecond), KVOwnerPause)
 	ck.That(reusedAgain > 0, "no position reused after the owner resumed")
 	ck.That(all.Failed == 0, "%d streams failed (%v)", all.Failed, all.FirstError)
