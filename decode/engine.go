@@ -50,6 +50,10 @@ type Options struct {
 	// ModelPath and TokenizerPath load a llama2.c model.bin and tokenizer.bin.
 	ModelPath     string
 	TokenizerPath string
+	// RevisionCache, a directory, keeps the revisions of the checkpoints
+	// hashed before: a restart with the same file is ready without the
+	// hash pass, which runs in the background (Engine.WeightsChanged).
+	RevisionCache string
 	// BlockSize is the number of positions per KV block; KVBlocks the number
 	// of blocks (0: enough for MaxRunning full contexts, capped).
 	BlockSize int
@@ -112,6 +116,12 @@ type Engine struct {
 	Store     kvcache.Store
 	// Cache is the shared-arena store when Options.KVSocket is set.
 	Cache *kv.Cache
+	// WeightsChanged receives the error of the background hash pass of a
+	// model whose revision came from Options.RevisionCache, if its
+	// weights are not the ones that revision names (or not finite): the
+	// engine must not serve any more, its worker exits. Nil when the
+	// model was hashed at load.
+	WeightsChanged <-chan error
 	// GroupAborted, for rank 0 of a tensor-parallel group, is closed
 	// once the group is aborted (a rank died): the engine can compute
 	// nothing more, its worker exits (tp.go).
@@ -146,6 +156,7 @@ func newEngine(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	loaded := m // a group's rank 0 computes with its shard of it
 	limits := opts.Limits
 	if limits == (sched.Limits{}) {
 		limits = sched.DefaultLimits
@@ -164,6 +175,9 @@ func newEngine(opts Options) (*Engine, error) {
 		}()
 	}
 	e, err := newEngineOn(opts, m, tok, limits, blocks)
+	if err == nil && loaded.Unverified() {
+		e.WeightsChanged = verifyLater(loaded)
+	}
 	if err == nil && g != nil {
 		var stop func()
 		e.GroupAborted, stop = g.WatchAbort()

@@ -26,7 +26,7 @@ func loadModel(opts Options) (*model.Model, tokenizer.Tokenizer, error) {
 			tok, tokErr = loadTokenizer(opts.TokenizerPath, vocab)
 		}
 	}()
-	m, err := model.LoadLlama2C(opts.ModelPath)
+	m, err := model.LoadLlama2CCached(opts.ModelPath, model.RevisionCache{Dir: opts.RevisionCache})
 	<-loaded
 	switch {
 	case err != nil:
@@ -50,4 +50,16 @@ func loadTokenizer(path string, vocab int) (tokenizer.Tokenizer, error) {
 		return nil, fmt.Errorf("decode: tokenizer %s: %w", path, err)
 	}
 	return tok, nil
+}
+
+// verifyLater runs m's skipped hash pass in the background; the channel
+// gets its error if it fails and nothing otherwise.
+func verifyLater(m *model.Model) <-chan error {
+	failed := make(chan error, 1)
+	go func() {
+		if err := m.Verify(); err != nil {
+			failed <- err
+		}
+	}()
+	return failed
 }

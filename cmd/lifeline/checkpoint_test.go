@@ -2,18 +2,26 @@ package main
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // TestServeLlama2CCheckpoint writes a model.bin and tokenizer.bin the way
 // llama2.c lays them out and serves them with the real binary.
-func TestServeLlama2CCheckpoint(t *testing.T) {
+// writeLlama2CFiles writes tiny's weights as a model.bin and the builtin
+// vocabulary as a tokenizer.bin, laid out as llama2.c does, and returns
+// their paths.
+func writeLlama2CFiles(t *testing.T) (modelPath, tokenizerPath string) {
+	t.Helper()
 	src, err := model.Synthetic("tiny", 9)
 	if err != nil {
 		t.Fatal(err)
@@ -48,8 +56,12 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	tf.Close()
+	return mf.Name(), tf.Name()
+}
 
-	out, errOut, err := proctest.Run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(),
+func TestServeLlama2CCheckpoint(t *testing.T) {
+	mf, tf := writeLlama2CFiles(t)
+	out, errOut, err := proctest.Run(t, "engine", "generate", "--model", mf, "--tokenizer", tf,
 		"--prompt", "The water", "--seed", "3", "--max-tokens", "12", "--ignore-eos", "--json")
 	if err != nil {
 		t.Fatalf("%v: %s", err, errOut)
@@ -58,10 +70,61 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 		t.Fatalf("%d tokens from the checkpoint, want 12", len(lines))
 	}
 	// A truncated checkpoint is refused with a clear error.
-	data, _ := os.ReadFile(mf.Name())
-	os.WriteFile(mf.Name(), data[:len(data)/2], 0o600)
-	_, errOut, err = proctest.Run(t, "engine", "generate", "--model", mf.Name(), "--tokenizer", tf.Name(), "--prompt", "x")
+	data, _ := os.ReadFile(mf)
+	os.WriteFile(mf, data[:len(data)/2], 0o600)
+	_, errOut, err = proctest.Run(t, "engine", "generate", "--model", mf, "--tokenizer", tf, "--prompt", "x")
 	if err == nil || !strings.Contains(errOut, "malformed llama2.c checkpoint") {
 		t.Fatalf("truncated checkpoint: err %v, stderr %q", err, errOut)
+	}
+}
+
+// TestWorkerRestartTakesTheCachedRevision: a worker restarted on the same
+// checkpoint with --revision-cache announces the revision its first start
+// computed; one whose cached revision is wrong (weights changed under the
+// file's identity) announces it, then its background hash pass catches it
+// and the worker exits with an error, and the next start hashes again.
+func TestWorkerRestartTakesTheCachedRevision(t *testing.T) {
+	proctest.Processes(t)
+	mf, tf := writeLlama2CFiles(t)
+	cache := filepath.Join(t.TempDir(), "revisions")
+	ca := clustertest.CADir(t)
+	args := []string{"--model", mf, "--tokenizer", tf, "--revision-cache", cache}
+	stop := func(cmd *exec.Cmd) {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	}
+	cmd, first := startWorker(t, ca, "decode-rev", 1, args...)
+	stop(cmd)
+	entries, _ := filepath.Glob(filepath.Join(cache, "*.rev"))
+	if len(entries) != 1 || first.ModelRevision == "" {
+		t.Fatalf("revision %q, cache entries %v", first.ModelRevision, entries)
+	}
+	cmd, again := startWorker(t, ca, "decode-rev", 2, args...)
+	stop(cmd)
+	if again.ModelRevision != first.ModelRevision {
+		t.Fatalf("restart announced revision %s, the first start %s", again.ModelRevision, first.ModelRevision)
+	}
+	wrong := "0123456789abcdef0123456789abcdef"
+	if err := os.WriteFile(entries[0], []byte(wrong+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd, bad := startWorker(t, ca, "decode-rev", 3, args...)
+	if bad.ModelRevision != wrong {
+		t.Fatalf("with a wrong cached revision the worker announced %s", bad.ModelRevision)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	select {
+	case err := <-exited:
+		if err == nil {
+			t.Fatal("the worker with the wrong cached revision exited 0")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the worker with the wrong cached revision kept serving")
+	}
+	cmd, fixed := startWorker(t, ca, "decode-rev", 4, args...)
+	stop(cmd)
+	if fixed.ModelRevision != first.ModelRevision {
+		t.Fatalf("after the mismatch the worker announced %s, want %s", fixed.ModelRevision, first.ModelRevision)
 	}
 }

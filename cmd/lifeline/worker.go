@@ -34,7 +34,7 @@ func newWorkerCmd(run func(context.Context, worker.Options, io.Writer) error) *c
 func workerOptions(a workerclient.Args) worker.Options {
 	o := worker.Options{InstanceID: a.InstanceID, Generation: a.Generation, Role: a.Role, Listen: a.Listen, CertDir: a.CertDir,
 		KVTransfer: a.KVTransfer, Engine: decode.Options{Preset: a.Preset, WeightSeed: a.WeightSeed, ModelPath: a.ModelPath,
-			TokenizerPath: a.TokenizerPath, KVSocket: a.KVSocket, DraftPreset: a.DraftPreset, DraftLayers: a.DraftLayers, DraftK: a.DraftK,
+			TokenizerPath: a.TokenizerPath, RevisionCache: a.RevisionCache, KVSocket: a.KVSocket, DraftPreset: a.DraftPreset, DraftLayers: a.DraftLayers, DraftK: a.DraftK,
 			TP: a.TP, Rank: a.Rank, GroupSegment: a.GroupSegment, GroupGeneration: a.GroupGeneration, KVArena: a.KVArena}}
 	if a.MaxRunning > 0 {
 		o.Engine.Limits = sched.Limits{MaxRunning: a.MaxRunning, MaxQueued: a.MaxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}

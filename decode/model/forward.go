@@ -19,8 +19,10 @@ type Model struct {
 	Config   Config
 	W        Weights
 	Revision string
-	ropeCos  []float32 // ContextLen × HeadSize/2
-	ropeSin  []float32
+	// unverified is set when Revision came from a RevisionCache.
+	unverified *unverified
+	ropeCos    []float32 // ContextLen × HeadSize/2
+	ropeSin    []float32
 	// tp, rank and reduce make the model one rank of a tensor-parallel
 	// group (Shard): W.Layers hold the rank's heads and FFN columns, and
 	// reduce sums a layer's partial output over the ranks. tp 0 or 1:
@@ -64,16 +66,23 @@ func (m *Model) kvBase() int { return m.kvStart() * m.Config.HeadSize() }
 func (m *Model) hidden() int { return m.Config.HiddenDim / m.TP() }
 
 // New checks the weights against the config and prepares the model.
-func New(c Config, w *Weights) (*Model, error) {
+func New(c Config, w *Weights) (*Model, error) { return newModel(c, w, "") }
+
+// newModel is New; a known revision (cached for the weights' file) skips
+// the hash pass, which Verify runs later.
+func newModel(c Config, w *Weights, known string) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
 	if err := w.check(c); err != nil {
 		return nil, err
 	}
-	rev, err := revision(c, w)
-	if err != nil {
-		return nil, err
+	rev := known
+	if rev == "" {
+		var err error
+		if rev, err = revision(c, w); err != nil {
+			return nil, err
+		}
 	}
 	m := &Model{Config: c, W: *w, Revision: rev}
 	half := c.HeadSize() / 2

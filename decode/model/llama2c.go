@@ -36,7 +36,13 @@ const llama2CHeaderInts = 7
 // Replace a checkpoint by renaming a new file over it: a file rewritten
 // or truncated in place changes or takes away the weights of a running
 // model.
-func LoadLlama2C(path string) (*Model, error) {
+func LoadLlama2C(path string) (*Model, error) { return LoadLlama2CCached(path, RevisionCache{}) }
+
+// LoadLlama2CCached is LoadLlama2C with a revision cache: a mapped
+// checkpoint whose file the cache knows is ready without the hash pass
+// (Verify runs it; until then the model is Unverified); one it does not
+// know is hashed and recorded.
+func LoadLlama2CCached(path string, rc RevisionCache) (*Model, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
@@ -46,12 +52,20 @@ func LoadLlama2C(path string) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
 	}
-	m, err := mapLlama2C(f, st.Size())
+	key := fileIdentity(st)
+	known, _ := rc.lookup(key)
+	m, err := mapLlama2C(f, st.Size(), known)
 	if errors.Is(err, errNotMapped) {
+		known = ""
 		m, err = ReadLlama2C(bufio.NewReaderSize(f, 1<<20), st.Size())
 	}
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
+	}
+	if known != "" {
+		m.unverified = &unverified{cache: rc, key: key}
+	} else {
+		rc.store(key, m.Revision)
 	}
 	m.Config.Name = "llama2c:" + filepath.Base(path)
 	return m, nil
@@ -61,17 +75,18 @@ func LoadLlama2C(path string) (*Model, error) {
 // nothing of the file was consumed.
 var errNotMapped = errors.New("model: checkpoint not mapped")
 
-// mapLlama2C is the model over a mapping of f's size bytes.
-func mapLlama2C(f *os.File, size int64) (*Model, error) {
+// mapLlama2C is the model over a mapping of f's size bytes; known is
+// its cached revision, or "".
+func mapLlama2C(f *os.File, size int64, known string) (*Model, error) {
 	if cpu.IsBigEndian || size < 4*llama2CHeaderInts || size > math.MaxInt {
 		// Too short: the reader says why the header is bad.
 		return nil, errNotMapped
 	}
-	data, err := mapFile(f, int(size))
+	data, err := mapFile(f, int(size), known == "")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", errNotMapped, err)
 	}
-	m, err := llama2CFromBytes(data)
+	m, err := llama2CFromBytes(data, known)
 	if err != nil {
 		unmapFile(data)
 		return nil, err
@@ -81,8 +96,8 @@ func mapLlama2C(f *os.File, size int64) (*Model, error) {
 
 // llama2CFromBytes decodes a whole checkpoint whose weights stay in data
 // (the model keeps data for good): a little-endian host only, data
-// 4-byte aligned after the header.
-func llama2CFromBytes(data []byte) (*Model, error) {
+// 4-byte aligned after the header. known is its revision if cached.
+func llama2CFromBytes(data []byte, known string) (*Model, error) {
 	var hdr [llama2CHeaderInts]int32
 	if len(data) < 4*len(hdr) {
 		return nil, fmt.Errorf("%w: header: %d bytes", ErrBadCheckpoint, len(data))
@@ -110,13 +125,14 @@ func llama2CFromBytes(data []byte) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFromCheckpoint(c, w)
+	return newFromCheckpoint(c, w, known)
 }
 
-// newFromCheckpoint is New for a checkpoint's weights: non-finite ones
-// make it a malformed checkpoint.
-func newFromCheckpoint(c Config, w *Weights) (*Model, error) {
-	m, err := New(c, w)
+// newFromCheckpoint is New for a checkpoint's weights (known: their
+// cached revision, or ""): non-finite ones make it a malformed
+// checkpoint.
+func newFromCheckpoint(c Config, w *Weights, known string) (*Model, error) {
+	m, err := newModel(c, w, known)
 	if errors.Is(err, ErrNonFinite) {
 		return nil, fmt.Errorf("%w: %w", ErrBadCheckpoint, err)
 	}
@@ -149,7 +165,7 @@ func ReadLlama2C(r io.Reader, size int64) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newFromCheckpoint(c, w)
+	return newFromCheckpoint(c, w, "")
 }
 
 // llama2CShape is the config a header describes, and whether the

@@ -268,7 +268,7 @@ func FuzzLlama2CFromBytes(f *testing.F) {
 		// A mapping is page-aligned: so is a float32 buffer, enough.
 		aligned := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(make([]float32, len(data)/4+1)))), len(data))
 		copy(aligned, data)
-		a, err := llama2CFromBytes(aligned)
+		a, err := llama2CFromBytes(aligned, "")
 		b, rerr := ReadLlama2C(bytes.NewReader(data), int64(len(data)))
 		switch {
 		case (err == nil) != (rerr == nil):

@@ -153,8 +153,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	for {
 		conn, err := ln.Accept(ctx)
 		if err != nil {
-			if groupAborted(ctx) {
-				return errGroupAborted
+			if err := engineFailed(ctx); err != nil {
+				return err
 			}
 			if ctx.Err() != nil {
 				return nil

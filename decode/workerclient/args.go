@@ -21,6 +21,10 @@ type Args struct {
 	WeightSeed    uint64
 	ModelPath     string
 	TokenizerPath string
+	// RevisionCache is a directory of checkpoint revisions already
+	// computed (a restart skips the hash pass and runs it in the
+	// background); "" computes it at every start.
+	RevisionCache string
 	// KVSocket is the node's KV arena owner; KVTransfer the node agent's
 	// transfer endpoint.
 	KVSocket   string
@@ -57,6 +61,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&a.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
 	fs.StringVar(&a.ModelPath, "model", "", "llama2.c model.bin")
 	fs.StringVar(&a.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
+	fs.StringVar(&a.RevisionCache, "revision-cache", "", "directory of the --model revisions already computed: a restart on the same file is ready without the hash pass, which runs in the background (a mismatch ends the worker)")
 	fs.StringVar(&a.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
 	fs.StringVar(&a.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")
 	fs.IntVar(&a.MaxRunning, "max-running", 0, "hard limit on running sequences (0: default)")

@@ -65,23 +65,14 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	pausedStreams, paused, reusedPaused := run("owner paused")
 	pausedFor := time.Since(f.At)
 	stillStopped, state := f.Stopped()
-	var reusers []string
-	for _, s := range pausedStreams {
-		if s.Result.KVReusedPositions > 0 {
-			reusers = append(reusers, fmt.Sprintf("stream %d (%s, started %.0f ms after the SIGSTOP): %d",
-				s.Index, s.Result.RequestID, ms(s.Started.Sub(f.At)), s.Result.KVReusedPositions))
-		}
-	}
 	thawAt, err := f.Thaw()
 	if err != nil {
 		return err
 	}
 	r.Event(thawAt, EvRecovered, "SIGCONT the KV owner after %.0f ms", ms(thawAt.Sub(f.At)))
 	Latencies(r, pausedStreams)
-	// The owner answers again: the worker's connection is back once a
-	// request reuses the prompts' blocks.
-	var again Outcome
-	var reusedAgain int
+	// The owner answers again: the worker reconnects at the next reuse.
+	again, reusedAgain := Outcome{}, 0
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, again, reusedAgain = run("owner back")
@@ -110,7 +101,7 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	var ck Check
 	ck.That(reusedWarm > 0, "the warm run reused no position: the cache was never hit")
 	ck.That(stillStopped, "the owner did not stay stopped through the paused run (%s): something resumed it", state)
-	ck.That(reusedPaused == 0, "%d positions reused while the owner was paused (no block can be verified then): %s", reusedPaused, strings.Join(reusers, "; "))
+	ck.That(reusedPaused == 0, "%d positions reused while the owner was paused (no block can be verified then): %s", reusedPaused, reusers(pausedStreams, f.At))
 	ck.That(pausedFor < KVOwnerPause, "the streams took %v with the owner paused (bound %v)", pausedFor.Round(time.Millisecond), KVOwnerPause)
 	ck.That(reusedAgain > 0, "no position reused after the owner resumed")
 	ck.That(all.Failed == 0, "%d streams failed (%v)", all.Failed, all.FirstError)
@@ -149,4 +140,17 @@ func sumOutcomes(os ...Outcome) Outcome {
 		}
 	}
 	return all
+}
+
+// reusers names the streams that reused positions, with their request
+// ids and when they started after at.
+func reusers(streams []*Stream, at time.Time) string {
+	var out []string
+	for _, s := range streams {
+		if s.Result.KVReusedPositions > 0 {
+			out = append(out, fmt.Sprintf("stream %d (%s, started %.0f ms after the SIGSTOP): %d",
+				s.Index, s.Result.RequestID, ms(s.Started.Sub(at)), s.Result.KVReusedPositions))
+		}
+	}
+	return strings.Join(out, "; ")
 }
