@@ -72,7 +72,7 @@ func Create(n int) (_ *Net, err error) {
 	if err != nil {
 		return nil, err
 	}
-	tag := strconv.FormatInt(int64(os.Getpid()), 36) + "x" + strconv.FormatInt(int64(seq.Add(1)), 36)
+	tag := bridgeTag(os.Getpid(), seq.Add(1))
 	nt := &Net{Bridge: "ll" + tag + "b", HostIP: host(subnet, 1)}
 	defer func() {
 		if err != nil {
@@ -188,16 +188,30 @@ func Reap() []string {
 			continue
 		}
 		name := strings.TrimSuffix(f[1], ":")
-		tag, ok := strings.CutPrefix(name, "ll")
-		p, _, ok2 := strings.Cut(tag, "x")
-		if !ok || !ok2 || !strings.HasSuffix(name, "b") {
-			continue
-		}
-		if pid, err := strconv.ParseInt(p, 36, 64); err == nil && !alive(int(pid)) && ip("link", "del", name) == nil {
+		if pid, ok := bridgePID(name); ok && !alive(pid) && ip("link", "del", name) == nil {
 			gone = append(gone, "bridge "+name)
 		}
 	}
 	return gone
+}
+
+// bridgeTag names a run's links: its pid and a sequence number in base
+// 36, joined by '_', which no base-36 digit is (an 'x' was, and a pid
+// written with one was read as another).
+func bridgeTag(pid int, n uint32) string {
+	return strconv.FormatInt(int64(pid), 36) + "_" + strconv.FormatInt(int64(n), 36)
+}
+
+// bridgePID is the pid of the run that made the bridge name ("ll" +
+// bridgeTag + "b"), if it is one of ours.
+func bridgePID(name string) (int, bool) {
+	tag, ok := strings.CutPrefix(name, "ll")
+	p, rest, ok2 := strings.Cut(tag, "_")
+	if !ok || !ok2 || !strings.HasSuffix(rest, "b") {
+		return 0, false
+	}
+	pid, err := strconv.ParseInt(p, 36, 32)
+	return int(pid), err == nil && pid > 0
 }
 
 func alive(pid int) bool {

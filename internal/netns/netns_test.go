@@ -256,3 +256,25 @@ func TestReapRemovesAKilledRun(t *testing.T) {
 		t.Fatalf("bridge %s still there after Reap", bridge)
 	}
 }
+
+// TestBridgePIDReadsBackEveryTag: the pid Reap reads from a bridge's name
+// is the one its tag was made with, also for pids whose base-36 digits
+// include an 'x' (23226 is "hx6": read as 17 before).
+func TestBridgePIDReadsBackEveryTag(t *testing.T) {
+	for _, pid := range []int{1, 23226, 4194304, 1<<22 - 1} {
+		for _, n := range []uint32{1, 33, 1295} {
+			name := "ll" + bridgeTag(pid, n) + "b"
+			if got, ok := bridgePID(name); !ok || got != pid {
+				t.Errorf("bridgePID(%q) = %d, %v; want %d", name, got, ok, pid)
+			}
+			if len(name) > 15 {
+				t.Errorf("%q is longer than an interface name may be", name)
+			}
+		}
+	}
+	for _, name := range []string{"llb", "ll_1b", "docker0", "llabc_1", "llzz_1x"} {
+		if pid, ok := bridgePID(name); ok {
+			t.Errorf("bridgePID(%q) = %d, want none of ours", name, pid)
+		}
+	}
+}
