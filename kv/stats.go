@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"fmt"
 	"sort"
 	"time"
 )
@@ -12,6 +13,9 @@ type Stats struct {
 	Sessions   int
 	Leases     int
 	SlotsInUse int
+	// Unpublished counts, per writer session ("instance@gen session N"),
+	// the slots held ALLOCATED, WRITING or SEALED: what a leak names.
+	Unpublished map[string]int
 
 	StaleRejects      uint64 // reads or changes through a stale reference
 	StaleDeletes      uint64 // compare-and-deletes refused for a stale generation
@@ -40,6 +44,12 @@ func (o *Owner) Stats() Stats {
 		sl := &o.slots[i]
 		st.ByState[sl.state.String()]++
 		st.Leases += len(sl.leases)
+		if sl.state == Allocated || sl.state == Writing || sl.state == Sealed {
+			if st.Unpublished == nil {
+				st.Unpublished = map[string]int{}
+			}
+			st.Unpublished[fmt.Sprintf("%s session %d", sl.writer, sl.session)]++
+		}
 	}
 	st.Sessions = len(o.sessions)
 	st.SlotsInUse = len(o.slots) - len(o.free)

@@ -3,6 +3,7 @@ package drill
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -158,6 +159,22 @@ func holding(ctx context.Context, c *Cluster) (leaks, error) {
 		l.pulls += int(st.KVTransfer.Stats.PullsInProgress)
 	}
 	return l, nil
+}
+
+// holders names, node by node, the writer sessions holding unpublished
+// slots: who a leak of slots belongs to.
+func holders(ctx context.Context, c *Cluster) string {
+	sts, err := c.Statuses(ctx)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, st := range sts {
+		if by, _ := st.Arena["unpublished_by_writer"].(map[string]any); len(by) > 0 {
+			out = append(out, fmt.Sprintf("%s: %v", st.NodeID, by))
+		}
+	}
+	return strings.Join(out, "; ")
 }
 
 // over is what l holds beyond base (a leak), field by field: holding

@@ -253,7 +253,7 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	}
 	Latencies(r, streams)
 	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: errors.Join(faultErrs...), base: base, left: left,
-		inFlight: inFlight, before: before, mid: mid, after: after})
+		inFlight: inFlight, before: before, mid: mid, after: after, heldBy: holders(ctx, c)})
 	return nil
 }
 
@@ -262,6 +262,7 @@ type soakEnd struct {
 	kills, stops, tokens, inFlight int
 	faultErr                       error
 	base, left                     leaks
+	heldBy                         string // who holds unpublished slots at the end
 	// before is after the warm-up, mid between the halves, after at
 	// the end.
 	before, mid, after processes
@@ -298,7 +299,7 @@ func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
 	ck.That(oc.Failed == 0, "%d streams failed %v (%v)", oc.Failed, oc.Errors, oc.FirstError)
 	ck.That(oc.Gaps == 0 && oc.Duplicates == 0, "%d tokens lost, %d duplicated", oc.Gaps, oc.Duplicates)
 	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical (%s)", oc.Identical, oc.Streams, oc.FirstDiff)
-	ck.That(left.over(base) == (leaks{}) && inFlight == 0, "left behind: %+v, %d in flight (before: %+v)", left, inFlight, base)
+	ck.That(left.over(base) == (leaks{}) && inFlight == 0, "left behind: %+v, %d in flight (before: %+v; unpublished slots held by %s)", left, inFlight, base, e.heldBy)
 	ck.That(after.ours <= mid.ours, "%v goroutines of lifeline's code more than between the halves (all: %v → %v; more of: %v)", after.ours-mid.ours, mid.by, after.by, moreGoroutines(mid, after))
 	ck.That(after.fds <= mid.fds, "%v descriptors more than between the halves (goroutines/descriptors: %v → %v; more goroutines of: %v)", after.fds-mid.fds, mid.by, after.by, moreGoroutines(mid, after))
 	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
