@@ -125,7 +125,9 @@ func TestOwnerFrozenMidStreamKeepsDecoding(t *testing.T) {
 	front := filepath.Join(dir, "front.sock")
 	fr := startFreezer(t, front, sock)
 
-	req := Request{Prompt: "Once upon a time there was a dog", MaxTokens: 800, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 77}}
+	// Long enough to outlast the freeze (4 × ttl) at the engine's speed:
+	// 800 tokens took ~1.4 s, barely more.
+	req := Request{Prompt: "Once upon a time there was a dog", MaxTokens: 1600, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 77}}
 	ref, err := NewEngine(Options{Preset: "small", WeightSeed: 1})
 	if err != nil {
 		t.Fatal(err)
