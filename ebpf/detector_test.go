@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/cgtest"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
 )
 
 // helperLeaderExit: the main thread exits alone (SYS_EXIT, not
@@ -220,10 +221,6 @@ func TestLeaderThreadExitIsNotTheProcessExit(t *testing.T) {
 // leaderIsZombie reports whether pid's main thread has exited while the
 // process lives on.
 func leaderIsZombie(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/stat", pid, pid))
-	if err != nil {
-		return false
-	}
-	_, after, ok := strings.Cut(string(b), ") ")
-	return ok && strings.HasPrefix(after, "Z")
+	state, err := procfs.TaskState(pid, pid)
+	return err == nil && state == 'Z'
 }

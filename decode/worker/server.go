@@ -140,7 +140,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := failpoint.Hit(FailAfterReady); err != nil {
 		return err
 	}
-	ctx, cancel := s.stopOnGroupAbort(ctx, ln)
+	ctx, cancel := s.stopOnEngineFailure(ctx, ln)
 	defer cancel(nil)
 	// Once every connection is done, nobody can attach to a detachable
 	// request any more: the engine ends after every sequence did.

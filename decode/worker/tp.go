@@ -28,13 +28,13 @@ func runFollower(ctx context.Context, opts Options, out io.Writer) error {
 	})
 }
 
-// stopOnGroupAbort returns ctx ended, as at SIGTERM, when rank 0's group
+// stopOnEngineFailure returns ctx ended, as at SIGTERM, when rank 0's group
 // is aborted (a rank died: the engine can compute nothing more), the
 // cause then errGroupAborted, or when the background hash pass found the
 // weights are not the cached revision's (the cause wraps
 // model.ErrRevisionChanged); either way the listener closes and the
 // detached requests stop.
-func (s *server) stopOnGroupAbort(ctx context.Context, ln *quic.Listener) (context.Context, context.CancelCauseFunc) {
+func (s *server) stopOnEngineFailure(ctx context.Context, ln *quic.Listener) (context.Context, context.CancelCauseFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	go func() {
 		select {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -23,6 +22,7 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 
@@ -380,18 +380,17 @@ func (c *Cluster) FreezeAgent(ctx context.Context, socket string) (*Freeze, erro
 // Stopped reports whether every thread of the frozen agent is stopped,
 // and otherwise the first that is not, with its state.
 func (f *Freeze) Stopped() (bool, string) {
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", f.PID))
+	tids, err := procfs.Tasks(f.PID)
 	if err != nil {
 		return false, err.Error()
 	}
-	for _, t := range tasks {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", f.PID, t.Name()))
+	for _, tid := range tids {
+		state, err := procfs.TaskState(f.PID, tid)
 		if err != nil {
 			continue // the thread exited
 		}
-		_, after, _ := strings.Cut(string(b), ") ")
-		if state, _, _ := strings.Cut(after, " "); state != "T" && state != "t" {
-			return false, fmt.Sprintf("thread %s in state %s", t.Name(), state)
+		if state != 'T' && state != 't' {
+			return false, fmt.Sprintf("thread %d in state %c", tid, state)
 		}
 	}
 	return true, ""

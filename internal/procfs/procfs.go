@@ -4,6 +4,7 @@
 package procfs
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -47,4 +48,34 @@ func Mentioning(s string) []Process {
 		}
 	}
 	return out
+}
+
+// TaskState is the state letter (R, S, D, T, t, Z…) of thread tid of
+// process pid, from /proc/pid/task/tid/stat (the field after the command
+// name, which may itself hold ") ").
+func TaskState(pid, tid int) (byte, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "task", strconv.Itoa(tid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndex(string(b), ") ")
+	if i < 0 || i+2 >= len(b) {
+		return 0, fmt.Errorf("procfs: malformed stat of task %d of %d", tid, pid)
+	}
+	return b[i+2], nil
+}
+
+// Tasks lists the thread ids of process pid.
+func Tasks(pid int) ([]int, error) {
+	entries, err := os.ReadDir(filepath.Join("/proc", strconv.Itoa(pid), "task"))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, e := range entries {
+		if tid, err := strconv.Atoi(e.Name()); err == nil {
+			out = append(out, tid)
+		}
+	}
+	return out, nil
 }
