@@ -118,10 +118,7 @@ func (x *run) prefixKeys(in Instance) []blockid.BlockKey {
 	if len(x.promptTokens) == 0 {
 		return nil // route tokenizes before it takes the router's lock
 	}
-	tokens := slices.Clone(x.promptTokens)
-	for _, t := range x.r.Output {
-		tokens = append(tokens, t.ID)
-	}
+	tokens := append(slices.Clone(x.promptTokens), x.r.Output.IDs()...)
 	keys := id.Chain(tokens, (len(tokens)-1)/id.BlockSize)
 	x.keys[*id] = keys
 	return keys

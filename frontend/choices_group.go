@@ -164,7 +164,7 @@ func (g *group) usage(rs []*Request) *sse.Usage {
 	u := &sse.Usage{}
 	for _, r := range rs {
 		if r != nil {
-			u.CompletionTokens += len(r.Output)
+			u.CompletionTokens += r.Output.Len()
 		}
 	}
 	for _, i := range g.firstOfPrompts() {
@@ -180,8 +180,8 @@ func (g *group) usage(rs []*Request) *sse.Usage {
 
 // serving is the instance that served r last.
 func serving(r *Request) string {
-	if n := len(r.Output); n > 0 {
-		return r.Output[n-1].instance
+	if r.Output.Len() > 0 {
+		return r.Output.lastInstance()
 	}
 	return r.Endpoint.InstanceID
 }
@@ -260,8 +260,8 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 		rs := make([]*Request, len(g.children))
 		var waits []chan struct{}
 		for i, st := range g.children {
-			toks, done, r, changed := st.snapshot(pos[i])
-			for _, t := range toks {
+			toks, done, r, changed := st.snapshot()
+			for t := range toks.From(pos[i]) {
 				pos[i] = t.SequenceNo
 				c := g.chunk(i, st.tokenChunk(t, &offsets[i]))
 				if sw.WriteChunkID(&c, sse.FormatPositions(pos)) != nil {
@@ -273,9 +273,9 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 				continue
 			}
 			rs[i] = r
-			if r.Err == nil && pos[i] <= len(r.Output) {
+			if r.Err == nil && pos[i] <= r.Output.Len() {
 				// One past the last token: this choice's finish is delivered.
-				pos[i] = len(r.Output) + 1
+				pos[i] = r.Output.Len() + 1
 				finish := st.finishReason(r)
 				c := g.chunk(i, st.chunk(st.endText(r), &finish, st.endSummary()))
 				if sw.WriteChunkID(&c, sse.FormatPositions(pos)) != nil {
@@ -380,11 +380,11 @@ func (g *group) writeCompletion(w http.ResponseWriter, rs []*Request) {
 		if i == 0 {
 			at = serving(r)
 		}
-		tokens += len(r.Output)
+		tokens += r.Output.Len()
 		st := g.children[i]
 		choices[i] = st.wholeChoice(r)
 		choices[i]["index"] = i
-		ll[i] = wholeLifeline{Lifeline: st.endSummary(), Tokens: len(r.Output)}
+		ll[i] = wholeLifeline{Lifeline: st.endSummary(), Tokens: r.Output.Len()}
 	}
 	out := map[string]any{"id": g.id, "object": "text_completion", "created": first.created, "model": first.body.Model,
 		"system_fingerprint": first.meta(at), "usage": g.usage(rs), "choices": choices,

@@ -196,7 +196,7 @@ func TestGroupMultiplex(t *testing.T) {
 	g.children[1].append(toks(2, "Y", "Z"))
 	g.children[0].append(toks(3, "c"))
 	for i, st := range g.children {
-		st.finish(&Request{State: Completed, FinishReason: "length", Output: append([]Token(nil), st.tokens...)}, sse.Lifeline{RequestID: st.id})
+		st.finish(&Request{State: Completed, FinishReason: "length", Output: st.tokens.view()}, sse.Lifeline{RequestID: st.id})
 		_ = i
 	}
 	var full bytes.Buffer

@@ -158,15 +158,12 @@ func (st *stream) renderLogprobs(toks []Token, offset int) *sse.Logprobs {
 // textOffset is the offset, in characters of the choice's text, of the
 // token after sequence number after (echo counts the prompt).
 func (st *stream) textOffset(after int) int {
-	toks, _, _, _ := st.snapshot(0)
+	toks, _, _, _ := st.snapshot()
 	n := 0
 	if st.body.Echo {
 		n = utf8.RuneCountInString(st.echoText())
 	}
-	for _, t := range toks[:min(after, len(toks))] {
-		n += utf8.RuneCountInString(t.Text)
-	}
-	return n
+	return n + utf8.RuneCount(toks.textOf(after))
 }
 
 // echoText is the prompt as echo prepends it: the text, or the token ids

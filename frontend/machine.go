@@ -18,8 +18,9 @@ type Dispatch struct {
 	Prefix []int
 }
 
-// Deliver asks for committed tokens to be written to the client.
-type Deliver struct{ Tokens []Token }
+// Deliver asks for the log's Tokens newest committed tokens to be written
+// to the client.
+type Deliver struct{ Tokens int }
 
 // Finish ends the request (FinishReason or Err set on the request).
 type Finish struct{}
@@ -237,11 +238,7 @@ func (r *Request) OnPullFailed(epoch, transferEpoch uint64, now time.Time) []Act
 }
 
 func (r *Request) dispatchDecode() []Action {
-	prefix := make([]int, len(r.Output))
-	for i, t := range r.Output {
-		prefix[i] = t.ID
-	}
-	return []Action{Dispatch{To: r.Endpoint, Epoch: r.Epoch, Prefix: prefix}}
+	return []Action{Dispatch{To: r.Endpoint, Epoch: r.Epoch, Prefix: r.Output.IDs()}}
 }
 
 func (r *Request) fail(typ ErrorType, msg string) []Action {
@@ -299,9 +296,8 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 			r.Gaps++
 			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
 		}
-		t := Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, instance: f.From.InstanceID}
-		r.Output = append(r.Output, t)
-		acts = append(acts, Deliver{Tokens: []Token{t}})
+		r.Output.add(Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, instance: f.From.InstanceID})
+		acts = append(acts, Deliver{Tokens: 1})
 	}
 	if f.FinishReason != "" {
 		r.Policy.Retries.Succeeded()

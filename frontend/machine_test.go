@@ -71,7 +71,7 @@ func TestMigrationContinuesAfterReceived(t *testing.T) {
 	if _, ok := has[Finish](r.OnFrame(f, t0)); !ok || r.State != Completed {
 		t.Fatal("not completed")
 	}
-	for i, tok := range r.Output {
+	for i, tok := range r.Output.Tokens() {
 		if tok.SequenceNo != i+1 {
 			t.Fatalf("output %d has sequence %d", i, tok.SequenceNo)
 		}

@@ -253,9 +253,9 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 	if r.Err != nil {
 		rec.ErrorType, rec.ErrorMessage = string(r.Err.Type), r.Err.Message
 	}
-	rec.Output = make([]schema.RecordToken, len(r.Output))
-	for i, t := range r.Output {
-		rec.Output[i] = schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()}
+	rec.Output = make([]schema.RecordToken, 0, r.Output.Len())
+	for t := range r.Output.From(0) {
+		rec.Output = append(rec.Output, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()})
 	}
 	if b, err := json.Marshal(end); err == nil {
 		raw := json.RawMessage(b)
@@ -267,6 +267,11 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 	if _, err := rc.cas(cctx, rs, rec, "complete"); err != nil {
 		rc.log.Warn("frontend: request record not completed", "request_id", st.id, "err", err)
 	}
+	// A done record is written no more, and its output is the stream's
+	// log: not held twice while the stream's readers finish.
+	rs.mu.Lock()
+	rs.rec.Output, rs.rec.End = nil, nil
+	rs.mu.Unlock()
 }
 
 // fitOutput is a done record within maxRecordBytes: without the output's

@@ -33,7 +33,7 @@ func (st *stream) tokenChunk(t Token, offset *int) sse.Chunk {
 // endText is the end chunk's text: the echoed prompt of a request that
 // produced no token (no token's chunk carried it), else "".
 func (st *stream) endText(r *Request) string {
-	if st.body.Echo && len(r.Output) == 0 {
+	if st.body.Echo && r.Output.Len() == 0 {
 		return st.echoText()
 	}
 	return ""
@@ -43,7 +43,7 @@ func (st *stream) endText(r *Request) string {
 // when its output is calls.
 func (st *stream) finishReason(r *Request) string {
 	if st.body.ToolCalls != nil && r.FinishReason == "stop" {
-		if _, ok := st.calls(r.Output); ok {
+		if _, ok := st.calls(r.Output.Tokens()); ok {
 			return "tool_calls"
 		}
 	}
@@ -93,11 +93,12 @@ func (st *stream) wholeChoice(r *Request) map[string]any {
 	if st.body.Echo {
 		text.WriteString(st.echoText())
 	}
-	for _, t := range r.Output {
+	output := r.Output.Tokens()
+	for _, t := range output {
 		text.WriteString(t.Text)
 	}
 	choice := map[string]any{"index": 0, "finish_reason": st.finishReason(r)}
-	if lp := st.renderLogprobs(r.Output, 0); lp != nil {
+	if lp := st.renderLogprobs(output, 0); lp != nil {
 		choice["logprobs"] = lp
 	}
 	if !st.chat {
@@ -105,7 +106,7 @@ func (st *stream) wholeChoice(r *Request) map[string]any {
 		return choice
 	}
 	msg := map[string]any{"role": "assistant", "content": text.String()}
-	if calls, ok := st.calls(r.Output); ok {
+	if calls, ok := st.calls(output); ok {
 		for i := range calls {
 			calls[i].Index = nil // a streamed chunk's field
 		}

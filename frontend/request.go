@@ -139,8 +139,8 @@ type Request struct {
 	// cancel); frames of an older epoch are dropped.
 	Epoch    uint64
 	Endpoint Endpoint
-	// Output holds the committed tokens: Output[i].SequenceNo == i+1.
-	Output     []Token
+	// Output holds the committed tokens: Output.At(i).SequenceNo == i+1.
+	Output     tokenLog
 	Migrations int
 	// FailedInstances lists every instance that failed this request, and
 	// FailedGenerations the generation it failed at: a migration never
@@ -197,4 +197,4 @@ func NewRequest(id string, prompt []int, maxTokens int, deadline time.Time, p Po
 
 // Received is the highest committed sequence number: migration resumes
 // after it.
-func (r *Request) Received() int { return len(r.Output) }
+func (r *Request) Received() int { return r.Output.Len() }

@@ -311,14 +311,14 @@ func (x *run) execDispatch(ctx context.Context, d Dispatch) []Action {
 func (x *run) execDeliver(d Deliver) {
 	x.overloaded = false
 	now := time.Now()
-	if x.r.PD != "" && len(x.r.Output) == len(d.Tokens) {
+	if x.r.PD != "" && x.r.Output.Len() == d.Tokens {
 		x.tl.markFirstToken(now)
 	}
 	if took, ok := x.tl.markRecovered(now); ok {
 		x.obs.recovered(took)
 	}
-	x.st.publish(x.r.Output)
-	x.s.metrics.tokens.Add(float64(len(d.Tokens)))
+	x.st.publish(x.r.Output.view())
+	x.s.metrics.tokens.Add(float64(d.Tokens))
 }
 
 // execPrefillFailed ends a failed prefill instance's part. Every way one
@@ -344,7 +344,7 @@ func (x *run) finish() {
 func (x *run) summary() sse.Lifeline {
 	r := x.r
 	l := sse.Lifeline{RequestID: r.ID, Migrations: r.Migrations, KVReusedPositions: r.ReusedPositions, LastMigration: x.tl.lastMigration(),
-		ToolCalls: callIDs(r.ID, x.body.ToolCalls, r.Output)}
+		ToolCalls: callIDs(r.ID, x.body.ToolCalls, r.Output.Tokens())}
 	if r.PD != "" {
 		l.PD, l.KVTransferBytes, l.PDTimelineMs = r.PD, r.TransferBytes, x.tl.pdMs()
 	}

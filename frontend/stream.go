@@ -21,7 +21,7 @@ type stream struct {
 	resumable bool
 
 	mu     sync.Mutex
-	tokens []Token
+	tokens tokenLog // a view of the request's Output (publish)
 	done   bool
 	r      *Request     // read under mu once done
 	end    sse.Lifeline // the request's summary, set once done
@@ -71,21 +71,13 @@ func newStream(id string, body CompletionRequest, chat, resumable bool, cancel c
 		created: time.Now().Unix()}
 }
 
-func (st *stream) append(toks []Token) {
+// publish makes the log out, the request's output so far: a view of it
+// (tokenLog.view). The machine's Output only ever grows (a token in it
+// never changes), so the log shares it rather than holding a second copy
+// of every token.
+func (st *stream) publish(out tokenLog) {
 	st.mu.Lock()
-	st.tokens = append(st.tokens, toks...)
-	close(st.changed)
-	st.changed = make(chan struct{})
-	st.mu.Unlock()
-}
-
-// publish makes the log out, the request's output so far. The machine's
-// Output only ever grows (a token in it never changes), so the log shares
-// it rather than holding a second copy of every token; its capacity is
-// cut to its length, so that nothing appends into what a reader holds.
-func (st *stream) publish(out []Token) {
-	st.mu.Lock()
-	st.tokens = out[:len(out):len(out)]
+	st.tokens = out
 	close(st.changed)
 	st.changed = make(chan struct{})
 	st.mu.Unlock()
@@ -141,15 +133,13 @@ func (st *stream) state() (done bool, r *Request, changed chan struct{}) {
 	return st.done, st.r, st.changed
 }
 
-// snapshot is the log after sequence number after: the tokens, whether it
-// is done (and the request then), and the signal of its next change.
-func (st *stream) snapshot(after int) (toks []Token, done bool, r *Request, changed chan struct{}) {
+// snapshot is the log: its tokens so far, whether it is done (and the
+// request then), and the signal of its next change.
+func (st *stream) snapshot() (toks tokenLog, done bool, r *Request, changed chan struct{}) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	// No copy: the log only grows, and what is in it never changes.
-	n := len(st.tokens)
-	toks = st.tokens[min(after, n):n:n]
-	return toks, st.done, st.r, st.changed
+	return st.tokens, st.done, st.r, st.changed
 }
 
 // awaitStart waits until a worker has sent the request's first token, or
@@ -160,11 +150,11 @@ func (st *stream) snapshot(after int) (toks []Token, done bool, r *Request, chan
 // 400, never an error event after a 200.
 func (st *stream) awaitStart(ctx context.Context) (*RequestError, bool) {
 	for {
-		toks, done, r, changed := st.snapshot(0)
-		if done && r.Err != nil && len(r.Output) == 0 {
+		toks, done, r, changed := st.snapshot()
+		if done && r.Err != nil && r.Output.Len() == 0 {
 			return r.Err, true
 		}
-		if done || len(toks) > 0 {
+		if done || toks.Len() > 0 {
 			return nil, true
 		}
 		select {
@@ -221,15 +211,16 @@ func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Fl
 	}
 	next, offset := from+1, -1
 	for {
-		toks, done, r, changed := st.snapshot(next - 1)
-		for _, t := range toks {
+		toks, done, r, changed := st.snapshot()
+		wrote := false
+		for t := range toks.From(next - 1) {
 			c := st.tokenChunk(t, &offset)
 			if err := sw.WriteChunk(&c); err != nil {
 				return false
 			}
-			next = t.SequenceNo + 1
+			next, wrote = t.SequenceNo+1, true
 		}
-		if flusher != nil && len(toks) > 0 {
+		if flusher != nil && wrote {
 			flusher.Flush()
 		}
 		if done {
@@ -284,7 +275,7 @@ func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
 		c := st.chunk(st.endText(r), &finish, st.endSummary())
 		sw.WriteChunk(&c)
 		if st.body.StreamOptions.IncludeUsage {
-			c.Usage = st.usage(len(r.Output))
+			c.Usage = st.usage(r.Output.Len())
 			sw.WriteUsage(&c)
 		}
 	}
@@ -321,13 +312,13 @@ func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
 		writeRequestErrorFor(w, r.Err, &st.body)
 		return
 	}
-	ll := wholeLifeline{Lifeline: st.endSummary(), Tokens: len(r.Output)}
+	ll := wholeLifeline{Lifeline: st.endSummary(), Tokens: r.Output.Len()}
 	serving := r.Endpoint.InstanceID
-	if n := len(r.Output); n > 0 {
-		serving = r.Output[n-1].instance
+	if r.Output.Len() > 0 {
+		serving = r.Output.lastInstance()
 	}
 	out := map[string]any{"id": r.ID, "object": "text_completion", "created": st.created, "model": st.body.Model,
-		"system_fingerprint": st.meta(serving), "usage": st.usage(len(r.Output)), "lifeline": ll}
+		"system_fingerprint": st.meta(serving), "usage": st.usage(r.Output.Len()), "lifeline": ll}
 	if st.chat {
 		out["object"] = "chat.completion"
 	}

@@ -55,14 +55,25 @@ func TestTimeline(t *testing.T) {
 	}
 }
 
+// append adds toks to st's log, as a run's publish of a grown log does.
+func (st *stream) append(toks []Token) {
+	st.mu.Lock()
+	for _, t := range toks {
+		st.tokens.add(t)
+	}
+	close(st.changed)
+	st.changed = make(chan struct{})
+	st.mu.Unlock()
+}
+
 // finished is a stream whose request completed with two tokens after a
 // migration and a P/D hand-off.
 func finished(chat bool) *stream {
 	st := newStream("cmpl-1", CompletionRequest{Model: "m"}, chat, false, func(error) {})
 	r := NewRequest("cmpl-1", []int{1}, 2, time.Time{}, DefaultPolicy, t0)
-	r.Output = []Token{{SequenceNo: 1, ID: 7, Text: " a", instance: "d0"}, {SequenceNo: 2, ID: 8, Text: " b", instance: "d1"}}
+	r.Output = logOf([]Token{{SequenceNo: 1, ID: 7, Text: " a", instance: "d0"}, {SequenceNo: 2, ID: 8, Text: " b", instance: "d1"}})
 	r.State, r.FinishReason, r.Migrations, r.PD = Completed, "length", 1, "same_node"
-	st.append(r.Output)
+	st.publish(r.Output.view())
 	x := &run{r: r}
 	x.tl.migrating(t0)
 	x.tl.markRecovered(t0.Add(time.Millisecond))

@@ -188,8 +188,8 @@ func textToks(texts ...string) []Token {
 func finishedWith(id string, body CompletionRequest, chat bool, output []Token, reason string) *stream {
 	st := newStream(id, body, chat, false, func(error) {})
 	r := NewRequest(id, []int{1}, 64, time.Time{}, DefaultPolicy, t0)
-	r.Output, r.State, r.FinishReason = output, Completed, reason
-	st.append(output)
+	r.Output, r.State, r.FinishReason = logOf(output), Completed, reason
+	st.publish(r.Output.view())
 	x := &run{r: r, body: body}
 	st.finish(r, x.summary())
 	return st

@@ -134,10 +134,10 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 		r.State, r.Err = Failed, &RequestError{Type: ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
 	}
 	for i, t := range rec.Output {
-		r.Output = append(r.Output, Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
+		r.Output.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
 	}
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
-	st.append(r.Output)
+	st.publish(r.Output.view())
 	st.finish(r, end)
 	return st, nil
 }

@@ -101,9 +101,9 @@ func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher ht
 	offset := -1
 	fed := 0
 	for {
-		toks, done, r, changed := st.snapshot(fed)
+		toks, done, r, changed := st.snapshot()
 		wrote := false
-		for _, t := range toks {
+		for t := range toks.From(fed) {
 			fed = t.SequenceNo
 			calls := sc.feed(t.Text)
 			held = append(held, t)

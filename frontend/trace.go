@@ -155,7 +155,7 @@ func (t *reqTrace) finished(r *Request) {
 	end(&t.transfer, why)
 	end(&t.migration, why)
 	end(&t.decode, why)
-	t.root.SetAttributes(attribute.Int("output_tokens", len(r.Output)), attribute.Int("migrations", r.Migrations),
+	t.root.SetAttributes(attribute.Int("output_tokens", r.Output.Len()), attribute.Int("migrations", r.Migrations),
 		attribute.String("finish_reason", r.FinishReason), attribute.Int("kv_reused_positions", r.ReusedPositions))
 	end(&t.root, why)
 }
