@@ -140,6 +140,21 @@ func measureEngine(m *model.Model, tokens int) (engineFigures, error) {
 		sratios = append(sratios, b1*f.weightMB/1e3/st)
 		bratios = append(bratios, b16/b1)
 	}
+	// LIFELINE_BENCH_ENGINE_CPUPROFILE=prefix: CPU profiles of a second
+	// of batch-1 and of batch-16 decodes, into
+	// prefix-d<dim>-v<vocabulary>-b<batch>.pb.gz.
+	if prefix := os.Getenv("LIFELINE_BENCH_ENGINE_CPUPROFILE"); prefix != "" {
+		for _, batch := range []int{1, 16} {
+			stop := startCPUProfile(fmt.Sprintf("%s-d%d-v%d-b%d.pb.gz", prefix, c.Dim, c.VocabSize, batch))
+			for start := time.Now(); time.Since(start) < time.Second; {
+				if _, err := decodeThroughput(m, batch, tokens); err != nil {
+					stop()
+					return f, err
+				}
+			}
+			stop()
+		}
+	}
 	f.b1, f.b16, f.streamGBs = median(b1s), median(b16s), median(streams)
 	f.decodeGBs = f.b1 * f.weightMB / 1e3
 	f.streamRatio, f.batchRatio = median(sratios), median(bratios)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"syscall"
 	"time"
@@ -70,6 +71,59 @@ func newBenchOwner(slots, payload int) (*benchOwner, error) {
 	return &benchOwner{owner: o, dir: dir, stop: func() { o.Close(); os.Remove(arena); os.RemoveAll(dir) }}, nil
 }
 
+// profilePublish (LIFELINE_BENCH_KV_CPUPROFILE) writes a CPU profile
+// of 400 steps of 28 blocks (writer and owner are this one process) to
+// path, on an arena of its own with room for every block (a published
+// block stays in the arena).
+func profilePublish(path string, m *model.Model, layout kvcache.Layout) error {
+	const steps, perStep = 400, 28
+	node, err := startKVNode(steps*perStep+512, layout.BlockBytes())
+	if err != nil {
+		return err
+	}
+	defer node.stop()
+	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-profile", Gen: 1})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	cache, err := kv.NewCache(client, layout, decode.BlockIdentity(m, tokenizer.NewBuiltin(), layout), steps*perStep+256)
+	if err != nil {
+		return err
+	}
+	cache.PoolIdle = time.Hour
+	cache.Prepare(true)
+	for slot := 0; slot < steps*perStep+512; slot++ { // first writes to the mapping's pages, as in runKVBench
+		clear(cache.Arena().Payload(slot))
+	}
+	src, base := make([]float32, layout.BlockFloats()), 1_000_000
+	stop := startCPUProfile(path)
+	per, _, err := publishSteps(cache, src, &base, perStep, steps, perStep)
+	stop()
+	fmt.Fprintf(os.Stderr, "bench: profiled %d steps of %d blocks: %v per block\n", steps, perStep, per)
+	return err
+}
+
+// startCPUProfile profiles this process into path until the returned
+// function is called; nothing when path is "".
+func startCPUProfile(path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		err = pprof.StartCPUProfile(f)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench: profile:", err)
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
+}
+
 func timeIt(f func()) time.Duration {
 	start := time.Now()
 	f()
@@ -119,6 +173,11 @@ func runKVBench() error {
 	pub, err := measurePublish(cache, layout)
 	if err != nil {
 		return err
+	}
+	if path := os.Getenv("LIFELINE_BENCH_KV_CPUPROFILE"); path != "" {
+		if err := profilePublish(path, m, layout); err != nil {
+			return err
+		}
 	}
 	// The handoff below acquires blocks the writer published: publish them
 	// (a step of 28 and then single blocks) and keep them.

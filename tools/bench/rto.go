@@ -50,6 +50,7 @@ func runRTOBench(kills int) error {
 	for id, r := range c.regs {
 		gens[id] = r.Generation
 	}
+	phases := map[string][]time.Duration{} // of the reuse runs: kill → each step of the migration
 	measure := func(url, mode string) (rto []time.Duration, reused []float64, err error) {
 		for k := 0; k < kills; k++ {
 			body, _ := json.Marshal(map[string]any{"model": "small", "prompt": longPrompt(fmt.Sprintf("%s run %d", mode, k), promptTokens),
@@ -78,6 +79,11 @@ func runRTOBench(kills int) error {
 				case 0:
 					if l.Migrations > 0 {
 						reused = append(reused, float64(l.KVReusedPositions))
+						if mode == "reuse" {
+							for step, ns := range l.LastMigration {
+								phases[step] = append(phases[step], time.Unix(0, ns).Sub(killed))
+							}
+						}
 					}
 				}
 			}
@@ -107,5 +113,34 @@ func runRTOBench(kills int) error {
 	fmt.Printf("| KV reuse (pulled from the dead worker's node: peers dialled ahead of need, bytes over the data path) | %v | %v | %.0f |\n", pct(reuseRTO, 50), pct(reuseRTO, 99), median(reuseKV))
 	fmt.Printf("| recompute (`--no-kv-pull`) | %v | %v | %.0f |\n", pct(recomputeRTO, 50), pct(recomputeRTO, 99), median(recomputeKV))
 	fmt.Printf("| recompute / reuse | **%.1f×** | %.1f× | |\n\n", float64(pct(recomputeRTO, 50))/float64(pct(reuseRTO, 50)), float64(pct(recomputeRTO, 99))/float64(pct(reuseRTO, 99)))
+	printRTOPhases(phases)
 	return nil
+}
+
+// printRTOPhases is where a reuse run's recovery time goes: from the kill
+// to each step of the migration as the frontend timed it (its end chunk's
+// last_migration), and the steps' own durations.
+func printRTOPhases(phases map[string][]time.Duration) {
+	steps := []struct{ key, what string }{
+		{"failure_seen_unix_ns", "the frontend sees the failure (stream reset, death notice)"},
+		{"routed_unix_ns", "routed to another instance"},
+		{"dispatched_unix_ns", "the new worker took the request (its prefix pulled or computed)"},
+		{"first_token_unix_ns", "its first token at the frontend"},
+	}
+	fmt.Printf("| KV reuse: kill → step | p50 | p99 | step alone p50 | step alone p99 |\n|---|---|---|---|---|\n")
+	var prev []time.Duration
+	for _, s := range steps {
+		at := phases[s.key]
+		var alone []time.Duration
+		for i := range at {
+			if i < len(prev) {
+				alone = append(alone, at[i]-prev[i])
+			} else {
+				alone = append(alone, at[i])
+			}
+		}
+		fmt.Printf("| %s | %v | %v | %v | %v |\n", s.what, pct(at, 50), pct(at, 99), pct(alone, 50), pct(alone, 99))
+		prev = at
+	}
+	fmt.Println()
 }
