@@ -124,8 +124,8 @@ func printRTOPhases(phases map[string][]time.Duration) {
 	steps := []struct{ key, what string }{
 		{"failure_seen_unix_ns", "the frontend sees the failure (stream reset, death notice)"},
 		{"routed_unix_ns", "routed to another instance"},
-		{"dispatched_unix_ns", "the new worker took the request (its prefix pulled or computed)"},
-		{"first_token_unix_ns", "its first token at the frontend"},
+		{"dispatched_unix_ns", "the new worker took the request"},
+		{"first_token_unix_ns", "its first token at the frontend (its prefix pulled, the rest computed, a token decoded)"},
 	}
 	fmt.Printf("| KV reuse: kill → step | p50 | p99 | step alone p50 | step alone p99 |\n|---|---|---|---|---|\n")
 	var prev []time.Duration
