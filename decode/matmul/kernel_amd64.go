@@ -19,7 +19,24 @@ var avx2Kernels = kernels{
 	dot1x4: dot1x4AVX2,
 	axpy:   axpyAVX2,
 	sum:    sumAVX2,
+
+	siluMul:  siluMulAVX2,
+	expSum:   expSumAVX2,
+	divMax:   divMaxAVX2,
+	axpyRows: axpyRowsAVX2,
 }
+
+//go:noescape
+func siluMulAVX2(a, b *float32, n8 uintptr)
+
+//go:noescape
+func expSumAVX2(p *float32, shift float32, n8 uintptr) float32
+
+//go:noescape
+func divMaxAVX2(p *float32, d float32, n8 uintptr) float32
+
+//go:noescape
+func axpyRowsAVX2(dst, a, v *float32, vstride, rows, n8 uintptr)
 
 //go:noescape
 func dot8x3AVX512(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uintptr, out *float32, ostride uintptr, pf *float32)

@@ -63,6 +63,11 @@ var genericKernels = kernels{
 	dot1x4: dot1x4Generic,
 	axpy:   axpyGeneric,
 	sum:    sumGeneric,
+
+	siluMul:  siluMulGeneric,
+	expSum:   expSumGeneric,
+	divMax:   divMaxGeneric,
+	axpyRows: axpyRowsGeneric,
 }
 
 func sumGeneric(p *float32, n32 uintptr) float32 {

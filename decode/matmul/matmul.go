@@ -23,6 +23,11 @@ type kernels struct {
 	// tail) and prefetches pf, the next four rows.
 	dot1x4 func(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
 	axpy   func(dst *float32, a float32, x *float32, n8 uintptr)
+	// The elementwise kernels (elementwise.go) over 8*n8 floats.
+	siluMul  func(a, b *float32, n8 uintptr)
+	expSum   func(p *float32, shift float32, n8 uintptr) float32
+	divMax   func(p *float32, d float32, n8 uintptr) float32
+	axpyRows func(dst, a, v *float32, vstride, rows, n8 uintptr)
 	// sum reads 32 floats per step: the read-bandwidth baseline.
 	sum func(p *float32, n32 uintptr) float32
 }

@@ -23,7 +23,7 @@ var ErrUnknownPreset = errors.New("model: unknown preset")
 var ErrBadConfig = errors.New("model: bad config")
 
 // EngineVersion changes whenever Forward changes its arithmetic.
-const EngineVersion = "lifeline-ref/v1"
+const EngineVersion = "lifeline-ref/v2"
 
 // Config is the shape of a model.
 type Config struct {
@@ -106,7 +106,8 @@ func PresetConfig(name string) (Config, error) {
 // arithmetic, tensor parallelism, dtype and the kernel set. Bit-exact
 // continuation is promised only between instances with equal ids.
 //
-// The architecture is in it because math.Exp (softmax, SwiGLU) is assembly
-// on amd64 and arm64 and Go elsewhere, and on amd64 takes an FMA path only
-// when the CPU has FMA.
+// The architecture is in it because math.Exp (the sampler's probabilities)
+// is assembly on amd64 and arm64 and Go elsewhere, and on amd64 takes an
+// FMA path only when the CPU has FMA. Forward's own exponentials (softmax,
+// SwiGLU) are matmul.Exp, the same bits on every CPU.
 func NumericsID() string { return NumericsIDFor(1) }

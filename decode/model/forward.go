@@ -307,11 +307,7 @@ func (m *Model) outputHead(ws *Workspace, in []Input) {
 }
 
 // swiglu sets a[i] = silu(a[i]) * b[i].
-func swiglu(a, b []float32) {
-	for i, h := range a {
-		a[i] = float32(h/float32(1+math.Exp(float64(-h)))) * b[i]
-	}
-}
+func swiglu(a, b []float32) { matmul.SiLUMul(a, b) }
 
 func addInto(dst, src []float32) {
 	for i := range dst {
@@ -394,22 +390,17 @@ func (m *Model) attendOne(out, q, scores []float32, store kvcache.Store, inp Inp
 			cnt := min(bs, n-b*bs)
 			matmul.DotRows(scores[b*bs:b*bs+cnt], qh, blk[layout.KeyOffset(l, 0)+kvOff:], kvDim)
 		}
-		maxv := scores[0] / scale
-		for i := range scores {
-			scores[i] /= scale
-			maxv = max(maxv, scores[i])
-		}
-		var sum float32
-		for i, s := range scores {
-			e := float32(math.Exp(float64(s - maxv)))
-			scores[i] = e
-			sum += e
-		}
+		maxv := matmul.DivMax(scores, scale)
+		sum := matmul.SoftmaxExp(scores, maxv)
+		matmul.DivMax(scores, sum)
+		// The weighted sum of the value rows, a block's rows at a time
+		// (each in position order, as one Axpy per position).
 		oh := out[h*hs : (h+1)*hs]
 		clear(oh)
-		for p := 0; p < n; p++ {
-			blk := store.Block(inp.Blocks[p/bs])
-			matmul.Axpy(oh, scores[p]/sum, blk[layout.ValueOffset(l, p%bs)+kvOff:][:hs])
+		for b := 0; b*bs < n; b++ {
+			blk := store.Block(inp.Blocks[b])
+			cnt := min(bs, n-b*bs)
+			matmul.AxpyRows(oh, scores[b*bs:b*bs+cnt], blk[layout.ValueOffset(l, 0)+kvOff:], kvDim)
 		}
 	}
 	return scores
