@@ -67,7 +67,9 @@ func TestSiLUMulIsSiLU(t *testing.T) {
 var specials = []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-30, 87, -87, 88.8, -88.8, 100, -100, 1e30, -1e30,
 	float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()), math.SmallestNonzeroFloat32, -math.SmallestNonzeroFloat32}
 
-func sameBits(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) || (a != a && b != b) }
+func sameBits(a, b float32) bool {
+	return math.Float32bits(a) == math.Float32bits(b) || (a != a && b != b)
+}
 
 // elementwiseInputs are random vectors of every length up to 70 and a few
 // long ones, with the specials scattered in.
