@@ -41,7 +41,10 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 	if err != nil {
 		return err
 	}
-	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens/2, 8), Seed: cfg.Seed, Tag: "6"})
+	// Streams long enough that one a victim has just begun is still under
+	// way when its link goes down (cutting it takes a few commands): the
+	// engine's speed must not decide whether anything moves.
+	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens, 16), Seed: cfg.Seed, Tag: "6"})
 	defer l.Close()
 	if err := l.Reference(ctx); err != nil {
 		return err
@@ -170,7 +173,9 @@ func (c *Cluster) isolate(ctx context.Context, l *Load, r *Recorder, socket stri
 	for _, v := range victims {
 		victim[v.InstanceID] = true
 	}
-	serving := l.FirstToken(func(t Tok) bool { return victim[t.Instance] })
+	// The cut comes at a stream's first or second token on a victim, so
+	// that the stream has most of its tokens ahead of it.
+	serving := l.FirstToken(func(t Tok) bool { return victim[t.Instance] && t.Seq <= 2 })
 	rounds := l.CountRounds()
 	stop := l.Steady(ctx)
 	defer func() {

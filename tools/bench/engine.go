@@ -26,6 +26,11 @@ type engineFigures struct {
 	streamGBs        float64 // read-only stream over as many bytes
 	streamRatio      float64 // median over pairs of decode ÷ stream
 	batchRatio       float64 // median over pairs of batch 16 ÷ batch 1
+	// Where batch 1's share of the stream goes, each ÷ the stream of the
+	// same round: the batch-1 kernel alone (one product over as many
+	// bytes), then a step's products alone (every weight matrix in a
+	// step's order, each its own parallel call, nothing between them).
+	kernelRatio, chainRatio float64
 }
 
 // engineRounds is how many back-to-back pairs each ratio is the median of.
@@ -125,7 +130,7 @@ func measureEngine(m *model.Model, tokens int) (engineFigures, error) {
 	for i := range buf {
 		buf[i] = float32(i % 251)
 	}
-	var b1s, b16s, streams, sratios, bratios []float64
+	var b1s, b16s, streams, sratios, bratios, kratios, cratios []float64
 	for range engineRounds {
 		b1, err := decodeThroughput(m, 1, tokens)
 		if err != nil {
@@ -139,6 +144,8 @@ func measureEngine(m *model.Model, tokens int) (engineFigures, error) {
 		b1s, b16s, streams = append(b1s, b1), append(b16s, b16), append(streams, st)
 		sratios = append(sratios, b1*f.weightMB/1e3/st)
 		bratios = append(bratios, b16/b1)
+		kratios = append(kratios, kernelGBs(buf, c.Dim)/st)
+		cratios = append(cratios, productsGBs(m)/st)
 	}
 	// LIFELINE_BENCH_ENGINE_CPUPROFILE=prefix: CPU profiles of a second
 	// of batch-1 and of batch-16 decodes, into
@@ -158,6 +165,7 @@ func measureEngine(m *model.Model, tokens int) (engineFigures, error) {
 	f.b1, f.b16, f.streamGBs = median(b1s), median(b16s), median(streams)
 	f.decodeGBs = f.b1 * f.weightMB / 1e3
 	f.streamRatio, f.batchRatio = median(sratios), median(bratios)
+	f.kernelRatio, f.chainRatio = median(kratios), median(cratios)
 	n := min(prefillLen, c.ContextLen-1)
 	var err error
 	f.prefill, err = median3(func() (float64, error) { return prefillThroughput(m, n) })
@@ -175,6 +183,53 @@ func streamGBs(buf []float32) float64 {
 		iters++
 	}
 	return float64(len(buf)*4*iters) / time.Since(start).Seconds() / 1e9
+}
+
+// rate runs f for a while and returns bytes per call over the time per
+// call, in GB/s.
+func rate(bytes int, f func()) float64 {
+	f()
+	iters := 0
+	start := time.Now()
+	for time.Since(start) < 200*time.Millisecond {
+		f()
+		iters++
+	}
+	return float64(bytes*iters) / time.Since(start).Seconds() / 1e9
+}
+
+// kernelGBs is the batch-1 product alone: buf as one matrix of rows of
+// dim, times one activation vector, in one parallel call.
+func kernelGBs(buf []float32, dim int) float64 {
+	rows := len(buf) / dim
+	x, out := make([]float32, dim), make([]float32, rows)
+	return rate(rows*dim*4, func() { matmul.MatMul(out, x, 1, buf[:rows*dim], rows, dim) })
+}
+
+// productsGBs is a batch-1 step's products alone: each layer's as the
+// engine groups them (Q/K/V in one call, Wo, W1/W3 in one call, W2), then
+// the classifier, with nothing between them.
+func productsGBs(m *model.Model) float64 {
+	c := m.Config
+	kv, h := c.KVDim(), c.HiddenDim
+	x, xh := make([]float32, max(c.Dim, h)), make([]float32, h)
+	q, k, v, o := make([]float32, c.Dim), make([]float32, kv), make([]float32, kv), make([]float32, c.Dim)
+	h1, h3, logits := make([]float32, h), make([]float32, h), make([]float32, c.VocabSize)
+	return rate(streamedBytes(c)-(c.Layers*2+1)*c.Dim*4, func() {
+		for i := range m.W.Layers {
+			l := &m.W.Layers[i]
+			matmul.MatMuls(x[:c.Dim], 1, c.Dim,
+				matmul.Product{Out: q, W: l.Wq, M: c.Dim},
+				matmul.Product{Out: k, W: l.Wk, M: kv},
+				matmul.Product{Out: v, W: l.Wv, M: kv})
+			matmul.MatMul(o, x[:c.Dim], 1, l.Wo, c.Dim, c.Dim)
+			matmul.MatMuls(x[:c.Dim], 1, c.Dim,
+				matmul.Product{Out: h1, W: l.W1, M: h},
+				matmul.Product{Out: h3, W: l.W3, M: h})
+			matmul.MatMul(o, xh, 1, l.W2, c.Dim, h)
+		}
+		matmul.MatMul(logits, x[:c.Dim], 1, m.W.Classifier, c.VocabSize, c.Dim)
+	})
 }
 
 // median is v's median (0 for none).
@@ -212,4 +267,6 @@ func printEngineTable(models []engineModel, figs []engineFigures) {
 	row("batch 1: weight bytes read per second, GB/s", func(f engineFigures) string { return fmt.Sprintf("%.1f", f.decodeGBs) })
 	row("read-only stream over as many bytes (same run), GB/s", func(f engineFigures) string { return fmt.Sprintf("%.1f", f.streamGBs) })
 	row("batch-1 decode ÷ read stream", func(f engineFigures) string { return fmt.Sprintf("%.0f%%", 100*f.streamRatio) })
+	row("of which: batch-1 kernel alone (one product over as many bytes) ÷ read stream", func(f engineFigures) string { return fmt.Sprintf("%.0f%%", 100*f.kernelRatio) })
+	row("of which: a step's products alone (each its own parallel call, nothing between) ÷ read stream", func(f engineFigures) string { return fmt.Sprintf("%.0f%%", 100*f.chainRatio) })
 }
