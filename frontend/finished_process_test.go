@@ -78,10 +78,22 @@ func TestMigrationOfAFinishedRequestFinishes(t *testing.T) {
 			if err := tc.check(text.String()); err != nil {
 				t.Fatal(err)
 			}
-			for _, tok := range toks {
-				if tok.Instance != first {
-					t.Fatalf("a token came from %s after %s died: the continuation generated", tok.Instance, first)
+			// The failpoint kills every worker that generated a token here
+			// before its finish frame, so the worker that finished the
+			// request generated nothing. Tokens from another instance mean
+			// that the first one's last frames died with it, queued but not
+			// yet sent (a loaded machine): the next worker generated them
+			// again and was killed before its finish in turn, so the
+			// request must have moved at least twice.
+			for i, tok := range toks {
+				if tok.Instance == first {
+					continue
 				}
+				if m, _ := ll["migrations"].(float64); m < 2 {
+					t.Fatalf("a token came from %s after %s died and the request moved only %v times: the continuation that finished generated", tok.Instance, first, m)
+				}
+				t.Logf("tokens %d.. came from %s: %s's last frames were lost with it", i+1, tok.Instance, first)
+				break
 			}
 			// The killed worker is back (a new generation) before the next
 			// case.
