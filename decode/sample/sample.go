@@ -86,7 +86,17 @@ type Sampler struct {
 	keys   []uint64
 	cand   []candidate
 	counts map[int]int
+	// Parallel, when set, runs f(0) … f(n-1), each once, on several
+	// goroutines: a draw over a large vocabulary computes its weights in
+	// parts on them (each weight is computed alone; the sum stays in id
+	// order), which changes no bit of the result.
+	Parallel func(n int, f func(part int))
 }
+
+// parallelDraw is the vocabulary from which a draw over every id splits
+// its weights across Parallel: 32,000 float64 exponentials are a large
+// part of a batch-1 token.
+const parallelDraw = 8192
 
 // orderKey sorts ascending as (logit descending, id ascending). Logits are
 // compared at float32 precision; ties at that precision fall to the id, so
@@ -142,7 +152,7 @@ func (s *Sampler) sample(l []float64, p Params, history []int, position uint64) 
 		return argmax(l)
 	}
 	if p.TopK == 0 && (p.TopP == 0 || p.TopP == 1) {
-		return drawAll(l, p, position)
+		return s.drawAll(l, p, position)
 	}
 	c := s.ranked(l)
 	if p.TopK > 0 && p.TopK < len(c) {
@@ -203,15 +213,26 @@ func argmax(l []float64) int {
 
 // drawAll draws over every id in id order when nothing is cut off, so no
 // sort is needed. It overwrites l with the unnormalised weights.
-func drawAll(l []float64, p Params, position uint64) int {
+func (s *Sampler) drawAll(l []float64, p Params, position uint64) int {
 	top := l[0]
 	for _, v := range l {
 		top = max(top, v)
 	}
+	weigh := func(lo, hi int) {
+		for i := lo; i < hi; i++ {
+			l[i] = math.Exp((l[i] - top) / p.Temperature)
+		}
+	}
+	if s.Parallel != nil && len(l) >= parallelDraw {
+		const parts = 4
+		chunk := (len(l) + parts - 1) / parts
+		s.Parallel(parts, func(part int) { weigh(min(part*chunk, len(l)), min((part+1)*chunk, len(l))) })
+	} else {
+		weigh(0, len(l))
+	}
 	var sum float64
-	for i, v := range l {
-		l[i] = math.Exp((v - top) / p.Temperature)
-		sum += l[i]
+	for _, w := range l {
+		sum += w
 	}
 	u := Uniform(p.Seed, position) * sum
 	var cum float64

@@ -188,8 +188,14 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []pick {
 		}
 	}
 	if workers == 1 {
-		sampleFrom(0) // small batches: no goroutine per step
+		// Small batches: no goroutine per step, but a large vocabulary's
+		// weights are computed on every core.
+		s.samplers[0].Parallel = matmul.Parallel
+		sampleFrom(0)
 		return picks
+	}
+	for _, sm := range s.samplers[:workers] {
+		sm.Parallel = nil // already one per core
 	}
 	matmul.Parallel(workers, sampleFrom)
 	return picks
