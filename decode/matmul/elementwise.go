@@ -50,10 +50,6 @@ func expNeg(x float32) float32 {
 	return float32(y * math.Float32frombits(uint32(int32(fx)+127)<<23))
 }
 
-// Exp returns e^x for x ≤ 0 (larger x are taken as 0, x below -87 as -87)
-// with the rounding of every kernel in this package.
-func Exp(x float32) float32 { return expNeg(x) }
-
 // silu is h·σ(h) from e = e^-|h|, which never overflows: h/(1+e) for h ≥ 0,
 // h·e/(1+e) below.
 func silu(h float32) float32 {

@@ -3,6 +3,7 @@ package matmul
 import (
 	"math"
 	"math/rand/v2"
+	"os"
 	"testing"
 )
 
@@ -16,7 +17,7 @@ func ulps(got float32, want float64) float64 {
 func TestExpIsWithinTwoULPs(t *testing.T) {
 	worst, at := 0.0, float32(0)
 	check := func(x float32) {
-		if u := ulps(Exp(x), math.Exp(float64(x))); u > worst {
+		if u := ulps(expNeg(x), math.Exp(float64(x))); u > worst {
 			worst, at = u, x
 		}
 	}
@@ -28,19 +29,19 @@ func TestExpIsWithinTwoULPs(t *testing.T) {
 		check(-87 * r.Float32())
 	}
 	if worst > 2 {
-		t.Fatalf("Exp(%g) is %.2f ulps from e^x", at, worst)
+		t.Fatalf("expNeg(%g) is %.2f ulps from e^x", at, worst)
 	}
 	t.Logf("worst: %.2f ulps at %g", worst, at)
 	for _, c := range []struct{ x, want float32 }{
 		{0, 1}, {float32(math.Copysign(0, -1)), 1}, {5, 1}, {float32(math.Inf(1)), 1},
-		{-1000, Exp(-87)}, {float32(math.Inf(-1)), Exp(-87)},
+		{-1000, expNeg(-87)}, {float32(math.Inf(-1)), expNeg(-87)},
 	} {
-		if got := Exp(c.x); got != c.want {
-			t.Errorf("Exp(%g) = %g, want %g", c.x, got, c.want)
+		if got := expNeg(c.x); got != c.want {
+			t.Errorf("expNeg(%g) = %g, want %g", c.x, got, c.want)
 		}
 	}
-	if v := Exp(float32(math.NaN())); v == v {
-		t.Errorf("Exp(NaN) = %g", v)
+	if v := expNeg(float32(math.NaN())); v == v {
+		t.Errorf("expNeg(NaN) = %g", v)
 	}
 }
 
@@ -100,14 +101,18 @@ func elementwiseInputs(seed uint64) [][]float32 {
 // they must agree everywhere, specials included.
 func TestElementwiseAssemblyIsPortable(t *testing.T) {
 	if !avx2Available() {
+		if os.Getenv("LIFELINE_CI") != "" {
+			t.Fatal("CI's machine has AVX2+FMA: the assembly kernels must be compared")
+		}
 		t.Skip("no AVX2+FMA: only the portable kernels run here")
 	}
+	gates := elementwiseInputs(2)[2] // 4096 floats
 	for _, in := range elementwiseInputs(1) {
 		n8 := uintptr(len(in) / 8)
 		if n8 == 0 {
 			continue
 		}
-		b := elementwiseInputs(2)[2][:len(in)] // 4096 floats
+		b := gates[:len(in)]
 		x, y := append([]float32(nil), in...), append([]float32(nil), in...)
 		siluMulAVX2(&x[0], &b[0], n8)
 		siluMulGeneric(&y[0], &b[0], n8)
@@ -165,8 +170,8 @@ func TestSoftmaxExpAndDivMax(t *testing.T) {
 			e := append([]float32(nil), d...)
 			sum := SoftmaxExp(e, want)
 			for i := range e {
-				if e[i] != Exp(d[i]-want) {
-					t.Fatalf("n=%d: SoftmaxExp left %g at %d, want %g", n, e[i], i, Exp(d[i]-want))
+				if e[i] != expNeg(d[i]-want) {
+					t.Fatalf("n=%d: SoftmaxExp left %g at %d, want %g", n, e[i], i, expNeg(d[i]-want))
 				}
 				if i < n/8*8 {
 					lanes[i%8] += e[i]

@@ -109,5 +109,5 @@ func PresetConfig(name string) (Config, error) {
 // The architecture is in it because math.Exp (the sampler's probabilities)
 // is assembly on amd64 and arm64 and Go elsewhere, and on amd64 takes an
 // FMA path only when the CPU has FMA. Forward's own exponentials (softmax,
-// SwiGLU) are matmul.Exp, the same bits on every CPU.
+// SwiGLU) are matmul's own, the same bits on every CPU.
 func NumericsID() string { return NumericsIDFor(1) }

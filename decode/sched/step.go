@@ -187,15 +187,18 @@ func (s *Scheduler) sampleAll(seqs []*sequence) []pick {
 			picks[i] = pickNext(s.samplers[w], seq, seq.logits, seq.tokens[len(seq.req.Prompt):])
 		}
 	}
-	if workers == 1 {
-		// Small batches: no goroutine per step, but a large vocabulary's
-		// weights are computed on every core.
-		s.samplers[0].Parallel = matmul.Parallel
-		sampleFrom(0)
-		return picks
+	// One sampler alone computes a large vocabulary's weights on every
+	// core; several already run one per core.
+	par := matmul.Parallel
+	if workers > 1 {
+		par = nil
 	}
 	for _, sm := range s.samplers[:workers] {
-		sm.Parallel = nil // already one per core
+		sm.Parallel = par
+	}
+	if workers == 1 {
+		sampleFrom(0) // small batches: no goroutine per step
+		return picks
 	}
 	matmul.Parallel(workers, sampleFrom)
 	return picks

@@ -175,14 +175,7 @@ func measureEngine(m *model.Model, tokens int) (engineFigures, error) {
 // streamGBs reads buf with matmul.Stream for a while: the read bandwidth
 // the batch-1 decode is measured against.
 func streamGBs(buf []float32) float64 {
-	matmul.Stream(buf)
-	iters := 0
-	start := time.Now()
-	for time.Since(start) < 200*time.Millisecond {
-		matmul.Stream(buf)
-		iters++
-	}
-	return float64(len(buf)*4*iters) / time.Since(start).Seconds() / 1e9
+	return rate(len(buf)*4, func() { matmul.Stream(buf) })
 }
 
 // rate runs f for a while and returns bytes per call over the time per
