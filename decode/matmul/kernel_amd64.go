@@ -11,12 +11,16 @@ func dot4x3AVX2(x *float32, xstride uintptr, w *float32, wstride uintptr, n8 uin
 func dot1x4AVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, out *[4]float32, pf *float32)
 
 //go:noescape
+func dotRowAVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, rows uintptr, out *float32)
+
+//go:noescape
 func axpyAVX2(dst *float32, a float32, x *float32, n8 uintptr)
 
 var avx2Kernels = kernels{
 	name:   "avx2fma-lane8",
 	dot4x3: dot4x3AVX2,
 	dot1x4: dot1x4AVX2,
+	dotRow: dotRowAVX2,
 	axpy:   axpyAVX2,
 	sum:    sumAVX2,
 

@@ -202,3 +202,65 @@ donesum:
 	VZEROUPPER
 	MOVSS X0, ret+16(FP)
 	RET
+
+// func dotRowAVX2(x *float32, w *float32, wstride uintptr, n8 uintptr, rows uintptr, out *float32)
+//
+// rows rows against one activation vector, one row at a time, each in one
+// accumulator folded as hsum8 does and stored to out[r]: the bits of
+// dot1x4. Where dot1x4 reads four rows side by side — four short streams,
+// which the hardware prefetcher follows badly when rows are short — this
+// reads the weights in address order; the next rows' independent chains
+// overlap the current one's in the core's out-of-order window.
+TEXT ·dotRowAVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ wstride+16(FP), R9
+	MOVQ n8+24(FP), R11
+	MOVQ rows+32(FP), R10
+	MOVQ out+40(FP), DX
+	TESTQ R10, R10
+	JZ   donerow
+
+onerow:
+	VXORPS Y4, Y4, Y4
+	XORQ AX, AX
+	MOVQ R11, CX
+	SHRQ $2, CX
+	JZ   rowrest
+
+rowquad:
+	VMOVUPS (SI)(AX*1), Y0
+	VFMADD231PS (DI)(AX*1), Y0, Y4
+	VMOVUPS 32(SI)(AX*1), Y1
+	VFMADD231PS 32(DI)(AX*1), Y1, Y4
+	VMOVUPS 64(SI)(AX*1), Y2
+	VFMADD231PS 64(DI)(AX*1), Y2, Y4
+	VMOVUPS 96(SI)(AX*1), Y3
+	VFMADD231PS 96(DI)(AX*1), Y3, Y4
+	ADDQ $128, AX
+	DECQ CX
+	JNZ  rowquad
+
+rowrest:
+	MOVQ R11, CX
+	ANDQ $3, CX
+	JZ   rowfold
+
+rowone:
+	VMOVUPS (SI)(AX*1), Y0
+	VFMADD231PS (DI)(AX*1), Y0, Y4
+	ADDQ $32, AX
+	DECQ CX
+	JNZ  rowone
+
+rowfold:
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	ADDQ $4, DX
+	ADDQ R9, DI
+	DECQ R10
+	JNZ  onerow
+
+donerow:
+	VZEROUPPER
+	RET

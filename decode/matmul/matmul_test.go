@@ -146,3 +146,32 @@ func TestWideKernelRoundsAsTheNarrow(t *testing.T) {
 		}
 	}
 }
+
+// TestRowByRowRoundsAsFourRows: DotRows reading short rows one after the
+// other (dotRow) gives every row the bits of the four-rows-side-by-side
+// kernel, for every length (whole 8-float steps or not, quads of steps or
+// not), stride and row count.
+func TestRowByRowRoundsAsFourRows(t *testing.T) {
+	if active.dotRow == nil {
+		if avx2Available() {
+			t.Fatal("the CPU has AVX2+FMA but the row-by-row kernel is not in use")
+		}
+		t.Skip("no row-by-row kernel in this kernel set")
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	for _, dims := range [][3]int{{1, 8, 8}, {5, 24, 24}, {13, 7, 7}, {64, 64, 96}, {97, 288, 288}, {12, 384, 400}, {7, 100, 101}, {33, 512, 512}, {3, 0, 4}} {
+		rows, n, stride := dims[0], dims[1], dims[2]
+		w, x := randVec(r, rows*stride+n), randVec(r, max(n, 1))[:n]
+		byRow, four := make([]float32, rows), make([]float32, rows)
+		DotRows(byRow, x, w, stride)
+		saved := active.dotRow
+		active.dotRow = nil
+		DotRows(four, x, w, stride)
+		active.dotRow = saved
+		for i := range byRow {
+			if math.Float32bits(byRow[i]) != math.Float32bits(four[i]) {
+				t.Fatalf("rows=%d n=%d stride=%d: row %d is %x read row by row, %x four side by side", rows, n, stride, i, math.Float32bits(byRow[i]), math.Float32bits(four[i]))
+			}
+		}
+	}
+}
