@@ -22,8 +22,10 @@ var ErrUnknownPreset = errors.New("model: unknown preset")
 // ErrBadConfig is wrapped by every configuration validation error.
 var ErrBadConfig = errors.New("model: bad config")
 
-// EngineVersion changes whenever Forward changes its arithmetic.
-const EngineVersion = "lifeline-ref/v2"
+// EngineVersion changes whenever Forward or the sampler (decode/sample)
+// changes its arithmetic: either changes the tokens of a seed. v3: the
+// draw's weights from sample's own exponential instead of math.Exp.
+const EngineVersion = "lifeline-ref/v3"
 
 // Config is the shape of a model.
 type Config struct {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sort"
 )
 
 // ErrInvalidParams is wrapped by every parameter validation error.
@@ -83,6 +84,7 @@ type candidate struct {
 // next. The zero value is ready; it is not safe for concurrent use.
 type Sampler struct {
 	logits []float64
+	cum    []float64
 	keys   []uint64
 	cand   []candidate
 	counts map[int]int
@@ -175,9 +177,9 @@ func (s *Sampler) sample(l []float64, p Params, history []int, position uint64) 
 
 // widen copies logits into the float64 scratch buffer.
 func (s *Sampler) widen(logits []float32) []float64 {
-	l := s.logits[:0]
-	for _, v := range logits {
-		l = append(l, float64(v))
+	l := slices.Grow(s.logits[:0], len(logits))[:len(logits)]
+	for i, v := range logits {
+		l[i] = float64(v)
 	}
 	s.logits = l
 	return l
@@ -214,35 +216,51 @@ func argmax(l []float64) int {
 // drawAll draws over every id in id order when nothing is cut off, so no
 // sort is needed. It overwrites l with the unnormalised weights.
 func (s *Sampler) drawAll(l []float64, p Params, position uint64) int {
-	top := l[0]
-	for _, v := range l {
-		top = max(top, v)
-	}
-	weigh := func(lo, hi int) {
-		for i := lo; i < hi; i++ {
-			l[i] = math.Exp((l[i] - top) / p.Temperature)
-		}
-	}
+	top := topOf(l)
 	if s.Parallel != nil && len(l) >= parallelDraw {
 		const parts = 4
 		chunk := (len(l) + parts - 1) / parts
-		s.Parallel(parts, func(part int) { weigh(min(part*chunk, len(l)), min((part+1)*chunk, len(l))) })
+		s.Parallel(parts, func(part int) {
+			weighAll(l[min(part*chunk, len(l)):min((part+1)*chunk, len(l))], top, p.Temperature)
+		})
 	} else {
-		weigh(0, len(l))
+		weighAll(l, top, p.Temperature)
 	}
+	// The pick is the first id whose running sum of weights, in id order,
+	// exceeds u; the running sums are kept, so it is found by bisection.
+	cum := slices.Grow(s.cum[:0], len(l))[:len(l)]
 	var sum float64
-	for _, w := range l {
-		sum += w
-	}
-	u := Uniform(p.Seed, position) * sum
-	var cum float64
 	for i, w := range l {
-		cum += w
-		if u < cum {
-			return i
+		sum += w
+		cum[i] = sum
+	}
+	s.cum = cum
+	u := Uniform(p.Seed, position) * sum
+	if !(u < sum) { // u rounded up to the sum, or a NaN logit
+		return len(l) - 1
+	}
+	// No weight is negative, and none is NaN since the sum is not: the
+	// running sums never decrease.
+	return sort.Search(len(cum), func(i int) bool { return u < cum[i] })
+}
+
+// topOf is the largest of l, NaN if any is: max's fold over l, except that
+// it may pick -0 where max picks +0, which changes no weight (x − ±0 is x,
+// and the weight of ±0 is 1).
+func topOf(l []float64) float64 {
+	top, nan := l[0], false
+	for _, v := range l {
+		if v > top {
+			top = v
+		}
+		if v != v {
+			nan = true
 		}
 	}
-	return len(l) - 1
+	if nan {
+		return math.NaN()
+	}
+	return top
 }
 
 // ranked returns every id as a candidate, most likely first and lowest id
@@ -272,7 +290,7 @@ func weigh(c []candidate, temperature float64) float64 {
 	}
 	var sum float64
 	for i := range c {
-		c[i].prob = math.Exp((c[i].logit - top) / temperature)
+		c[i].prob = expWeight((c[i].logit - top) / temperature)
 		sum += c[i].prob
 	}
 	return sum
