@@ -108,8 +108,10 @@ func PresetConfig(name string) (Config, error) {
 // arithmetic, tensor parallelism, dtype and the kernel set. Bit-exact
 // continuation is promised only between instances with equal ids.
 //
-// The architecture is in it because math.Exp (the sampler's probabilities)
-// is assembly on amd64 and arm64 and Go elsewhere, and on amd64 takes an
-// FMA path only when the CPU has FMA. Forward's own exponentials (softmax,
-// SwiGLU) are matmul's own, the same bits on every CPU.
+// The architecture and, on amd64, the FMA flag are in it for the logprobs
+// a request may ask for: they use math.Exp and math.Log, which are
+// assembly on amd64 and arm64 and Go elsewhere, and on amd64 take an FMA
+// path only when the CPU has FMA. The tokens do not depend on them:
+// Forward's exponentials (softmax, SwiGLU) are matmul's own and the draw's
+// weights sample's own, the same bits on every CPU.
 func NumericsID() string { return NumericsIDFor(1) }
