@@ -149,8 +149,9 @@ func TestWideKernelRoundsAsTheNarrow(t *testing.T) {
 
 // TestRowByRowRoundsAsFourRows: DotRows reading short rows one after the
 // other (dotRow) gives every row the bits of the four-rows-side-by-side
-// kernel, for every length (whole 8-float steps or not, quads of steps or
-// not), stride and row count.
+// kernel, for every length (whole 8-float steps or not, whole quads of
+// steps or not, quads with steps left over: 40, 136, 139, 504), stride
+// and row count.
 func TestRowByRowRoundsAsFourRows(t *testing.T) {
 	if active.dotRow == nil {
 		if avx2Available() {
@@ -159,7 +160,8 @@ func TestRowByRowRoundsAsFourRows(t *testing.T) {
 		t.Skip("no row-by-row kernel in this kernel set")
 	}
 	r := rand.New(rand.NewPCG(7, 8))
-	for _, dims := range [][3]int{{1, 8, 8}, {5, 24, 24}, {13, 7, 7}, {64, 64, 96}, {97, 288, 288}, {12, 384, 400}, {7, 100, 101}, {33, 512, 512}, {3, 0, 4}} {
+	for _, dims := range [][3]int{{1, 8, 8}, {5, 24, 24}, {13, 7, 7}, {64, 64, 96}, {97, 288, 288}, {12, 384, 400}, {7, 100, 101}, {33, 512, 512}, {3, 0, 4},
+		{9, 40, 40}, {6, 136, 149}, {5, 139, 139}, {4, 504, 504}} {
 		rows, n, stride := dims[0], dims[1], dims[2]
 		w, x := randVec(r, rows*stride+n), randVec(r, max(n, 1))[:n]
 		byRow, four := make([]float32, rows), make([]float32, rows)

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"sync"
 	"testing"
 )
 
@@ -129,6 +130,10 @@ func TestDrawIsTheFirstRunningSumAboveU(t *testing.T) {
 				if got := s.Sample(logits, p, nil, pos); got != want {
 					t.Fatalf("n=%d trial %d position %d: drew %d, a linear scan %d", n, trial, pos, got, want)
 				}
+				s.Parallel = goParallel // the chunked weights, from parallelDraw on
+				if got := s.Sample(logits, p, nil, pos); got != want {
+					t.Fatalf("n=%d trial %d position %d: drew %d with Parallel, a linear scan %d", n, trial, pos, got, want)
+				}
 			}
 		}
 	}
@@ -155,4 +160,13 @@ func linearDraw(logits []float32, p Params, pos uint64) int {
 		}
 	}
 	return len(w) - 1
+}
+
+// goParallel runs f(0) … f(n-1) on goroutines of their own.
+func goParallel(n int, f func(int)) {
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { f(i) })
+	}
+	wg.Wait()
 }
