@@ -67,6 +67,22 @@ DATA weightc<>+464(SB)/8, $1023
 DATA weightc<>+472(SB)/8, $1023
 GLOBL weightc<>(SB), RODATA|NOPTR, $480
 
+#define W_LOG2E weightc<>+0(SB)
+#define W_LN2HI weightc<>+32(SB)
+#define W_LN2LO weightc<>+64(SB)
+#define W_SIXTEENTH weightc<>+96(SB)
+#define W_C8 weightc<>+128(SB)
+#define W_C7 weightc<>+160(SB)
+#define W_C6 weightc<>+192(SB)
+#define W_C5 weightc<>+224(SB)
+#define W_C4 weightc<>+256(SB)
+#define W_C3 weightc<>+288(SB)
+#define W_C2 weightc<>+320(SB)
+#define W_ONE weightc<>+352(SB)
+#define W_TWO weightc<>+384(SB)
+#define W_LO weightc<>+416(SB)
+#define W_BIAS weightc<>+448(SB)
+
 // func weighAVX2(l *float64, top, temp float64, n4 uintptr)
 //
 // l[i] = expWeight((l[i]-top)/temp) for i < 4*n4, four lanes at a time with
@@ -77,7 +93,7 @@ TEXT ·weighAVX2(SB), NOSPLIT, $0-32
 	VBROADCASTSD top+8(FP), Y14
 	VBROADCASTSD temp+16(FP), Y15
 	MOVQ n4+24(FP), CX
-	VMOVUPD weightc<>+416(SB), Y13
+	VMOVUPD W_LO, Y13
 	VXORPD Y12, Y12, Y12
 	TESTQ CX, CX
 	JZ   doneweigh
@@ -89,40 +105,40 @@ loopweigh:
 	VCMPPD $1, Y13, Y0, Y11     // lanes with x < -708 (not NaN): weight 0
 	VMAXPD Y0, Y13, Y0          // max(-708, x), NaN kept
 	VMINPD Y0, Y12, Y0          // min(0, x), NaN kept
-	VMULPD weightc<>+0(SB), Y0, Y1
+	VMULPD W_LOG2E, Y0, Y1
 	VCVTPD2DQY Y1, X2           // k = x·log2e rounded to nearest even
 	VCVTDQ2PD X2, Y3
-	VMULPD weightc<>+32(SB), Y3, Y4
+	VMULPD W_LN2HI, Y3, Y4
 	VSUBPD Y4, Y0, Y0
-	VMULPD weightc<>+64(SB), Y3, Y4
+	VMULPD W_LN2LO, Y3, Y4
 	VSUBPD Y4, Y0, Y0
-	VMULPD weightc<>+96(SB), Y0, Y0
-	VMULPD weightc<>+128(SB), Y0, Y1
-	VADDPD weightc<>+160(SB), Y1, Y1
+	VMULPD W_SIXTEENTH, Y0, Y0
+	VMULPD W_C8, Y0, Y1
+	VADDPD W_C7, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+192(SB), Y1, Y1
+	VADDPD W_C6, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+224(SB), Y1, Y1
+	VADDPD W_C5, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+256(SB), Y1, Y1
+	VADDPD W_C4, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+288(SB), Y1, Y1
+	VADDPD W_C3, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+320(SB), Y1, Y1
+	VADDPD W_C2, Y1, Y1
 	VMULPD Y0, Y1, Y1
-	VADDPD weightc<>+352(SB), Y1, Y1
+	VADDPD W_ONE, Y1, Y1
 	VMULPD Y1, Y0, Y0           // e = e^(x/16) - 1
-	VADDPD weightc<>+384(SB), Y0, Y1   // four squarings: e ← e·(e+2)
+	VADDPD W_TWO, Y0, Y1   // four squarings: e ← e·(e+2)
 	VMULPD Y1, Y0, Y0
-	VADDPD weightc<>+384(SB), Y0, Y1
+	VADDPD W_TWO, Y0, Y1
 	VMULPD Y1, Y0, Y0
-	VADDPD weightc<>+384(SB), Y0, Y1
+	VADDPD W_TWO, Y0, Y1
 	VMULPD Y1, Y0, Y0
-	VADDPD weightc<>+384(SB), Y0, Y1
+	VADDPD W_TWO, Y0, Y1
 	VMULPD Y1, Y0, Y0
-	VADDPD weightc<>+352(SB), Y0, Y0
+	VADDPD W_ONE, Y0, Y0
 	VPMOVSXDQ X2, Y5            // 2^k from its exponent bits
-	VPADDQ weightc<>+448(SB), Y5, Y5
+	VPADDQ W_BIAS, Y5, Y5
 	VPSLLQ $52, Y5, Y5
 	VMULPD Y5, Y0, Y0
 	VANDNPD Y0, Y11, Y0
