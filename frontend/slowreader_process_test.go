@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"testing"
 	"time"
@@ -92,17 +93,27 @@ func TestSlowReaderIsCutAndResumes(t *testing.T) {
 	}
 }
 
-// heapAfterGC collects the frontend's garbage and returns its metrics.
+// heapAfterGC collects the frontend's garbage and returns its metrics,
+// with the heap in use the least of three collect-then-scrape rounds:
+// what a round reads also counts the garbage of writing the heap profile
+// and of the scrape itself, which swung a single sample by over 1 MB
+// either way here (-1.4 MB over a stall that logged 624 tokens); the
+// least of three is the live heap's.
 func heapAfterGC(t *testing.T, metrics string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(metrics + "/debug/pprof/heap?gc=1")
-	if err != nil {
-		t.Fatal(err)
+	var m map[string]float64
+	least := math.Inf(1)
+	for range 3 {
+		resp, err := http.Get(metrics + "/debug/pprof/heap?gc=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if m, err = overload.Scrape(context.Background(), metrics); err != nil {
+			t.Fatal(err)
+		}
+		least = min(least, m["go_memstats_heap_inuse_bytes"])
 	}
-	resp.Body.Close()
-	m, err := overload.Scrape(context.Background(), metrics)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m["go_memstats_heap_inuse_bytes"] = least
 	return m
 }
