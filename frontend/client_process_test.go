@@ -3,10 +3,12 @@ package frontend_test
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ import (
 	"github.com/lifeline-llm/lifeline/frontend/client"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // seededRequest is the stream the client tests compare against a
@@ -170,6 +173,16 @@ func TestClientHTTP3Rebind(t *testing.T) {
 	if r := tlsMetric(t, url, roots, "lifeline_frontend_resumes_total"); r != 0 {
 		t.Fatalf("the frontend saw %v resumes", r)
 	}
+	// Closed, the client reads from no socket, the retired one included
+	// (its transport's Close once never returned, and its read loop spun
+	// on a core for the rest of the process).
+	c.Close()
+	proctest.WaitFor(t, 5*time.Second, "the client's sockets to stop reading", func() (bool, string) {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		n := strings.Count(stacks, "frontend/client.(*socket).ReadFrom")
+		return n == 0, fmt.Sprintf("%d goroutines in socket.ReadFrom", n)
+	})
 }
 
 // TestClientHTTP3ZeroRTTResume: the stream's HTTP/3 connection (which got

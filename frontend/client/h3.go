@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -264,10 +265,14 @@ func (s *socket) ReadFrom(b []byte) (int, net.Addr, error) {
 		if !s.retired.Load() {
 			return n, s.peer, err
 		}
-		// A retired socket reports nothing: not even an error, which
-		// would close the transport and with it the connection that
-		// moved away from it.
-		if err != nil && errors.Is(err, net.ErrClosed) {
+		// A retired socket reports nothing of its peer, not even an
+		// error (ECONNREFUSED from a gone address), which would close
+		// the transport and with it the connection that moved away from
+		// it. Its own closing is reported: Close, and the read deadline
+		// by which quic.Transport.Close stops this read loop and then
+		// waits for it — swallowed, the loop would spin on the deadline
+		// forever and Close never return.
+		if errors.Is(err, net.ErrClosed) || errors.Is(err, os.ErrDeadlineExceeded) {
 			return 0, s.peer, err
 		}
 	}
