@@ -224,3 +224,96 @@ func leaderIsZombie(pid int) bool {
 	state, err := procfs.TaskState(pid, pid)
 	return err == nil && state == 'Z'
 }
+
+// TestSignalsAreNotDeaths: signals delivered to the detector's threads
+// while they wait (SIGURG, as the Go runtime sends to preempt; ppoll is
+// never restarted and returns EINTR) report no exit of a process that
+// is alive, and its death is still reported afterwards.
+func TestSignalsAreNotDeaths(t *testing.T) {
+	for name, d := range detectors(t) {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command("sleep", "60")
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Wait()
+			defer cmd.Process.Kill()
+			pid := cmd.Process.Pid
+			if err := d.Watch(pid); err != nil {
+				t.Fatal(err)
+			}
+			signalled := 0
+			for end := time.Now().Add(time.Second); time.Now().Before(end); {
+				signalled += signalThreads(t, syscall.SIGURG)
+				select {
+				case ex := <-d.Exits():
+					if ex.PID == pid {
+						t.Fatalf("%s: pid %d reported dead (%+v) while alive, after %d signals to this process's threads", name, pid, ex, signalled)
+					}
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+			cmd.Process.Kill()
+			if ex := waitExit(t, d, pid); ex.Signal != 9 {
+				t.Fatalf("%s: kill -9 after the signals reported as %+v", name, ex)
+			}
+			t.Logf("%s: %d signals to this process's threads, no false death", name, signalled)
+		})
+	}
+}
+
+// signalThreads sends sig to every thread of this process and returns
+// how many it reached.
+func signalThreads(t *testing.T, sig syscall.Signal) int {
+	t.Helper()
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, task := range tasks {
+		var tid int
+		if _, err := fmt.Sscan(task.Name(), &tid); err != nil {
+			continue
+		}
+		if syscall.Tgkill(os.Getpid(), tid, sig) == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// TestCloseWithUnreadExits: more watched processes die than Exits holds
+// while nobody reads it (the agent stopped reading); Close still returns,
+// and a second Close is harmless.
+func TestCloseWithUnreadExits(t *testing.T) {
+	for name, d := range detectors(t) {
+		t.Run(name, func(t *testing.T) {
+			for i := 0; i < cap(d.Exits())+40; i++ {
+				cmd := exec.Command("sh", "-c", "read x; exit 0")
+				stdin, err := cmd.StdinPipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				if err := d.Watch(cmd.Process.Pid); err != nil {
+					t.Fatal(err)
+				}
+				stdin.Close()
+				if err := cmd.Wait(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			closed := make(chan error, 1)
+			go func() { closed <- d.Close() }()
+			select {
+			case <-closed:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: Close did not return within 10 s with %d exits unread", name, len(d.Exits()))
+			}
+			d.Close()
+		})
+	}
+}

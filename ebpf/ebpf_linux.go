@@ -37,6 +37,10 @@ type ebpfDetector struct {
 	links  []link.Link
 	reader *ringbuf.Reader
 	exits  chan Exit
+	// quit is closed by Close: an exit nobody reads any more is dropped
+	// rather than hold the reader (and Close) forever.
+	quit      chan struct{}
+	closeOnce sync.Once
 
 	// wall = wallBase + (ktime - monoBase)
 	wallBase time.Time
@@ -63,7 +67,7 @@ func NewEBPF() (Detector, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("%w: memlock: %v", ErrNotSupported, err)
 	}
-	d := &ebpfDetector{exits: make(chan Exit, 256), oom: map[int]time.Time{}}
+	d := &ebpfDetector{exits: make(chan Exit, 256), quit: make(chan struct{}), oom: map[int]time.Time{}}
 	if err := loadExitObjects(&d.objs, nil); err != nil {
 		return nil, fmt.Errorf("%w: load programs: %v", ErrNotSupported, err)
 	}
@@ -120,6 +124,9 @@ func (d *ebpfDetector) read() {
 			if errors.Is(err, ringbuf.ErrClosed) {
 				return
 			}
+			// A record the reader cannot take stays where it is: look
+			// again a little later rather than spin on it.
+			time.Sleep(time.Millisecond)
 			continue
 		}
 		if len(rec.RawSample) < 24 {
@@ -158,7 +165,11 @@ func (d *ebpfDetector) read() {
 			}
 			d.mu.Unlock()
 			d.objs.Watched.Delete(ev.Pid)
-			d.exits <- Exit{PID: int(ev.Pid), Code: code, Signal: sig, OOM: oom, Detector: NameEBPF, DetectedAt: at}
+			select {
+			case d.exits <- Exit{PID: int(ev.Pid), Code: code, Signal: sig, OOM: oom, Detector: NameEBPF, DetectedAt: at}:
+			case <-d.quit:
+				return
+			}
 		}
 	}
 }
@@ -196,8 +207,12 @@ func (d *ebpfDetector) closeObjects() {
 }
 
 func (d *ebpfDetector) Close() error {
-	err := d.reader.Close()
-	d.wg.Wait()
-	d.closeObjects()
+	var err error
+	d.closeOnce.Do(func() {
+		close(d.quit)
+		err = d.reader.Close()
+		d.wg.Wait()
+		d.closeObjects()
+	})
 	return err
 }

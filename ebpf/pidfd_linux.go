@@ -17,6 +17,9 @@ import (
 // processes it only knows that they died.
 type pidfdDetector struct {
 	exits chan Exit
+	// quit is closed by Close: an exit nobody reads any more is dropped
+	// rather than hold its poller (and Close) forever.
+	quit chan struct{}
 
 	mu      sync.Mutex
 	watched map[int]chan struct{} // pid → stop
@@ -31,7 +34,7 @@ func NewPidfd() (Detector, error) {
 		return nil, fmt.Errorf("%w: pidfd_open: %v", ErrNotSupported, err)
 	}
 	unix.Close(fd)
-	return &pidfdDetector{exits: make(chan Exit, 256), watched: map[int]chan struct{}{}}, nil
+	return &pidfdDetector{exits: make(chan Exit, 256), quit: make(chan struct{}), watched: map[int]chan struct{}{}}, nil
 }
 
 func (p *pidfdDetector) Name() string       { return NamePidfd }
@@ -83,10 +86,17 @@ func (p *pidfdDetector) poll(pid, fd int, stop chan struct{}) {
 		default:
 		}
 		n, err := unix.Poll(fds, int(pollInterval/time.Millisecond))
-		if err != nil && !errors.Is(err, unix.EINTR) {
-			return
-		}
-		if n == 0 {
+		switch {
+		case errors.Is(err, unix.EINTR), err == nil && n <= 0:
+			// A signal (the runtime's preemption, a SIGCHLD: ppoll is
+			// never restarted) or the interval: the process lives.
+			continue
+		case err != nil:
+			// ENOMEM and the like: still watched, so look again rather
+			// than lose the death.
+			time.Sleep(pollInterval)
+			continue
+		case fds[0].Revents&(unix.POLLIN|unix.POLLHUP|unix.POLLERR) == 0:
 			continue
 		}
 		at := time.Now()
@@ -102,7 +112,10 @@ func (p *pidfdDetector) poll(pid, fd int, stop chan struct{}) {
 		}
 		p.mu.Unlock()
 		if mine {
-			p.exits <- ex
+			select {
+			case p.exits <- ex:
+			case <-p.quit:
+			}
 		}
 		return
 	}
@@ -122,6 +135,11 @@ func childStatus(info *unix.Siginfo) (code, signal int) {
 
 func (p *pidfdDetector) Close() error {
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	close(p.quit)
 	p.closed = true
 	for pid, stop := range p.watched {
 		close(stop)
