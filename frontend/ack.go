@@ -5,11 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
@@ -147,6 +149,8 @@ type frontendKey struct {
 	lost  func()
 	mu    sync.Mutex
 	lease clientv3.LeaseID
+	// stopAlive ends the keep-alive of lease.
+	stopAlive context.CancelFunc
 }
 
 // put stores the record at rev, granting a lease (and keeping it alive)
@@ -163,14 +167,26 @@ func (k *frontendKey) put(ctx context.Context, rev int64) error {
 	pctx, cancel := context.WithTimeout(ctx, syncTimeout)
 	defer cancel()
 	if _, err := k.etcd.Put(pctx, schema.FrontendsPrefix+k.id, string(b), clientv3.WithLease(lease)); err != nil {
-		k.mu.Lock()
-		if k.lease == lease {
-			k.lease = 0 // perhaps expired: grant another on the retry
+		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			k.drop(lease) // expired or revoked: grant another on the retry
 		}
-		k.mu.Unlock()
+		// Any other failure (a timeout while etcd elects a leader) keeps
+		// the lease: it is still kept alive, and a new one granted on
+		// every failure would be one more lease kept alive for good.
 		return fmt.Errorf("frontend: acknowledge revision %d: %w", rev, err)
 	}
 	return nil
+}
+
+// drop forgets lease, if it is still the current one, and stops keeping
+// it alive.
+func (k *frontendKey) drop(lease clientv3.LeaseID) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lease == lease {
+		k.lease = 0
+		k.stopAlive()
+	}
 }
 
 func (k *frontendKey) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
@@ -185,14 +201,17 @@ func (k *frontendKey) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
 	if err != nil {
 		return 0, fmt.Errorf("frontend: lease: %w", err)
 	}
-	alive, err := k.etcd.KeepAlive(ctx, g.ID)
+	actx, stop := context.WithCancel(ctx)
+	alive, err := k.etcd.KeepAlive(actx, g.ID)
 	if err != nil {
+		stop()
 		return 0, fmt.Errorf("frontend: keep the lease alive: %w", err)
 	}
-	k.lease = g.ID
+	k.lease, k.stopAlive = g.ID, stop
 	go func() {
 		for range alive {
 		}
+		stop()
 		k.mu.Lock()
 		mine := k.lease == g.ID
 		if mine {

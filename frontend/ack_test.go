@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
@@ -100,4 +104,72 @@ func TestAckerRetriesAFailedWriteAndRewritesALostRecord(t *testing.T) {
 	waitWrites(t, r, []int64{7}) // the retry after syncRetry
 	a.rewrite()                  // the lease went, and the record with it
 	waitWrites(t, r, []int64{7, 7})
+}
+
+// TestFrontendKeyKeepsOneLease: a record write that fails for any reason
+// but the lease keeps the lease (a new one granted on every timeout was
+// one more lease kept alive for good); a lease that is gone (revoked) is
+// replaced, the record is written under the new one, and one lease is
+// left in etcd either way.
+func TestFrontendKeyKeepsOneLease(t *testing.T) {
+	e, err := embedetcd.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	k := &frontendKey{etcd: cli, id: "f1"}
+	leases := func() []clientv3.LeaseID {
+		t.Helper()
+		r, err := cli.Leases(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []clientv3.LeaseID
+		for _, l := range r.Leases {
+			ids = append(ids, l.ID)
+		}
+		return ids
+	}
+	if err := k.put(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	first := leases()
+	if len(first) != 1 {
+		t.Fatalf("after the first write: leases %v", first)
+	}
+	// Writes that fail on their deadline, as while etcd elects a leader.
+	for rev := int64(2); rev < 5; rev++ {
+		dead, stop := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+		if err := k.put(dead, rev); err == nil {
+			t.Fatal("a write past its deadline succeeded")
+		}
+		stop()
+	}
+	if err := k.put(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := leases(); !slices.Equal(got, first) {
+		t.Fatalf("after three failed writes and one more: leases %v, want still %v", got, first)
+	}
+	// The lease goes: the next write fails, the one after that is under a
+	// new lease, and the old one's keep-alive is gone with it.
+	if _, err := cli.Revoke(ctx, first[0]); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, 10*time.Second, "the record under a new lease", func() (bool, string) {
+		err := k.put(ctx, 6)
+		got := leases()
+		return err == nil && len(got) == 1 && got[0] != first[0], fmt.Sprintf("write: %v, leases %v", err, got)
+	})
+	r, err := cli.Get(ctx, schema.FrontendsPrefix+"f1")
+	if err != nil || len(r.Kvs) != 1 || r.Kvs[0].Lease != int64(leases()[0]) {
+		t.Fatalf("the record: %v %+v", err, r)
+	}
 }
