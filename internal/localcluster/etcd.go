@@ -1,7 +1,6 @@
 package localcluster
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os/exec"
@@ -84,15 +83,14 @@ func (m *EtcdMember) start() (<-chan error, error) {
 	m.cmd, m.exited = cmd, make(chan struct{})
 	ready := make(chan error, 1)
 	go func() {
-		sc := bufio.NewScanner(out)
 		served := false
-		for sc.Scan() {
-			if !served && strings.HasPrefix(sc.Text(), "etcd: member ") {
+		scanLines(out, func(line string) {
+			if !served && strings.HasPrefix(line, "etcd: member ") {
 				served = true
 				ready <- nil
 			}
-			fmt.Fprintln(m.log, sc.Text())
-		}
+			fmt.Fprintln(m.log, line)
+		}, m.log)
 		cmd.Wait()
 		if !served {
 			ready <- fmt.Errorf("exited before serving (%v)", cmd.ProcessState)

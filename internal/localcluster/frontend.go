@@ -1,7 +1,6 @@
 package localcluster
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"os/exec"
@@ -46,22 +45,21 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 	}
 	f := &Frontend{cmd: cmd, ready: make(chan struct{}), exited: make(chan struct{})}
 	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if a, ok := strings.CutPrefix(sc.Text(), "frontend: metrics on "); ok && f.MetricsURL == "" {
+		scanLines(stderr, func(line string) {
+			if a, ok := strings.CutPrefix(line, "frontend: metrics on "); ok && f.MetricsURL == "" {
 				f.MetricsURL = "http://" + a
 			}
-			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok && f.URL == "" && f.MetricsURL != "" {
+			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" && f.MetricsURL != "" {
 				metricsURLs.Store(a, f.MetricsURL)
 			}
-			if a, ok := strings.CutPrefix(sc.Text(), "frontend: listening on "); ok && f.URL == "" {
+			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" {
 				f.URL = "http://" + a
 				close(f.ready)
 			}
 			if logTo != nil {
-				fmt.Fprintln(logTo, sc.Text())
+				fmt.Fprintln(logTo, line)
 			}
-		}
+		}, logTo)
 		cmd.Wait()
 		close(f.exited)
 	}()
