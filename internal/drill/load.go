@@ -157,6 +157,16 @@ func (l *Load) Run(ctx context.Context) []*Stream {
 	return out
 }
 
+// refusedBackoff is the pause before the next run after one that was
+// refused (or not): 10 ms doubling to half a second, none after a run
+// that got tokens.
+func refusedBackoff(prev time.Duration, refused bool) time.Duration {
+	if !refused {
+		return 0
+	}
+	return min(max(2*prev, 10*time.Millisecond), 500*time.Millisecond)
+}
+
 // Steady keeps every stream running, each starting again as soon as it
 // ends, until stop is called; stop waits for the runs in progress and
 // returns every run, in the order they ended.
@@ -169,12 +179,20 @@ func (l *Load) Steady(ctx context.Context) (stop func() []*Stream) {
 	)
 	for i := 0; i < l.spec.Streams; i++ {
 		wg.Go(func() {
+			wait := time.Duration(0)
 			for ctx.Err() == nil {
 				s := l.newStream(context.WithoutCancel(ctx), i)
 				l.run(s)
 				mu.Lock()
 				done = append(done, s)
 				mu.Unlock()
+				// A run refused at once (no frontend up, a 429) is tried
+				// again after a pause that doubles, not in a hot loop.
+				wait = refusedBackoff(wait, s.Err != nil && len(s.Tokens) == 0)
+				select {
+				case <-ctx.Done():
+				case <-time.After(wait):
+				}
 			}
 		})
 	}

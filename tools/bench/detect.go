@@ -107,16 +107,21 @@ func killLoop(env *localcluster.Env, det string, kills int) (toEvent, toGone []t
 		killed := time.Now()
 		syscall.Kill(ws[0].PID, syscall.SIGKILL)
 		gone := false
+		deadline := time.After(10 * time.Second)
 		for !gone {
 			select {
-			case wr := <-watch:
+			case wr, ok := <-watch:
+				if !ok || wr.Err() != nil {
+					cancel()
+					return nil, nil, fmt.Errorf("the watch of %s ended: %v", key, wr.Err())
+				}
 				for _, ev := range wr.Events {
 					if ev.Type == clientv3.EventTypeDelete {
 						toGone = append(toGone, time.Since(killed))
 						gone = true
 					}
 				}
-			case <-time.After(10 * time.Second):
+			case <-deadline:
 				cancel()
 				return nil, nil, fmt.Errorf("key not deleted within 10s")
 			}
@@ -170,16 +175,21 @@ func leaseExpiry(cli *clientv3.Client, samples int) ([]time.Duration, error) {
 			return nil, err
 		}
 		last := time.Now()
+		deadline := time.After(30 * time.Second)
 		for done := false; !done; {
 			select {
-			case wr := <-watch:
+			case wr, ok := <-watch:
+				if !ok || wr.Err() != nil {
+					cancel()
+					return nil, fmt.Errorf("the watch ended: %v", wr.Err())
+				}
 				for _, ev := range wr.Events {
 					if ev.Type == clientv3.EventTypeDelete {
 						out = append(out, time.Since(last))
 						done = true
 					}
 				}
-			case <-time.After(30 * time.Second):
+			case <-deadline:
 				cancel()
 				return nil, fmt.Errorf("lease never expired")
 			}

@@ -238,6 +238,13 @@ func startLoad(url string) *load {
 					l.tokens += len(toks)
 				}
 				l.mu.Unlock()
+				if err != nil && len(toks) == 0 {
+					// Refused at once: not again in a hot loop.
+					select {
+					case <-l.quit:
+					case <-time.After(50 * time.Millisecond):
+					}
+				}
 			}
 		}()
 	}
