@@ -63,7 +63,10 @@ func (e *Engine) ServeTCP(ctx context.Context, ln net.Listener, tlsConf *tls.Con
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			return err
+			// Out of file descriptors and the like: wait, do not end the
+			// data path (its peers would stay on QUIC for good).
+			time.Sleep(10 * time.Millisecond)
+			continue
 		}
 		wg.Add(1)
 		go func() {

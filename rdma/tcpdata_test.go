@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -26,9 +27,14 @@ type dataListener struct {
 	net.Listener
 	accepted atomic.Int64
 	wrap     func(net.Conn) net.Conn
+	// fail is how many Accepts fail, as out of file descriptors, first.
+	fail atomic.Int32
 }
 
 func (l *dataListener) Accept() (net.Conn, error) {
+	if l.fail.Add(-1) >= 0 {
+		return nil, &net.OpError{Op: "accept", Net: "tcp", Err: syscall.EMFILE}
+	}
 	c, err := l.Listener.Accept()
 	if err == nil {
 		l.accepted.Add(1)
@@ -43,6 +49,12 @@ func (l *dataListener) Accept() (net.Conn, error) {
 // certificates.
 func (n *node) serveTCP(t testing.TB, certDir string, wrap func(net.Conn) net.Conn) *dataListener {
 	t.Helper()
+	return n.serveTCPFailing(t, certDir, wrap, 0)
+}
+
+// serveTCPFailing is serveTCP with the first fail Accepts failing.
+func (n *node) serveTCPFailing(t testing.TB, certDir string, wrap func(net.Conn) net.Conn, fail int32) *dataListener {
+	t.Helper()
 	tlsConf, err := transferclient.TLS(certDir)
 	if err != nil {
 		t.Fatal(err)
@@ -52,6 +64,7 @@ func (n *node) serveTCP(t testing.TB, certDir string, wrap func(net.Conn) net.Co
 		t.Fatal(err)
 	}
 	dl := &dataListener{Listener: ln, wrap: wrap}
+	dl.fail.Store(fail)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { n.engine.ServeTCP(ctx, dl, tlsConf); close(done) }()
@@ -94,6 +107,25 @@ func TestPullOverTCPDataPath(t *testing.T) {
 	b.RequestId = "quic-only"
 	if r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: b, Keys: blockid.KeyBytes(other), Sources: []string{plain.addr}}); r.Error != "" || r.Pulled != 3 {
 		t.Fatalf("pull over QUIC: %+v", r)
+	}
+	noneInFlight(t, dst)
+}
+
+// TestDataPathOutlivesAcceptErrors: Accepts failing as out of file
+// descriptors do not end the data path: the pull after them still goes
+// over it.
+func TestDataPathOutlivesAcceptErrors(t *testing.T) {
+	c := certs(t)
+	src, dst := newNode(t, c, 64<<10), newNode(t, c, 64<<10)
+	dl := src.serveTCPFailing(t, c, nil, 3)
+	keys := chain(4, "emfile")
+	src.publish(t, keys, 64<<10)
+	r := dst.engine.Pull(context.Background(), &transferpb.Pull{Binding: binding(1, len(keys)), Keys: blockid.KeyBytes(keys), Sources: []string{src.addr}})
+	if r.Error != "" || r.Pulled != uint32(len(keys)) {
+		t.Fatalf("pull: %+v", r)
+	}
+	if dl.fail.Load() >= 0 || dl.accepted.Load() == 0 {
+		t.Fatalf("injected Accept errors not all taken (counter %d), %d data connections accepted: the data path ended on them", dl.fail.Load(), dl.accepted.Load())
 	}
 	noneInFlight(t, dst)
 }
