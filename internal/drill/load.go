@@ -188,10 +188,11 @@ func (l *Load) Steady(ctx context.Context) (stop func() []*Stream) {
 				mu.Unlock()
 				// A run refused at once (no frontend up, a 429) is tried
 				// again after a pause that doubles, not in a hot loop.
-				wait = refusedBackoff(wait, s.Err != nil && len(s.Tokens) == 0)
-				select {
-				case <-ctx.Done():
-				case <-time.After(wait):
+				if wait = refusedBackoff(wait, s.Err != nil && len(s.Tokens) == 0); wait > 0 {
+					select {
+					case <-ctx.Done():
+					case <-time.After(wait):
+					}
 				}
 			}
 		})
