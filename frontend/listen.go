@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 	"sync"
 	"time"
 
@@ -110,13 +111,44 @@ func (s *Server) serveCleartext(ctx context.Context, ln net.Listener, ready io.W
 	return nil
 }
 
+// listenAPI opens the API's TCP listener on addr and, with TLS, the UDP
+// socket of HTTP/3 on the same port. A port of 0 picks a free TCP port;
+// the same UDP port may be taken (by any QUIC socket on the host), so then
+// it tries other ports before it fails. listen is net.Listen but in tests.
+func listenAPI(addr string, withTLS bool, listen func(network, addr string) (net.Listener, error)) (net.Listener, net.PacketConn, error) {
+	_, port, _ := net.SplitHostPort(addr)
+	tries := 1
+	if withTLS && (port == "0" || port == "") {
+		tries = 32
+	}
+	var err error
+	for range tries {
+		var ln net.Listener
+		if ln, err = listen("tcp", addr); err != nil {
+			return nil, nil, fmt.Errorf("frontend: listen %s: %w", addr, err)
+		}
+		if !withTLS {
+			return ln, nil, nil
+		}
+		a := ln.Addr().(*net.TCPAddr)
+		var udp net.PacketConn
+		if udp, err = net.ListenPacket("udp", net.JoinHostPort(a.IP.String(), strconv.Itoa(a.Port))); err == nil {
+			return ln, udp, nil
+		}
+		ln.Close()
+		err = fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", a.Port, err)
+	}
+	return nil, nil, err
+}
+
 // serveTLS serves HTTPS on ln (HTTP/2 negotiated by ALPN) and HTTP/3 on
 // the same UDP port, advertised with Alt-Svc, until ctx ends. Clients of
 // the API are not components: no client certificate.
-func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer) error {
+func (s *Server) serveTLS(ctx context.Context, ln net.Listener, udp net.PacketConn, ready io.Writer) error {
 	base, err := pki.Load(s.opts.CertDir, "h2")
 	if err != nil {
 		ln.Close()
+		udp.Close()
 		return err
 	}
 	tcpTLS := base.Clone()
@@ -124,11 +156,6 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, ready io.Writer)
 	quicTLS := base.Clone()
 	quicTLS.ClientAuth, quicTLS.NextProtos = tls.NoClientCert, []string{"h3"}
 	port := ln.Addr().(*net.TCPAddr).Port
-	udp, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ln.Addr().(*net.TCPAddr).IP, port))
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("frontend: HTTP/3 on UDP %d: %w", port, err)
-	}
 	// Session tickets sealed with keys derived from the resume keys: every
 	// frontend of the cluster resumes every other's TLS sessions (and
 	// accepts their 0-RTT), through key rotations.

@@ -262,22 +262,28 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	}
 	go s.ack.run(ctx)
 	go s.watch(ctx, rev)
-	ln, err := net.Listen("tcp", s.opts.Listen)
+	ln, udp, err := listenAPI(s.opts.Listen, s.opts.TLS, net.Listen)
 	if err != nil {
-		return fmt.Errorf("frontend: listen %s: %w", s.opts.Listen, err)
+		return err
+	}
+	closeAll := func() {
+		ln.Close()
+		if udp != nil {
+			udp.Close()
+		}
 	}
 	if err := s.startFailover(ctx, ln.Addr(), rev); err != nil {
-		ln.Close()
+		closeAll()
 		return err
 	}
 	if err := s.serveMetrics(ctx, ready); err != nil {
-		ln.Close()
+		closeAll()
 		return err
 	}
 	if !s.opts.TLS {
 		return s.serveCleartext(ctx, ln, ready)
 	}
-	return s.serveTLS(ctx, ln, ready)
+	return s.serveTLS(ctx, ln, udp, ready)
 }
 
 // newServer sets up a server's clients: of workers, of agents' KV

@@ -255,20 +255,24 @@ func StartFrontendProc(t testing.TB, n *Node, extra ...string) *localcluster.Fro
 	var log proctest.SyncBuffer
 	f, err := n.Env.StartFrontend("127.0.0.1:0", &log, extra...)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v; its log:\n%s", err, logTail(log.String()))
 	}
 	t.Cleanup(func() {
 		f.Signal(syscall.SIGCONT)
 		f.Stop(10 * time.Second)
 		if t.Failed() {
-			out := log.String()
-			if len(out) > 8000 {
-				out = "…" + out[len(out)-8000:]
-			}
-			t.Logf("frontend %s %v log:\n%s", f.URL, extra, out)
+			t.Logf("frontend %s %v log:\n%s", f.URL, extra, logTail(log.String()))
 		}
 	})
 	return f
+}
+
+// logTail is the last 8,000 bytes of a process's log.
+func logTail(out string) string {
+	if len(out) > 8000 {
+		return "…" + out[len(out)-8000:]
+	}
+	return out
 }
 
 // Instances is a single instance spec of the tiny preset.
