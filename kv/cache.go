@@ -272,7 +272,8 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 		err = c.client.Abort(ctx, b.ref)
 	}
 	if err != nil {
-		// The owner reclaims it when our lease ends; nothing else to do.
+		// The client then leaves the session to expire, which frees it
+		// at the owner; nothing else to do.
 		c.mu.Lock()
 		c.stats.HandBackFailed++
 		c.mu.Unlock()

@@ -120,7 +120,7 @@ func (c *Cache) drainPool() {
 	for _, r := range pool {
 		ctx, cancel := c.ownerCtx()
 		if err := c.client.Abort(ctx, r); err != nil {
-			// The owner reclaims it when our lease ends.
+			// Freed when the session the client leaves expires.
 			c.mu.Lock()
 			c.stats.HandBackFailed++
 			c.mu.Unlock()

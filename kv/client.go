@@ -50,6 +50,14 @@ type Client struct {
 	// frozen owner costs a decode step nothing. The keepalive goroutine
 	// keeps probing.
 	unreachable bool
+	// abandoned is a session the client no longer renews: it forgot
+	// blocks the owner may still hold under it (a fence, a hello left
+	// unanswered, a hand-back that never reached the owner). Renewed, the
+	// session would keep those slots WRITING or leased for as long as the
+	// worker lives; left to expire, the owner frees them. The keepalive
+	// goroutine opens a new session instead, re-attaching what is still
+	// held.
+	abandoned uint64
 
 	stop      context.CancelFunc // ends the keepalive goroutine
 	done      chan struct{}
@@ -164,7 +172,10 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 		c.unreachable = true
 		var adrift []Ref
 		if _, isRemote := errors.AsType[*RemoteError](err); !isRemote {
+			// Or it never arrived, and the blocks stay in the session
+			// we had: that one must expire too.
 			adrift = forgetUnconfirmed(c.owned, owned, nil)
+			c.abandonLocked()
 		}
 		return append(expired, adrift...), nil, err
 	}
@@ -190,12 +201,37 @@ func (c *Client) held() (owned, leased, expired []Ref) {
 	return nil, nil, c.forgetAllLocked()
 }
 
-// forgetAllLocked drops every block we hold and returns them.
+// forgetAllLocked drops every block we hold, abandons the session they
+// were held under, and returns them.
 func (c *Client) forgetAllLocked() []Ref {
 	lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
 	clear(c.owned)
 	clear(c.leased)
+	c.abandonLocked()
 	return lost
+}
+
+// abandonLocked stops renewing the current session (see abandoned).
+func (c *Client) abandonLocked() {
+	if c.hello != nil {
+		c.abandoned = c.hello.Session
+	}
+}
+
+// handedBack abandons session if a hand-back (Abort, Release) of one of
+// its blocks may not have reached the owner: the client has forgotten
+// the block, so only the session's expiry returns it. An answer from the
+// owner, even an error (a stale reference), means there is nothing left
+// to return.
+func (c *Client) handedBack(session uint64, err error) {
+	if _, isRemote := errors.AsType[*RemoteError](err); err == nil || isRemote {
+		return
+	}
+	c.mu.Lock()
+	if c.hello.GetSession() == session {
+		c.abandonLocked()
+	}
+	c.mu.Unlock()
 }
 
 // forgetUnconfirmed removes from held the offered refs the owner did not
@@ -351,12 +387,16 @@ func (c *Client) Publish(ctx context.Context, r Ref) error {
 	return err
 }
 
-// Abort discards a block the client writes.
+// Abort discards a block the client writes. Should the owner not answer,
+// the block is still forgotten: the session it was written under is then
+// left to expire, which frees it.
 func (c *Client) Abort(ctx context.Context, r Ref) error {
 	c.mu.Lock()
 	delete(c.owned, r.Slot)
+	session := c.hello.GetSession()
 	c.mu.Unlock()
 	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Abort{Abort: &kvpb.Abort{Ref: toPB(r)}}})
+	c.handedBack(session, err)
 	return err
 }
 
@@ -386,12 +426,15 @@ func (c *Client) Lookup(ctx context.Context, keys []BlockKey) (int, error) {
 	return int(resp.Count), nil
 }
 
-// Release drops a lease.
+// Release drops a lease (as Abort, by the session's expiry should the
+// owner not answer).
 func (c *Client) Release(ctx context.Context, r Ref) error {
 	c.mu.Lock()
 	delete(c.leased, r.Slot)
+	session := c.hello.GetSession()
 	c.mu.Unlock()
 	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Release{Release: &kvpb.RefOnly{Ref: toPB(r)}}})
+	c.handedBack(session, err)
 	return err
 }
 

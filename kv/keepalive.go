@@ -33,7 +33,14 @@ func (c *Client) keepAlive(ctx context.Context) {
 		c.mu.Lock()
 		session := c.hello.GetSession()
 		deadline := c.validUntil
+		abandoned := session == c.abandoned
 		c.mu.Unlock()
+		if abandoned {
+			// Not renewed: a new session takes over what we still
+			// hold, and this one expires with what we gave up.
+			c.reconnect(ctx)
+			continue
+		}
 		sent := time.Now()
 		var err error
 		w, err = c.renew(ctx, w, session, ttl)
@@ -45,7 +52,8 @@ func (c *Client) keepAlive(ctx context.Context) {
 			c.mu.Unlock()
 		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
 			// The session is gone or may be: give everything up now and
-			// start a new session.
+			// start a new session (a renewal that then gets through
+			// would keep what we gave up at the owner).
 			lost := c.forgetAllLocked()
 			c.validUntil = time.Time{}
 			c.mu.Unlock()
@@ -61,7 +69,9 @@ func (c *Client) keepAlive(ctx context.Context) {
 // (no renewal acknowledged in time), without waiting for the keepalive
 // goroutine, whose renewal may itself be stuck on a frozen owner: the
 // owner may hand those slots to another writer from then on. It reports
-// them through OnLost and returns how many there were.
+// them through OnLost and returns how many there were. The session is
+// abandoned with them: were a late renewal to keep it alive, the owner
+// would keep those slots for it.
 func (c *Client) Fence() int {
 	c.mu.Lock()
 	if c.validUntil.IsZero() || time.Now().Before(c.validUntil) {
