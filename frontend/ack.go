@@ -212,13 +212,20 @@ func (k *frontendKey) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
 		for range alive {
 		}
 		stop()
+		if ctx.Err() != nil {
+			// The frontend stops: the lease stays the current one, for
+			// revoke to take the record with it (forgotten here, the
+			// record stayed its TTL and draining agents waited for a
+			// frontend that was gone).
+			return
+		}
 		k.mu.Lock()
 		mine := k.lease == g.ID
 		if mine {
 			k.lease = 0
 		}
 		k.mu.Unlock()
-		if mine && ctx.Err() == nil && k.lost != nil {
+		if mine && k.lost != nil {
 			k.lost()
 		}
 	}()
