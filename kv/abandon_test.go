@@ -12,78 +12,115 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
-// pausingProxy forwards a unix socket to the owner's. While paused it
-// holds every byte on the connections it has in both directions (a
-// stalled line) and delivers them once resumed, and it closes new
-// connections at once: a dial or hello meanwhile fails.
-func pausingProxy(t *testing.T, target string) (sock string, pause func(bool)) {
+// proxy forwards a unix socket to the owner's. Paused, it holds every
+// byte on the connections it has in both directions (a stalled line) and
+// delivers them once resumed, and closes new connections at once (a hello
+// meanwhile may or may not have arrived). Refusing, it listens no more: a
+// dial fails, and nothing is sent.
+type proxy struct {
+	t        *testing.T
+	sock     string
+	target   string
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	cond     *sync.Cond
+	paused   bool
+	ln       net.Listener // nil while refusing
+	accepted int          // connections forwarded
+}
+
+func newProxy(t *testing.T, target string) *proxy {
 	t.Helper()
-	sock = filepath.Join(t.TempDir(), "proxy.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	cond := sync.NewCond(&mu)
-	paused := false
-	gate := func() {
-		mu.Lock()
-		for paused {
-			cond.Wait()
-		}
-		mu.Unlock()
-	}
-	pipe := func(dst, src net.Conn) {
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := src.Read(buf)
-			gate()
-			if n > 0 {
-				if _, werr := dst.Write(buf[:n]); werr != nil {
-					return
-				}
-			}
-			if err != nil {
-				dst.Close()
-				return
-			}
-		}
-	}
-	var wg sync.WaitGroup
+	p := &proxy{t: t, sock: filepath.Join(t.TempDir(), "proxy.sock"), target: target}
+	p.cond = sync.NewCond(&p.mu)
+	p.listen()
 	t.Cleanup(func() {
-		pause(false)
-		ln.Close()
-		wg.Wait()
+		p.Pause(false)
+		p.Refuse(true)
+		p.wg.Wait()
 	})
-	wg.Go(func() {
+	return p
+}
+
+// listen opens the socket and accepts on it until it is closed.
+func (p *proxy) listen() {
+	ln, err := net.Listen("unix", p.sock)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.ln = ln
+	p.mu.Unlock()
+	p.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			refuse := paused
-			mu.Unlock()
+			p.mu.Lock()
+			refuse := p.paused
+			if !refuse {
+				p.accepted++
+			}
+			p.mu.Unlock()
 			if refuse {
 				c.Close()
 				continue
 			}
-			o, err := net.Dial("unix", target)
+			o, err := net.Dial("unix", p.target)
 			if err != nil {
 				c.Close()
 				continue
 			}
-			wg.Go(func() { pipe(o, c) })
-			wg.Go(func() { pipe(c, o); c.Close() })
+			p.wg.Go(func() { p.pipe(o, c) })
+			p.wg.Go(func() { p.pipe(c, o); c.Close() })
 		}
 	})
-	pause = func(p bool) {
-		mu.Lock()
-		paused = p
-		cond.Broadcast()
-		mu.Unlock()
+}
+
+func (p *proxy) conns() int { p.mu.Lock(); defer p.mu.Unlock(); return p.accepted }
+
+func (p *proxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := src.Read(buf)
+		p.mu.Lock()
+		for p.paused {
+			p.cond.Wait()
+		}
+		p.mu.Unlock()
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
+			return
+		}
 	}
-	return sock, pause
+}
+
+func (p *proxy) Pause(on bool) {
+	p.mu.Lock()
+	p.paused = on
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+func (p *proxy) Refuse(on bool) {
+	p.mu.Lock()
+	ln := p.ln
+	if on {
+		p.ln = nil
+	}
+	p.mu.Unlock()
+	switch {
+	case on && ln != nil:
+		ln.Close() // removes the socket file too
+	case !on && ln == nil:
+		p.listen()
+	}
 }
 
 // slotState is the owner's state of slot.
@@ -159,8 +196,8 @@ func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
-	sock, pause := pausingProxy(t, target)
-	c, err := Dial(context.Background(), sock, Writer{"w", 1})
+	p := newProxy(t, target)
+	c, err := Dial(context.Background(), p.sock, Writer{"w", 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,14 +210,14 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 	var lost []Ref
 	c.OnLost(func(rs []Ref) { mu.Lock(); lost = append(lost, rs...); mu.Unlock() })
 	before := o.Stats().SessionsExpired
-	pause(true)
+	p.Pause(true)
 	proctest.WaitFor(t, ttl, "the client to give its block up", func() (bool, string) {
 		c.Fence()
 		mu.Lock()
 		defer mu.Unlock()
 		return len(lost) == 1 && lost[0] == refs[0], fmt.Sprintf("lost %v", lost)
 	})
-	pause(false)
+	p.Pause(false)
 	if o.Stats().SessionsExpired != before {
 		t.Fatal("the owner expired the session during the stall: the stall outlasted the lease, and this tests nothing")
 	}
@@ -189,5 +226,52 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 	got, err := c.Allocate(context.Background(), 1)
 	if err != nil || slotState(o, got[0].Slot) != Writing {
 		t.Fatalf("allocate after the fence: %v %v", got, err)
+	}
+}
+
+// TestAnAbandonedSessionLivesUntilReplaced: with the owner answering its
+// renewals but no new connection getting through, the session a failed
+// Abort abandoned cannot be replaced yet. It is renewed meanwhile: left
+// to expire with no other session of this writer, the agent would fence
+// (kill) the worker for what was a slow call, and the block it still
+// holds would go. Once connections get through, a new session takes that
+// block over and the abandoned one expires with the other.
+func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
+	const ttl = 600 * time.Millisecond
+	o, target := serveOwner(t, 8, ttl)
+	p := newProxy(t, target)
+	c, err := Dial(context.Background(), p.sock, Writer{"w", 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	refs, err := c.Allocate(context.Background(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keep, drop := refs[0], refs[1]
+	// The keepalive goroutine's own connection is up before new ones fail.
+	proctest.WaitFor(t, 5*time.Second, "a renewal", func() (bool, string) {
+		return p.conns() >= 2, fmt.Sprintf("%d connections", p.conns())
+	})
+	p.Refuse(true)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := c.Abort(gone, drop); err == nil {
+		t.Fatal("an Abort with its ctx ended succeeded")
+	}
+	before := o.Stats().SessionsExpired
+	proctest.Never(t, 3*ttl, "the abandoned session expired with no new one", func() (bool, string) {
+		st := o.Stats()
+		return st.SessionsExpired != before || slotState(o, keep.Slot) != Writing,
+			fmt.Sprintf("%d sessions expired, kept slot %s", st.SessionsExpired-before, slotState(o, keep.Slot))
+	})
+	p.Refuse(false)
+	waitFreed(t, o, drop.Slot, "the owner to free the block whose Abort never arrived")
+	if st := slotState(o, keep.Slot); st != Writing {
+		t.Fatalf("the kept block, once the session was replaced: %s", st)
+	}
+	if err := c.Abort(context.Background(), keep); err != nil {
+		t.Fatalf("abort the kept block under the new session: %v", err)
 	}
 }

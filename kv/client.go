@@ -56,7 +56,7 @@ type Client struct {
 	// session would keep those slots WRITING or leased for as long as the
 	// worker lives; left to expire, the owner frees them. The keepalive
 	// goroutine opens a new session instead, re-attaching what is still
-	// held.
+	// held, and renews the old one only until it has.
 	abandoned uint64
 
 	stop      context.CancelFunc // ends the keepalive goroutine

@@ -36,10 +36,18 @@ func (c *Client) keepAlive(ctx context.Context) {
 		abandoned := session == c.abandoned
 		c.mu.Unlock()
 		if abandoned {
-			// Not renewed: a new session takes over what we still
-			// hold, and this one expires with what we gave up.
+			// A new session takes over what we still hold, and this one,
+			// no longer renewed, expires with what we gave up.
 			c.reconnect(ctx)
-			continue
+			c.mu.Lock()
+			replaced := c.hello.GetSession() != session
+			c.mu.Unlock()
+			if replaced {
+				continue
+			}
+			// None yet: renew this one meanwhile. Expired with no other
+			// session of this writer, it would have the agent fence
+			// (kill) the worker, for what was maybe a slow call.
 		}
 		sent := time.Now()
 		var err error
