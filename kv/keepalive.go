@@ -60,8 +60,8 @@ func (c *Client) keepAlive(ctx context.Context) {
 			c.mu.Unlock()
 		case errors.Is(err, ErrUnknownSession) || time.Now().After(deadline):
 			// The session is gone or may be: give everything up now and
-			// start a new session (a renewal that then gets through
-			// would keep what we gave up at the owner).
+			// start a new session (this one is abandoned: once replaced,
+			// it is not renewed, and what we gave up goes with it).
 			lost := c.forgetAllLocked()
 			c.validUntil = time.Time{}
 			c.mu.Unlock()
@@ -78,8 +78,8 @@ func (c *Client) keepAlive(ctx context.Context) {
 // goroutine, whose renewal may itself be stuck on a frozen owner: the
 // owner may hand those slots to another writer from then on. It reports
 // them through OnLost and returns how many there were. The session is
-// abandoned with them: were a late renewal to keep it alive, the owner
-// would keep those slots for it.
+// abandoned with them: once a new one is open, it is not renewed, and the
+// owner frees those slots when it expires.
 func (c *Client) Fence() int {
 	c.mu.Lock()
 	if c.validUntil.IsZero() || time.Now().Before(c.validUntil) {
