@@ -16,6 +16,11 @@
 //
 // pf is prefetched at 96 bytes per step: the caller points it at the next
 // three weight rows, which streaming from DRAM would otherwise stall on.
+// They are prefetched into L2 (PREFETCHT1), not L1: a batch of eight or more
+// tokens keeps its activations in L1 (16 tokens of 384 floats are 24 KB),
+// and the next rows brought into L1 as well pushed them out. 16 tokens times
+// 55 MB of 384-float rows, one core of a Zen 4: 53 GFLOP/s with PREFETCHT0,
+// 83 with PREFETCHT1; the same rows from cache run at ~95.
 TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), SI
 	MOVQ xstride+8(FP), R8
@@ -50,8 +55,8 @@ TEXT ·dot4x3AVX2(SB), NOSPLIT, $0-64
 	JZ   store4x3
 
 loop4x3:
-	PREFETCHT0 (R8)(R9*1)
-	PREFETCHT0 64(R8)(R9*1)
+	PREFETCHT1 (R8)(R9*1)
+	PREFETCHT1 64(R8)(R9*1)
 	ADDQ $96, R9
 	VMOVUPS (DI)(AX*1), Y0
 	VMOVUPS (R13)(AX*1), Y1

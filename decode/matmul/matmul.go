@@ -283,8 +283,8 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	}
 	r := r0
 	for ; r+3 <= r1; r += 3 {
-		// Prefetch the next three rows while the first token group runs;
-		// the later groups find this triple in cache.
+		// Prefetch the next three rows into L2 while the first token group
+		// runs; the later groups find this triple in cache.
 		next := &w[r*n]
 		if r+6 <= r1 {
 			next = &w[(r+3)*n]
