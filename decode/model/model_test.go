@@ -6,6 +6,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
@@ -336,5 +338,39 @@ func TestLlama2CVocabSize(t *testing.T) {
 	}
 	if _, err := Llama2CVocabSize(path); !errors.Is(err, ErrBadCheckpoint) {
 		t.Fatalf("a cut file: %v, want ErrBadCheckpoint", err)
+	}
+}
+
+// TestAttentionSplitByHead: a batch of one at a long context spreads its
+// heads over the helpers, and the logits and K/V are bit for bit those of
+// the same position computed on one goroutine and inside a prefill.
+func TestAttentionSplitByHead(t *testing.T) {
+	m := tinyModel(t)
+	const n = 300 // past minParallelAttention at batch 1
+	toks := testTokens(n, 3)
+	decodeLast := func(procs int) ([]float32, []float32, int) {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(procs))
+		r := newSeqRunner(t, m, n)
+		r.run(t, toks, 0, n-1)
+		logits := r.run(t, toks, n-1, n)[0]
+		last := r.store.Block(r.blocks[len(r.blocks)-1])
+		return logits, slices.Clone(last), r.ws.attentionParts
+	}
+	split, splitKV, parts := decodeLast(2)
+	if parts < 2 {
+		t.Fatalf("batch 1 at position %d on 2 procs: attention ran in %d part(s)", n-1, parts)
+	}
+	serial, serialKV, parts := decodeLast(1)
+	if parts != 1 {
+		t.Fatalf("on 1 proc attention ran in %d parts", parts)
+	}
+	prefill := newSeqRunner(t, m, n).run(t, toks, 0, n)[n-1]
+	for name, got := range map[string][]float32{"one goroutine": serial, "prefill": prefill} {
+		if i := sameBits(split, got); i >= 0 {
+			t.Fatalf("heads split over goroutines and %s: logits differ at %d: %v vs %v", name, i, split[i], got[i])
+		}
+	}
+	if i := sameBits(splitKV, serialKV); i >= 0 {
+		t.Fatalf("heads split over goroutines and one goroutine: K/V differ at float %d", i)
 	}
 }
