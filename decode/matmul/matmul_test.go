@@ -130,7 +130,7 @@ func TestWideKernelRoundsAsTheNarrow(t *testing.T) {
 		t.Skip("no eight-token kernel on this CPU")
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, dims := range [][3]int{{8, 384, 384}, {16, 1024, 384}, {19, 13, 7}, {40, 172, 64}, {9, 5, 3}, {24, 96, 1024}} {
+	for _, dims := range [][3]int{{8, 384, 384}, {16, 1024, 384}, {19, 13, 7}, {40, 172, 64}, {9, 5, 3}, {24, 96, 1024}, {16, 48, 768}} {
 		T, m, n := dims[0], dims[1], dims[2]
 		w, x := randVec(r, m*n), randVec(r, T*n)
 		wide, narrow := make([]float32, T*m), make([]float32, T*m)
