@@ -205,9 +205,10 @@ const (
 	serialFor   = 50 * time.Millisecond
 )
 
-// account adds a job to the stall window: its caller worked for worked and
-// then waited for helpers for waited; helpers of them took parts, each
-// saving the caller about as long as it worked itself.
+// account adds a job to the stall window: its caller worked for worked,
+// then waited for helpers for waited; helpers is how many helpers the job
+// could use, each of which saved the caller about as long as the caller
+// worked itself.
 func (p *pool) account(worked, waited time.Duration, helpers int) {
 	p.spent += worked + waited
 	p.saved += worked * time.Duration(helpers)
