@@ -267,15 +267,41 @@ func Stream(buf []float32) float32 {
 }
 
 func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
+	stridedRows(out, m, x, n, T, w, n, n, r0, r1)
+}
+
+// MatMulStrided sets out[t*ostride+j] = Dot(x[t*xstride:t*xstride+n],
+// w[j*wstride:j*wstride+n]) for t < T and j < m, with the rounding of every
+// other product in this package, on the calling goroutine: rows of x and w
+// may lie apart in larger arrays (a head's queries among all heads' of a
+// token, a KV block's keys among its values). Strides must be at least n,
+// ostride at least m.
+func MatMulStrided(out []float32, ostride int, x []float32, xstride, T int, w []float32, wstride, m, n int) {
+	if T == 0 || m == 0 {
+		return
+	}
+	if ostride < m || xstride < n || wstride < n {
+		panic("matmul: MatMulStrided stride shorter than its row")
+	}
+	_ = out[(T-1)*ostride+m-1]
+	if n > 0 {
+		_ = x[(T-1)*xstride+n-1]
+		_ = w[(m-1)*wstride+n-1]
+	}
+	stridedRows(out, ostride, x, xstride, T, w, wstride, n, 0, m)
+}
+
+// stridedRows computes rows [r0, r1) of the product: token t's row r at
+// out[t*ostride+r], from x[t*xstride:] and w[r*wstride:], n floats each.
+func stridedRows(out []float32, ostride int, x []float32, xstride, T int, w []float32, wstride, n, r0, r1 int) {
 	if n == 0 {
 		for t := 0; t < T; t++ {
-			clear(out[t*m+r0 : t*m+r1])
+			clear(out[t*ostride+r0 : t*ostride+r1])
 		}
 		return
 	}
 	n8 := n / 8
-	xs := uintptr(n) * 4
-	ostride := uintptr(m) * 4
+	xs, ws, os := uintptr(xstride)*4, uintptr(wstride)*4, uintptr(ostride)*4
 	T4 := T &^ 3
 	// addTails adds the products past the last 8-float step to the sums
 	// the kernel stored; all our dimensions are multiples of 8, so it
@@ -286,8 +312,8 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 		}
 		for i := 0; i < 4; i++ {
 			for j := 0; j < rows; j++ {
-				o := &out[(t+i)*m+r+j]
-				*o = tail(*o, x[(t+i)*n:(t+i+1)*n], w[(r+j)*n:], n8*8)
+				o := &out[(t+i)*ostride+r+j]
+				*o = tail(*o, x[(t+i)*xstride:(t+i)*xstride+n], w[(r+j)*wstride:], n8*8)
 			}
 		}
 	}
@@ -295,18 +321,18 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	for ; r+3 <= r1; r += 3 {
 		// Prefetch the next three rows into L2 while the first token group
 		// runs; the later groups find this triple in cache.
-		next := &w[r*n]
+		next := &w[r*wstride]
 		if r+6 <= r1 {
-			next = &w[(r+3)*n]
+			next = &w[(r+3)*wstride]
 		}
 		t := 0
 		if active.dot8x3 != nil && n <= wideMaxN {
 			for ; t+8 <= T4; t += 8 {
 				pf := next
 				if t > 0 {
-					pf = &w[r*n]
+					pf = &w[r*wstride]
 				}
-				active.dot8x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &out[t*m+r], ostride, pf)
+				active.dot8x3(&x[t*xstride], xs, &w[r*wstride], ws, uintptr(n8), &out[t*ostride+r], os, pf)
 				addTails(t, r, 3)
 				addTails(t+4, r, 3)
 			}
@@ -314,9 +340,9 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 		for ; t < T4; t += 4 {
 			pf := next
 			if t > 0 {
-				pf = &w[r*n]
+				pf = &w[r*wstride]
 			}
-			active.dot4x3(&x[t*n], xs, &w[r*n], xs, uintptr(n8), &out[t*m+r], ostride, pf)
+			active.dot4x3(&x[t*xstride], xs, &w[r*wstride], ws, uintptr(n8), &out[t*ostride+r], os, pf)
 			addTails(t, r, 3)
 		}
 	}
@@ -324,14 +350,14 @@ func matmulRows(out, x []float32, T int, w []float32, m, n, r0, r1 int) {
 	for ; r < r1; r++ {
 		for t := 0; t < T4; t += 4 {
 			// A zero weight stride computes the one row three times.
-			active.dot4x3(&x[t*n], xs, &w[r*n], 0, uintptr(n8), &one[0], 12, &w[r*n])
+			active.dot4x3(&x[t*xstride], xs, &w[r*wstride], 0, uintptr(n8), &one[0], 12, &w[r*wstride])
 			for i := 0; i < 4; i++ {
-				out[(t+i)*m+r] = one[i*3]
+				out[(t+i)*ostride+r] = one[i*3]
 			}
 			addTails(t, r, 1)
 		}
 	}
 	for t := T4; t < T; t++ {
-		DotRows(out[t*m+r0:t*m+r1], x[t*n:(t+1)*n], w[r0*n:], n)
+		DotRows(out[t*ostride+r0:t*ostride+r1], x[t*xstride:t*xstride+n], w[r0*wstride:], wstride)
 	}
 }

@@ -177,3 +177,40 @@ func TestRowByRowRoundsAsFourRows(t *testing.T) {
 		}
 	}
 }
+
+// TestStridedProductIsDot: every element of a strided product has the bits
+// of Dot over the same two rows, for tokens and rows that fill tiles or
+// leave some over, lengths with and without 8-float tails, and strides
+// wider than the rows (outputs and inputs past each row left untouched).
+func TestStridedProductIsDot(t *testing.T) {
+	forEachKernel(t, func(t *testing.T) {
+		r := rand.New(rand.NewPCG(5, 6))
+		for _, T := range []int{1, 3, 4, 8, 9, 16} {
+			for _, m := range []int{1, 2, 3, 16, 17} {
+				for _, n := range []int{5, 12, 16, 64, 70} {
+					xstride, wstride, ostride := n+r.IntN(9), n+r.IntN(200), m+r.IntN(5)
+					x, w := randVec(r, (T-1)*xstride+n), randVec(r, (m-1)*wstride+n)
+					out := make([]float32, (T-1)*ostride+m+1)
+					const sentinel = float32(-12345)
+					for i := range out {
+						out[i] = sentinel
+					}
+					MatMulStrided(out, ostride, x, xstride, T, w, wstride, m, n)
+					for tok := 0; tok < T; tok++ {
+						for j := 0; j < m; j++ {
+							want := Dot(x[tok*xstride:tok*xstride+n], w[j*wstride:j*wstride+n])
+							if got := out[tok*ostride+j]; math.Float32bits(got) != math.Float32bits(want) {
+								t.Fatalf("T=%d m=%d n=%d strides %d/%d/%d: out[%d][%d] = %x, Dot = %x", T, m, n, xstride, wstride, ostride, tok, j, math.Float32bits(got), math.Float32bits(want))
+							}
+						}
+						for j := m; j < ostride && tok*ostride+j < len(out); j++ {
+							if out[tok*ostride+j] != sentinel {
+								t.Fatalf("T=%d m=%d n=%d: out[%d][%d] past the row was written", T, m, n, tok, j)
+							}
+						}
+					}
+				}
+			}
+		}
+	})
+}
