@@ -30,9 +30,9 @@
 // tokens' lanes for one row — fed one FMA per 8-float step, so every sum
 // rounds exactly as the 256-bit kernels round it; only twice as many pairs
 // are computed per instruction. Token i's sum for row j is stored at
-// out + i*ostride + 4*j. pf, the next three rows, is prefetched into L2 as
-// dot4x3AVX2 does it (57-60 GFLOP/s from memory into L1, 84-87 into L2 on
-// one core of a Zen 4).
+// out + i*ostride + 4*j. pf, where the caller's next rows start, is
+// prefetched into L2 at 128 bytes per step, as dot4x3AVX2 explains (57-60
+// GFLOP/s from memory into L1, 84-87 into L2 on one core of a Zen 4).
 TEXT ·dot8x3AVX512(SB), NOSPLIT, $0-64
 	MOVQ x+0(FP), SI
 	MOVQ xstride+8(FP), AX

@@ -319,8 +319,10 @@ func stridedRows(out []float32, ostride int, x []float32, xstride, T int, w []fl
 	}
 	r := r0
 	for ; r+3 <= r1; r += 3 {
-		// Prefetch the next three rows into L2 while the first token group
-		// runs; the later groups find this triple in cache.
+		// Prefetch what follows this triple into L2 while the first token
+		// group runs (the kernels prefetch 3-4 rows' worth from the next
+		// row on: the next rows themselves when they are contiguous); the
+		// later groups find this triple in cache.
 		next := &w[r*wstride]
 		if r+6 <= r1 {
 			next = &w[(r+3)*wstride]

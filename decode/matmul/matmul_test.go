@@ -130,7 +130,7 @@ func TestWideKernelRoundsAsTheNarrow(t *testing.T) {
 		t.Skip("no eight-token kernel on this CPU")
 	}
 	r := rand.New(rand.NewPCG(3, 4))
-	for _, dims := range [][3]int{{8, 384, 384}, {16, 1024, 384}, {19, 13, 7}, {40, 172, 64}, {9, 5, 3}, {24, 96, 1024}, {16, 48, 768}} {
+	for _, dims := range [][3]int{{8, 384, 384}, {16, 1024, 384}, {19, 13, 7}, {40, 172, 64}, {9, 5, 3}, {24, 96, 1024}, {16, 48, 768}, {24, 96, 764}} {
 		T, m, n := dims[0], dims[1], dims[2]
 		w, x := randVec(r, m*n), randVec(r, T*n)
 		wide, narrow := make([]float32, T*m), make([]float32, T*m)
@@ -185,7 +185,7 @@ func TestRowByRowRoundsAsFourRows(t *testing.T) {
 func TestStridedProductIsDot(t *testing.T) {
 	forEachKernel(t, func(t *testing.T) {
 		r := rand.New(rand.NewPCG(5, 6))
-		for _, T := range []int{1, 3, 4, 8, 9, 16} {
+		for _, T := range []int{1, 3, 4, 8, 9, 12, 13, 16} {
 			for _, m := range []int{1, 2, 3, 16, 17} {
 				for _, n := range []int{5, 12, 16, 64, 70} {
 					xstride, wstride, ostride := n+r.IntN(9), n+r.IntN(200), m+r.IntN(5)

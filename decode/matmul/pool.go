@@ -25,10 +25,11 @@ const maxHelpers = 63
 
 // job is one parallel call: parts 0..n-1 of f, part 0 run by the caller.
 type job struct {
-	f    func(part int)
-	n    int
-	next atomic.Int32 // the next part to take
-	done atomic.Int32 // parts finished
+	f      func(part int)
+	n      int
+	next   atomic.Int32 // the next part to take
+	done   atomic.Int32 // parts finished
+	helped atomic.Int32 // parts finished by helpers
 	// waiting is set (after fin is made) by a caller that stopped spinning
 	// for the last part; whoever finishes it then sends on fin.
 	waiting atomic.Bool
@@ -76,7 +77,7 @@ func (p *pool) run(h *helper) {
 		if s := p.seq.Load(); s != seen {
 			seen = s
 			if j := p.cur.Load(); j != nil {
-				j.work()
+				j.work(true)
 			}
 			continue
 		}
@@ -114,14 +115,20 @@ func spinUntil(cond func() bool) bool {
 	}
 }
 
-// work takes and runs parts until none are left.
-func (j *job) work() {
+// work takes and runs parts until none are left and returns how many it
+// ran. A helper's parts are counted in helped before they count as done, so
+// a caller that sees every part done sees them.
+func (j *job) work(helper bool) (ran int) {
 	for {
 		i := int(j.next.Add(1)) - 1
 		if i >= j.n {
-			return
+			return ran
 		}
 		j.f(i)
+		ran++
+		if helper {
+			j.helped.Add(1)
+		}
 		if int(j.done.Add(1)) == j.n && j.waiting.Load() {
 			j.fin <- struct{}{}
 		}
@@ -177,11 +184,11 @@ func Parallel(n int, f func(part int)) {
 			h.wake <- struct{}{}
 		}
 	}
-	j.work()
+	mine := j.work(false)
 	worked := time.Since(start)
 	j.wait()
 	p.cur.Store(nil)
-	p.account(worked, time.Since(start)-worked, min(len(p.helpers), n-1))
+	p.account(worked, time.Since(start)-worked, mine, int(j.helped.Load()))
 }
 
 // A helper that loses its CPU in the middle of a part holds its caller up
@@ -205,14 +212,17 @@ const (
 	serialFor   = 50 * time.Millisecond
 )
 
-// account adds a job to the stall window: its caller worked for worked,
-// then waited for helpers for waited; helpers is how many helpers the job
-// could use, each of which saved the caller about as long as the caller
-// worked itself.
-func (p *pool) account(worked, waited time.Duration, helpers int) {
+// account adds a job to the stall window: its caller ran mine parts in
+// worked, then waited for helpers for waited; helpers ran helped parts, each
+// of which saved the caller about as long as one of its own took. A job
+// whose parts all ran on helpers is not judged: nothing says what a part
+// costs.
+func (p *pool) account(worked, waited time.Duration, mine, helped int) {
 	p.spent += worked + waited
-	p.saved += worked * time.Duration(helpers)
-	p.waited += waited
+	if mine > 0 {
+		p.saved += worked * time.Duration(helped) / time.Duration(mine)
+		p.waited += waited
+	}
 	if p.spent < stallWindow {
 		return
 	}
