@@ -25,11 +25,10 @@ const maxHelpers = 63
 
 // job is one parallel call: parts 0..n-1 of f, part 0 run by the caller.
 type job struct {
-	f      func(part int)
-	n      int
-	next   atomic.Int32 // the next part to take
-	done   atomic.Int32 // parts finished
-	helped atomic.Int32 // parts finished by helpers
+	f    func(part int)
+	n    int
+	next atomic.Int32 // the next part to take
+	done atomic.Int32 // parts finished
 	// waiting is set (after fin is made) by a caller that stopped spinning
 	// for the last part; whoever finishes it then sends on fin.
 	waiting atomic.Bool
@@ -77,7 +76,7 @@ func (p *pool) run(h *helper) {
 		if s := p.seq.Load(); s != seen {
 			seen = s
 			if j := p.cur.Load(); j != nil {
-				j.work(true)
+				j.work()
 			}
 			continue
 		}
@@ -116,9 +115,8 @@ func spinUntil(cond func() bool) bool {
 }
 
 // work takes and runs parts until none are left and returns how many it
-// ran. A helper's parts are counted in helped before they count as done, so
-// a caller that sees every part done sees them.
-func (j *job) work(helper bool) (ran int) {
+// ran.
+func (j *job) work() (ran int) {
 	for {
 		i := int(j.next.Add(1)) - 1
 		if i >= j.n {
@@ -126,9 +124,6 @@ func (j *job) work(helper bool) (ran int) {
 		}
 		j.f(i)
 		ran++
-		if helper {
-			j.helped.Add(1)
-		}
 		if int(j.done.Add(1)) == j.n && j.waiting.Load() {
 			j.fin <- struct{}{}
 		}
@@ -184,11 +179,12 @@ func Parallel(n int, f func(part int)) {
 			h.wake <- struct{}{}
 		}
 	}
-	mine := j.work(false)
+	mine := j.work()
 	worked := time.Since(start)
 	j.wait()
 	p.cur.Store(nil)
-	p.account(worked, time.Since(start)-worked, mine, int(j.helped.Load()))
+	// Every part the caller did not run, a helper did.
+	p.account(worked, time.Since(start)-worked, mine, n-mine)
 }
 
 // A helper that loses its CPU in the middle of a part holds its caller up

@@ -397,7 +397,6 @@ func (m *Model) attention(ws *Workspace, store kvcache.Store, in []Input, l int)
 	}
 	ws.attentionParts = parts
 	per := (units + parts - 1) / parts
-	qd, hs := m.qDim(), m.Config.HeadSize()
 	matmul.Parallel((units+per-1)/per, func(w int) {
 		for u := w * per; u < min((w+1)*per, units); u++ {
 			// The last groups (the longest contexts) first, so that the
@@ -407,11 +406,7 @@ func (m *Model) attention(ws *Workspace, store kvcache.Store, in []Input, l int)
 			if g+1 < groups {
 				t1 = ws.groups[g+1]
 			}
-			if t1-t0 > 1 {
-				ws.scores[w] = m.attendGroup(ws, ws.scores[w], store, in, t0, t1, l, h)
-				continue
-			}
-			ws.scores[w] = m.attendHead(ws.att[t0*qd+h*hs:t0*qd+(h+1)*hs], ws.q[t0*qd+h*hs:t0*qd+(h+1)*hs], ws.scores[w], store, in[t0], l, h)
+			ws.scores[w] = m.attendGroup(ws, ws.scores[w], store, in, t0, t1, l, h)
 		}
 	})
 }
@@ -422,11 +417,14 @@ func sameTable(a, b []kvcache.BlockID) bool {
 	return len(a) == len(b) && len(a) > 0 && &a[0] == &b[0]
 }
 
-// attendGroup is attendHead for the inputs in[t0:t1] of one sequence: their
-// scores against a block's keys come from one strided product, each key row
-// read once for the group rather than once per input (a key past an input's
-// position is scored and not used). Each input's scores, softmax and
-// weighted sum of values then have the bits attendHead gives it alone.
+// attendGroup sets head h's attention output of the inputs in[t0:t1], one
+// sequence's, from their rotated queries. Their scores against a block's
+// keys come from one strided product, each key row read once for the group
+// rather than once per input (a key past an input's position is scored and
+// not used); then each input's softmax, and the weighted sums of values a
+// block at a time. Every score is Dot of a query and a key row and every
+// input adds its value rows in position order, so an input's output has the
+// same bits in any group, one of its own included.
 func (m *Model) attendGroup(ws *Workspace, scores []float32, store kvcache.Store, in []Input, t0, t1, l, h int) []float32 {
 	c := m.Config
 	layout := store.Layout()
@@ -468,37 +466,6 @@ func (m *Model) attendGroup(ws *Workspace, scores []float32, store kvcache.Store
 			cnt := min(bs, n-b*bs)
 			matmul.AxpyRows(ws.att[t*qd+h*hs:t*qd+(h+1)*hs], scores[i*nmax+b*bs:i*nmax+b*bs+cnt], v, kvDim)
 		}
-	}
-	return scores
-}
-
-// attendHead sets out, head h's attention output for one input, from qh,
-// the head's rotated query.
-func (m *Model) attendHead(out, qh, scores []float32, store kvcache.Store, inp Input, l, h int) []float32 {
-	c := m.Config
-	layout := store.Layout()
-	bs := layout.BlockSize
-	hs, kvDim := c.HeadSize(), layout.KVDim
-	group := c.Heads / c.KVHeads
-	n := inp.Pos + 1
-	scores = grow(scores, n)
-	scale := float32(math.Sqrt(float64(hs)))
-	kvOff := m.kvBase() + (h/group)*hs
-	for b := 0; b*bs < n; b++ {
-		blk := store.Block(inp.Blocks[b])
-		cnt := min(bs, n-b*bs)
-		matmul.DotRows(scores[b*bs:b*bs+cnt], qh, blk[layout.KeyOffset(l, 0)+kvOff:], kvDim)
-	}
-	maxv := matmul.DivMax(scores, scale)
-	sum := matmul.SoftmaxExp(scores, maxv)
-	matmul.DivMax(scores, sum)
-	// The weighted sum of the value rows, a block's rows at a time (each
-	// in position order, as one Axpy per position).
-	clear(out)
-	for b := 0; b*bs < n; b++ {
-		blk := store.Block(inp.Blocks[b])
-		cnt := min(bs, n-b*bs)
-		matmul.AxpyRows(out, scores[b*bs:b*bs+cnt], blk[layout.ValueOffset(l, 0)+kvOff:], kvDim)
 	}
 	return scores
 }
