@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -372,5 +373,91 @@ func TestAttentionSplitByHead(t *testing.T) {
 	}
 	if i := sameBits(splitKV, serialKV); i >= 0 {
 		t.Fatalf("heads split over goroutines and one goroutine: K/V differ at float %d", i)
+	}
+}
+
+// TestAttentionMatchesReference: each input's attention output, whether
+// its head runs alone (a decode batch, a batch of one split over the
+// helpers) or in a group (a prefill's consecutive inputs), is softmax(q·k /
+// √d)·v over the positions up to its own, as a plain float64 computation
+// gives it (to float32 rounding). The invariance tests compare paths with
+// each other; this one pins what they all compute.
+func TestAttentionMatchesReference(t *testing.T) {
+	m := tinyModel(t)
+	c := m.Config
+	layout := m.KVLayout(kvcache.DefaultBlockSize)
+	store, err := kvcache.NewMemStore(layout, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	table := func(positions int) []kvcache.BlockID {
+		var ids []kvcache.BlockID
+		for i := 0; i*layout.BlockSize < positions; i++ {
+			id, err := store.Alloc()
+			if err != nil {
+				t.Fatal(err)
+			}
+			blk := store.Block(id)
+			for j := range blk {
+				blk[j] = float32(r.NormFloat64())
+			}
+			ids = append(ids, id)
+		}
+		return ids
+	}
+	long, prefill := table(300), table(40)
+	batch := []Input{{Pos: 299, Blocks: long}}
+	var prefillIn, decodeIn []Input
+	for p := 20; p < 40; p++ {
+		prefillIn = append(prefillIn, Input{Pos: p, Blocks: prefill})
+	}
+	for i := range 5 {
+		decodeIn = append(decodeIn, Input{Pos: 3 + 17*i, Blocks: table(4 + 17*i)})
+	}
+	hs, qd, group := c.HeadSize(), m.qDim(), c.Heads/c.KVHeads
+	for name, in := range map[string][]Input{"batch of one at 300": batch, "prefill of 20": prefillIn, "decode batch of 5": decodeIn} {
+		var ws Workspace
+		ws.reserve(m, len(in))
+		for i := range ws.q[:len(in)*qd] {
+			ws.q[i] = float32(r.NormFloat64())
+		}
+		const l = 1
+		m.attention(&ws, store, in, l)
+		for ti, inp := range in {
+			for h := 0; h < m.heads(); h++ {
+				q := ws.q[ti*qd+h*hs : ti*qd+(h+1)*hs]
+				kvOff := (h / group) * hs
+				n := inp.Pos + 1
+				w := make([]float64, n)
+				maxw := math.Inf(-1)
+				for p := range n {
+					blk := store.Block(inp.Blocks[p/layout.BlockSize])
+					k := blk[layout.KeyOffset(l, p%layout.BlockSize)+kvOff:][:hs]
+					var d float64
+					for i := range hs {
+						d += float64(q[i]) * float64(k[i])
+					}
+					w[p] = d / math.Sqrt(float64(hs))
+					maxw = max(maxw, w[p])
+				}
+				var sum float64
+				for p := range w {
+					w[p] = math.Exp(w[p] - maxw)
+					sum += w[p]
+				}
+				for i := range hs {
+					var want float64
+					for p := range n {
+						blk := store.Block(inp.Blocks[p/layout.BlockSize])
+						want += w[p] / sum * float64(blk[layout.ValueOffset(l, p%layout.BlockSize)+kvOff+i])
+					}
+					got := float64(ws.att[ti*qd+h*hs+i])
+					if math.Abs(got-want) > 1e-4*(1+math.Abs(want)) {
+						t.Fatalf("%s: input %d (position %d) head %d dim %d: %v, reference %v", name, ti, inp.Pos, h, i, got, want)
+					}
+				}
+			}
+		}
 	}
 }
