@@ -1,6 +1,8 @@
 package frontend
 
 import (
+	"regexp"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -50,8 +52,14 @@ type metrics struct {
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	// The frontend process itself: Go runtime (goroutines, heap, GC) and
-	// process (CPU, memory, descriptors) series.
-	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// process (CPU, memory, descriptors) series. go_gc_heap_live_bytes is
+	// the heap the last collection found live: what the frontend holds,
+	// without the garbage allocated since or the allocator's partly used
+	// spans that go_memstats_heap_inuse_bytes counts (which swing by a
+	// megabyte with the traffic at the moment of the scrape).
+	m.reg.MustRegister(collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(
+		collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(`^/gc/heap/live:bytes$`)})),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.migrations = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migrations_total", Help: "Migrations by result."}, []string{"result"})
 	m.migrationFail = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "lifeline_frontend_migration_failures_total", Help: "Requests that could not be migrated, by error type."}, []string{"reason"})
 	m.migrationTime = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "lifeline_frontend_migration_seconds", Help: "From a worker failure to the next committed token.",
