@@ -29,7 +29,10 @@ type drain struct {
 	// started is the counters of requests started on each instance when
 	// it became not ready.
 	started map[string]uint64
-	cancel  context.CancelFunc
+	// untold is the instances whose workers did not answer when given
+	// the deadline: they are told again at each poll.
+	untold map[string]bool
+	cancel context.CancelFunc
 	// finished is closed when the drain has stopped the workers or was
 	// cancelled.
 	finished chan struct{}
@@ -88,7 +91,7 @@ func (a *Agent) startDrain(trigger string, deadline, hard time.Duration, budgetH
 	ctx, cancel := context.WithCancel(a.life)
 	d := &drain{Drain: controlapi.Drain{Phase: controlapi.DrainWaitingForBudget, Trigger: trigger, StartedAt: now, Deadline: now.Add(deadline),
 		HardDeadline: now.Add(hard), BudgetHeld: budgetHeld}, stay: trigger == triggerNodectl, force: trigger == triggerSIGTERM,
-		started: map[string]uint64{}, cancel: cancel, finished: make(chan struct{})}
+		started: map[string]uint64{}, untold: map[string]bool{}, cancel: cancel, finished: make(chan struct{})}
 	if prev := a.drain; prev != nil {
 		d.BudgetHeld = d.BudgetHeld || prev.BudgetHeld // an undraining node still holds its share
 	}
@@ -135,8 +138,9 @@ func (a *Agent) runDrain(ctx context.Context, d *drain) {
 	a.mu.Unlock()
 	began := time.Now()
 	a.drainStep(sctx, "not_ready", func() { a.enterNotReady(ctx, d) })
-	a.drainStep(sctx, "settle", func() { a.settle(ctx, d) })
-	a.drainStep(sctx, "in_flight", func() { a.finishInFlight(ctx, d) })
+	var base load
+	a.drainStep(sctx, "settle", func() { base = a.settle(ctx, d) })
+	a.drainStep(sctx, "in_flight", func() { a.finishInFlight(ctx, d, base) })
 	a.drainStep(sctx, "stop", func() { a.stopInstances(d) })
 	a.mu.Lock()
 	d.Phase, d.DrainedAt, d.InFlight = controlapi.DrainDrained, time.Now(), 0
@@ -281,7 +285,7 @@ func (a *Agent) restoreDrained() error {
 	close(finished)
 	prev.BudgetHeld, prev.InFlight = false, 0
 	prev.Detail = "drained before the agent restarted; `nodectl undrain` starts the instances"
-	d := &drain{Drain: prev, stay: true, started: map[string]uint64{}, cancel: cancel, finished: finished, reclaimed: make(chan struct{})}
+	d := &drain{Drain: prev, stay: true, started: map[string]uint64{}, untold: map[string]bool{}, cancel: cancel, finished: finished, reclaimed: make(chan struct{})}
 	a.mu.Lock()
 	a.drain = d
 	a.mu.Unlock()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -24,30 +26,34 @@ const shortTokens, longTokens = 150, 1600
 const drainDecisionOverhead = 600 * time.Millisecond
 
 // drainDeadlineBetween measures the step time of the instance's worker
-// (the lowest of a few looks) and returns a drain deadline that n
-// remaining tokens fit with the drain margin when n is about the
-// geometric mean of short and long: a short request fits it, and a long
-// one does not, unless the step time changes about threefold.
+// as the worker's drain will (the mean of its last 64 steps; the median of
+// five looks 100 ms apart) and returns a drain deadline that n remaining
+// tokens fit with the drain margin when n is about the geometric mean of
+// short and long: a short request fits it, and a long one does not,
+// unless the step time changes by more than sqrt(long/short) between this
+// look and the worker's decision.
 func drainDeadlineBetween(t *testing.T, node *clustertest.Node, id string, short, long int) time.Duration {
 	t.Helper()
 	c := node.DialWorker(t, id)
-	// The worker reports the longest of its last steps; the lowest of a
-	// few looks leaves out a prefill step still in that window.
-	step := time.Duration(math.MaxInt64)
-	for range 6 {
+	var looks []time.Duration
+	for i := range 5 {
+		if i > 0 {
+			time.Sleep(100 * time.Millisecond) // spread the looks over more steps
+		}
 		h, err := c.Health(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		step = min(step, time.Duration(h.StepTimeUs)*time.Microsecond)
-		time.Sleep(50 * time.Millisecond) // spread the looks over a few steps
+		looks = append(looks, time.Duration(h.MeanStepTimeUs)*time.Microsecond)
 	}
+	slices.Sort(looks)
+	step := looks[len(looks)/2]
 	if step == 0 {
 		t.Fatalf("worker %s reports no step time while it streams", id)
 	}
 	mean := math.Sqrt(float64(short) * float64(long))
-	deadline := (time.Duration(float64(step)*mean*1.5) + drainDecisionOverhead).Round(time.Millisecond)
-	t.Logf("step time %v: drain deadline %v", step, deadline)
+	deadline := (time.Duration(float64(step)*mean*sched.DrainMargin) + drainDecisionOverhead).Round(time.Millisecond)
+	t.Logf("step time %v (looks %v): drain deadline %v", step, looks, deadline)
 	return deadline
 }
 

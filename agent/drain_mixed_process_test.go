@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 type clientStream struct {
 	first chan string   // the instance of its first token
 	done  chan struct{} // closed once it ended
+	seen  atomic.Int64  // tokens so far
 	// Set before done is closed.
 	toks       []seenToken
 	status     int
@@ -68,6 +70,7 @@ func startClientStream(url string, body map[string]any) *clientStream {
 					s.first <- l.InstanceID
 				}
 				s.toks = append(s.toks, seenToken{clustertest.Token{Seq: l.SequenceNo, TokenID: l.TokenID, Text: ev.Chunk.Content(), Instance: l.InstanceID}, time.Now()})
+				s.seen.Add(1)
 			case ev.Chunk != nil:
 				s.migrations = ev.Chunk.Lifeline.Migrations
 			}
@@ -106,17 +109,24 @@ func (s *clientStream) check(t *testing.T, name string, want []clustertest.Token
 	return instances, at
 }
 
-// slowWorker runs the worker pid at about 1% speed — stopped (SIGSTOP)
-// 200 ms, running 2 ms — until stop is closed, and leaves it running:
-// a worker that streams, but too slowly for its requests to finish by a
-// drain's deadline (its step time, which it measures, says so). It
+// slowWorker runs the worker pid at about rate tokens a second, as
+// progress counts them, until stop is closed, and leaves it running: a
+// worker that streams, but too slowly for its requests to finish by a
+// drain's deadline (its step time, which it measures, says so). It is
+// stopped (SIGSTOP) until the next token is due, 200-500 ms at a time,
+// then runs 2 ms. A fixed duty cycle is not enough: what a 2 ms window
+// computes depends on the machine and its load (stopped 200 ms, a
+// 480-token tiny stream once finished within a 22 s drain deadline). The
+// 500 ms cap keeps each call the drain makes to it (a QUIC handshake and
+// a request: two or three windows) within the agent's 3 s bound. It
 // signals through a pidfd: never another process that reused the pid.
-func slowWorker(t *testing.T, pid int, stop <-chan struct{}) (done <-chan struct{}) {
+func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int64, rate float64) (done <-chan struct{}) {
 	t.Helper()
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		t.Fatalf("pidfd of worker %d: %v", pid, err)
 	}
+	began, base := time.Now(), progress()
 	out := make(chan struct{})
 	go func() {
 		defer close(out)
@@ -126,10 +136,12 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}) (done <-chan struct
 			if unix.PidfdSendSignal(fd, unix.SIGSTOP, nil, 0) != nil {
 				return // gone
 			}
+			// Stopped until the next token is due at rate.
+			due := began.Add(time.Duration(float64(progress()-base+1) / rate * float64(time.Second)))
 			select {
 			case <-stop:
 				return
-			case <-time.After(200 * time.Millisecond):
+			case <-time.After(min(max(200*time.Millisecond, time.Until(due)), 500*time.Millisecond)):
 			}
 			unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
 			time.Sleep(2 * time.Millisecond) // its share of the CPU
@@ -158,6 +170,11 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 	small := func(o *clustertest.Config) { o.DrainSettle = agent.Duration(300 * time.Millisecond) }
 	n1 = clustertest.NewNode(t, clustertest.SmallDecode(1), small, func(o *clustertest.Config) {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "decode", Preset: "tiny", Count: 1})
+		// The slowed tiny worker renews its KV session in 2 ms windows
+		// 200-500 ms apart: on a loaded machine it could miss the 3 s
+		// TTL and be fenced (SIGKILL) as a hung process, which is not
+		// what this test is about.
+		o.LeaseTTL = agent.Duration(10 * time.Second)
 	})
 	nodes = []*clustertest.Node{n1, clustertest.Peer(t, n1, "n2", clustertest.SmallDecode(1), small),
 		clustertest.Peer(t, n1, "n3", clustertest.SmallDecode(1), small)}
@@ -171,8 +188,8 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 // TestAgentDrainMixed: three nodes serving the small model, node n1 also
 // the tiny model (which nothing else serves), a mix of short and long
 // seeded small streams on n1 (and elsewhere), and tiny streams on n1
-// whose worker the test slows to about 1% (SIGSTOP/SIGCONT), so that
-// they cannot finish by the deadline. `nodectl drain` of n1 with a
+// whose worker the test slows to 5 tokens a second (SIGSTOP/SIGCONT), so
+// that they cannot finish by the deadline. `nodectl drain` of n1 with a
 // deadline between the short and the long streams' needs:
 //   - n1's registrations are marked draining before any stream moves;
 //   - no request is routed to n1 after the frontend's acknowledgement;
@@ -217,7 +234,10 @@ func TestAgentDrainMixed(t *testing.T) {
 	// the drain stops it.
 	stopSlow := make(chan struct{})
 	var once sync.Once
-	slowed := slowWorker(t, tinyPID, stopSlow)
+	// Aimed at 5 tokens a second, held under one window's tokens every
+	// 500 ms (the worker measured 63-84 ms a step here): what the tiny
+	// streams have left takes them several times the drain's deadline.
+	slowed := slowWorker(t, tinyPID, stopSlow, func() int64 { return max(tinies[0].seen.Load(), tinies[1].seen.Load()) }, 5)
 	defer func() { once.Do(func() { close(stopSlow) }); <-slowed }()
 	go func() {
 		for _, s := range tinies {

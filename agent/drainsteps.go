@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"sync"
 	"syscall"
 	"time"
 
@@ -23,19 +24,53 @@ type load struct {
 	inFlight        int
 	started         map[string]uint64
 	moved, finished map[string]uint64
+	// unanswered is how many running workers did not answer: what they
+	// serve is unknown, not nothing.
+	unanswered int
+}
+
+// idle: every running worker answered, and none serves a request.
+func (l load) idle() bool { return l.inFlight == 0 && l.unanswered == 0 }
+
+func newLoad() load {
+	return load{started: map[string]uint64{}, moved: map[string]uint64{}, finished: map[string]uint64{}}
+}
+
+// add counts what one instance's worker reported.
+func (l *load) add(id string, h *wire.HealthReply) {
+	l.inFlight += int(h.InFlight)
+	l.started[id] = h.RequestsStarted
+	l.moved[id], l.finished[id] = h.DrainMovedEarly, h.DrainFinishedInPlace
+}
+
+// eachRunning calls fn for every running instance, all at once, and
+// waits for every call: a worker slow to answer (stopped, starved of CPU,
+// hung until the call's timeout) holds up what a drain tells no other.
+func (a *Agent) eachRunning(fn func(inst *instance)) {
+	var wg sync.WaitGroup
+	for _, inst := range a.running() {
+		wg.Go(func() { fn(inst) })
+	}
+	wg.Wait()
 }
 
 // drainLoad asks every running worker what it serves. A worker that does
-// not answer counts as serving nothing: it is stopped with the others.
+// not answer is counted unanswered: a drain waits for it (until its
+// deadline) as for one that serves requests, since a worker slow to
+// answer (starved of CPU, stalled in a long step) may well stream still.
 func (a *Agent) drainLoad(ctx context.Context) load {
-	l := load{started: map[string]uint64{}, moved: map[string]uint64{}, finished: map[string]uint64{}}
-	for _, inst := range a.running() {
-		if h, err := a.health(ctx, inst); err == nil {
-			l.inFlight += int(h.InFlight)
-			l.started[inst.id] = h.RequestsStarted
-			l.moved[inst.id], l.finished[inst.id] = h.DrainMovedEarly, h.DrainFinishedInPlace
+	l := newLoad()
+	var mu sync.Mutex
+	a.eachRunning(func(inst *instance) {
+		h, err := a.health(ctx, inst)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			l.unanswered++
+			return
 		}
-	}
+		l.add(inst.id, h)
+	})
 	return l
 }
 
@@ -52,11 +87,11 @@ func (l load) outcomesSince(base load) (moved, finished int) {
 	return since(l.moved, base.moved), since(l.finished, base.finished)
 }
 
-// adminDrain tells an instance's worker that the node drains: it refuses
-// new requests (DRAINING), and with end, ends those in flight.
-func (a *Agent) adminDrain(ctx context.Context, inst *instance, end bool) error {
+// endRequests tells an instance's worker to end the requests it serves
+// with a retryable DRAINING error: the drain's deadline passed.
+func (a *Agent) endRequests(ctx context.Context, inst *instance) error {
 	_, err := a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
-		return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Draining: true, EndInFlight: end})
+		return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Draining: true, EndInFlight: true})
 	})
 	return err
 }
@@ -87,12 +122,14 @@ func (a *Agent) enterNotReady(ctx context.Context, d *drain) {
 
 // settle is a drain's second step: it waits until every live frontend
 // has acknowledged the draining registrations (at most DrainSettle,
-// within the deadline) — what they route meanwhile is still served —
-// then makes the workers refuse new requests with a retryable DRAINING
-// error. Requests the workers started after the acknowledgement (or the
-// bound) are counted: routed after not-ready, 0 when frontends keep their
-// word.
-func (a *Agent) settle(ctx context.Context, d *drain) {
+// within the deadline) — what they route meanwhile is still served.
+// Then each worker, on its own (refuseAndDecide), makes the requests it
+// started so far the baseline, and gets the drain's deadline: it refuses
+// new requests with a retryable DRAINING error and decides for those in
+// flight. Requests the workers started after the baseline are counted:
+// routed after not-ready, 0 when frontends keep their word. It returns
+// the baseline, whose drain decisions finishInFlight counts from.
+func (a *Agent) settle(ctx context.Context, d *drain) (base load) {
 	a.mu.Lock()
 	registered := false
 	for _, inst := range a.instances {
@@ -104,31 +141,90 @@ func (a *Agent) settle(ctx context.Context, d *drain) {
 	if registered && wait > 0 {
 		k = a.settleWait(ctx, wait)
 	}
-	acked := a.drainLoad(ctx)
 	a.mu.Lock()
 	d.Frontends, d.FrontendsAcked, d.AllAcked, d.AckWait = k.frontends, k.acked, k.all, k.took
 	a.mu.Unlock()
 	a.drainEvent(d, k.String())
-	for _, inst := range a.running() {
-		a.mu.Lock()
-		inst.refusing = true
-		a.mu.Unlock()
-		if err := a.adminDrain(ctx, inst, false); err != nil {
-			a.log.Warn("drain: cannot tell the worker", "instance_id", inst.id, "err", err)
-		}
-	}
-	l := a.drainLoad(ctx)
+	acked, refused := a.refuseAndDecide(ctx, d)
 	a.mu.Lock()
 	routed := 0
-	for id, n := range l.started {
+	for id, n := range refused.started {
 		if before, ok := acked.started[id]; ok && n > before {
 			routed += int(n - before)
 		}
 	}
-	d.RoutedAfterNotReady, d.InFlight, d.Phase = routed, l.inFlight, controlapi.DrainInFlight
+	d.RoutedAfterNotReady, d.InFlight, d.Phase = routed, refused.inFlight, controlapi.DrainInFlight
 	a.mu.Unlock()
 	a.metrics.drainRoutedAfterNotReady.Add(float64(routed))
-	a.drainEvent(d, fmt.Sprintf("new requests refused; %d routed here after the acknowledgement; %d in flight", routed, l.inFlight))
+	a.drainEvent(d, fmt.Sprintf("new requests refused; %d routed here after the acknowledgement; %d in flight", routed, refused.inFlight))
+	return acked
+}
+
+// refuseAndDecide takes every running worker, each on its own, through
+// the two calls that end its part in routing: what it has started
+// (acked), then the drain's deadline (refused: its answer). Told the
+// deadline, a worker refuses new requests and decides per request in
+// flight whether it finishes before the deadline at its step time (it
+// stays) or not (it ends now with a retryable DRAINING error and the
+// frontend migrates it, pulling its KV from this node while it is still
+// up). A worker slow to answer delays its own decisions, not another's:
+// requests that fit the deadline on a prompt worker are not left to run
+// out the clock while the drain waits on a stalled one.
+func (a *Agent) refuseAndDecide(ctx context.Context, d *drain) (acked, refused load) {
+	acked, refused = newLoad(), newLoad()
+	var mu sync.Mutex
+	a.eachRunning(func(inst *instance) {
+		if h, err := a.health(ctx, inst); err == nil {
+			mu.Lock()
+			acked.add(inst.id, h)
+			mu.Unlock()
+		}
+		a.mu.Lock()
+		inst.refusing = true
+		a.mu.Unlock()
+		if h := a.tellDeadline(ctx, d, inst); h != nil {
+			mu.Lock()
+			refused.add(inst.id, h)
+			mu.Unlock()
+		}
+	})
+	return acked, refused
+}
+
+// tellDeadline tells inst's worker the node drains (it refuses new
+// requests) and gives it the drain's deadline, at which it decides per
+// request in flight; its answer is what it serves once it decided. A
+// worker that did not answer (nil) is told again at each poll of
+// finishInFlight (retellDeadlines) until it does.
+func (a *Agent) tellDeadline(ctx context.Context, d *drain, inst *instance) *wire.HealthReply {
+	a.mu.Lock()
+	deadline := d.Deadline.UnixMilli()
+	a.mu.Unlock()
+	h, err := a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
+		return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Draining: true, DrainDeadlineUnixMs: deadline})
+	})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		d.untold[inst.id] = true
+		a.log.Warn("drain: cannot give the worker the deadline; telling it again at the next poll", "instance_id", inst.id, "err", err)
+		return nil
+	}
+	delete(d.untold, inst.id)
+	return h
+}
+
+// retellDeadlines gives the deadline again to the workers that did not
+// answer when it was first told.
+func (a *Agent) retellDeadlines(ctx context.Context, d *drain) {
+	a.eachRunning(func(inst *instance) {
+		a.mu.Lock()
+		untold := d.untold[inst.id]
+		a.mu.Unlock()
+		if untold {
+			a.tellDeadline(ctx, d, inst)
+		}
+	})
 }
 
 // Outcomes of the requests a drain finds in flight.
@@ -137,25 +233,6 @@ const (
 	outcomeMovedEarly      = "moved_early"
 	outcomeEndedAtDeadline = "ended_at_deadline"
 )
-
-// tellDeadline gives every worker the drain's deadline: each decides per
-// request in flight whether it finishes before the deadline at the
-// worker's step time (it stays) or not (it ends now with a retryable
-// DRAINING error and the frontend migrates it, pulling its KV from this
-// node while it is still up).
-func (a *Agent) tellDeadline(ctx context.Context, d *drain) {
-	a.mu.Lock()
-	deadline := d.Deadline.UnixMilli()
-	a.mu.Unlock()
-	for _, inst := range a.running() {
-		_, err := a.callWorker(ctx, inst, func(ctx context.Context, c *workerclient.Client, cur uint64) (*wire.HealthReply, error) {
-			return c.AdminWith(ctx, &wire.Admin{InstanceId: inst.id, CurrentGeneration: cur, Draining: true, DrainDeadlineUnixMs: deadline})
-		})
-		if err != nil {
-			a.log.Warn("drain: cannot give the worker the deadline", "instance_id", inst.id, "err", err)
-		}
-	}
-}
 
 // recordOutcomes brings the drain's counters (and metrics) up to the
 // workers' decisions since base.
@@ -176,14 +253,13 @@ func (a *Agent) recordOutcomes(d *drain, base, l load) {
 // at the deadline to be gone before it stops the workers.
 const forcedEndWait = 5 * time.Second
 
-// finishInFlight is a drain's third step: the workers get the deadline
-// and decide per request in flight (tellDeadline): one that fits finishes
-// here, a longer one moves now. Those left at the deadline are ended with
-// a retryable DRAINING error (the frontend migrates them, pulling their
-// KV from this node while it is still up).
-func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
-	base := a.drainLoad(ctx)
-	a.tellDeadline(ctx, d)
+// finishInFlight is a drain's third step: the workers, given the
+// deadline (refuseAndDecide), decided per request in flight: one that fits
+// finishes here, a longer one moved at once; it counts those decisions
+// since base and waits for the requests kept. Those left at the deadline
+// are ended with a retryable DRAINING error (the frontend migrates them,
+// pulling their KV from this node while it is still up).
+func (a *Agent) finishInFlight(ctx context.Context, d *drain, base load) {
 	l := a.drainLoad(ctx)
 	a.recordOutcomes(d, base, l)
 	a.mu.Lock()
@@ -191,13 +267,14 @@ func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
 	a.mu.Unlock()
 	a.drainEvent(d, fmt.Sprintf("deadline given to the workers: %d requests moved now (they cannot finish by it), %d finishing here", moved, l.inFlight))
 	for {
+		a.retellDeadlines(ctx, d)
 		l = a.drainLoad(ctx)
 		a.recordOutcomes(d, base, l)
 		a.mu.Lock()
 		d.InFlight = l.inFlight
 		deadline := d.Deadline
 		a.mu.Unlock()
-		if l.inFlight == 0 || ctx.Err() != nil {
+		if l.idle() || ctx.Err() != nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -221,11 +298,11 @@ func (a *Agent) finishInFlight(ctx context.Context, d *drain) {
 // endInFlight ends the n requests in flight at the deadline and waits a
 // bounded time for them to be gone.
 func (a *Agent) endInFlight(ctx context.Context, d *drain, n int) load {
-	for _, inst := range a.running() {
-		if err := a.adminDrain(ctx, inst, true); err != nil {
+	a.eachRunning(func(inst *instance) {
+		if err := a.endRequests(ctx, inst); err != nil {
 			a.log.Warn("drain: cannot end the requests in flight", "instance_id", inst.id, "err", err)
 		}
-	}
+	})
 	a.mu.Lock()
 	d.EndedAtDeadline += n
 	d.ForcedEnded = d.MovedEarly + d.EndedAtDeadline
@@ -236,7 +313,7 @@ func (a *Agent) endInFlight(ctx context.Context, d *drain, n int) load {
 	a.drainEvent(d, fmt.Sprintf("deadline passed: %d requests ended (retryable, draining)", n))
 	for {
 		l := a.drainLoad(ctx)
-		if l.inFlight == 0 || time.Now().After(until) || ctx.Err() != nil {
+		if l.idle() || time.Now().After(until) || ctx.Err() != nil {
 			return l
 		}
 		select {

@@ -70,14 +70,15 @@ type Scheduler struct {
 	// the durations of the last steps (a ring), so that a health checker
 	// sees progress without a token and knows how long a step takes.
 	computed  uint64
-	stepTimes [recentSteps]time.Duration
+	stepTimes [meanSteps]time.Duration
 	stepCount int
 	// spec is the draft side when speculative decoding is on (spec.go).
 	spec *speculator
 }
 
-// recentSteps is how many steps StepTime looks back over.
-const recentSteps = 16
+// recentSteps is how many steps StepTime looks back over; meanSteps how
+// many MeanStepTime averages.
+const recentSteps, meanSteps = 16, 64
 
 // New returns a scheduler that computes with m and keeps K/V in store.
 func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error) {

@@ -46,7 +46,7 @@ func (s *Scheduler) Step() (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.stepDone.Broadcast()
-	s.stepTimes[s.stepCount%recentSteps] = time.Since(began)
+	s.stepTimes[s.stepCount%meanSteps] = time.Since(began)
 	s.stepCount++
 	if err == nil {
 		s.computed += uint64(len(b.in))

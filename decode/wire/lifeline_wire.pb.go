@@ -1006,8 +1006,13 @@ type HealthReply struct {
 	// tokens proposed and those the target model verified (cumulative).
 	DraftProposed uint64 `protobuf:"varint,20,opt,name=draft_proposed,json=draftProposed,proto3" json:"draft_proposed,omitempty"`
 	DraftAccepted uint64 `protobuf:"varint,21,opt,name=draft_accepted,json=draftAccepted,proto3" json:"draft_accepted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// mean_step_time_us is the mean of the engine's last 64 steps: what
+	// each of the next many steps will take under the present load. A
+	// drain decides with it (a sequence's time to finish is a sum of
+	// steps); one stalled step sets step_time_us but moves this little.
+	MeanStepTimeUs uint64 `protobuf:"varint,22,opt,name=mean_step_time_us,json=meanStepTimeUs,proto3" json:"mean_step_time_us,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
@@ -1183,6 +1188,13 @@ func (x *HealthReply) GetDraftProposed() uint64 {
 func (x *HealthReply) GetDraftAccepted() uint64 {
 	if x != nil {
 		return x.DraftAccepted
+	}
+	return 0
+}
+
+func (x *HealthReply) GetMeanStepTimeUs() uint64 {
+	if x != nil {
+		return x.MeanStepTimeUs
 	}
 	return 0
 }
@@ -1431,7 +1443,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\xef\x05\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x9a\x06\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -1457,7 +1469,8 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\bdetached\x18\x12 \x01(\rR\bdetached\x12\x1a\n" +
 	"\battaches\x18\x13 \x01(\x04R\battaches\x12%\n" +
 	"\x0edraft_proposed\x18\x14 \x01(\x04R\rdraftProposed\x12%\n" +
-	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\"\xb3\x04\n" +
+	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\x12)\n" +
+	"\x11mean_step_time_us\x18\x16 \x01(\x04R\x0emeanStepTimeUs\"\xb3\x04\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +

@@ -63,8 +63,13 @@ func (s *server) untrack(f *flight) {
 // deadline: those whose remaining tokens fit before it at the current
 // step time finish here; the others end now (errDrainMove). A later
 // decision (a tightened deadline) may move a request kept before.
+//
+// The step time is the mean of the last 64 steps, not the longest of the
+// last 16: a request's time to finish is the sum of its steps, and one
+// step stretched by a stall of the process (a core taken away for 100 ms
+// on a shared host) would otherwise move every request in flight.
 func (s *server) decideDrain(deadline time.Time) {
-	step := s.engine.Stats().StepTime
+	step := s.engine.Stats().MeanStepTime
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()

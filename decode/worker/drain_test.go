@@ -179,13 +179,13 @@ func TestWorkerDrainDecides(t *testing.T) {
 	}
 	long, short := start("long", 3000), start("short", 30)
 	h, err := c.Health(ctx)
-	if err != nil || h.StepTimeUs == 0 {
+	if err != nil || h.MeanStepTimeUs == 0 {
 		t.Fatalf("health: %+v %v", h, err)
 	}
 	// Room for 300 tokens at the margin: the short one (29 left) fits
 	// unless steps get ten times slower, the long one (~3000) does not
-	// unless they get ten times faster.
-	step := time.Duration(h.StepTimeUs) * time.Microsecond
+	// unless they get ten times faster. The drain decides with the mean.
+	step := time.Duration(h.MeanStepTimeUs) * time.Microsecond
 	t.Logf("step time %v", step)
 	deadline := time.Now().Add(time.Duration(float64(step) * 300 * 1.5))
 	h, err = c.AdminWith(ctx, &wire.Admin{InstanceId: "w", CurrentGeneration: 1, Draining: true, DrainDeadlineUnixMs: deadline.UnixMilli()})

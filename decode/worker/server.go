@@ -324,7 +324,7 @@ func (s *server) health() *wire.HealthReply {
 	h := &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
 		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
 		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
-		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), RequestsStarted: s.started.Load(),
+		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), MeanStepTimeUs: uint64(st.MeanStepTime.Microseconds()), RequestsStarted: s.started.Load(),
 		DraftProposed: st.DraftProposed, DraftAccepted: st.DraftAccepted}
 	s.mu.Lock()
 	h.InFlight, h.DrainMovedEarly, h.DrainFinishedInPlace = uint32(len(s.inFlight)), s.drainMoved, s.drainFinishedIn
