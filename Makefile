@@ -52,6 +52,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzTokenizer$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/tokenizer/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadLlama2C$$' -fuzztime $(FUZZTIME) ./decode/model/
+	$(GO) test -run '^$$' -fuzz '^FuzzLlama2CFromBytes$$' -fuzztime $(FUZZTIME) ./decode/model/
+	$(GO) test -run '^$$' -fuzz '^FuzzResumeToken$$' -fuzztime $(FUZZTIME) ./frontend/
+	$(GO) test -run '^$$' -fuzz '^FuzzSSEReader$$' -fuzztime $(FUZZTIME) ./frontend/sse/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeSlotHeader$$' -fuzztime $(FUZZTIME) ./shm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeFileHeader$$' -fuzztime $(FUZZTIME) ./shm/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifest$$' -fuzztime $(FUZZTIME) ./kv/
