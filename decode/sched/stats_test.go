@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -17,13 +18,7 @@ func TestStepTimes(t *testing.T) {
 		}
 		return ring, count
 	}
-	repeat := func(d time.Duration, n int) []time.Duration {
-		out := make([]time.Duration, n)
-		for i := range out {
-			out[i] = d
-		}
-		return out
-	}
+	repeat := func(d time.Duration, n int) []time.Duration { return slices.Repeat([]time.Duration{d}, n) }
 	cases := []struct {
 		name          string
 		steps         []time.Duration

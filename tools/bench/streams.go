@@ -148,15 +148,10 @@ type feMemory struct {
 
 func (m feMemory) inUse() float64 { return m.heap + m.stacks }
 
-// sampleMemory collects the frontend's garbage (the heap profile's gc=1)
-// and reads its metrics.
+// sampleMemory collects the frontend's garbage and reads its metrics
+// (overload.ScrapeAfterGC).
 func (c *streamsCluster) sampleMemory() (feMemory, error) {
-	resp, err := http.Get(c.fe.MetricsURL + "/debug/pprof/heap?gc=1")
-	if err != nil {
-		return feMemory{}, err
-	}
-	resp.Body.Close()
-	m, err := overload.Scrape(context.Background(), c.fe.MetricsURL)
+	m, err := overload.ScrapeAfterGC(context.Background(), c.fe.MetricsURL)
 	if err != nil {
 		return feMemory{}, err
 	}
