@@ -144,7 +144,7 @@ func decodeCompletion(data []byte, req *http.Request, chat bool) (CompletionRequ
 		return body, err
 	}
 	if h := req.Header.Get("Lifeline-Timeout-Ms"); h != "" && body.TimeoutMs == 0 {
-		ms, err := parseInt("Lifeline-Timeout-Ms", json.Number(h), 0, maxTimeoutMs)
+		ms, err := parseInt("Lifeline-Timeout-Ms", number(h), 0, maxTimeoutMs)
 		if err != nil {
 			return body, err
 		}

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 )
 
@@ -20,21 +22,41 @@ import (
 
 // Error codes of the body's refusals.
 const (
-	CodeRequestTooLarge = "request_too_large"
-	CodeRequestTimeout  = "request_timeout"
+	CodeRequestTooLarge        = "request_too_large"
+	CodeRequestTimeout         = "request_timeout"
+	CodeUnsupportedContentType = "unsupported_media_type"
 )
 
 // BodyError is a request body refused before it was parsed.
 type BodyError struct {
-	Status int    // 413 or 408
+	Status int    // 413, 408 or 415
 	Code   string // CodeRequestTooLarge, CodeRequestTimeout
 	Msg    string
 }
 
 func (e *BodyError) Error() string { return e.Msg }
 
+// checkContentType refuses a body that is not declared JSON (415). A form
+// or text/plain body is what a web page on another origin can send
+// without a CORS preflight; declared JSON it cannot.
+func checkContentType(req *http.Request) error {
+	ct := req.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if err == nil && mt == "application/json" && (params["charset"] == "" || strings.EqualFold(params["charset"], "utf-8")) {
+		return nil
+	}
+	if ct == "" {
+		ct = "none"
+	}
+	return &BodyError{Status: http.StatusUnsupportedMediaType, Code: CodeUnsupportedContentType,
+		Msg: fmt.Sprintf("Content-Type %q: send the body as JSON with Content-Type: application/json", ct)}
+}
+
 // readBody reads req's body under the limits.
 func (s *Server) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	if err := checkContentType(req); err != nil {
+		return nil, err
+	}
 	lim := s.limits
 	rc := http.NewResponseController(w)
 	// The deadline stays when the body is refused: the server may read

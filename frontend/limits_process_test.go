@@ -175,6 +175,24 @@ func TestFrontendRefusesOversizedRequests(t *testing.T) {
 		}
 		t.Logf("%s: %d %s in %v", c.name, status, e.Code, took)
 	}
+	// A body not declared JSON: what a page on another origin can post
+	// without a preflight. It used to be served.
+	for _, ct := range []string{"text/plain", "application/x-www-form-urlencoded", "", "application/json; charset=latin1"} {
+		req, _ := http.NewRequest("POST", f.URL+"/v1/completions", strings.NewReader(`{"model":"tiny","prompt":"hi","max_tokens":2}`))
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e struct{ Error apiError }
+		json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if resp.StatusCode != 415 || e.Error.Code != "unsupported_media_type" {
+			t.Fatalf("Content-Type %q: %d %+v, want 415 unsupported_media_type", ct, resp.StatusCode, e.Error)
+		}
+	}
 	if got := started(); got != before {
 		t.Fatalf("the worker started %d requests for refused ones", got-before)
 	}

@@ -48,7 +48,7 @@ func parseLogprobs(b *openAIRequest, out *CompletionRequest, chat bool) error {
 		if rawIs(b.Logprobs) {
 			return nil
 		}
-		n, err := parseInt("logprobs", json.Number(strings.TrimSpace(string(b.Logprobs))), 0, maxTopLogprobsCompletions)
+		n, err := parseInt("logprobs", number(strings.TrimSpace(string(b.Logprobs))), 0, maxTopLogprobsCompletions)
 		if err != nil {
 			return err
 		}

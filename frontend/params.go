@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"reflect"
 	"strconv"
 	"unicode/utf8"
 )
@@ -51,25 +52,25 @@ type openAIRequest struct {
 	Model               string            `json:"model"`
 	Prompt              json.RawMessage   `json:"prompt"`
 	Messages            []openAIMessage   `json:"messages"`
-	MaxTokens           *json.Number      `json:"max_tokens"`
-	MaxCompletionTokens *json.Number      `json:"max_completion_tokens"`
-	Temperature         *json.Number      `json:"temperature"`
-	TopP                *json.Number      `json:"top_p"`
-	TopK                *json.Number      `json:"top_k"`
-	Seed                *json.Number      `json:"seed"`
+	MaxTokens           *number           `json:"max_tokens"`
+	MaxCompletionTokens *number           `json:"max_completion_tokens"`
+	Temperature         *number           `json:"temperature"`
+	TopP                *number           `json:"top_p"`
+	TopK                *number           `json:"top_k"`
+	Seed                *number           `json:"seed"`
 	Stop                json.RawMessage   `json:"stop"`
 	Stream              *bool             `json:"stream"`
 	StreamOptions       *openAIStreamOpts `json:"stream_options"`
-	FrequencyPenalty    *json.Number      `json:"frequency_penalty"`
-	PresencePenalty     *json.Number      `json:"presence_penalty"`
+	FrequencyPenalty    *number           `json:"frequency_penalty"`
+	PresencePenalty     *number           `json:"presence_penalty"`
 	User                *string           `json:"user"`
-	TimeoutMs           *json.Number      `json:"timeout_ms"`
+	TimeoutMs           *number           `json:"timeout_ms"`
 	Priority            *string           `json:"priority"`
 	IgnoreEOS           *bool             `json:"ignore_eos"`
 
 	// Read in their own files: logprobs.go, structured.go, tools.go.
 	Logprobs          json.RawMessage `json:"logprobs"`
-	TopLogprobs       *json.Number    `json:"top_logprobs"`
+	TopLogprobs       *number         `json:"top_logprobs"`
 	Echo              *bool           `json:"echo"`
 	ResponseFormat    json.RawMessage `json:"response_format"`
 	Tools             json.RawMessage `json:"tools"`
@@ -79,9 +80,9 @@ type openAIRequest struct {
 	ParallelToolCalls *bool           `json:"parallel_tool_calls"`
 
 	// Known, and refused unless at their default (refusals).
-	N                *json.Number    `json:"n"`
+	N                *number         `json:"n"`
 	LogitBias        map[string]any  `json:"logit_bias"`
-	BestOf           *json.Number    `json:"best_of"`
+	BestOf           *number         `json:"best_of"`
 	Suffix           *string         `json:"suffix"`
 	Prediction       json.RawMessage `json:"prediction"`
 	Audio            json.RawMessage `json:"audio"`
@@ -135,7 +136,7 @@ var refusals = []refusal{
 }
 
 // numIs: n is unset, null, or the number def.
-func numIs(n *json.Number, def string) bool {
+func numIs(n *number, def string) bool {
 	if n == nil {
 		return true
 	}
@@ -170,7 +171,7 @@ func parseRequest(data []byte, chat bool) (CompletionRequest, error) {
 	if err := json.Unmarshal(data, &b); err != nil {
 		var te *json.UnmarshalTypeError
 		if asType(err, &te) && te.Field != "" {
-			return out, invalid(te.Field, "%s: want a %s", te.Value, te.Type)
+			return out, invalid(te.Field, "%s must be a %s (got a JSON %s)", te.Field, typeName(te.Type), te.Value)
 		}
 		return out, fmt.Errorf("malformed JSON: %w", err)
 	}
@@ -253,7 +254,7 @@ func parseSampling(b *openAIRequest, out *CompletionRequest, chat bool) error {
 	}
 	for _, f := range []struct {
 		param    string
-		n        *json.Number
+		n        *number
 		lo, hi   float64
 		openLow  bool
 		dst      **float64
@@ -302,7 +303,7 @@ func parseSampling(b *openAIRequest, out *CompletionRequest, chat bool) error {
 }
 
 // parseInt reads an integer in [lo, hi]: no fraction, no wrap-around.
-func parseInt(param string, n json.Number, lo, hi int64) (int64, error) {
+func parseInt(param string, n number, lo, hi int64) (int64, error) {
 	v, err := strconv.ParseInt(n.String(), 10, 64)
 	if err != nil || v < lo || v > hi {
 		return 0, invalid(param, "%s is out of range: want an integer in [%d, %d]", n, lo, hi)
@@ -455,6 +456,65 @@ func invalidUTF8Param(data []byte) string {
 		}
 	}
 	return ""
+}
+
+// number is a JSON number and nothing else. encoding/json's Number also
+// takes a string that holds one ("10"); OpenAI's API refuses that, and so
+// do we, naming the parameter.
+type number string
+
+func (n number) String() string { return string(n) }
+
+func (n number) Float64() (float64, error) { return strconv.ParseFloat(string(n), 64) }
+
+func (n *number) UnmarshalJSON(b []byte) error {
+	// The decoder has checked b is one JSON value; null never gets here
+	// (a *number stays nil).
+	if len(b) == 0 || b[0] != '-' && (b[0] < '0' || b[0] > '9') {
+		return &json.UnmarshalTypeError{Value: jsonKind(b), Type: reflect.TypeFor[number]()}
+	}
+	*n = number(b)
+	return nil
+}
+
+// jsonKind names the kind of the JSON value b, as a type error reports it.
+func jsonKind(b []byte) string {
+	switch {
+	case len(b) == 0:
+		return "nothing"
+	case b[0] == '"':
+		return "string"
+	case b[0] == '{':
+		return "object"
+	case b[0] == '[':
+		return "array"
+	case b[0] == 't' || b[0] == 'f':
+		return "bool"
+	default:
+		return "number"
+	}
+}
+
+// typeName is a Go type as the JSON a client must send for it.
+func typeName(t reflect.Type) string {
+	if t == reflect.TypeFor[number]() {
+		return "number"
+	}
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Bool:
+		return "boolean"
+	case reflect.String:
+		return "string"
+	case reflect.Slice, reflect.Array:
+		return "array"
+	case reflect.Map, reflect.Struct:
+		return "object"
+	default:
+		return "number"
+	}
 }
 
 func asType(err error, target **json.UnmarshalTypeError) bool {

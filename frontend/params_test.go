@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"errors"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
@@ -104,6 +105,16 @@ func TestParseRequest(t *testing.T) {
 		{name: "function message", chat: true, body: `{"model":"m","messages":[{"role":"function","content":"a","name":"f"}]}`, param: "messages[0].role", code: CodeUnsupportedParameter},
 		{name: "timeout_ms", body: `{"model":"m","prompt":"a","timeout_ms":-5}`, param: "timeout_ms", code: CodeInvalidValue},
 		{name: "wrong type", body: `{"model":"m","prompt":"a","stream":"yes"}`, param: "stream", code: CodeInvalidValue},
+		// A number as a string: encoding/json's Number took "10" and "2";
+		// "hot" was a 400 naming no parameter.
+		{name: "max_tokens as a string", body: `{"model":"m","prompt":"a","max_tokens":"10"}`, param: "max_tokens", code: CodeInvalidValue},
+		{name: "n as a string", body: `{"model":"m","prompt":"a","n":"2"}`, param: "n", code: CodeInvalidValue},
+		{name: "temperature hot", body: `{"model":"m","prompt":"a","temperature":"hot"}`, param: "temperature", code: CodeInvalidValue},
+		{name: "seed as an object", body: `{"model":"m","prompt":"a","seed":{}}`, param: "seed", code: CodeInvalidValue},
+		{name: "top_p as a bool", body: `{"model":"m","prompt":"a","top_p":true}`, param: "top_p", code: CodeInvalidValue},
+		{name: "nested wrong type", body: `{"model":"m","prompt":"a","stream":true,"stream_options":{"include_usage":"yes"}}`, param: "stream_options.include_usage", code: CodeInvalidValue},
+		{name: "model as a number", body: `{"model":5,"prompt":"a"}`, param: "model", code: CodeInvalidValue},
+		{name: "null number", body: `{"model":"m","prompt":"a","max_tokens":null,"temperature":null}`, check: func(b CompletionRequest) bool { return b.MaxTokens == nil && b.Temperature == nil }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := parseRequest([]byte(tc.body), tc.chat)
@@ -124,6 +135,42 @@ func TestParseRequest(t *testing.T) {
 				t.Fatalf("got %#v (%v), want param %q code %q", pe, err, tc.param, tc.code)
 			}
 		})
+	}
+}
+
+// TestTypeErrorsSayWhatToSend: a wrong type names the parameter, the
+// type it takes and the type it got.
+func TestTypeErrorsSayWhatToSend(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"m","prompt":"a","max_tokens":"10"}`:     "max_tokens must be a number (got a JSON string)",
+		`{"model":"m","prompt":"a","temperature":"hot"}`:   "temperature must be a number (got a JSON string)",
+		`{"model":"m","prompt":"a","stream":1}`:            "stream must be a boolean (got a JSON number)",
+		`{"model":"m","prompt":"a","stop":"x","model":[]}`: "model must be a string (got a JSON array)",
+	} {
+		_, err := parseRequest([]byte(body), false)
+		if err == nil || err.Error() != want && !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+}
+
+// TestCheckContentType: JSON, with or without a UTF-8 charset, and
+// nothing else.
+func TestCheckContentType(t *testing.T) {
+	for ct, ok := range map[string]bool{
+		"application/json": true, "application/json; charset=utf-8": true, "Application/JSON; charset=UTF-8": true,
+		"": false, "text/plain": false, "application/x-www-form-urlencoded": false, "multipart/form-data; boundary=x": false,
+		"application/json; charset=latin1": false, "application/jsonx": false, "application/json;;": false,
+	} {
+		req := httptest.NewRequest("POST", "/v1/completions", nil)
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		err := checkContentType(req)
+		var be *BodyError
+		if ok && err != nil || !ok && (!errors.As(err, &be) || be.Status != 415 || be.Code != CodeUnsupportedContentType) {
+			t.Errorf("%q: %v", ct, err)
+		}
 	}
 }
 

@@ -107,8 +107,11 @@ func (k *resumeKeys) Check(token, id string, now time.Time) error {
 	if err != nil || len(b) < 2 || b[0] != tokenVersion || len(b) != 2+int(b[1])+8+sha256.Size {
 		return fmt.Errorf("%w: malformed", ErrBadResumeToken)
 	}
-	keyID := string(b[2 : 2+b[1]])
-	rest := b[2+b[1]:]
+	// The key id's length in int: 2+b[1] in byte arithmetic wraps for
+	// lengths of 254 and 255.
+	n := 2 + int(b[1])
+	keyID := string(b[2:n])
+	rest := b[n:]
 	e := int64(binary.BigEndian.Uint64(rest[:8]))
 	key, known := k.key(keyID)
 	if !known {

@@ -1,8 +1,11 @@
 package frontend
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,6 +27,10 @@ func TestResumeTokens(t *testing.T) {
 		"garbage":       {"!!!", "req-1", t0},
 		"truncated":     {tok[:10], "req-1", t0},
 		"other key":     {newResumeKeys(nil).Issue("req-1", t0.Add(time.Minute)), "req-1", t0},
+		// A key id 255 long: 2+255 wrapped in byte arithmetic to 1 and
+		// the slice panicked the handler.
+		"key id 255": {longKeyID(255), "req-1", t0},
+		"key id 254": {longKeyID(254), "req-1", t0},
 	} {
 		if err := k.Check(c.tok, c.id, c.at); !errors.Is(err, ErrBadResumeToken) {
 			t.Errorf("%s: %v", name, err)
@@ -31,9 +38,17 @@ func TestResumeTokens(t *testing.T) {
 	}
 }
 
+// longKeyID is a token whose key id is n bytes long, of the right total
+// length for that key id.
+func longKeyID(n int) string {
+	b := append([]byte{tokenVersion, byte(n)}, strings.Repeat("k", n)...)
+	return base64.RawURLEncoding.EncodeToString(append(b, make([]byte, 8+sha256.Size)...))
+}
+
 func FuzzResumeToken(f *testing.F) {
 	k := newResumeKeys([]byte("fixed secret for the fuzzer"))
 	f.Add(k.Issue("r", t0.Add(time.Hour)), "r")
+	f.Add(longKeyID(255), "r")
 	f.Fuzz(func(t *testing.T, tok, id string) {
 		if err := k.Check(tok, id, t0); err == nil && k.Issue(id, t0.Add(time.Hour)) != tok {
 			// Only a token this key issued for this id may pass.
