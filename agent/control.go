@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/unixsock"
 )
 
@@ -169,6 +170,13 @@ func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 	})
 	mux.HandleFunc("GET /livez", a.handleLivez)
 	mux.HandleFunc("GET /readyz", a.handleReadyz)
+	// The debug pages: pprof profiles and traces, which name requests,
+	// models and stacks, only where the agent's user alone connects.
+	var traces http.Handler
+	if a.tracing != nil {
+		traces = a.tracing.Handler()
+	}
+	debugsock.Mount(mux, traces)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, &controlapi.Error{Code: controlapi.ErrNoSuchEndpoint.Code, Message: fmt.Sprintf("no such endpoint: %s %s", r.Method, r.URL.Path)})
 	})

@@ -18,6 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
@@ -178,7 +179,7 @@ func TestAgentDrainMigratesStream(t *testing.T) {
 	}
 
 	// The drain is traced: a span of it, and one per step, in order.
-	spans, err := tracing.Fetch(t.Context(), "http://"+c.metrics[served], "node_id", node.Options.NodeID)
+	spans, err := tracing.Fetch(t.Context(), debugsock.Base(node.Options.Socket), "node_id", node.Options.NodeID)
 	if err != nil {
 		t.Fatal(err)
 	}

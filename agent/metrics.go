@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,11 +133,8 @@ func (a *Agent) serveMetrics(ctx context.Context) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
-	if a.tracing != nil {
-		mux.Handle("GET /debug/traces", a.tracing.Handler())
-	}
-	// The goroutines by stack (?debug=1), for a leak's name.
-	mux.Handle("GET /debug/pprof/goroutine", pprof.Handler("goroutine"))
+	// The debug pages (pprof, traces) are on the control socket alone:
+	// every local user reaches this port.
 	mux.HandleFunc("/livez", a.handleLivez)
 	mux.HandleFunc("/readyz", a.handleReadyz)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: 30 * time.Second}

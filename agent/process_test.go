@@ -26,6 +26,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/cgtest"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
@@ -114,7 +115,19 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 	if ws[0].LastExit == nil || ws[0].LastExit.Reason != controlapi.ReasonSignal || ws[0].Restarts != 1 || ws[0].Generation != next.Generation {
 		t.Fatalf("workers after restart: %+v", ws[0])
 	}
-	checkDeathTrace(t, "http://"+metricsAddr, id, reg.Generation, killed)
+	checkDeathTrace(t, debugsock.Base(n.Options.Socket), id, reg.Generation, killed)
+	// The debug pages are on the control socket alone, never on the
+	// metrics port every local user reaches.
+	for _, page := range []string{"/debug/traces", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap"} {
+		resp, err := http.Get("http://" + metricsAddr + page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("the metrics port serves %s: %s", page, resp.Status)
+		}
+	}
 	resp, err := http.Get("http://" + metricsAddr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -142,9 +155,9 @@ func TestAgentDetectsWorkerKill(t *testing.T) {
 // kernel's exit time, after the kill: exit, detected, KV reclaimed,
 // deregistered, failure announced, in order) and both starts of the
 // instance (generation, process, ready), the second at gen+1.
-func checkDeathTrace(t *testing.T, metricsURL, id string, gen uint64, killed time.Time) {
+func checkDeathTrace(t *testing.T, debug, id string, gen uint64, killed time.Time) {
 	t.Helper()
-	spans, err := tracing.Fetch(context.Background(), metricsURL, "instance_id", id)
+	spans, err := tracing.Fetch(context.Background(), debug, "instance_id", id)
 	if err != nil {
 		t.Fatal(err)
 	}

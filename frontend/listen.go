@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/pprof"
 	"strconv"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -66,20 +66,34 @@ func (s *Server) serveMetrics(ctx context.Context, ready io.Writer) error {
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	if s.opts.Tracing != nil {
-		mux.Handle("GET /debug/traces", s.opts.Tracing.Handler())
-	}
-	// The goroutines by stack (?debug=1), for a leak's name.
-	mux.Handle("GET /debug/pprof/goroutine", pprof.Handler("goroutine"))
-	// The heap (?gc=1 collects first: what a stream holds) and a CPU
-	// profile (?seconds=N), for the cost of a stream and of a token.
-	mux.Handle("GET /debug/pprof/heap", pprof.Handler("heap"))
-	mux.Handle("GET /debug/pprof/allocs", pprof.Handler("allocs"))
-	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
 	go func() { <-ctx.Done(); srv.Close() }()
 	go srv.Serve(ln)
 	fmt.Fprintf(ready, "frontend: metrics on %s\n", ln.Addr())
+	return nil
+}
+
+// serveDebug serves the debug pages on the debug socket until ctx ends,
+// and writes "frontend: debug on unix:PATH" to ready. No socket: no
+// debug pages.
+func (s *Server) serveDebug(ctx context.Context, ready io.Writer) error {
+	if s.opts.DebugSocket == "" {
+		return nil
+	}
+	ln, err := debugsock.Listen(s.opts.DebugSocket)
+	if err != nil {
+		return fmt.Errorf("frontend: %w", err)
+	}
+	mux := http.NewServeMux()
+	var traces http.Handler
+	if s.opts.Tracing != nil {
+		traces = s.opts.Tracing.Handler()
+	}
+	debugsock.Mount(mux, traces)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
+	go func() { <-ctx.Done(); srv.Close() }()
+	go srv.Serve(ln)
+	fmt.Fprintf(ready, "frontend: debug on %s\n", debugsock.Base(s.opts.DebugSocket))
 	return nil
 }
 

@@ -88,7 +88,19 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 	}
 
 	t.Logf("killed %s at sequence %d; stream continued on the other worker, bit-identical (%d tokens)", killed, killedAt, len(got))
-	checkMigrationTrace(t, clustertest.MetricsURL(t, url), ll["request_id"].(string), killed)
+	checkMigrationTrace(t, clustertest.Debug(t, url), ll["request_id"].(string), killed)
+	// The debug pages are on the 0600 debug socket alone, never on the
+	// metrics port every local user reaches.
+	for _, page := range []string{"/debug/traces", "/debug/pprof/goroutine?debug=1", "/debug/pprof/heap"} {
+		resp, err := http.Get(clustertest.MetricsURL(t, url) + page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound {
+			t.Fatalf("the metrics port serves %s: %s", page, resp.Status)
+		}
+	}
 }
 
 // checkMigrationTrace: the frontend traced the request: its span, a first
@@ -96,9 +108,9 @@ func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 // span with the recovery's steps in order (failure seen, epoch bump,
 // route, re-prefill of the delivered tokens, first token), and a second
 // decode attempt elsewhere, all of one trace under the request's span.
-func checkMigrationTrace(t *testing.T, metricsURL, id, killed string) {
+func checkMigrationTrace(t *testing.T, debug, id, killed string) {
 	t.Helper()
-	spans, err := tracing.Fetch(context.Background(), metricsURL, "request_id", id)
+	spans, err := tracing.Fetch(context.Background(), debug, "request_id", id)
 	if err != nil {
 		t.Fatal(err)
 	}

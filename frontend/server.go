@@ -66,12 +66,16 @@ type Options struct {
 	// MetricsAddr is where /metrics is served, apart from the API (""
 	// serves none; the command's default is a loopback port).
 	MetricsAddr string
+	// DebugSocket, when set, is the unix socket (mode 0600) of the debug
+	// pages: pprof profiles and /debug/traces. They name requests,
+	// models and stacks, so they are never on the metrics listener.
+	DebugSocket string
 	// ResumeTokenMaxAge caps a resume token's lifetime: one whose expiry
 	// lies further ahead is refused, whoever signed it (default
 	// DefaultResumeTokenMaxAge).
 	ResumeTokenMaxAge time.Duration
-	// Tracing, when set, traces every request (its spans on the metrics
-	// listener's /debug/traces, and over OTLP when configured).
+	// Tracing, when set, traces every request (its spans at
+	// /debug/traces on the debug socket, and over OTLP when configured).
 	Tracing *tracing.Tracing
 }
 
@@ -277,6 +281,10 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 		return err
 	}
 	if err := s.serveMetrics(ctx, ready); err != nil {
+		closeAll()
+		return err
+	}
+	if err := s.serveDebug(ctx, ready); err != nil {
 		closeAll()
 		return err
 	}

@@ -45,7 +45,7 @@ func TestSlowReaderIsCutAndResumes(t *testing.T) {
 	writeTimeout := min(max(time.Duration(stallTokens/rate*float64(time.Second)), 2*time.Second), 10*time.Second).Round(time.Millisecond)
 	t.Logf("reference run: %.0f tokens/s: write timeout %v", rate, writeTimeout)
 	url := clustertest.StartFrontend(t, n, "--write-timeout", writeTimeout.String())
-	metrics := clustertest.MetricsURL(t, url)
+	metrics, debug := clustertest.MetricsURL(t, url), clustertest.Debug(t, url)
 
 	tr := &http.Transport{Protocols: new(http.Protocols), HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: 64 << 10}}
 	tr.Protocols.SetUnencryptedHTTP2(true)
@@ -62,10 +62,10 @@ func TestSlowReaderIsCutAndResumes(t *testing.T) {
 	id, token := resp.Header.Get("Lifeline-Request-Id"), resp.Header.Get("Lifeline-Resume-Token")
 	first := clustertest.ReadSSE(t, resp.Body, func(tok clustertest.Token) bool { return tok.Seq == readFirst })
 	stalled := time.Now() // the client reads nothing more
-	before := heapAfterGC(t, metrics)
+	before := heapAfterGC(t, debug, metrics)
 	var after map[string]float64
 	proctest.WaitFor(t, 60*time.Second, "the stalled client cut by the write timeout", func() (bool, string) {
-		after = heapAfterGC(t, metrics)
+		after = heapAfterGC(t, debug, metrics)
 		return after["lifeline_frontend_slow_clients_closed_total"] >= 1, fmt.Sprintf("%.0f tokens logged", after["lifeline_frontend_tokens_total"])
 	})
 	if took := time.Since(stalled); took < writeTimeout {
@@ -110,13 +110,13 @@ func TestSlowReaderIsCutAndResumes(t *testing.T) {
 // scrape's own garbage does not change) the least of three
 // collect-then-scrape rounds: a collection the runtime started by itself
 // in between may count a little of what was allocated while it marked.
-func heapAfterGC(t *testing.T, metrics string) map[string]float64 {
+func heapAfterGC(t *testing.T, debug, metrics string) map[string]float64 {
 	t.Helper()
 	var m map[string]float64
 	least := math.Inf(1)
 	for range 3 {
 		var err error
-		if m, err = overload.ScrapeAfterGC(context.Background(), metrics); err != nil {
+		if m, err = overload.ScrapeAfterGC(context.Background(), debug, metrics); err != nil {
 			t.Fatal(err)
 		}
 		live, ok := m["go_gc_heap_live_bytes"]

@@ -71,6 +71,7 @@ fails.`,
 	f.StringVar(&o.Local.Dir, "dir", "", "local cluster: where its temporary directories go (default: the system's)")
 	f.StringSliceVar(&o.Against.URLs, "against", nil, "act on the existing cluster with these frontend URLs")
 	f.StringSliceVar(&o.Against.MetricsURLs, "frontend-metrics", nil, "with --against: the frontends' metrics URLs, in the same order (lifeline up prints them)")
+	f.StringSliceVar(&o.Against.Debugs, "frontend-debug", nil, "with --against: the frontends' debug sockets (--debug-socket), in the same order: traces in the report, goroutines by stack")
 	f.StringSliceVar(&o.Against.Sockets, "agent-socket", nil, "with --against: the node agents' control sockets")
 	f.StringSliceVar(&o.Against.Etcd, "etcd", nil, "with --against: etcd endpoints host:port,... (routing seen from etcd)")
 	f.BoolVar(&o.Against.EtcdTLS, "etcd-tls", false, "with --against: connect to etcd with mutual TLS")

@@ -76,6 +76,7 @@ func frontendCmd() *cobra.Command {
 	f.DurationVar(&capacityWait, "capacity-wait", frontend.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "127.0.0.1:0", "where /metrics is served, apart from the API (empty: nowhere)")
+	f.StringVar(&opts.DebugSocket, "debug-socket", "", "a unix socket (made mode 0600) for the debug pages: /debug/pprof/* and /debug/traces (empty: none)")
 	f.DurationVar(&opts.ResumeTokenMaxAge, "resume-token-max-age", frontend.DefaultResumeTokenMaxAge, "refuse resume tokens whose expiry lies further ahead than this, even when validly signed")
 	otlpFlags(f, &otlp)
 	limitFlags(f, &opts.Limits)
@@ -128,7 +129,7 @@ func rotateResumeKeyCmd() *cobra.Command {
 }
 
 // otlpFlags binds where a process's spans are exported (they are kept
-// for /debug/traces on its metrics listener in any case).
+// for /debug/traces on its debug socket in any case).
 func otlpFlags(f *pflag.FlagSet, o *tracing.Options) {
 	f.StringVar(&o.Endpoint, "otlp-endpoint", "", "export trace spans over OTLP/gRPC to this collector host:port (default: OTEL_EXPORTER_OTLP_ENDPOINT when set, else nowhere)")
 	f.BoolVar(&o.Insecure, "otlp-insecure", false, "speak plaintext to the OTLP collector (a local agent) instead of TLS")

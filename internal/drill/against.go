@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -20,6 +21,10 @@ type AgainstOptions struct {
 	// listeners (`lifeline frontend --metrics-addr`), in the same order.
 	URLs        []string
 	MetricsURLs []string
+	// Debugs are the frontends' debug sockets (`lifeline frontend
+	// --debug-socket`; paths, or "unix:PATH"), in the same order:
+	// optional, for traces in the report and goroutines by stack.
+	Debugs []string
 	// Sockets are the agents' control sockets (at least one; the agents
 	// must run on this host for a drill to kill their workers).
 	Sockets []string
@@ -50,6 +55,9 @@ func Connect(ctx context.Context, o AgainstOptions) (*Cluster, error) {
 	}
 	for _, u := range o.MetricsURLs {
 		c.MetricsURLs = append(c.MetricsURLs, strings.TrimSuffix(strings.TrimRight(u, "/"), "/metrics"))
+	}
+	for _, d := range o.Debugs {
+		c.Debugs = append(c.Debugs, debugsock.Base(strings.TrimPrefix(d, debugsock.Scheme)))
 	}
 	if c.Model == "" {
 		m, err := firstModel(ctx, c.URLs[0])

@@ -34,6 +34,10 @@ type Cluster struct {
 	// API port serves no metrics), in the same order.
 	URLs        []string
 	MetricsURLs []string
+	// Debugs are the frontends' debug sockets' bases ("unix:PATH",
+	// debugsock: traces, goroutines), in the same order; known for a
+	// local cluster, or given.
+	Debugs []string
 	// Sockets are the node agents' control sockets; AgentMetricsURLs
 	// their metrics listeners (known for a local cluster only).
 	Sockets          []string
@@ -483,7 +487,7 @@ func scrape(ctx context.Context, u string) (Metrics, error) {
 // requestTrace is request id's spans, from the first frontend that
 // traced it (nil when none did).
 func (c *Cluster) requestTrace(ctx context.Context, id string) []tracing.Span {
-	for _, u := range c.MetricsURLs {
+	for _, u := range c.Debugs {
 		if spans, err := tracing.Fetch(ctx, u, "request_id", id); err == nil && len(spans) > 0 {
 			return spans
 		}

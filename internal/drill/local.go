@@ -87,7 +87,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 			return nil, err
 		}
 		c.closers = append(c.closers, func() { f.Stop(20 * time.Second) })
-		c.URLs, c.MetricsURLs = append(c.URLs, f.URL), append(c.MetricsURLs, f.MetricsURL)
+		c.URLs, c.MetricsURLs, c.Debugs = append(c.URLs, f.URL), append(c.MetricsURLs, f.MetricsURL), append(c.Debugs, f.Debug)
 	}
 	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
 		return nil, err

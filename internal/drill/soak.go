@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 )
 
 // SoakOptions configure `lifeline drill soak`.
@@ -53,14 +53,27 @@ type processes struct {
 	ours float64
 	// by is goroutines/descriptors per process, for the detail line.
 	by []string
-	// stacks counts each process's goroutines by stack (its metrics
-	// listener's /debug/pprof/goroutine), to name what a leak is.
+	// stacks counts each process's goroutines by stack (its
+	// debug socket's /debug/pprof/goroutine), to name what a leak is.
 	stacks map[string]map[string]int
 }
 
 func (c *Cluster) processes(ctx context.Context) (processes, error) {
 	var p processes
-	for _, u := range append(append([]string(nil), c.MetricsURLs...), c.AgentMetricsURLs...) {
+	// Each process's metrics page and its debug base (the agent's: its
+	// control socket).
+	var pages, debugs []string
+	pages = append(append(pages, c.MetricsURLs...), c.AgentMetricsURLs...)
+	for i := range c.MetricsURLs {
+		debugs = append(debugs, "")
+		if i < len(c.Debugs) {
+			debugs[i] = c.Debugs[i]
+		}
+	}
+	for i := range c.AgentMetricsURLs {
+		debugs = append(debugs, debugsock.Base(c.Sockets[i]))
+	}
+	for i, u := range pages {
 		m, err := scrape(ctx, u)
 		if err != nil {
 			return p, err
@@ -69,8 +82,11 @@ func (c *Cluster) processes(ctx context.Context) (processes, error) {
 		p.fds += m.Sum("process_open_fds")
 		p.rss += m.Sum("process_resident_memory_bytes")
 		p.by = append(p.by, fmt.Sprintf("%s %v/%v", u, m.Sum("go_goroutines"), m.Sum("process_open_fds")))
-		st, err := goroutineStacks(ctx, u)
-		if err != nil {
+		st := map[string]int(nil)
+		if debugs[i] != "" {
+			st, err = goroutineStacks(ctx, debugs[i])
+		}
+		if st == nil || err != nil {
 			p.ours += m.Sum("go_goroutines")
 			continue
 		}
@@ -101,11 +117,11 @@ func ofOurs(stack string) bool {
 }
 
 // goroutineStacks reads a process's goroutines grouped by stack from
-// its metrics listener (the text form of the goroutine profile: blocks of
+// its debug socket (the text form of the goroutine profile: blocks of
 // "N @ pcs" followed by "#\t..." frame lines); the key is a block's
 // function names, innermost first.
-func goroutineStacks(ctx context.Context, u string) (map[string]int, error) {
-	body, err := overload.Get(ctx, u+"/debug/pprof/goroutine?debug=1", 16<<20)
+func goroutineStacks(ctx context.Context, debug string) (map[string]int, error) {
+	body, err := debugsock.Get(ctx, debug, "/debug/pprof/goroutine?debug=1", 16<<20)
 	if err != nil {
 		return nil, fmt.Errorf("drill: goroutines: %w", err)
 	}

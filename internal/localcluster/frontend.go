@@ -3,7 +3,10 @@ package localcluster
 import (
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,9 +18,11 @@ import (
 // Frontend is a frontend process of the Env's binary.
 type Frontend struct {
 	// URL is where it serves HTTP, once Ready is closed; MetricsURL its
-	// metrics listener's (http://host:port, /metrics), set before.
+	// metrics listener's (http://host:port, /metrics), set before; Debug
+	// its debug socket's base ("unix:PATH", debugsock), set before.
 	URL        string
 	MetricsURL string
+	Debug      string
 	cmd        *exec.Cmd
 	ready      chan struct{}
 	exited     chan struct{}
@@ -28,11 +33,22 @@ type Frontend struct {
 // fe-<n>: its id then defaults to that name), copies its log to logTo (when not nil), and returns at
 // once: Ready is closed when it serves (URL is set then).
 func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*Frontend, error) {
-	certs, err := e.Identity(pki.Frontend(e.frontendName(extra)))
+	name := e.frontendName(extra)
+	certs, err := e.Identity(pki.Frontend(name))
 	if err != nil {
 		return nil, fmt.Errorf("localcluster: frontend certificate: %w", err)
 	}
-	args := append([]string{"frontend", "--listen", listen, "--etcd", strings.Join(e.Endpoints, ","), "--etcd-tls", "--certs", certs}, extra...)
+	args := []string{"frontend", "--listen", listen, "--etcd", strings.Join(e.Endpoints, ","), "--etcd-tls", "--certs", certs}
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--debug-socket") }) {
+		// The debug pages on a socket of its own in the Env's directory
+		// (private: 0700, the socket 0600).
+		dir := filepath.Join(e.Dir, "debug")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return nil, fmt.Errorf("localcluster: %w", err)
+		}
+		args = append(args, "--debug-socket", filepath.Join(dir, name+".sock"))
+	}
+	args = append(args, extra...)
 	cmd := exec.Command(e.Binary, args...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -49,8 +65,16 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 			if a, ok := strings.CutPrefix(line, "frontend: metrics on "); ok && f.MetricsURL == "" {
 				f.MetricsURL = "http://" + a
 			}
-			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" && f.MetricsURL != "" {
-				metricsURLs.Store(a, f.MetricsURL)
+			if a, ok := strings.CutPrefix(line, "frontend: debug on "); ok && f.Debug == "" {
+				f.Debug = a
+			}
+			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" {
+				if f.MetricsURL != "" {
+					metricsURLs.Store(a, f.MetricsURL)
+				}
+				if f.Debug != "" {
+					debugBases.Store(a, f.Debug)
+				}
 			}
 			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" {
 				f.URL = "http://" + a
@@ -121,18 +145,28 @@ func (f *Frontend) ExitState() string {
 // to its metrics listener's URL.
 var metricsURLs sync.Map
 
+// debugBases maps the host:port of every frontend this process launched
+// to its debug socket's base.
+var debugBases sync.Map
+
 // MetricsURLOf is the metrics listener's URL (http://host:port) of the
 // frontend serving at url (http:// or https://), if this process
 // launched it.
-func MetricsURLOf(url string) (string, bool) {
+func MetricsURLOf(url string) (string, bool) { return lookup(&metricsURLs, url) }
+
+// DebugOf is the debug socket's base ("unix:PATH") of the frontend
+// serving at url, if this process launched it.
+func DebugOf(url string) (string, bool) { return lookup(&debugBases, url) }
+
+func lookup(m *sync.Map, url string) (string, bool) {
 	if _, rest, ok := strings.Cut(url, "://"); ok {
 		url = rest
 	}
-	m, ok := metricsURLs.Load(strings.TrimSuffix(url, "/"))
+	v, ok := m.Load(strings.TrimSuffix(url, "/"))
 	if !ok {
 		return "", false
 	}
-	return m.(string), true
+	return v.(string), true
 }
 
 // frontendName is the name of the certificate a frontend started with

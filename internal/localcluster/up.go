@@ -362,9 +362,9 @@ func (u *up) stop() {
 
 func (u *up) printUsage(out io.Writer, opts Options) {
 	u.mu.Lock()
-	var urls, metrics []string
+	var urls, metrics, debugs []string
 	for _, f := range u.frontends {
-		urls, metrics = append(urls, f.URL), append(metrics, f.MetricsURL)
+		urls, metrics, debugs = append(urls, f.URL), append(metrics, f.MetricsURL), append(debugs, f.Debug)
 	}
 	u.mu.Unlock()
 	url := urls[0]
@@ -388,6 +388,9 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	for i, l := range urls {
 		fmt.Fprintf(out, "URL %s\n", l)
 		fmt.Fprintf(out, "  metrics %s/metrics\n", metrics[i])
+		if path, ok := strings.CutPrefix(debugs[i], "unix:"); ok {
+			fmt.Fprintf(out, "  debug   curl --unix-socket %s http://debug/debug/traces   (pprof: /debug/pprof/...)\n", path)
+		}
 	}
 	fmt.Fprintf(out, "Ctrl-C stops everything.\n")
 }

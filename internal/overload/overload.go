@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 )
 
 // Load is one kind of request of a burst.
@@ -210,25 +211,24 @@ func Scrape(ctx context.Context, metricsURL string) (map[string]float64, error) 
 	return m, nil
 }
 
-// ScrapeAfterGC collects the garbage of the process behind a metrics
-// listener (its pprof heap profile with gc=1), then scrapes it: its
-// memory series are what that collection left. It collects twice, since
-// what the last scrape left in a sync.Pool (the Prometheus handler's
-// gzip writer, about 800 KB) survives one collection as the pool's
-// victim, and reads each profile to the end, since a handler still
-// writing one (a megabyte of builder and gzip state) while the next
-// collection marks would count as live.
-func ScrapeAfterGC(ctx context.Context, metricsURL string) (map[string]float64, error) {
+// ScrapeAfterGC collects the garbage of a process (its pprof heap profile
+// with gc=1, from its debug socket: debug is its base, debugsock), then
+// scrapes its metrics listener: its memory series are what that
+// collection left. It collects twice, since what the last scrape left in
+// a sync.Pool (the Prometheus handler's gzip writer, about 800 KB)
+// survives one collection as the pool's victim, and reads each profile to
+// the end, since a handler still writing one (a megabyte of builder and
+// gzip state) while the next collection marks would count as live.
+func ScrapeAfterGC(ctx context.Context, debug, metricsURL string) (map[string]float64, error) {
 	for range 2 {
-		if _, err := Get(ctx, metricsURL+"/debug/pprof/heap?gc=1", 64<<20); err != nil {
-			return nil, err
+		if _, err := debugsock.Get(ctx, debug, "/debug/pprof/heap?gc=1", 64<<20); err != nil {
+			return nil, fmt.Errorf("overload: %w", err)
 		}
 	}
 	return Scrape(ctx, metricsURL)
 }
 
-// Get reads a page of a metrics listener (the Prometheus page, a pprof
-// profile), at most limit bytes of it; any status but 200 is an error.
+// Get reads a page of a metrics listener, at most limit bytes of it; any status but 200 is an error.
 func Get(ctx context.Context, url string, limit int64) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {

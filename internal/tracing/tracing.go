@@ -1,7 +1,7 @@
 // Package tracing is the OpenTelemetry setup every Lifeline process
 // shares: a tracer provider whose finished spans are kept in a bounded
-// ring in memory (served as JSON on the process's metrics listener at
-// /debug/traces, which the drill report reads) and, when an OTLP endpoint
+// ring in memory (served as JSON at /debug/traces on the process's
+// private debug socket, which the drill report reads) and, when an OTLP endpoint
 // is configured, exported over OTLP/gRPC in batches.
 package tracing
 
@@ -24,6 +24,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.26.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"go.opentelemetry.io/otel/trace/noop"
 )
 
@@ -214,14 +216,15 @@ func attrs(kvs []attribute.KeyValue) map[string]string {
 var ErrNoTraces = errors.New("tracing: no /debug/traces")
 
 // Fetch reads the spans whose attribute key has value from a process's
-// metrics listener (base URL).
+// debug socket (base "unix:PATH", see debugsock) or an http base.
 func Fetch(ctx context.Context, base, key, value string) ([]Span, error) {
 	q := url.Values{"attr": {key}, "value": {value}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/debug/traces?"+q.Encode(), nil)
+	c, prefix := debugsock.Client(base)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, prefix+"/debug/traces?"+q.Encode(), nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/overload"
 )
@@ -151,7 +152,7 @@ func (m feMemory) inUse() float64 { return m.heap + m.stacks }
 // sampleMemory collects the frontend's garbage and reads its metrics
 // (overload.ScrapeAfterGC).
 func (c *streamsCluster) sampleMemory() (feMemory, error) {
-	m, err := overload.ScrapeAfterGC(context.Background(), c.fe.MetricsURL)
+	m, err := overload.ScrapeAfterGC(context.Background(), c.fe.Debug, c.fe.MetricsURL)
 	if err != nil {
 		return feMemory{}, err
 	}
@@ -425,12 +426,10 @@ func printStreamsTable(f memFigures, cpu cpuFigures) {
 // saveProfile writes one of the frontend's profiles to path (a diagnosis:
 // LIFELINE_BENCH_STREAMS_CPUPROFILE, LIFELINE_BENCH_STREAMS_HEAPPROFILE).
 func (c *streamsCluster) saveProfile(path, endpoint string) {
-	resp, err := http.Get(c.fe.MetricsURL + endpoint)
+	b, err := debugsock.Get(context.Background(), c.fe.Debug, endpoint, 256<<20)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench: profile:", err)
 		return
 	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	os.WriteFile(path, b, 0o644)
 }

@@ -99,6 +99,17 @@ func MetricsURL(t testing.TB, url string) string {
 	return m
 }
 
+// Debug is the debug socket's base ("unix:PATH") of the frontend serving
+// at url, one this process started.
+func Debug(t testing.TB, url string) string {
+	t.Helper()
+	d, ok := localcluster.DebugOf(url)
+	if !ok {
+		t.Fatalf("no debug socket known for the frontend at %s", url)
+	}
+	return d
+}
+
 // Metrics returns the frontend's Prometheus metrics page, from its
 // metrics listener.
 func Metrics(t testing.TB, url string) string {
