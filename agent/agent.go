@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
-	"os"
 	"runtime"
 	"sync"
 	"time"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/internal/private"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/rdma"
@@ -234,11 +234,13 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 // privateDir creates dir, or narrows an existing one, to mode 0700:
 // everything under the data directory (Badger's files, the KV socket) is
 // the agent's user's alone, whatever the umask or an older release left.
+// One another user owns, or could write into, or a symbolic link, is
+// refused: what is in it may have been planted.
 func privateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	if err := private.Dir(dir); err != nil {
+		return fmt.Errorf("agent: data_dir: %w", err)
 	}
-	return os.Chmod(dir, 0o700)
+	return nil
 }
 
 // exitWait bounds how long Run waits, once stopped, for the goroutines it

@@ -19,6 +19,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/netns"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
@@ -165,6 +166,77 @@ func TestUpRefusesADataDirInUse(t *testing.T) {
 	}
 }
 
+// TestUpRefusesAPlantedDataDir: a data directory another user could have
+// planted — theirs, writable by them, or with a link where up.lock goes —
+// is refused with an error that says so, before anything is written: the
+// file up.lock links to keeps its bytes and their CA is never used.
+func TestUpRefusesAPlantedDataDir(t *testing.T) {
+	const other = 12345 // a uid with no passwd entry
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: files of another uid")
+	}
+	victim := filepath.Join(t.TempDir(), "victim")
+	os.WriteFile(victim, []byte("precious\n"), 0o600)
+	plant := func(t *testing.T, owner int, mode os.FileMode, lockLink, theirCA bool) string {
+		dir := filepath.Join(t.TempDir(), "x")
+		os.Mkdir(dir, 0o700)
+		if lockLink {
+			if err := os.Symlink(victim, filepath.Join(dir, "up.lock")); err != nil {
+				t.Fatal(err)
+			}
+			os.Lchown(filepath.Join(dir, "up.lock"), owner, owner)
+		}
+		if theirCA {
+			ca := filepath.Join(dir, "ca")
+			if err := pki.Init(ca); err != nil {
+				t.Fatal(err)
+			}
+			filepath.Walk(ca, func(p string, _ os.FileInfo, _ error) error { return os.Lchown(p, other, other) })
+		}
+		os.Chown(dir, owner, owner)
+		os.Chmod(dir, mode)
+		return dir
+	}
+	for _, c := range []struct {
+		name string
+		dir  func(*testing.T) string
+		want string
+	}{
+		{"another user's, 0777, up.lock a link, their CA", func(t *testing.T) string { return plant(t, other, 0o777, true, true) }, "belongs to uid 12345"},
+		{"mine but writable by others", func(t *testing.T) string { return plant(t, 0, 0o777, false, false) }, "writable by group or others"},
+		{"mine, up.lock a link", func(t *testing.T) string { return plant(t, 0, 0o700, true, false) }, "up.lock is a symbolic link"},
+		{"mine, their CA", func(t *testing.T) string { return plant(t, 0, 0o700, false, true) }, "CA directory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := c.dir(t)
+			// Bounded: an up that trusts the directory starts a cluster
+			// and is stopped (Ctrl-C) after 10 s.
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, proctest.Lifeline(t), "up", "--data-dir", dir, "--nodes", "1", "--preset", "tiny", "--listen", proctest.FreeTCPAddr(t))
+			cmd.Cancel = func() error { return cmd.Process.Signal(os.Interrupt) }
+			cmd.WaitDelay = time.Minute
+			var o, e strings.Builder
+			cmd.Stdout, cmd.Stderr = &o, &e
+			start := time.Now()
+			err := cmd.Run()
+			out, errOut := o.String(), e.String()
+			if took := time.Since(start); err == nil || ctx.Err() != nil {
+				t.Fatalf("lifeline up: err %v after %v\n%s%s", err, took, out, errOut)
+			}
+			if !strings.Contains(errOut, c.want) {
+				t.Fatalf("lifeline up said %q, want it to say %q", errOut, c.want)
+			}
+			if b, _ := os.ReadFile(victim); string(b) != "precious\n" {
+				t.Fatalf("the file up.lock linked to now holds %q", b)
+			}
+			if left := proctest.ProcessesMentioning(dir); len(left) > 0 {
+				t.Fatalf("processes started: %v", left)
+			}
+		})
+	}
+}
+
 // TestUpSupervisesItsChildren: under `lifeline up`, the agent serving a
 // stream is SIGKILLed: the stream goes on (the agent is not on the token
 // path), up restarts the agent, which adopts the running worker (same
@@ -300,10 +372,14 @@ func TestUpCleansUpAfterAKilledUp(t *testing.T) {
 	if len(left) < 3 {
 		t.Fatalf("a SIGKILLed up should leave its agent, worker and frontend: %v", left)
 	}
-	arena := fmt.Sprintf("/dev/shm/lifeline-up-%d-node-0", first.cmd.Process.Pid)
-	if _, err := os.Stat(arena); err != nil {
-		t.Fatalf("the first up's arena: %v", err)
+	// The arena's name has a random part: another user who guessed it
+	// (it was lifeline-up-<pid>-node-<i>) and made it first would keep
+	// every agent from starting.
+	arenas, _ := filepath.Glob(fmt.Sprintf("/dev/shm/lifeline-up-%d-*-node-0", first.cmd.Process.Pid))
+	if len(arenas) != 1 || !regexp.MustCompile(`^/dev/shm/lifeline-up-\d+-[A-Z2-7]{8}-node-0$`).MatchString(arenas[0]) {
+		t.Fatalf("the first up's arena: %v, want one named lifeline-up-<pid>-<8 random base32>-node-0", arenas)
 	}
+	arena := arenas[0]
 	second := startUp(t, dir, "--nodes", "1")
 	if out := second.out.String(); !strings.Contains(out, fmt.Sprintf("up: stopping %d processes a previous lifeline up left running", len(left))) {
 		t.Fatalf("second up did not say it stopped the leftovers %v:\n%s", left, out)

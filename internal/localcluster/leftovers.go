@@ -25,7 +25,8 @@ func reapLeftovers(dir string, out io.Writer) {
 	var pids []int
 	for _, p := range procfs.Mentioning(dir + string(filepath.Separator)) {
 		// Only what up starts: agents, their workers, the frontends, etcd members.
-		if args := p.Args(); p.PID != os.Getpid() && len(args) > 1 && slices.Contains([]string{"agent", "worker", "frontend", "etcd"}, args[1]) {
+		// Only this user's: another's process may name the path too.
+		if args := p.Args(); p.PID != os.Getpid() && ownedByMe(p.PID) && len(args) > 1 && slices.Contains([]string{"agent", "worker", "frontend", "etcd"}, args[1]) {
 			pids = append(pids, p.PID)
 		}
 	}
@@ -51,6 +52,12 @@ func reapLeftovers(dir string, out io.Writer) {
 			os.Remove(o.ArenaPath)
 		}
 	}
+}
+
+// ownedByMe reports whether process pid runs as this process's uid.
+func ownedByMe(pid int) bool {
+	var st syscall.Stat_t
+	return syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st) == nil && int(st.Uid) == os.Geteuid()
 }
 
 // zombie reports whether pid has exited and waits for its parent.

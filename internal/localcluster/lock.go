@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/lifeline-llm/lifeline/internal/private"
 )
 
 // lockDataDir takes dir/up.lock with an exclusive, non-blocking flock and
@@ -17,7 +19,7 @@ import (
 // it ends.
 func lockDataDir(dir string) (unlock func(), err error) {
 	path := filepath.Join(dir, "up.lock")
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	f, err := private.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("up: lock %s: %w", path, err)
 	}

@@ -2,6 +2,7 @@ package localcluster
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -18,6 +19,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/netns"
+	"github.com/lifeline-llm/lifeline/internal/private"
 )
 
 // up is a running `lifeline up`: it supervises its children (each agent,
@@ -58,12 +60,10 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	// 0700 even when it existed: the CA key, etcd and every node's data
-	// live under it.
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return err
+	// live under it. One another user owns or can write into is refused:
+	// they could have planted a CA, or a link for up.lock to truncate.
+	if err := private.Dir(dir); err != nil {
+		return fmt.Errorf("up: --data-dir: %w", err)
 	}
 	unlock, err := lockDataDir(dir)
 	if err != nil {
@@ -71,7 +71,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	defer unlock()
 	reapLeftovers(dir, out)
-	log, err := os.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	log, err := private.OpenFile(filepath.Join(dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -126,11 +126,14 @@ func (u *up) startNodes() error {
 	}
 	fmt.Fprintf(u.out, "arena per node: %d slots × %d KiB = %d MiB (%s): %d prompts of 2,048 tokens at once\n",
 		u.arenaSlots, ArenaSlotBytes>>10, u.arenaSlots*ArenaSlotBytes>>20, why, PromptsHeld(u.arenaSlots, 2048))
+	arenaTag := rand.Text()[:8]
 	for i := 0; i < opts.Nodes; i++ {
 		dir := filepath.Join(u.env.Dir, fmt.Sprintf("node-%d", i))
 		o := u.env.NodeOptions(fmt.Sprintf("node-%d", i), dir)
 		o.DataDir = dir
-		o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-node-%d", os.Getpid(), i))
+		// A random part: another user who could guess the name would
+		// pre-create it and the agent would refuse an arena not its own.
+		o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-up-%d-%s-node-%d", os.Getpid(), arenaTag, i))
 		o.ArenaSlots, o.ArenaSlotBytes = u.arenaSlots, ArenaSlotBytes
 		o.WorkerBinary = ""
 		// Each agent serves its metrics on a loopback port of its own,

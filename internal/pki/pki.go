@@ -17,12 +17,15 @@ import (
 	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/big"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/private"
 )
 
 // ErrNoCerts means a certificate directory lacks a file.
@@ -49,11 +52,15 @@ const (
 // Init creates a root CA in caDir (mode 0700, the key 0600) unless one is
 // there.
 func Init(caDir string) error {
-	if err := os.MkdirAll(caDir, 0o700); err != nil {
-		return fmt.Errorf("pki: %w", err)
+	// A CA directory another user owns or can write into may hold their
+	// CA: trusting it hands them every identity, admin included.
+	if err := private.Dir(caDir); err != nil {
+		return fmt.Errorf("pki: CA directory: %w", err)
 	}
-	if err := os.Chmod(caDir, 0o700); err != nil {
-		return fmt.Errorf("pki: %w", err)
+	for _, f := range []string{CAKey, CAFile} {
+		if err := private.Check(filepath.Join(caDir, f)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("pki: CA: %w", err)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(caDir, CAKey)); err == nil {
 		return nil
