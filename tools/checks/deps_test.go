@@ -46,7 +46,7 @@ var depRules = []depRule{
 		From: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/workerclient", "decode/wire",
 			"rdma/transferclient", "rdma/transferpb", "kv/kvpb", "frontend/sse"},
 		Deny:  []string{"..."},
-		Allow: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/wire", "rdma/transferpb", "internal/frame", "internal/pki", "internal/quicdial"}},
+		Allow: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/wire", "rdma/transferpb", "internal/frame", "internal/pki", "internal/private", "internal/quicdial"}},
 	{Why: "the engine and worker sit below the agent and the frontend",
 		From: []string{"decode/..."}, Deny: []string{"agent/...", "frontend/..."}},
 	{Why: "node libraries return errors to the agent; they never reach up into it",
