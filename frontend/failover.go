@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // startFailover readies what lets any frontend resume any stream: the
@@ -40,7 +42,15 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 	if s.opts.NoFailoverRecords {
 		return nil
 	}
-	s.recs = &records{etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL}
+	budget := s.opts.RecordBytesMax
+	if budget <= 0 {
+		budget = DefaultRecordBytesMax
+	}
+	s.recs = &records{etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL,
+		budget: newRecordBudget(budget, s.resumeWindow())}
+	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_request_record_bytes_live",
+		Help: "Bytes of request records this frontend wrote that may still be live in etcd (bounded by --record-bytes-max)."},
+		func() float64 { return float64(s.recs.budget.live(time.Now())) }))
 	s.recs.lost = func(id string) {
 		rctx, cancel := context.WithTimeout(ctx, takeoverTimeout)
 		defer cancel()

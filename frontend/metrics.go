@@ -37,6 +37,7 @@ type metrics struct {
 	recordsOutstanding prometheus.Gauge
 	recordWrites       *prometheus.CounterVec
 	recordsSkipped     prometheus.Counter
+	recordBytes        prometheus.Counter
 	zeroRTTResumes     prometheus.Counter
 	tooEarly           prometheus.Counter
 	// Limits: requests refused before they ran, connections refused at
@@ -157,5 +158,7 @@ func (m *metrics) failoverMetrics() {
 		Help: "How requests taken over started here: attached (to the sequence still running, or just finished, on its worker) or regenerated (no worker held it)."}, []string{"how"})
 	m.detachedOnStop = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_streams_detached_total",
 		Help: "Worker streams handed over (detached, not cancelled) because this frontend stopped: their workers keep generating for a takeover."})
-	m.reg.MustRegister(m.takeovers, m.crossResumes, m.recordsOutstanding, m.recordWrites, m.recordsSkipped, m.takeoverStarts, m.detachedOnStop)
+	m.recordBytes = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_request_record_bytes_total",
+		Help: "Bytes of request records written to etcd (admissions, rewrites)."})
+	m.reg.MustRegister(m.takeovers, m.crossResumes, m.recordsOutstanding, m.recordWrites, m.recordsSkipped, m.takeoverStarts, m.detachedOnStop, m.recordBytes)
 }

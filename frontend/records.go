@@ -28,9 +28,10 @@ import (
 // and the request served without a record.
 
 // maxRecordBytes bounds a record, below etcd's default request limit
-// (1.5 MiB) with room for the transaction around it. An admission record
-// over it is not written (the request is served without one, counted as
-// skipped); a done record's output drops its logprobs to fit
+// (1.5 MiB) with room for the transaction around it. Admission records
+// are bounded tighter before the request runs (maxAdmissionRecordBytes,
+// recordbudget.go), so one over this is not expected (it would not be
+// written, counted as skipped); a done record's output drops its logprobs to fit
 // (LogprobsOmitted: a replay has none), and an output that does not fit
 // even so is left out, the record ending with errOutputNotKept. The
 // summary (End, with the tool calls' ids) is always kept.
@@ -66,6 +67,9 @@ type records struct {
 	granted time.Time
 	// outage is set while admission writes fail: logged once per outage.
 	outage atomic.Bool
+	// budget bounds the record bytes this frontend may have live in etcd
+	// (recordbudget.go).
+	budget *recordBudget
 }
 
 // recordState is a stream's record as its owner last wrote it.
@@ -193,6 +197,8 @@ func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestR
 		return false, err
 	}
 	b, _ := json.Marshal(rec)
+	rc.budget.charge(int64(len(b)), time.Now())
+	rc.m.recordBytes.Add(float64(len(b)))
 	key := schema.RequestsPrefix + rec.ID
 	resp, err := rc.etcd.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", rev)).
 		Then(clientv3.OpPut(key, string(b), clientv3.WithLease(lease))).Commit()

@@ -41,6 +41,10 @@ type Options struct {
 	// NoFailoverRecords writes no request records: another frontend can
 	// then neither take over nor replay this one's streams.
 	NoFailoverRecords bool
+	// RecordBytesMax bounds the bytes of the request records this
+	// frontend may have live in etcd (default DefaultRecordBytesMax);
+	// a streamed request over it is refused with a retryable 503.
+	RecordBytesMax int64
 	// TLS serves HTTPS (HTTP/1.1 and HTTP/2) on the TCP address and HTTP/3
 	// on the same UDP port, advertised with Alt-Svc, with the node
 	// certificate from CertDir. Without it the API is plain HTTP/1.1 and
@@ -377,6 +381,10 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		// Fixed now and stored with the request: every migration and
 		// takeover samples with it, and the client can reproduce it.
 		body.Seed, body.SeedSet, body.SeedDrawn = randomSeed(), true, true
+	}
+	if e := s.reserveRecord(&body, body.choiceCount()); e != nil {
+		e.write(w)
+		return
 	}
 	if body.choiceCount() > 1 {
 		s.serveChoices(w, req, body, chat)

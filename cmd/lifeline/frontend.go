@@ -71,6 +71,7 @@ func frontendCmd() *cobra.Command {
 	f.StringVar(&secretFile, "resume-secret-file", "", "a static key for resume tokens instead of the cluster's key ring in etcd (replicas must then share the file to accept each other's tokens)")
 	f.StringVar(&opts.ID, "id", "", "this frontend's id in etcd (its record, the requests it owns; default: host, pid and a random suffix)")
 	f.StringVar(&opts.AdvertiseURL, "advertise-url", "", "where clients reach this frontend, named to clients of streams it took over (default: http(s)://<listen address>)")
+	f.Int64Var(&opts.RecordBytesMax, "record-bytes-max", frontend.DefaultRecordBytesMax, "bound on the bytes of request records this frontend may have live in etcd; a streamed request over it is refused (503 records_full, retryable): no client can fill etcd")
 	f.BoolVar(&failoverRecords, "failover-records", true, "write a record of every streamed request to etcd so that any frontend can resume it after this one dies")
 	f.BoolVar(&opts.NoKVPull, "no-kv-pull", false, "do not let a migrated request's new worker pull its prefix KV from peers (it recomputes what its node lacks)")
 	f.DurationVar(&capacityWait, "capacity-wait", frontend.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")

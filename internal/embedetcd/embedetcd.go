@@ -65,17 +65,22 @@ func Start(dir string, clientPort int, certDir ...string) (*Server, error) {
 // machine, on the same port) besides loopback: processes in other network
 // namespaces reach it there.
 func StartOn(dir string, clientPort int, hosts []string, certDir string) (*Server, error) {
+	return StartTuned(dir, clientPort, hosts, certDir, Member{})
+}
+
+// StartTuned is StartOn with tune's CompactionRetention and QuotaBytes.
+func StartTuned(dir string, clientPort int, hosts []string, certDir string, tune Member) (*Server, error) {
 	// A port found free can be taken by another process before etcd binds
 	// it; when the ports were ours to pick, pick again.
 	for attempt := 0; ; attempt++ {
-		s, err := start(dir, clientPort, hosts, certDir)
+		s, err := start(dir, clientPort, hosts, certDir, tune)
 		if err == nil || attempt == 4 || !errors.Is(err, syscall.EADDRINUSE) {
 			return s, err
 		}
 	}
 }
 
-func start(dir string, clientPort int, hosts []string, certDir string) (*Server, error) {
+func start(dir string, clientPort int, hosts []string, certDir string, tune Member) (*Server, error) {
 	var err error
 	if clientPort == 0 {
 		if clientPort, err = freePort(); err != nil {
@@ -86,7 +91,8 @@ func start(dir string, clientPort int, hosts []string, certDir string) (*Server,
 	if err != nil {
 		return nil, err
 	}
-	return StartMember(Member{Dir: dir, ClientPort: clientPort, PeerPort: peerPort, CertDir: certDir, ClientHosts: hosts})
+	return StartMember(Member{Dir: dir, ClientPort: clientPort, PeerPort: peerPort, CertDir: certDir, ClientHosts: hosts,
+		CompactionRetention: tune.CompactionRetention, QuotaBytes: tune.QuotaBytes})
 }
 
 // Member is one member of an etcd cluster.
@@ -103,7 +109,22 @@ type Member struct {
 	InitialCluster string
 	// CertDir is an etcd identity's directory: both ports mutual TLS.
 	CertDir string
+	// CompactionRetention is how much history the member keeps: every
+	// period as long, revisions older than it are compacted away
+	// (default DefaultCompactionRetention). Without compaction every
+	// write ever made stays, until the quota's no-space alarm stops all
+	// writes of the cluster.
+	CompactionRetention time.Duration
+	// QuotaBytes is the backend's size at which etcd raises its
+	// no-space alarm (default etcd's, 2 GiB).
+	QuotaBytes int64
+	// MetricsAddr, when set, is a loopback host:port for etcd's own
+	// /metrics (etcd_mvcc_db_total_size_in_bytes, …).
+	MetricsAddr string
 }
+
+// DefaultCompactionRetention is a member's history by default.
+const DefaultCompactionRetention = time.Minute
 
 // Scheme is "https" when the member serves TLS.
 func (m Member) Scheme() string {
@@ -143,6 +164,21 @@ func StartMember(m Member) (*Server, error) {
 	}
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = cus, cus
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	retention := m.CompactionRetention
+	if retention <= 0 {
+		retention = DefaultCompactionRetention
+	}
+	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = "periodic", retention.String()
+	if m.QuotaBytes > 0 {
+		cfg.QuotaBackendBytes = m.QuotaBytes
+	}
+	if m.MetricsAddr != "" {
+		mu, err := url.Parse("http://" + m.MetricsAddr)
+		if err != nil {
+			return nil, fmt.Errorf("embedetcd: metrics address %q: %w", m.MetricsAddr, err)
+		}
+		cfg.ListenMetricsUrls = []url.URL{*mu}
+	}
 	cfg.InitialCluster = m.InitialCluster
 	if cfg.InitialCluster == "" {
 		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())

@@ -70,6 +70,10 @@ type EnvOptions struct {
 	// (a bridge's: nodes in network namespaces reach it there); their
 	// endpoints are NodeEndpoints.
 	EtcdHosts []string
+	// EtcdCompaction and EtcdQuotaBytes tune the embedded member (see
+	// embedetcd.Member; zero: the defaults).
+	EtcdCompaction time.Duration
+	EtcdQuotaBytes int64
 }
 
 // NewEnvWith is NewEnv shaped by o.
@@ -109,7 +113,8 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 			e.NodeEndpoints = append(e.NodeEndpoints, hostPorts(o.EtcdHosts, m.m.ClientPort)...)
 		}
 	} else {
-		if e.Etcd, err = embedetcd.StartOn(filepath.Join(dir, "etcd"), 0, o.EtcdHosts, etcdCerts); err != nil {
+		if e.Etcd, err = embedetcd.StartTuned(filepath.Join(dir, "etcd"), 0, o.EtcdHosts, etcdCerts,
+			embedetcd.Member{CompactionRetention: o.EtcdCompaction, QuotaBytes: o.EtcdQuotaBytes}); err != nil {
 			return nil, err
 		}
 		e.Endpoints = []string{e.Etcd.Endpoint}

@@ -29,7 +29,13 @@ import (
 // NewEnv starts certificates and an embedded etcd in a test directory.
 func NewEnv(t testing.TB) *localcluster.Env {
 	t.Helper()
-	env, err := localcluster.NewEnv(t.TempDir(), proctest.Lifeline(t), "")
+	return NewEnvWith(t, localcluster.EnvOptions{})
+}
+
+// NewEnvWith is NewEnv shaped by o.
+func NewEnvWith(t testing.TB, o localcluster.EnvOptions) *localcluster.Env {
+	t.Helper()
+	env, err := localcluster.NewEnvWith(t.TempDir(), proctest.Lifeline(t), "", o)
 	if err != nil {
 		t.Fatal(err)
 	}
