@@ -38,6 +38,7 @@ func etcdCmd() *cobra.Command {
 	f.StringVar(&m.InitialCluster, "initial-cluster", "", "name=peer-URL,… of every member at bootstrap (default: this one alone)")
 	f.StringSliceVar(&m.ClientHosts, "client-host", nil, "another address of this machine to serve clients on, at --client-port (repeatable)")
 	f.StringVar(&m.CertDir, "certs", "", "an etcd identity's certificate directory (lifeline certs issue --role etcd): both ports mutual TLS")
+	f.BoolVar(&m.Join, "join", false, "join a running cluster this member was added to (etcd member add), without data")
 	f.DurationVar(&m.CompactionRetention, "compaction-retention", embedetcd.DefaultCompactionRetention, "history kept: revisions older than this are compacted away, every period as long")
 	f.Int64Var(&m.QuotaBytes, "quota-bytes", 0, "backend size at which etcd raises its no-space alarm (default etcd's, 2 GiB)")
 	f.StringVar(&m.MetricsAddr, "metrics-addr", "", "a loopback host:port for etcd's own /metrics (etcd_mvcc_db_total_size_in_bytes, …)")

@@ -109,6 +109,10 @@ type Member struct {
 	InitialCluster string
 	// CertDir is an etcd identity's directory: both ports mutual TLS.
 	CertDir string
+	// Join: the member was added to a running cluster (member add) and
+	// starts without data; InitialCluster then names the cluster's
+	// members, this one included.
+	Join bool
 	// CompactionRetention is how much history the member keeps: every
 	// period as long, revisions older than it are compacted away
 	// (default DefaultCompactionRetention). Without compaction every
@@ -180,6 +184,9 @@ func StartMember(m Member) (*Server, error) {
 		cfg.ListenMetricsUrls = []url.URL{*mu}
 	}
 	cfg.InitialCluster = m.InitialCluster
+	if m.Join {
+		cfg.ClusterState = embed.ClusterStateFlagExisting
+	}
 	if cfg.InitialCluster == "" {
 		cfg.InitialCluster = fmt.Sprintf("%s=%s", cfg.Name, pu.String())
 	}

@@ -1,13 +1,20 @@
 package localcluster
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 )
@@ -70,6 +77,9 @@ func (m *EtcdMember) start() (<-chan error, error) {
 		"--peer-port", fmt.Sprint(m.m.PeerPort), "--initial-cluster", m.m.InitialCluster, "--certs", m.m.CertDir}
 	for _, h := range m.m.ClientHosts {
 		args = append(args, "--client-host", h)
+	}
+	if m.m.Join {
+		args = append(args, "--join")
 	}
 	cmd := exec.Command(m.binary, args...)
 	cmd.Stderr = m.log
@@ -142,6 +152,68 @@ func (m *EtcdMember) Restart() error {
 		return err
 	}
 	return served(r)
+}
+
+// Exited is closed when the member's current process has exited.
+func (m *EtcdMember) Exited() <-chan struct{} { return m.exited }
+
+// ExitState says how the member's last process ended.
+func (m *EtcdMember) ExitState() string {
+	if m.cmd == nil || m.cmd.ProcessState == nil {
+		return "running"
+	}
+	return m.cmd.ProcessState.String()
+}
+
+// Relaunch starts a member that exited again without waiting for it to
+// serve: on its data when it has some (it rejoins the cluster); when its
+// data is gone, as a new member in its place — the old one removed and
+// the new one added through cli (a client of the cluster with etcd's root
+// role), then started to join.
+func (m *EtcdMember) Relaunch(ctx context.Context, cli *clientv3.Client) (replaced bool, err error) {
+	if _, err := os.Stat(filepath.Join(m.m.Dir, "member")); errors.Is(err, fs.ErrNotExist) {
+		if err := m.replace(ctx, cli); err != nil {
+			return false, fmt.Errorf("localcluster: etcd member %s lost its data; replacing it: %w", m.Name, err)
+		}
+		replaced = true
+	}
+	_, err = m.start()
+	return replaced, err
+}
+
+// replace removes the member from the cluster and adds a new one at its
+// peer URL; its next start joins.
+func (m *EtcdMember) replace(ctx context.Context, cli *clientv3.Client) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	list, err := cli.MemberList(ctx)
+	if err != nil {
+		return err
+	}
+	for _, mem := range list.Members {
+		if slices.Contains(mem.PeerURLs, m.m.PeerURL()) {
+			if _, err := cli.MemberRemove(ctx, mem.ID); err != nil {
+				return fmt.Errorf("member remove: %w", err)
+			}
+		}
+	}
+	added, err := cli.MemberAdd(ctx, []string{m.m.PeerURL()})
+	if err != nil {
+		return fmt.Errorf("member add: %w", err)
+	}
+	var peers []string
+	for _, mem := range added.Members {
+		name := mem.Name
+		if mem.ID == added.Member.ID {
+			name = m.Name
+		}
+		for _, u := range mem.PeerURLs {
+			peers = append(peers, name+"="+u)
+		}
+	}
+	m.m.InitialCluster, m.m.Join = strings.Join(peers, ","), true
+	os.MkdirAll(m.m.Dir, 0o700)
+	return nil
 }
 
 // stop ends the member: SIGCONT (it may be stopped), SIGTERM, and SIGKILL

@@ -99,6 +99,9 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	u := &up{env: env, net: nt, opts: opts, out: out, log: log, listens: listens, frontends: make([]*Frontend, len(listens)), stopping: make(chan struct{})}
 	defer u.stop()
+	for _, m := range env.Members {
+		u.superviseMember(m)
+	}
 	if err := u.startNodes(); err != nil {
 		return err
 	}
@@ -283,6 +286,20 @@ func (u *up) supervise(name string, exited func() <-chan struct{}, state func() 
 }
 
 var errStopping = errors.New("up: stopping")
+
+// superviseMember restarts etcd member m whenever it exits: on its data,
+// or, when its data is gone, as a new member in its place (member remove,
+// member add). Without it, a killed leader and then the next one lose the
+// quorum for good.
+func (u *up) superviseMember(m *EtcdMember) {
+	u.supervise("etcd member "+m.Name, m.Exited, m.ExitState, func() error {
+		replaced, err := m.Relaunch(context.Background(), u.env.Client)
+		if replaced {
+			u.say("up: etcd member %s had lost its data: replaced it (member remove, member add); it joins anew", m.Name)
+		}
+		return err
+	})
+}
 
 // say writes a line to the terminal and to the log.
 func (u *up) say(format string, args ...any) {
