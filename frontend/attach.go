@@ -42,7 +42,8 @@ type attached struct {
 }
 
 // attach looks for the worker that holds the request: an Attach at the
-// run's epoch from sequence 1 to every known instance of the model. At
+// run's epoch, from the sequence after what the run holds (the record's
+// prefix, after a migration), to every known instance of the model. At
 // most one holds it; the first to answer with a frame of the request
 // wins. ctx is the epoch's: CancelWorker ends the winner's stream.
 func (x *run) attach(ctx context.Context) (attached, bool) {
@@ -89,7 +90,7 @@ func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool)
 	if err != nil {
 		return attached{}, false
 	}
-	st, err := c.c.Attach(ctx, &wire.Attach{RequestId: x.r.ID, RequestEpoch: x.r.Epoch, FromSequenceNo: 1})
+	st, err := c.c.Attach(ctx, &wire.Attach{RequestId: x.r.ID, RequestEpoch: x.r.Epoch, FromSequenceNo: int32(x.r.Received() + 1)})
 	if err != nil {
 		x.s.pool.release(c)
 		return attached{}, false
@@ -128,6 +129,17 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	// cancel reaches its worker's sequence. CancelWorker and the run's
 	// end close the stream.
 	sctx := x.epochCtx(context.WithoutCancel(ctx), x.r.Epoch)
+	// The output delivered before the request's last migration comes
+	// from its record: the continuation's worker holds what follows
+	// (it starts after the prefix), and a regeneration continues after
+	// it too.
+	for i, t := range x.prefix {
+		x.r.Output.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
+	}
+	if len(x.prefix) > 0 {
+		x.st.publish(x.r.Output.view())
+		x.prefix = nil
+	}
 	a, ok := x.attach(sctx)
 	if !ok {
 		if ctx.Err() != nil {

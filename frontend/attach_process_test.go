@@ -342,10 +342,12 @@ func TestCancelAtAnotherFrontend(t *testing.T) {
 }
 
 // TestTakeoverAfterAMigration: the stream's worker is SIGKILLed (A
-// migrates it to the other worker, which continues from a prefix), then A
-// is SIGKILLed: the continuation's worker holds frames from the prefix on
-// only, so B's Attach from sequence 1 is refused and B regenerates; the
-// tail is bit-identical.
+// migrates it to the other worker, which continues from a prefix, and
+// writes the prefix into the request's record), then A is SIGKILLed: B
+// takes the prefix from the record and attaches to the continuation from
+// the sequence after it — no request starts on any worker, the tail is
+// bit-identical. It used to ask for sequence 1, be refused, and
+// regenerate the whole request (1–21 s to the next token under load).
 func TestTakeoverAfterAMigration(t *testing.T) {
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
@@ -367,11 +369,28 @@ func TestTakeoverAfterAMigration(t *testing.T) {
 	if moved := got[len(got)-1].Instance; moved == first {
 		t.Fatalf("token 40 still from %s, the killed worker", moved)
 	}
+	moved := got[len(got)-1].Instance
+	// The continuation's record has its prefix once A's write lands.
+	proctest.WaitFor(t, 10*time.Second, "the record's prefix", func() (bool, string) {
+		resp, err := n.Env.Client.Get(t.Context(), "/lifeline/v1/requests/"+o.id)
+		if err != nil || len(resp.Kvs) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		var rec struct{ Prefix []json.RawMessage }
+		json.Unmarshal(resp.Kvs[0].Value, &rec)
+		return len(rec.Prefix) >= 15, fmt.Sprintf("%d prefix tokens", len(rec.Prefix))
+	})
+	started := requestsStarted(t, n, moved)
 	a.Signal(syscall.SIGKILL)
 	<-a.Exited()
 	o.resp.Body.Close()
+	began := time.Now()
 	resumeOn(t, b, o, len(got), want)
-	if r := metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`); r != 1 {
-		t.Errorf("takeovers regenerated on B: %v, want 1", r)
+	t.Logf("resumed on B after the migration and A's death: the whole tail in %v", time.Since(began))
+	if now := requestsStarted(t, n, moved); now != started {
+		t.Errorf("requests started on %s: %d after the takeover, %d before: regenerated, not attached", moved, now, started)
+	}
+	if r := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); r != 1 {
+		t.Errorf("takeovers attached on B: %v, want 1 (regenerated: %v)", r, metric(t, b, `lifeline_frontend_takeover_starts_total{how="regenerated"}`))
 	}
 }

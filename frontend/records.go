@@ -186,6 +186,11 @@ func (rc *records) release(rs *recordState) {
 func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestRecord, kind string) (bool, error) {
 	rs.wmu.Lock()
 	defer rs.wmu.Unlock()
+	return rc.casLocked(ctx, rs, rec, kind)
+}
+
+// casLocked is cas with rs.wmu held.
+func (rc *records) casLocked(ctx context.Context, rs *recordState, rec schema.RequestRecord, kind string) (bool, error) {
 	rs.mu.Lock()
 	rev := rs.rev
 	rs.mu.Unlock()
@@ -216,6 +221,34 @@ func (rc *records) cas(ctx context.Context, rs *recordState, rec schema.RequestR
 	rs.rec, rs.rev, rs.expiry = rec, resp.Header.Revision, expiry
 	rs.mu.Unlock()
 	return true, nil
+}
+
+// migrated writes the output delivered before a migration (prefix, the
+// continuation's first sequence minus one) into st's running record, so
+// that a frontend taking the request over attaches to the continuation
+// instead of regenerating it. A done record, one with as long a prefix,
+// or one that would grow past maxRecordBytes is left as it is (a
+// takeover then regenerates, bit-identically, as before).
+func (rc *records) migrated(ctx context.Context, st *stream, prefix []schema.RecordToken) {
+	rs := st.rec
+	<-rs.stored
+	rs.wmu.Lock()
+	defer rs.wmu.Unlock()
+	rs.mu.Lock()
+	rec, rev := rs.rec, rs.rev
+	rs.mu.Unlock()
+	if rev == 0 || rec.Done || len(prefix) <= len(rec.Prefix) {
+		return
+	}
+	rec.Prefix = prefix
+	if b, _ := json.Marshal(rec); len(b) > maxRecordBytes {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := rc.casLocked(cctx, rs, rec, "migrate"); err != nil {
+		rc.log.Warn("frontend: request record's prefix not written (a takeover would regenerate)", "request_id", st.id, "err", err)
+	}
 }
 
 // refresh re-puts a running record that has less than 3/4 of the resume

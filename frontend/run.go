@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
@@ -104,6 +105,9 @@ type run struct {
 	keysAt       int
 	// takeover: the request was taken over from another frontend.
 	takeover bool
+	// prefix is a taken-over request's output before its last migration,
+	// from its record (takeoverStart puts it in the log).
+	prefix []schema.RecordToken
 }
 
 func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {

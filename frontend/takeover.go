@@ -186,7 +186,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 	s.streams[rec.ID] = st
 	s.mu.Unlock()
 	x := newRun(s, r, body, st)
-	x.takeover = true
+	x.takeover, x.prefix = true, rec.Prefix
 	go x.loop(rctx)
 	return st, nil
 }

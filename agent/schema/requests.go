@@ -79,6 +79,12 @@ type RequestRecord struct {
 	OwnerURL string `json:"owner_url"`
 	Term     uint64 `json:"term"`
 
+	// Prefix is the output delivered before the request's last
+	// migration (written when the continuation starts): a frontend that
+	// takes the request over has it from here and attaches to the
+	// continuation on its worker from the sequence after it.
+	Prefix []RecordToken `json:"prefix,omitempty"`
+
 	Done         bool   `json:"done,omitempty"`
 	FinishReason string `json:"finish_reason,omitempty"`
 	ErrorType    string `json:"error_type,omitempty"`
