@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -172,6 +173,31 @@ func (a *Agent) endOrphanGroup(inst *instance, rec *workerRecord) {
 		"recovery_action", "a tensor-parallel group left by a previous agent process is ended and started again")
 	a.emit(controlapi.Event{Kind: controlapi.EventGroupEnded, InstanceID: inst.id, Generation: rec.Generation,
 		Detail: fmt.Sprintf("left by a previous agent: %d processes ended", len(pids))})
+}
+
+// sweepSegments removes every collective segment of inst's groups a
+// previous agent process left behind (a group is never adopted, so none
+// is in use when its supervisor starts): one left by an agent SIGKILLed
+// before it could end its group, or whose worker record was lost, stays
+// in /dev/shm otherwise.
+func (a *Agent) sweepSegments(inst *instance) {
+	prefix := filepath.Base(a.segmentPath(inst, 0))
+	prefix = strings.TrimSuffix(prefix, "0")
+	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(a.opts.ArenaPath), prefix+"*"))
+	for _, seg := range matches {
+		gen := strings.TrimPrefix(filepath.Base(seg), prefix)
+		if _, err := strconv.ParseUint(gen, 10, 64); err != nil {
+			continue // another instance's, whose id starts with this one's
+		}
+		collective.AbortSegment(seg)
+		for _, p := range procfs.Mentioning("--group-segment=" + seg) {
+			syscall.Kill(p.PID, syscall.SIGKILL)
+		}
+		if os.Remove(seg) == nil {
+			a.log.Warn("collective segment removed", "instance_id", inst.id, "segment", seg,
+				"recovery_action", "a segment a previous agent process left behind")
+		}
+	}
 }
 
 // zombie says whether pid has exited and waits to be reaped.

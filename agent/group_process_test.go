@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -210,6 +211,18 @@ func TestAgentRestartEndsItsOldGroup(t *testing.T) {
 			t.Fatalf("rank %d (pid %d) died with its agent", r.Rank, r.PID)
 		}
 	}
+	// A segment an earlier agent process left with no record of it (it
+	// was SIGKILLed before it could end that group), and a file that only
+	// looks like one of this instance's.
+	shm := filepath.Dir(n.Options.ArenaPath)
+	stale := filepath.Join(shm, "lifeline-group-"+id+"-7")
+	other := filepath.Join(shm, "lifeline-group-"+id+"-7-not-a-generation")
+	for _, p := range []string{stale, other} {
+		if err := os.WriteFile(p, []byte("left behind"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { os.Remove(stale); os.Remove(other) })
 	n.Restart(t)
 	back := n.WaitRegistration(t, id, reg.Generation)
 	proctest.WaitFor(t, 5*time.Second, "the old group's processes gone", func() (bool, string) {
@@ -220,5 +233,12 @@ func TestAgentRestartEndsItsOldGroup(t *testing.T) {
 		}
 		return true, ""
 	})
+	segs, _ := filepath.Glob(filepath.Join(shm, "lifeline-group-"+id+"-*"))
+	want := []string{filepath.Join(shm, fmt.Sprintf("lifeline-group-%s-%d", id, back.Generation)), other}
+	slices.Sort(segs)
+	slices.Sort(want)
+	if !slices.Equal(segs, want) {
+		t.Fatalf("segments after the restart: %v, want the new group's and the look-alike only: %v", segs, want)
+	}
 	t.Logf("a fresh group at generation %d (was %d)", back.Generation, reg.Generation)
 }

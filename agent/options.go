@@ -106,6 +106,10 @@ type Options struct {
 	// to CrashLoopCooldownMax. `nodectl reset` retries at once.
 	CrashLoopCooldown    Duration `json:"crash_loop_cooldown"`
 	CrashLoopCooldownMax Duration `json:"crash_loop_cooldown_max"`
+	// WorkerOrphanTimeout is how long a worker waits for its agent —
+	// gone, and not restarted to adopt it — before it stops and frees its
+	// memory (default 3 minutes: longer than an agent restart).
+	WorkerOrphanTimeout Duration `json:"worker_orphan_timeout"`
 	// DrainDeadline and DrainHardDeadline bound the drain SIGTERM runs
 	// (a systemd stop): requests still in flight at the deadline end with
 	// a retryable DRAINING error, and the agent exits before the hard
@@ -161,6 +165,7 @@ func (o *Options) Defaults() {
 	def(&o.CrashLoopWindow, time.Minute)
 	def(&o.CrashLoopCooldown, 10*time.Second)
 	def(&o.CrashLoopCooldownMax, 5*time.Minute)
+	def(&o.WorkerOrphanTimeout, 3*time.Minute)
 	def(&o.DrainDeadline, 30*time.Second)
 	def(&o.DrainHardDeadline, 50*time.Second)
 	def(&o.DrainSettle, 2*time.Second)

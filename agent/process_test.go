@@ -666,3 +666,39 @@ func TestAgentFencesAStoppedKVWriter(t *testing.T) {
 	})
 	t.Logf("stopped worker fenced and back at generation %d (was %d) %v after the SIGSTOP", next.Generation, reg.Generation, time.Since(stopped).Round(time.Millisecond))
 }
+
+// TestWorkerStopsWhenItsAgentNeverComesBack: the agent is SIGKILLed and
+// not restarted: its worker, orphaned (nobody to supervise, adopt or drain
+// it), stops by itself once the agent's socket has been gone for
+// worker_orphan_timeout (3 s here; 3 minutes by default). (Its stderr,
+// the agent's pipe here, is closed with the agent: the worker ignores
+// SIGPIPE so that a broken log pipe does not kill it either.)
+// It used to run on forever: an audit found four, 43 minutes old, 1 GB of
+// RSS each.
+func TestWorkerStopsWhenItsAgentNeverComesBack(t *testing.T) {
+	n := clustertest.NewNode(t, func(o *clustertest.Config) {
+		o.WorkerOrphanTimeout = agent.Duration(3 * time.Second)
+	})
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	ws := n.NodectlWorkers(t)
+	if len(ws) != 1 || ws[0].PID == 0 {
+		t.Fatalf("workers: %+v", ws)
+	}
+	pid := ws[0].PID
+	killed := time.Now()
+	n.Signal(syscall.SIGKILL)
+	<-n.Exited()
+	// The worker is not the test's child: it is gone when /proc has no
+	// live process of that pid (a zombie reparented to init is reaped).
+	proctest.WaitFor(t, 30*time.Second, "the orphaned worker to stop", func() (bool, string) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(stat), ") Z "), string(stat)
+	})
+	took := time.Since(killed)
+	// The worker last saw its agent at most one check (timeout/6) before
+	// the kill.
+	if took < 2500*time.Millisecond {
+		t.Fatalf("the worker stopped %v after its agent died, before the 3 s orphan timeout", took)
+	}
+	t.Logf("orphaned worker stopped %v after its agent's SIGKILL", took.Round(time.Millisecond))
+}

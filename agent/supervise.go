@@ -52,6 +52,9 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	h := newRestartHistory(&a.opts)
 	if rec, ok := a.adoptable(inst.id); ok && inst.spec.ranks() > 1 {
 		a.endOrphanGroup(inst, rec)
+		a.sweepSegments(inst)
+	} else if inst.spec.ranks() > 1 {
+		a.sweepSegments(inst)
 	} else if ok {
 		a.adopt(ctx, inst, rec)
 		if ctx.Err() != nil || a.drained(inst) {

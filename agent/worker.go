@@ -93,7 +93,8 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 	args := workerclient.Args{InstanceID: inst.id, Generation: gen, Role: inst.spec.Role, Listen: net.JoinHostPort(a.opts.BindAddress, "0"), CertDir: a.workerCertDir(inst.id),
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
-		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK}
+		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK,
+		AgentSocket: a.opts.Socket, OrphanTimeout: time.Duration(a.opts.WorkerOrphanTimeout)}
 	if n := inst.spec.ranks(); n > 1 {
 		args.TP = n
 		args.GroupSegment, args.GroupGeneration = a.segmentPath(inst, gen), gen

@@ -2,7 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
+	"os/signal"
+	"sync"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -23,7 +28,28 @@ func newWorkerCmd(run func(context.Context, worker.Options, io.Writer) error) *c
 		Short: "Serve one engine instance over QUIC (started by the node agent)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return run(cmd.Context(), workerOptions(args), cmd.OutOrStdout())
+			// A worker outlives its agent's output (adoption): a write to
+			// a log pipe nobody reads any more must fail, not kill it.
+			signal.Ignore(syscall.SIGPIPE)
+			if args.AgentSocket == "" || args.OrphanTimeout <= 0 {
+				return run(cmd.Context(), workerOptions(args), cmd.OutOrStdout())
+			}
+			// An orphan stops: its agent gone for good, nobody would.
+			ctx, cancel := context.WithCancelCause(cmd.Context())
+			defer cancel(nil)
+			var wg sync.WaitGroup
+			defer wg.Wait()
+			wg.Go(func() {
+				if err := worker.WatchAgent(ctx, args.AgentSocket, args.OrphanTimeout); err != nil {
+					fmt.Fprintln(cmd.ErrOrStderr(), err)
+					cancel(err)
+				}
+			})
+			err := run(ctx, workerOptions(args), cmd.OutOrStdout())
+			if cause := context.Cause(ctx); errors.Is(cause, worker.ErrOrphaned) {
+				return cause
+			}
+			return err
 		},
 	}
 	args.AddFlags(cmd.Flags())

@@ -1,6 +1,10 @@
 package workerclient
 
-import "github.com/spf13/pflag"
+import (
+	"time"
+
+	"github.com/spf13/pflag"
+)
 
 // Command is the lifeline subcommand that runs one worker.
 const Command = "worker"
@@ -47,6 +51,10 @@ type Args struct {
 	// KVArena, for a rank above 0, is the node's arena file (rank 0 has
 	// the owner's socket and allocates the group's blocks there).
 	KVArena string
+	// AgentSocket is a socket of the agent that started the worker (every
+	// rank's): a worker that finds nobody there for OrphanTimeout stops.
+	AgentSocket   string
+	OrphanTimeout time.Duration
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -73,6 +81,8 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&a.Rank, "rank", 0, "this worker's rank in its group (0 serves the endpoint)")
 	fs.StringVar(&a.GroupSegment, "group-segment", "", "the group's collective segment (its agent creates one per group generation)")
 	fs.Uint64Var(&a.GroupGeneration, "group-generation", 0, "the group generation this rank was started for (a segment of another is refused)")
+	fs.StringVar(&a.AgentSocket, "agent-socket", "", "a socket of the agent that started this worker: with nobody there for --orphan-timeout, the worker stops")
+	fs.DurationVar(&a.OrphanTimeout, "orphan-timeout", 3*time.Minute, "how long a worker waits for its agent (restarted, to adopt it) before it stops")
 	fs.StringVar(&a.KVArena, "kv-arena", "", "a rank above 0: the node's KV arena file, where it writes its heads' part of the blocks rank 0 allocates")
 }
 
