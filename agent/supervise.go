@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // createInstances makes every configured instance, before the control
@@ -71,7 +73,11 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 			// etcd unreachable: not the worker's fault, not a crash. Wait
 			// for etcd, without giving up on the instance.
 			a.setState(inst, "waiting_for_etcd")
-			a.log.Warn("cannot get a generation", "instance_id", inst.id, "err", err, "recovery_action", "retry")
+			hint, _ := pki.EtcdHint(err, a.opts.Etcd, a.opts.CertDir, pki.Agent(a.opts.NodeID))
+			if hint == nil {
+				hint = err
+			}
+			a.log.Warn("cannot get a generation from etcd", "instance_id", inst.id, "err", hint, "recovery_action", "retry")
 			select {
 			case <-ctx.Done():
 				return

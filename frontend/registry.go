@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // The registry watch keeps the router in line with etcd: instances'
@@ -34,8 +35,14 @@ func (s *Server) firstSync(ctx context.Context, wait time.Duration) (int64, erro
 	deadline := time.Now().Add(wait)
 	for {
 		rev, err := s.sync(ctx)
-		if err == nil || !time.Now().Before(deadline) {
-			return rev, err
+		if err == nil {
+			return rev, nil
+		}
+		// An identity etcd does not know, or a chain from another CA,
+		// does not heal by waiting: say what fixes it, at once.
+		hint, permanent := pki.EtcdHint(err, s.opts.Etcd, s.opts.CertDir, pki.Frontend(s.opts.ID))
+		if permanent || !time.Now().Before(deadline) {
+			return 0, hint
 		}
 		if err := sleep(ctx, syncRetry); err != nil {
 			return 0, err

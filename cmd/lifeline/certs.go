@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -21,7 +22,19 @@ func certsCmd() *cobra.Command {
 		Use:   "init",
 		Short: "Create the cluster CA in --dir (mode 0700, key 0600; kept if present). Keep this directory off the cluster's machines",
 		Args:  cobra.NoArgs,
-		RunE:  func(cmd *cobra.Command, _ []string) error { return pki.Init(dir) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, statErr := os.Stat(filepath.Join(dir, pki.CAKey))
+			if err := pki.Init(dir); err != nil {
+				return err
+			}
+			what := "created"
+			if statErr == nil {
+				what = "kept (it was there)"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "cluster CA %s: %s (certificate), %s (key, 0600)\nnext: lifeline certs issue --ca %s --role ROLE --name NAME\n",
+				what, filepath.Join(dir, pki.CAFile), filepath.Join(dir, pki.CAKey), dir)
+			return nil
+		},
 	}
 	initCmd.Flags().StringVar(&dir, "dir", "", "CA directory")
 	initCmd.MarkFlagRequired("dir")

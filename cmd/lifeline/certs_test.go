@@ -26,6 +26,15 @@ func TestCertsCommands(t *testing.T) {
 	if st, err := os.Stat(ca); err != nil || st.Mode().Perm() != 0o700 {
 		t.Fatalf("CA directory: %v %v", st.Mode(), err)
 	}
+	// It says what it wrote, and what comes next (it used to print
+	// nothing).
+	fresh := filepath.Join(t.TempDir(), "ca")
+	for _, want := range []string{"cluster CA created: " + filepath.Join(fresh, pki.CAFile), "cluster CA kept (it was there)"} {
+		out, errOut, err := proctest.Run(t, "certs", "init", "--dir", fresh)
+		if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "next: lifeline certs issue --ca "+fresh) {
+			t.Fatalf("certs init: %v, said %q %q; want %q", err, out, errOut, want)
+		}
+	}
 	if _, _, err := proctest.Run(t, "certs", "issue", "--ca", ca, "--role", "agent", "--name", "x-decode-y"); err == nil {
 		t.Fatal("an ambiguous node id was issued")
 	}

@@ -1,0 +1,114 @@
+package pki
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// EtcdHint turns an etcd client's error at a process's start into one
+// that says what to do: an identity without an etcd user or role names
+// the `lifeline certs etcd-setup` command that adds it; a certificate
+// chain from another CA names both CAs; an etcd that does not answer
+// names the endpoints tried. permanent says retrying cannot help (the
+// first two). Any other error is returned as it is, not permanent.
+func EtcdHint(err error, endpoints []string, certDir string, id Identity) (hint error, permanent bool) {
+	if err == nil {
+		return nil, false
+	}
+	msg := err.Error()
+	eps := strings.Join(endpoints, ",")
+	if certDir != "" && len(endpoints) > 0 && !strings.Contains(msg, "certificate signed by unknown authority") &&
+		(errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "deadline exceeded") || strings.Contains(msg, "Unavailable")) {
+		// gRPC retries a failed handshake until the deadline and reports
+		// only that: try one handshake here to see why.
+		if herr := handshake(endpoints[0], certDir); herr != nil && strings.Contains(herr.Error(), "unknown authority") {
+			err, msg = herr, herr.Error()
+		}
+	}
+	switch {
+	case strings.Contains(msg, "permission denied") || strings.Contains(msg, "user name not found") || strings.Contains(msg, "authentication failed"):
+		flag := "--frontend " + id.Name
+		if id.Role == RoleAgent {
+			flag = "--node " + id.Name
+		}
+		return fmt.Errorf("etcd at %s refused %s (%v): its etcd user and role are missing or wrong; as an admin run: lifeline certs etcd-setup --etcd %s --certs ADMIN_CERT_DIR %s",
+			eps, id, err, eps, flag), true
+	case strings.Contains(msg, "certificate signed by unknown authority"):
+		ours := caName(filepath.Join(certDir, CAFile))
+		theirs := "unknown"
+		if len(endpoints) > 0 {
+			theirs = peerIssuer(endpoints[0])
+		}
+		return fmt.Errorf("etcd at %s presents a certificate issued by %s, but %s trusts only %s (%s): issue this identity from the CA etcd's certificates come from (lifeline certs issue)",
+			eps, theirs, certDir, ours, err), true
+	case errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "context deadline exceeded") || strings.Contains(msg, "connection refused") || strings.Contains(msg, "Unavailable"):
+		return fmt.Errorf("etcd does not answer at %s (%v): check the endpoints, that etcd runs, and that this host reaches it", eps, err), false
+	}
+	return err, false
+}
+
+// handshake is one TLS handshake with addr as certDir's identity.
+func handshake(addr, certDir string) error {
+	conf, err := EtcdClientTLS(certDir)
+	if err != nil {
+		return nil
+	}
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, conf)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// caName names the CA certificate in file: its subject and fingerprint.
+func caName(file string) string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Sprintf("the CA in %s (unreadable: %v)", file, err)
+	}
+	blk, _ := pem.Decode(b)
+	if blk == nil {
+		return fmt.Sprintf("the CA in %s (not PEM)", file)
+	}
+	c, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		return fmt.Sprintf("the CA in %s (%v)", file, err)
+	}
+	return certName(c)
+}
+
+func certName(c *x509.Certificate) string {
+	sum := sha256.Sum256(c.Raw)
+	return fmt.Sprintf("%q (sha256 %x…)", c.Subject.CommonName, sum[:8])
+}
+
+// peerIssuer names the issuer of the certificate addr presents (read
+// without verifying it: only to name it).
+func peerIssuer(addr string) string {
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{InsecureSkipVerify: true}) // naming it, not trusting it
+	if err != nil {
+		return fmt.Sprintf("an unknown CA (%v)", err)
+	}
+	defer conn.Close()
+	chain := conn.ConnectionState().PeerCertificates
+	if len(chain) == 0 {
+		return "an unknown CA (no certificate)"
+	}
+	last := chain[len(chain)-1]
+	if len(chain) > 1 && last.IsCA {
+		return certName(last)
+	}
+	return fmt.Sprintf("%q", last.Issuer.CommonName)
+}
