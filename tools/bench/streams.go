@@ -156,7 +156,14 @@ func (c *streamsCluster) sampleMemory() (feMemory, error) {
 	if err != nil {
 		return feMemory{}, err
 	}
-	return feMemory{heap: m["go_memstats_heap_inuse_bytes"], stacks: m["go_memstats_stack_inuse_bytes"], rss: m["process_resident_memory_bytes"],
+	// The live heap the collection found (heap in use also counts the
+	// free room of spans still in use: how the allocator happens to be
+	// laid out, not what the streams hold).
+	heap, ok := m["go_gc_heap_live_bytes"]
+	if !ok {
+		return feMemory{}, fmt.Errorf("bench: the frontend exports no go_gc_heap_live_bytes")
+	}
+	return feMemory{heap: heap, stacks: m["go_memstats_stack_inuse_bytes"], rss: m["process_resident_memory_bytes"],
 		goroutines: m["go_goroutines"], tokens: m["lifeline_frontend_tokens_total"], slowClosed: m["lifeline_frontend_slow_clients_closed_total"]}, nil
 }
 
