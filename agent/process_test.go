@@ -234,7 +234,19 @@ func TestAgentBadConfig(t *testing.T) {
 			t.Errorf("%s: err %v, stderr %q (want it to name %q)", c.cfg, err, errOut, c.want)
 		}
 	}
-	good := fmt.Sprintf(`{"node_id": "a", "data_dir": %q, "socket": "s", "etcd": ["127.0.0.1:1"], "certs": "c", "arena": "/dev/shm/x"}`, dir)
+	// --check-config checks the certificate directory too: it used to
+	// say OK with none.
+	ca := clustertest.CADir(t)
+	mine, theirs := clustertest.Issue(t, ca, "agent", "a"), clustertest.Issue(t, ca, "agent", "b")
+	for certs, want := range map[string]string{filepath.Join(dir, "none"): "issue them: lifeline certs issue --role agent --name a", theirs: "are agent:b's, not agent:a's"} {
+		cfg := fmt.Sprintf(`{"node_id": "a", "data_dir": %q, "socket": "s", "etcd": ["127.0.0.1:1"], "certs": %q, "arena": "/dev/shm/x"}`, dir, certs)
+		p := filepath.Join(dir, "certs.json")
+		os.WriteFile(p, []byte(cfg), 0o600)
+		if _, errOut, err := proctest.Run(t, "agent", "--config", p, "--check-config"); err == nil || !strings.Contains(errOut, want) {
+			t.Errorf("certs %s: err %v, stderr %q (want %q)", certs, err, errOut, want)
+		}
+	}
+	good := fmt.Sprintf(`{"node_id": "a", "data_dir": %q, "socket": "s", "etcd": ["127.0.0.1:1"], "certs": %q, "arena": "/dev/shm/x"}`, dir, mine)
 	p := filepath.Join(dir, "good.json")
 	os.WriteFile(p, []byte(good), 0o600)
 	if out, errOut, err := proctest.Run(t, "agent", "--config", p, "--check-config"); err != nil || !strings.Contains(out, "config OK") {

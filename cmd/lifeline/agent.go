@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 func agentCmd() *cobra.Command {
@@ -55,6 +56,11 @@ func agentCmd() *cobra.Command {
 				return err
 			}
 			if checkConfig {
+				// The certificates too: a missing or foreign directory
+				// would fail only at the first etcd call.
+				if err := pki.CheckDir(o.CertDir, pki.Agent(o.NodeID)); err != nil {
+					return err
+				}
 				fmt.Fprintln(cmd.OutOrStdout(), "config OK")
 				return nil
 			}

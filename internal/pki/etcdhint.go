@@ -112,3 +112,28 @@ func peerIssuer(addr string) string {
 	}
 	return fmt.Sprintf("%q", last.Issuer.CommonName)
 }
+
+// CheckDir says why dir does not hold a usable certificate of id (nil
+// when it does): files missing, a certificate its directory's CA did not
+// sign or that has expired, or one of another identity.
+func CheckDir(dir string, id Identity) error {
+	conf, err := Load(dir, "")
+	if err != nil {
+		return fmt.Errorf("certificates %s: %w (issue them: lifeline certs issue --role %s --name %s)", dir, err, id.Role, id.Name)
+	}
+	leaf, err := x509.ParseCertificate(conf.Certificates[0].Certificate[0])
+	if err != nil {
+		return fmt.Errorf("certificates %s: %w", dir, err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: conf.RootCAs, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("certificates %s: %s is not signed by %s, or has expired: %w", dir, CertFile, caName(filepath.Join(dir, CAFile)), err)
+	}
+	got, err := CertIdentity(leaf)
+	if err != nil {
+		return fmt.Errorf("certificates %s: %w", dir, err)
+	}
+	if got != id {
+		return fmt.Errorf("certificates %s are %s's, not %s's", dir, got, id)
+	}
+	return nil
+}
