@@ -35,7 +35,12 @@ import (
 // segmentPath is the collective segment of inst's group at generation gen,
 // next to the arena (shared memory).
 func (a *Agent) segmentPath(inst *instance, gen uint64) string {
-	return filepath.Join(filepath.Dir(a.opts.ArenaPath), fmt.Sprintf("lifeline-group-%s-%d", inst.id, gen))
+	return a.segmentPrefix(inst) + strconv.FormatUint(gen, 10)
+}
+
+// segmentPrefix is the path of inst's segments without the generation.
+func (a *Agent) segmentPrefix(inst *instance) string {
+	return filepath.Join(filepath.Dir(a.opts.ArenaPath), "lifeline-group-"+inst.id+"-")
 }
 
 // createSegment makes inst's segment for generation gen, sized for a
@@ -181,11 +186,10 @@ func (a *Agent) endOrphanGroup(inst *instance, rec *workerRecord) {
 // before it could end its group, or whose worker record was lost, stays
 // in /dev/shm otherwise.
 func (a *Agent) sweepSegments(inst *instance) {
-	prefix := filepath.Base(a.segmentPath(inst, 0))
-	prefix = strings.TrimSuffix(prefix, "0")
-	matches, _ := filepath.Glob(filepath.Join(filepath.Dir(a.opts.ArenaPath), prefix+"*"))
+	prefix := a.segmentPrefix(inst)
+	matches, _ := filepath.Glob(prefix + "*")
 	for _, seg := range matches {
-		gen := strings.TrimPrefix(filepath.Base(seg), prefix)
+		gen := strings.TrimPrefix(seg, prefix)
 		if _, err := strconv.ParseUint(gen, 10, 64); err != nil {
 			continue // another instance's, whose id starts with this one's
 		}

@@ -58,16 +58,9 @@ type recordBucket struct {
 	bytes int64
 }
 
-func newRecordBudget(max int64, window time.Duration) *recordBudget {
-	w := max64(window/4, time.Second)
-	return &recordBudget{max: max, width: w, span: window + window/4 + 2*w}
-}
-
-func max64(a, b time.Duration) time.Duration {
-	if a > b {
-		return a
-	}
-	return b
+func newRecordBudget(limit int64, window time.Duration) *recordBudget {
+	w := max(window/4, time.Second)
+	return &recordBudget{max: limit, width: w, span: window + window/4 + 2*w}
 }
 
 // expire drops the buckets whose records have all expired. b.mu held.
@@ -97,7 +90,7 @@ func (b *recordBudget) take(n int64, now time.Time) (bool, time.Duration) {
 		if len(b.buckets) > 0 {
 			retry = b.buckets[0].start.Add(b.span).Sub(now)
 		}
-		return false, max64(retry, time.Second)
+		return false, max(retry, time.Second)
 	}
 	b.add(n, now)
 	return true, 0

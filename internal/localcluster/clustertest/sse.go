@@ -92,22 +92,24 @@ func readTokens(r io.Reader, each func(Token) bool, other func(sse.Event)) []Tok
 // frontend serving at url (http:// or https://), one this process started.
 func MetricsURL(t testing.TB, url string) string {
 	t.Helper()
-	m, ok := localcluster.MetricsURLOf(url)
+	return known(t, "metrics listener", localcluster.MetricsURLOf, url)
+}
+
+// known is what of looks up for the frontend at url, or fails t.
+func known(t testing.TB, what string, of func(string) (string, bool), url string) string {
+	t.Helper()
+	v, ok := of(url)
 	if !ok {
-		t.Fatalf("no metrics listener known for the frontend at %s", url)
+		t.Fatalf("no %s known for the frontend at %s", what, url)
 	}
-	return m
+	return v
 }
 
 // Debug is the debug socket's base ("unix:PATH") of the frontend serving
 // at url, one this process started.
 func Debug(t testing.TB, url string) string {
 	t.Helper()
-	d, ok := localcluster.DebugOf(url)
-	if !ok {
-		t.Fatalf("no debug socket known for the frontend at %s", url)
-	}
-	return d
+	return known(t, "debug socket", localcluster.DebugOf, url)
 }
 
 // Metrics returns the frontend's Prometheus metrics page, from its
