@@ -133,10 +133,8 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	// from its record: the continuation's worker holds what follows
 	// (it starts after the prefix), and a regeneration continues after
 	// it too.
-	for i, t := range x.prefix {
-		x.r.Output.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
-	}
 	if len(x.prefix) > 0 {
+		addRecordTokens(&x.r.Output, x.prefix)
 		x.st.publish(x.r.Output.view())
 		x.prefix = nil
 	}

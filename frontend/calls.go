@@ -8,7 +8,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
@@ -387,14 +386,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	if len(d.Prefix) > 0 && x.st.rec != nil {
 		// A continuation: its record learns the prefix, so a frontend
 		// taking over attaches to it (attach.go).
-		prefix := make([]schema.RecordToken, 0, len(d.Prefix))
-		for t := range x.r.Output.From(0) {
-			if len(prefix) == len(d.Prefix) {
-				break
-			}
-			prefix = append(prefix, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()})
-		}
-		go s.recs.migrated(context.WithoutCancel(s.ctx), x.st, prefix)
+		go s.recs.migrated(context.WithoutCancel(s.ctx), x.st, recordTokens(&x.r.Output, len(d.Prefix)))
 	}
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)

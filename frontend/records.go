@@ -223,6 +223,25 @@ func (rc *records) casLocked(ctx context.Context, rs *recordState, rec schema.Re
 	return true, nil
 }
 
+// recordTokens is the first n tokens of l as a record keeps them.
+func recordTokens(l *tokenLog, n int) []schema.RecordToken {
+	out := make([]schema.RecordToken, 0, n)
+	for t := range l.From(0) {
+		if len(out) == n {
+			break
+		}
+		out = append(out, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()})
+	}
+	return out
+}
+
+// addRecordTokens appends a record's tokens to l, from sequence 1.
+func addRecordTokens(l *tokenLog, toks []schema.RecordToken) {
+	for i, t := range toks {
+		l.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
+	}
+}
+
 // migrated writes the output delivered before a migration (prefix, the
 // continuation's first sequence minus one) into st's running record, so
 // that a frontend taking the request over attaches to the continuation
@@ -292,10 +311,7 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 	if r.Err != nil {
 		rec.ErrorType, rec.ErrorMessage = string(r.Err.Type), r.Err.Message
 	}
-	rec.Output = make([]schema.RecordToken, 0, r.Output.Len())
-	for t := range r.Output.From(0) {
-		rec.Output = append(rec.Output, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()})
-	}
+	rec.Output = recordTokens(&r.Output, r.Output.Len())
 	if b, err := json.Marshal(end); err == nil {
 		raw := json.RawMessage(b)
 		rec.End = &raw

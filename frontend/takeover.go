@@ -133,9 +133,7 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 	if rec.ErrorType != "" {
 		r.State, r.Err = Failed, &RequestError{Type: ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
 	}
-	for i, t := range rec.Output {
-		r.Output.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
-	}
+	addRecordTokens(&r.Output, rec.Output)
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 	st.publish(r.Output.view())
 	st.finish(r, end)
