@@ -90,14 +90,24 @@ func soakCmd() *cobra.Command {
 	o.Config = drill.DefaultConfig()
 	cmd := &cobra.Command{
 		Use:   "soak",
-		Short: "A steady seeded load on a local cluster while workers are killed and stopped, then a check that nothing was lost or leaked",
+		Short: "A steady seeded load on a local cluster while workers, agents, frontends and etcd's leader are killed, stopped and drained, then a check that nothing was lost or leaked",
 		Long: `Start a local cluster (--nodes nodes, a decode worker each and one prefill
-worker), run --streams seeded streams continuously, and every --kill-every
-SIGKILL a ready worker (round robin; every --stop-every-th fault is a SIGSTOP
-held for --stop-for instead). At the end: 0 lost or duplicated tokens, every
-stream bit-identical to its reference, no slot, lease, pull or in-flight
-request left, the frontend's and agents' goroutines and descriptors back to
-their start, resident memory grown less than 1.5×. Exits non-zero otherwise.`,
+worker; two frontends when frontends are killed, three etcd member processes
+when etcd's leader is), run --streams seeded streams continuously through the
+resuming Go client, and every --kill-every inject the next of --faults:
+  decode, prefill  SIGKILL a ready worker of that role (its agent restarts it)
+  stop             SIGSTOP a ready worker for --stop-for
+  agent            SIGKILL a node agent, start it again at once (it adopts its workers)
+  frontend         SIGKILL a frontend, start it again on its address
+                   (its clients resume on the other one meanwhile)
+  etcd-leader      SIGKILL etcd's leader, start it again once another leads
+  drain            drain a node, undrain it once drained
+A fault that cannot be injected in its turn (a node is out already) gives way
+to the next one that can. At the end: 0 lost or duplicated tokens, every
+stream bit-identical to its reference, no slot, lease, pull, in-flight
+request, process or segment left, the goroutines and descriptors of the
+frontends and agents that ran on back to where they were, resident memory
+grown less than 1.5×. Exits non-zero otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			out := cmd.OutOrStdout()
@@ -123,7 +133,7 @@ their start, resident memory grown less than 1.5×. Exits non-zero otherwise.`,
 	f := cmd.Flags()
 	f.DurationVar(&o.Duration, "duration", 10*time.Minute, "how long faults are injected")
 	f.DurationVar(&o.KillEvery, "kill-every", 5*time.Second, "a fault every this long")
-	f.IntVar(&o.StopEvery, "stop-every", 5, "every n-th fault is a SIGSTOP instead of a SIGKILL (0: never)")
+	f.StringSliceVar(&o.Faults, "faults", drill.SoakFaults, "the faults, one per turn, in this order")
 	f.DurationVar(&o.StopFor, "stop-for", 12*time.Second, "how long a SIGSTOPped worker stays stopped")
 	f.IntVar(&o.Nodes, "nodes", 3, "nodes of the local cluster")
 	f.IntVar(&o.Config.Streams, "streams", 64, "concurrent streams")

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -196,6 +198,44 @@ func TestStartSkipsADeadURL(t *testing.T) {
 	// With one URL a refusal to connect is the error, at once.
 	if _, err := New(dead.URL).Stream(context.Background(), Request{Model: "m"}, func(Token) {}); err == nil {
 		t.Fatal("a dead single URL streamed")
+	}
+}
+
+// TestStartElsewhereWhenAFrontendDiesBeforeItAnswers: a frontend that
+// read the request and closed its connection with no response (SIGKILLed
+// as it admitted it) is a request the caller saw nothing of: the client
+// starts it on the next URL instead of failing with EOF.
+func TestStartElsewhereWhenAFrontendDiesBeforeItAnswers(t *testing.T) {
+	var took atomic.Int32
+	dying := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		took.Add(1)
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		conn.Close()
+	}))
+	defer dying.Close()
+	live := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sw := sse.NewWriter(w)
+		writeTokens(sw, 1, 3)
+		writeEnd(sw)
+	}))
+	defer live.Close()
+	var seqs []int
+	if _, err := New(dying.URL, live.URL).Stream(context.Background(), Request{Model: "m"}, func(tk Token) { seqs = append(seqs, tk.SequenceNo) }); err != nil {
+		t.Fatalf("%v after %v", err, seqs)
+	}
+	if took.Load() != 1 || !slices.Equal(seqs, []int{1, 2, 3}) {
+		t.Fatalf("the dying frontend took %d requests; tokens %v, want 1 and [1 2 3]", took.Load(), seqs)
+	}
+	// A caller's own deadline is not a frontend's death: no retry.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := New(dying.URL, live.URL).Stream(ctx, Request{Model: "m"}, func(Token) {}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
 	}
 }
 

@@ -66,14 +66,20 @@ func (c *Client) start(ctx context.Context, body []byte) (*session, *http.Respon
 }
 
 // startElsewhere tells a POST failure another frontend may not have: the
-// frontend could not be reached (nothing was sent), or it refused with a
-// 5xx (it is stopping, or sees no capacity).
+// frontend could not be reached, it refused with a 5xx (it is stopping,
+// or sees no capacity), or it took the request and died before it
+// answered (the connection closed with no response). In that last case
+// the dead frontend may have admitted it; but its caller saw no token
+// of it, so starting it elsewhere neither loses nor repeats one (a
+// seeded request streams the same tokens), as the OpenAI SDKs retry a
+// request whose connection broke. What the dead one started ends at its
+// max_tokens, or when the worker finds its client gone.
 func startElsewhere(err error) bool {
 	var typed *Error
 	if errors.As(err, &typed) {
 		return typed.Status >= 500
 	}
-	return isDialError(err)
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
 // follow reads the stream to its end, resuming on the next URL (or the

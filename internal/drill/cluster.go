@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -60,6 +62,14 @@ type Cluster struct {
 	// namespaces are the nodes' network namespaces by control socket
 	// (Shape.NetNS).
 	namespaces map[string]*netns.Node
+	// nodes are a local cluster's agents, in socket order; frontends its
+	// frontends and frontendArgs what each was started with (its address
+	// and flags), in URL order: a soak kills them and starts them again.
+	nodes        []*localcluster.Node
+	fmu          sync.Mutex
+	frontends    []*localcluster.Frontend
+	frontendArgs [][]string
+	log          io.Writer
 }
 
 // Close releases what the cluster holds (a local cluster stops).

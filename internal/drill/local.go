@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 
@@ -81,12 +82,27 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 	if err := c.startNodes(env, nt, s, o); err != nil {
 		return nil, err
 	}
+	c.log = o.Log
+	c.closers = append(c.closers, c.stopFrontends)
 	for i := 0; i < s.Frontends; i++ {
-		f, err := env.StartFrontend("127.0.0.1:0", o.Log, "--id", fmt.Sprintf("drill-frontend-%d", i))
+		// Addresses of its own, fixed: a frontend started again (a
+		// soak's) serves where its clients and scrapers look.
+		listen, err := localcluster.FreeLoopbackAddr()
 		if err != nil {
 			return nil, err
 		}
-		c.closers = append(c.closers, func() { f.Stop(20 * time.Second) })
+		metrics, err := localcluster.FreeLoopbackAddr()
+		if err != nil {
+			return nil, err
+		}
+		args := []string{listen, "--id", fmt.Sprintf("drill-frontend-%d", i), "--metrics-addr", metrics}
+		f, err := env.StartFrontend(args[0], o.Log, args[1:]...)
+		if err != nil {
+			return nil, err
+		}
+		c.fmu.Lock()
+		c.frontends, c.frontendArgs = append(c.frontends, f), append(c.frontendArgs, args)
+		c.fmu.Unlock()
 		c.URLs, c.MetricsURLs, c.Debugs = append(c.URLs, f.URL), append(c.MetricsURLs, f.MetricsURL), append(c.Debugs, f.Debug)
 	}
 	if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
@@ -98,8 +114,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 // startNodes starts the agents of shape s (in nt's namespaces when nt is
 // not nil); Close stops them.
 func (c *Cluster) startNodes(env *localcluster.Env, nt *netns.Net, s Shape, o LocalOptions) (err error) {
-	var nodes []*localcluster.Node
-	c.closers = append(c.closers, func() { stopNodes(nodes) })
+	c.closers = append(c.closers, func() { stopNodes(c.nodes) })
 	for i := 0; i < s.Nodes; i++ {
 		no := localNodeOptions(env, s, o.Preset, i)
 		// Each agent serves its metrics on a loopback port of its own.
@@ -120,7 +135,7 @@ func (c *Cluster) startNodes(env *localcluster.Env, nt *netns.Net, s Shape, o Lo
 		if err := n.Start(); err != nil {
 			return err
 		}
-		nodes = append(nodes, n)
+		c.nodes = append(c.nodes, n)
 		c.Sockets = append(c.Sockets, n.Options.Socket)
 		c.AgentMetricsURLs = append(c.AgentMetricsURLs, "http://"+n.Options.Metrics)
 	}
@@ -182,4 +197,54 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// stopFrontends stops a local cluster's frontends (SIGTERM, then SIGKILL
+// after 20 s).
+func (c *Cluster) stopFrontends() {
+	c.fmu.Lock()
+	fs := slices.Clone(c.frontends)
+	c.fmu.Unlock()
+	for _, f := range fs {
+		f.Stop(20 * time.Second)
+	}
+}
+
+// frontend is a local cluster's frontend i as it runs now.
+func (c *Cluster) frontend(i int) *localcluster.Frontend {
+	c.fmu.Lock()
+	defer c.fmu.Unlock()
+	return c.frontends[i]
+}
+
+// relaunchFrontend starts local frontend i again, once its process
+// exited, on its address and flags, and returns once it serves (a
+// minute at most).
+func (c *Cluster) relaunchFrontend(ctx context.Context, i int) error {
+	old := c.frontend(i)
+	select {
+	case <-old.Exited():
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c.fmu.Lock()
+	args := c.frontendArgs[i]
+	c.fmu.Unlock()
+	f, err := c.env.LaunchFrontend(args[0], c.log, args[1:]...)
+	if err != nil {
+		return err
+	}
+	c.fmu.Lock()
+	c.frontends[i] = f
+	c.fmu.Unlock()
+	select {
+	case <-f.Ready():
+		return nil
+	case <-f.Exited():
+		return fmt.Errorf("drill: frontend %d exited as it started again (%s)", i, f.ExitState())
+	case <-time.After(time.Minute):
+		return fmt.Errorf("drill: frontend %d did not serve within a minute of starting again", i)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

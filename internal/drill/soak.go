@@ -5,15 +5,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/debugsock"
+	"github.com/lifeline-llm/lifeline/internal/procfs"
 )
 
 // SoakOptions configure `lifeline drill soak`.
@@ -21,13 +23,17 @@ type SoakOptions struct {
 	// Duration is how long the faults go on; KillEvery how often one is
 	// injected.
 	Duration, KillEvery time.Duration
-	// StopEvery makes every StopEvery-th fault a SIGSTOP held for StopFor
-	// (longer than the frontends' stall timeout, so the streams on it
-	// move) instead of a SIGKILL; 0: kills only.
-	StopEvery int
-	StopFor   time.Duration
+	// Faults are the faults injected, one per turn, in this order
+	// (FaultDecode…; default SoakFaults). A fault that cannot be injected
+	// in its turn (a node is out already, say) gives way to the next one
+	// that can, and comes again next turn.
+	Faults []string
+	// StopFor is how long a FaultStop holds its worker stopped (longer
+	// than the frontends' stall timeout, so the streams on it move).
+	StopFor time.Duration
 	// Nodes is the local cluster's node count (a decode worker each, one
-	// prefill worker).
+	// prefill worker); two frontends when a frontend is killed, three
+	// etcd member processes when etcd's leader is.
 	Nodes  int
 	Config Config
 	Local  LocalOptions
@@ -41,7 +47,17 @@ const MaxRSSGrowth = 1.5
 // and agents' goroutines, descriptors and resident memory (their own Go
 // runtime and process series).
 type processes struct {
-	goroutines, fds, rss float64
+	rss float64
+	// per is each process's figures by metrics URL.
+	per map[string]proc
+	// stacks counts each process's goroutines by stack (its
+	// debug socket's /debug/pprof/goroutine), to name what a leak is.
+	stacks map[string]map[string]int
+}
+
+// proc is one process's figures.
+type proc struct {
+	goroutines, fds float64
 	// ours counts the goroutines whose stack runs through this module's
 	// code (all of a process's when its stacks could not be read), except
 	// those parked on a connection (reading its descriptor, or accepting
@@ -51,15 +67,46 @@ type processes struct {
 	// goroutines (gRPC's and etcd's client transports, quic-go's,
 	// net/http's); a leaked connection shows in fds.
 	ours float64
-	// by is goroutines/descriptors per process, for the detail line.
-	by []string
-	// stacks counts each process's goroutines by stack (its
-	// debug socket's /debug/pprof/goroutine), to name what a leak is.
-	stacks map[string]map[string]int
+	// start is when the process started (a process started again, by a
+	// soak's kill, is not compared with the one before).
+	start float64
+	// adopted counts an agent's workers that are not its children (it
+	// adopted them when it started again): an agent waits for a child
+	// and reads its output, and does neither for an adopted worker, so
+	// one that becomes a child (restarted) is compared with nothing.
+	adopted int
+}
+
+// growth is how much the processes that ran on from before to after
+// (the same start, and for an agent as many adopted workers) grew, and
+// which are not compared.
+func growth(before, after processes) (d proc, restarted []string) {
+	for u, a := range after.per {
+		b, ok := before.per[u]
+		if !ok || b.start != a.start || b.adopted != a.adopted {
+			restarted = append(restarted, u)
+			continue
+		}
+		d.goroutines += a.goroutines - b.goroutines
+		d.fds += a.fds - b.fds
+		d.ours += a.ours - b.ours
+	}
+	slices.Sort(restarted)
+	return d, restarted
+}
+
+// by is goroutines/descriptors per process, for a detail line.
+func (p processes) by() []string {
+	var out []string
+	for u, f := range p.per {
+		out = append(out, fmt.Sprintf("%s %v/%v", u, f.goroutines, f.fds))
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (c *Cluster) processes(ctx context.Context) (processes, error) {
-	var p processes
+	p := processes{per: map[string]proc{}}
 	// Each process's metrics page and its debug base (the agent's: its
 	// control socket).
 	var pages, debugs []string
@@ -78,29 +125,57 @@ func (c *Cluster) processes(ctx context.Context) (processes, error) {
 		if err != nil {
 			return p, err
 		}
-		p.goroutines += m.Sum("go_goroutines")
-		p.fds += m.Sum("process_open_fds")
+		f := proc{goroutines: m.Sum("go_goroutines"), fds: m.Sum("process_open_fds"), start: m.Sum("process_start_time_seconds")}
 		p.rss += m.Sum("process_resident_memory_bytes")
-		p.by = append(p.by, fmt.Sprintf("%s %v/%v", u, m.Sum("go_goroutines"), m.Sum("process_open_fds")))
 		st := map[string]int(nil)
 		if debugs[i] != "" {
 			st, err = goroutineStacks(ctx, debugs[i])
 		}
 		if st == nil || err != nil {
-			p.ours += m.Sum("go_goroutines")
-			continue
+			f.ours = f.goroutines
+		} else {
+			if p.stacks == nil {
+				p.stacks = map[string]map[string]int{}
+			}
+			p.stacks[u] = st
+			for k, n := range st {
+				if ofOurs(k) {
+					f.ours += float64(n)
+				}
+			}
 		}
-		if p.stacks == nil {
-			p.stacks = map[string]map[string]int{}
+		if j := i - len(c.MetricsURLs); j >= 0 {
+			f.adopted = c.adopted(ctx, j)
 		}
-		p.stacks[u] = st
-		for k, n := range st {
-			if ofOurs(k) {
-				p.ours += float64(n)
+		p.per[u] = f
+	}
+	return p, nil
+}
+
+// adopted counts the workers of local agent i whose parent is not the
+// agent (-1 when the cluster was not started here, or the agent does not
+// answer).
+func (c *Cluster) adopted(ctx context.Context, i int) int {
+	if i >= len(c.nodes) || c.nodes[i].Process() == nil {
+		return -1
+	}
+	st, err := nodectl.GetStatus(ctx, c.Sockets[i])
+	if err != nil {
+		return -1
+	}
+	n := 0
+	for _, w := range st.Instances {
+		pids := []int{w.PID}
+		for _, r := range w.Ranks {
+			pids = append(pids, r.PID)
+		}
+		for _, pid := range pids {
+			if ppid, err := procfs.Parent(pid); pid > 0 && err == nil && ppid != c.nodes[i].Process().Pid {
+				n++
 			}
 		}
 	}
-	return p, nil
+	return n
 }
 
 // module prefixes this module's functions in a stack.
@@ -158,6 +233,9 @@ func parseGoroutineStacks(text string) map[string]int {
 func moreGoroutines(before, after processes) []string {
 	var more []string
 	for u, st := range after.stacks {
+		if before.per[u].start != after.per[u].start {
+			continue
+		}
 		for k, n := range st {
 			if d := n - before.stacks[u][k]; d > 0 {
 				more = append(more, fmt.Sprintf("%s +%d %s", u, d, k))
@@ -169,28 +247,42 @@ func moreGoroutines(before, after processes) []string {
 }
 
 // Soak runs a steady load of seeded streams on a local cluster for
-// o.Duration while a worker (decode or prefill, round robin over the
-// ready ones) is SIGKILLed every o.KillEvery, every o.StopEvery-th one
-// SIGSTOPped for o.StopFor instead. At the end it checks: no stream
-// failed, no token lost or repeated, every stream bit-identical to its
-// reference; once the load stopped and the cluster settled, no slot,
-// lease, pull or in-flight request left, the frontend's and agents'
-// goroutines and descriptors back to what they were at the start, their
-// resident memory grown less than MaxRSSGrowth.
+// o.Duration while a fault is injected every o.KillEvery, by turns
+// (o.Faults): worker SIGKILLs and SIGSTOPs, agent, frontend and etcd
+// leader SIGKILLs (each started again), drains; the client resumes
+// through a frontend's death on another, as a real one does. At the end
+// it checks: no stream failed, no token lost or repeated, every stream
+// bit-identical to its reference; once the load stopped and the cluster
+// settled, no slot, lease, pull, in-flight request, segment or process
+// left, the goroutines and descriptors of the frontends and agents that
+// ran on back to what they were, the resident memory grown less than
+// MaxRSSGrowth.
 func Soak(ctx context.Context, o SoakOptions, out io.Writer) (Report, error) {
 	if o.Duration <= 0 || o.KillEvery <= 0 {
 		return Report{}, fmt.Errorf("drill: soak: --duration and --kill-every must be positive")
+	}
+	if o.Faults == nil {
+		o.Faults = SoakFaults
+	}
+	if err := checkFaults(o.Faults); err != nil {
+		return Report{}, err
 	}
 	if o.Nodes < 1 {
 		o.Nodes = 3
 	}
 	shape := Shape{Nodes: o.Nodes, DecodePerNode: 1, Prefill: 1, Frontends: 1, CanaryIdle: 2 * time.Second}
+	if slices.Contains(o.Faults, FaultFrontend) {
+		shape.Frontends = 2
+	}
+	if slices.Contains(o.Faults, FaultLeader) {
+		shape.EtcdMembers = 3
+	}
 	c, err := startLocal(ctx, shape, o.Local, out)
 	if err != nil {
 		return Report{}, err
 	}
 	defer c.Close()
-	d := Drill{Name: "soak", Expect: fmt.Sprintf("a worker SIGKILLed every %v for %v: nothing lost, duplicated or leaked", o.KillEvery, o.Duration)}
+	d := Drill{Name: "soak", Expect: fmt.Sprintf("a fault every %v for %v (%s): nothing lost, duplicated or leaked", o.KillEvery, o.Duration, strings.Join(o.Faults, ", "))}
 	r := newRecorder(d)
 	if err := soak(ctx, c, o, r, out); err != nil {
 		r.Verdict(Fail, "%v", err)
@@ -216,10 +308,11 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	var tokens int
 	var mu sync.Mutex
 	l.OnToken = func(*Stream, Tok) { mu.Lock(); tokens++; mu.Unlock() }
+	f := newFaulter(c, o, r)
 	// A warm-up under faults first: the connection pools (frontend to
 	// workers, agents to their peers) grow to their size, so that the
 	// baseline taken after it counts a leak, not a pool filling up.
-	warmed, wk, ws, err := warmUp(ctx, c, l, o, r, out)
+	warmed, err := warmUp(ctx, c, l, f, out)
 	if err != nil {
 		return err
 	}
@@ -235,22 +328,19 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	// connections per peer, the frontend's one per worker endpoint) may
 	// still fill in the first; a leak grows in both, so the second must
 	// not grow at all.
-	half := o
-	half.Duration = o.Duration / 2
 	streams := warmed
 	var faultErrs []error
 	var mid processes
-	kills, stops := wk, ws
 	for i := 0; i < 2; i++ {
 		stop := l.Steady(ctx)
 		r.Event(time.Now(), EvLoadStart, "half %d: %d streams × %d tokens, each started again as it ends", i+1, o.Config.Streams, o.Config.MaxTokens)
-		fmt.Fprintf(out, "soak: half %d: %v of faults, one every %v…\n", i+1, half.Duration, o.KillEvery)
-		k, st, err := faults(ctx, c, half, r)
+		fmt.Fprintf(out, "soak: half %d: %v of faults, one every %v…\n", i+1, o.Duration/2, o.KillEvery)
+		err := f.run(ctx, o.Duration/2)
 		streams = append(streams, stop()...)
-		kills, stops, faultErrs = kills+k, stops+st, append(faultErrs, err)
+		faultErrs = append(faultErrs, err)
 		r.Event(time.Now(), EvLoadEnd, "")
 		if i == 0 {
-			if _, _, mid, err = c.settle(ctx, processes{ours: math.Inf(1), fds: math.Inf(1)}); err != nil {
+			if _, _, mid, err = c.settle(ctx, processes{}); err != nil {
 				return err
 			}
 			r.Event(time.Now(), EvPhase, "settled between the halves")
@@ -262,23 +352,51 @@ func soak(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder, out io.Wr
 	if err != nil {
 		return err
 	}
+	strays, err := c.strays(ctx)
+	if err != nil {
+		return err
+	}
 	oc := l.Compare(streams)
 	// A stream that differs comes with its trace: where it was served.
 	for _, d := range oc.Diverged[:min(len(oc.Diverged), 3)] {
 		r.Trace(c.requestTrace(ctx, d.Result.RequestID))
 	}
 	Latencies(r, streams)
-	judgeSoak(r, o, oc, soakEnd{kills: kills, stops: stops, tokens: tokens, faultErr: errors.Join(faultErrs...), base: base, left: left,
-		inFlight: inFlight, before: before, mid: mid, after: after, heldBy: holders(ctx, c)})
+	judgeSoak(r, o, oc, soakEnd{faults: f.counts, skipped: f.skipped, tokens: tokens, faultErr: errors.Join(append(faultErrs, f.err())...), base: base, left: left,
+		inFlight: inFlight, before: before, mid: mid, after: after, strays: strays, heldBy: holders(ctx, c), fdSlack: poolSlack(o, c, mid, after)})
 	return nil
+}
+
+// poolSlack is how many descriptors the processes compared over the
+// second half may gain from connection pools filling: with agents or
+// frontends killed, the processes that ran on dial afresh at any time
+// (a takeover's first request to a worker, a restarted agent's peers), up
+// to one connection per worker endpoint from a frontend and 4 per peer
+// from an agent. Without those kills the pools filled in the first half:
+// none.
+func poolSlack(o SoakOptions, c *Cluster, mid, after processes) int {
+	if !slices.Contains(o.Faults, FaultAgent) && !slices.Contains(o.Faults, FaultFrontend) {
+		return 0
+	}
+	_, skipped := growth(mid, after)
+	compared := len(after.per) - len(skipped)
+	workers := o.Nodes + 1 // a decode worker per node, one prefill
+	return compared * (workers + 4*(o.Nodes-1))
 }
 
 // soakEnd is what a soak ends with.
 type soakEnd struct {
-	kills, stops, tokens, inFlight int
-	faultErr                       error
-	base, left                     leaks
-	heldBy                         string // who holds unpublished slots at the end
+	faults           map[string]int
+	skipped          int
+	tokens, inFlight int
+	faultErr         error
+	base, left       leaks
+	heldBy           string // who holds unpublished slots at the end
+	strays           strays // processes and segments nothing accounts for
+	// fdSlack is how many descriptors the processes compared may gain
+	// over the second half without a leak: connections their pools had
+	// not dialled yet (see poolSlack).
+	fdSlack int
 	// before is after the warm-up, mid between the halves, after at
 	// the end.
 	before, mid, after processes
@@ -286,61 +404,81 @@ type soakEnd struct {
 
 // judgeSoak records a soak's figures and verdict.
 func judgeSoak(r *Recorder, o SoakOptions, oc Outcome, e soakEnd) {
-	kills, stops, tokens, faultErrs, base, left, inFlight, before, mid, after := e.kills, e.stops, e.tokens, e.faultErr, e.base, e.left, e.inFlight, e.before, e.mid, e.after
+	left, base, before, mid, after := e.left, e.base, e.before, e.mid, e.after
 	figuresOf(r, oc)
-	growth := 0.0
+	rss := 0.0
 	if before.rss > 0 {
-		growth = after.rss / before.rss
+		rss = after.rss / before.rss
+	}
+	second, restarted := growth(mid, after)
+	first, _ := growth(before, mid)
+	kills, kinds := 0, []string(nil)
+	for _, k := range slices.Compact(slices.Sorted(slices.Values(o.Faults))) {
+		n := e.faults[k]
+		r.Figure("faults_"+strings.ReplaceAll(k, "-", "_"), float64(n))
+		if k != FaultStop && k != FaultDrain {
+			kills += n
+		}
+		kinds = append(kinds, fmt.Sprintf("%d %s", n, k))
 	}
 	r.Figure("duration_s", o.Duration.Seconds())
 	r.Figure("kills", float64(kills))
-	r.Figure("stops", float64(stops))
-	r.Figure("tokens", float64(tokens))
+	r.Figure("stops", float64(e.faults[FaultStop]))
+	r.Figure("turns_skipped", float64(e.skipped))
+	r.Figure("tokens", float64(e.tokens))
 	r.Figure("completed", float64(oc.Completed))
 	r.Figure("leaked_slots", float64(left.over(base).slots))
 	r.Figure("leaked_leases", float64(left.over(base).leases))
 	r.Figure("leaked_pulls", float64(left.over(base).pulls))
-	r.Figure("leaked_in_flight", float64(inFlight))
-	r.Figure("leaked_goroutines", after.ours-mid.ours)
-	r.Figure("goroutines_delta", after.goroutines-mid.goroutines)
-	r.Figure("leaked_fds", after.fds-mid.fds)
-	r.Figure("first_half_goroutines", mid.goroutines-before.goroutines)
-	r.Figure("first_half_fds", mid.fds-before.fds)
+	r.Figure("leaked_in_flight", float64(e.inFlight))
+	r.Figure("leaked_processes", float64(len(e.strays.processes)))
+	r.Figure("leaked_segments", float64(len(e.strays.segments)))
+	r.Figure("leaked_goroutines", second.ours)
+	r.Figure("goroutines_delta", second.goroutines)
+	r.Figure("leaked_fds", max(second.fds-float64(e.fdSlack), 0))
+	r.Figure("fds_delta", second.fds)
+	r.Figure("fds_allowed", float64(e.fdSlack))
+	r.Figure("not_compared", float64(len(restarted)))
+	r.Figure("first_half_goroutines", first.goroutines)
+	r.Figure("first_half_fds", first.fds)
 	r.Figure("rss_start_mb", before.rss/(1<<20))
 	r.Figure("rss_end_mb", after.rss/(1<<20))
-	r.Figure("rss_growth", growth)
+	r.Figure("rss_growth", rss)
 	var ck Check
-	ck.That(faultErrs == nil, "a fault could not be injected: %v", faultErrs)
-	ck.That(kills > 0, "no worker was killed")
+	ck.That(e.faultErr == nil, "a fault could not be injected or healed: %v", e.faultErr)
+	for _, k := range o.Faults {
+		ck.That(e.faults[k] > 0, "no %s fault was injected in %v (%s; %d turns skipped)", k, o.Duration, strings.Join(kinds, ", "), e.skipped)
+	}
 	ck.That(oc.Failed == 0, "%d streams failed %v (%v)", oc.Failed, oc.Errors, oc.FirstError)
 	ck.That(oc.Gaps == 0 && oc.Duplicates == 0, "%d tokens lost, %d duplicated", oc.Gaps, oc.Duplicates)
 	ck.That(oc.Identical == oc.Streams, "%d of %d streams bit-identical (%s)", oc.Identical, oc.Streams, oc.FirstDiff)
-	ck.That(left.over(base) == (leaks{}) && inFlight == 0, "left behind: %+v, %d in flight (before: %+v; unpublished slots held by %s)", left, inFlight, base, e.heldBy)
-	ck.That(after.ours <= mid.ours, "%v goroutines of lifeline's code more than between the halves (all: %v → %v; more of: %v)", after.ours-mid.ours, mid.by, after.by, moreGoroutines(mid, after))
-	ck.That(after.fds <= mid.fds, "%v descriptors more than between the halves (goroutines/descriptors: %v → %v; more goroutines of: %v)", after.fds-mid.fds, mid.by, after.by, moreGoroutines(mid, after))
-	ck.That(growth < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", growth, MaxRSSGrowth)
-	ck.Verdict(r, fmt.Sprintf("%d kills and %d stops in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
-		kills, stops, o.Duration, oc.Streams, tokens, growth))
+	ck.That(left.over(base) == (leaks{}) && e.inFlight == 0, "left behind: %+v, %d in flight (before: %+v; unpublished slots held by %s)", left, e.inFlight, base, e.heldBy)
+	ck.That(len(e.strays.processes) == 0, "processes no agent, frontend or etcd member accounts for: %v", e.strays.processes)
+	ck.That(len(e.strays.segments) == 0, "segments no running group accounts for: %v", e.strays.segments)
+	ck.That(second.ours <= 0, "%v goroutines of lifeline's code more than between the halves (all: %v → %v; more of: %v)", second.ours, mid.by(), after.by(), moreGoroutines(mid, after))
+	ck.That(second.fds <= float64(e.fdSlack), "%v descriptors more than between the halves (%d allowed; goroutines/descriptors: %v → %v; more goroutines of: %v)", second.fds, e.fdSlack, mid.by(), after.by(), moreGoroutines(mid, after))
+	ck.That(rss < MaxRSSGrowth, "resident memory grew %.2f× (bound %.1f×)", rss, MaxRSSGrowth)
+	ck.Verdict(r, fmt.Sprintf("%s in %v: %d streams, %d tokens, 0 lost or duplicated, all bit-identical; nothing leaked, RSS %.2f×",
+		strings.Join(kinds, ", "), o.Duration, oc.Streams, e.tokens, rss))
 }
 
-// warmUp runs l under faults for a quarter of the soak (2 faults at
+// warmUp runs l under f's faults for a quarter of the soak (2 turns at
 // least, 30 s at most) and lets the cluster settle; it returns the
-// streams and the faults.
-func warmUp(ctx context.Context, c *Cluster, l *Load, o SoakOptions, r *Recorder, out io.Writer) (_ []*Stream, kills, stops int, err error) {
-	warm := o
-	warm.Duration = max(min(o.Duration/4, 30*time.Second), 2*o.KillEvery)
-	fmt.Fprintf(out, "soak: warm-up, %v of faults…\n", warm.Duration)
+// streams.
+func warmUp(ctx context.Context, c *Cluster, l *Load, f *faulter, out io.Writer) ([]*Stream, error) {
+	d := max(min(f.o.Duration/4, 30*time.Second), 2*f.o.KillEvery)
+	fmt.Fprintf(out, "soak: warm-up, %v of faults…\n", d)
 	stop := l.Steady(ctx)
-	kills, stops, err = faults(ctx, c, warm, r)
+	err := f.run(ctx, d)
 	streams := stop()
 	if err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
-	if _, _, _, err := c.settle(ctx, processes{ours: math.Inf(1), fds: math.Inf(1)}); err != nil {
-		return nil, 0, 0, err
+	if _, _, _, err := c.settle(ctx, processes{}); err != nil {
+		return nil, err
 	}
-	r.Event(time.Now(), EvPhase, "warmed up (%d kills, %d stops): the baseline", kills, stops)
-	return streams, kills, stops, nil
+	f.r.Event(time.Now(), EvPhase, "warmed up (%v): the baseline", f.counts)
+	return streams, nil
 }
 
 // settle waits, once a load stopped, until the cluster is ready again
@@ -359,7 +497,8 @@ func (c *Cluster) settle(ctx context.Context, before processes) (left leaks, inF
 		return left, inFlight, after, err
 	}
 	after, err = c.processes(ctx)
-	for deadline := time.Now().Add(30 * time.Second); err == nil && (after.ours > before.ours || after.fds > before.fds) && time.Now().Before(deadline); {
+	grown := func() bool { d, _ := growth(before, after); return d.ours > 0 || d.fds > 0 }
+	for deadline := time.Now().Add(30 * time.Second); err == nil && grown() && time.Now().Before(deadline); {
 		select {
 		case <-ctx.Done():
 			return left, inFlight, after, ctx.Err()
@@ -370,80 +509,73 @@ func (c *Cluster) settle(ctx context.Context, before processes) (left leaks, inF
 	return left, inFlight, after, err
 }
 
-// faults injects one fault every o.KillEvery until o.Duration is over,
-// each on the next ready worker, and returns what it did; a stopped
-// worker is continued after o.StopFor, and before it returns.
-func faults(ctx context.Context, c *Cluster, o SoakOptions, r *Recorder) (kills, stops int, err error) {
-	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		stopped = map[int]bool{}
-	)
-	cont := func(pid int) {
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped[pid] {
-			syscall.Kill(pid, syscall.SIGCONT)
-			delete(stopped, pid)
+// strays is what a local cluster left that nothing accounts for.
+type strays struct {
+	// processes mention the cluster's directory but are no agent,
+	// frontend, etcd member or worker of it (a worker nobody adopted).
+	processes []string
+	// segments are tensor-parallel group segments of the cluster's
+	// instances beyond the one a running group uses.
+	segments []string
+}
+
+// strays lists what a settled local cluster left running or in
+// /dev/shm that nothing accounts for (nothing for a cluster not
+// started here).
+func (c *Cluster) strays(ctx context.Context) (strays, error) {
+	var s strays
+	if c.env == nil {
+		return s, nil
+	}
+	ws, err := c.Workers(ctx)
+	if err != nil {
+		return s, err
+	}
+	known := map[int]bool{}
+	groups := map[string]bool{}
+	for _, w := range ws {
+		known[w.PID] = true
+		for _, r := range w.Ranks {
+			known[r.PID] = true
+		}
+		groups[w.InstanceID] = w.TP > 1
+	}
+	for _, n := range c.nodes {
+		if p := n.Process(); p != nil {
+			known[p.Pid] = true
 		}
 	}
-	defer func() {
-		mu.Lock()
-		pids := make([]int, 0, len(stopped))
-		for pid := range stopped {
-			pids = append(pids, pid)
-		}
-		mu.Unlock()
-		for _, pid := range pids {
-			cont(pid)
-		}
-		wg.Wait()
-	}()
-	end := time.Now().Add(o.Duration)
-	tick := time.NewTicker(o.KillEvery)
-	defer tick.Stop()
-	for n := 0; time.Now().Before(end); {
-		select {
-		case <-ctx.Done():
-			return kills, stops, ctx.Err()
-		case <-tick.C:
-		}
-		ws, werr := c.Workers(ctx)
-		if werr != nil {
-			return kills, stops, werr
-		}
-		var ready []Worker
-		for _, w := range ws {
-			mu.Lock()
-			frozen := stopped[w.PID]
-			mu.Unlock()
-			if w.Ready && w.PID > 0 && !frozen {
-				ready = append(ready, w)
-			}
-		}
-		if len(ready) < 2 {
-			continue // keep one worker serving: a fault per turn, not an outage
-		}
-		w := ready[n%len(ready)]
-		n++
-		if o.StopEvery > 0 && n%o.StopEvery == 0 {
-			if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil && err != syscall.ESRCH {
-				return kills, stops, err
-			}
-			mu.Lock()
-			stopped[w.PID] = true
-			mu.Unlock()
-			stops++
-			r.Event(time.Now(), EvFault, "SIGSTOP %s (pid %d) for %v", w.InstanceID, w.PID, o.StopFor)
-			wg.Add(1)
-			time.AfterFunc(o.StopFor, func() { defer wg.Done(); cont(w.PID) })
-			continue
-		}
-		if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
-			return kills, stops, err
-		}
-		kills++
-		r.Event(time.Now(), EvFault, "SIGKILL %s (pid %d, generation %d)", w.InstanceID, w.PID, w.Generation)
+	for i := range c.URLs {
+		known[c.frontend(i).PID()] = true
 	}
-	return kills, stops, nil
+	for _, m := range c.env.Members {
+		known[m.PID()] = true
+	}
+	for _, p := range procfs.Mentioning(c.env.Dir) {
+		if !known[p.PID] && p.PID != os.Getpid() {
+			s.processes = append(s.processes, fmt.Sprintf("%d %s", p.PID, strings.Join(p.Args(), " ")))
+		}
+	}
+	dirs := map[string]bool{}
+	for _, n := range c.nodes {
+		dirs[filepath.Dir(n.Options.ArenaPath)] = true
+	}
+	for dir := range dirs {
+		entries, _ := os.ReadDir(dir)
+		for id, tp := range groups {
+			var of []string
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), "lifeline-group-"+id+"-") {
+					of = append(of, filepath.Join(dir, e.Name()))
+				}
+			}
+			if tp && len(of) > 0 {
+				of = of[1:] // the running group's
+			}
+			s.segments = append(s.segments, of...)
+		}
+	}
+	slices.Sort(s.segments)
+	s.segments = slices.Compact(s.segments)
+	return s, nil
 }

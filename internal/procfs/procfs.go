@@ -79,3 +79,21 @@ func Tasks(pid int) ([]int, error) {
 	}
 	return out, nil
 }
+
+// Parent is the process id of pid's parent, from /proc/pid/stat (the
+// second field after the command name).
+func Parent(pid int) (int, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := strings.LastIndex(string(b), ") ")
+	if i < 0 {
+		return 0, fmt.Errorf("procfs: malformed stat of %d", pid)
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 2 {
+		return 0, fmt.Errorf("procfs: malformed stat of %d", pid)
+	}
+	return strconv.Atoi(f[1])
+}

@@ -21,3 +21,14 @@ func TestTaskStateOfThisProcess(t *testing.T) {
 		t.Fatal("a task that does not exist has a state")
 	}
 }
+
+// TestParentOfThisProcess: this process's parent is the one the kernel
+// names; a process that does not exist is an error.
+func TestParentOfThisProcess(t *testing.T) {
+	if got, err := Parent(os.Getpid()); err != nil || got != os.Getppid() {
+		t.Fatalf("Parent = %d, %v; want %d", got, err, os.Getppid())
+	}
+	if _, err := Parent(1 << 30); err == nil {
+		t.Fatal("a process that does not exist has a parent")
+	}
+}
