@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/internal/etcdauth"
@@ -81,7 +83,7 @@ func issueCmd() *cobra.Command {
 func etcdSetupCmd() *cobra.Command {
 	var (
 		endpoints, nodes, frontends, admins []string
-		certs                               string
+		certs, ca                           string
 	)
 	cmd := &cobra.Command{
 		Use:   "etcd-setup",
@@ -104,6 +106,21 @@ func etcdSetupCmd() *cobra.Command {
 				return fmt.Errorf("etcd: %w", err)
 			}
 			defer cli.Close()
+			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
+			defer cancel()
+			// A new admin identity is no etcd user while auth is on: etcd
+			// knows none by that name. With the CA (whose holder may
+			// issue any identity) it adds itself as etcd's root user.
+			if _, err := cli.RoleGet(ctx, "root"); errors.Is(err, rpctypes.ErrUserNotFound) || errors.Is(err, rpctypes.ErrAuthFailed) {
+				if ca == "" {
+					return fmt.Errorf("etcd-setup: %s is not an etcd user yet and etcd's auth is on: add it with an admin etcd knows (lifeline certs etcd-setup --etcd %s --certs THAT-ADMIN'S-DIR --admin %s), or give the cluster's CA to add it (--ca CA-DIR)",
+						admin, strings.Join(endpoints, ","), admin.Name)
+				}
+				if err := addAdminAsRoot(ctx, endpoints, ca, admin); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s added as an etcd user with the CA (as etcd's root user)\n", admin)
+			}
 			var ids []pki.Identity
 			for _, n := range nodes {
 				ids = append(ids, pki.Agent(n))
@@ -114,8 +131,6 @@ func etcdSetupCmd() *cobra.Command {
 			for _, n := range admins {
 				ids = append(ids, pki.Admin(n))
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), 30*time.Second)
-			defer cancel()
 			if err := etcdauth.Setup(ctx, cli, admin, ids...); err != nil {
 				return err
 			}
@@ -133,6 +148,25 @@ func etcdSetupCmd() *cobra.Command {
 	f.StringSliceVar(&nodes, "node", nil, "node ids whose agents get users (each writes only its node's keys)")
 	f.StringSliceVar(&frontends, "frontend", nil, "frontend ids that get users")
 	f.StringSliceVar(&admins, "admin", nil, "further admin names (etcd root)")
+	f.StringVar(&ca, "ca", "", "the cluster's CA directory: makes --certs an etcd user first when etcd's auth is on and knows no user by its name")
 	cmd.MarkFlagRequired("certs")
 	return cmd
+}
+
+// addAdminAsRoot makes admin an etcd user with etcd's root role, acting
+// as etcd's root user with a short-lived certificate from the CA in ca.
+func addAdminAsRoot(ctx context.Context, endpoints []string, ca string, admin pki.Identity) error {
+	conf, err := pki.EtcdRootTLS(ca, 5*time.Minute)
+	if err != nil {
+		return fmt.Errorf("etcd-setup: --ca: %w", err)
+	}
+	root, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, TLS: conf})
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer root.Close()
+	if err := etcdauth.Add(ctx, root, admin); err != nil {
+		return fmt.Errorf("etcd-setup: adding %s as etcd's root user: %w (is --ca the CA that issued etcd's certificates?)", admin, err)
+	}
+	return nil
 }

@@ -56,6 +56,24 @@ func TestCertsCommands(t *testing.T) {
 			t.Fatalf("etcd-setup: %v %s %s", err, out, errOut)
 		}
 	}
+	// A new admin identity, from the same CA: etcd knows no user by its
+	// name. Without the CA, etcd-setup says how to add it; with it, it
+	// adds it (as etcd's root user) and goes on.
+	dirs["new admin"] = clustertest.Issue(t, ca, "admin", "newops")
+	_, errOut, err := proctest.Run(t, "certs", "etcd-setup", "--etcd", e.Endpoint, "--certs", dirs["new admin"], "--frontend", "f2")
+	if err == nil || !strings.Contains(errOut, "admin:newops is not an etcd user yet") || !strings.Contains(errOut, "--admin newops") || !strings.Contains(errOut, "--ca CA-DIR") {
+		t.Fatalf("etcd-setup as a new admin without the CA: %v %s", err, errOut)
+	}
+	out, errOut, err := proctest.Run(t, "certs", "etcd-setup", "--etcd", e.Endpoint, "--certs", dirs["new admin"], "--ca", ca, "--frontend", "f2")
+	if err != nil || !strings.Contains(out, "admin:newops added as an etcd user with the CA") || !strings.Contains(out, "etcd auth on (admin admin:newops); users: frontend:f2") {
+		t.Fatalf("etcd-setup as a new admin with the CA: %v %s %s", err, out, errOut)
+	}
+	// A CA that did not issue etcd's certificates is refused by etcd.
+	other := clustertest.CADir(t)
+	dirs["stranger"] = clustertest.Issue(t, ca, "admin", "stranger")
+	if _, errOut, err := proctest.Run(t, "certs", "etcd-setup", "--etcd", e.Endpoint, "--certs", dirs["stranger"], "--ca", other); err == nil {
+		t.Fatalf("etcd-setup with another CA added the admin: %s", errOut)
+	}
 	client := func(dir string) *clientv3.Client {
 		conf, err := pki.EtcdClientTLS(dir)
 		if err != nil {

@@ -359,19 +359,39 @@ func TestUpRestartsAStoppedAgent(t *testing.T) {
 	}
 }
 
-// TestUpCleansUpAfterAKilledUp: `lifeline up` SIGKILLed leaves its
-// agent, worker and frontend running (nothing told them). The next `up` on
-// the same data directory stops them and removes their arena before it
-// starts its own, and serves.
+// TestUpCleansUpAfterAKilledUp: `lifeline up` SIGKILLed takes its
+// children with it (their parent-death signal): the agent stops its
+// worker and nothing is left running. A child that could not stop (here
+// the frontend, SIGSTOPped) the next `up` on the same data directory
+// stops, and it removes the arena, before it starts its own and serves.
 func TestUpCleansUpAfterAKilledUp(t *testing.T) {
 	dir := t.TempDir()
 	first := startUp(t, dir, "--nodes", "1")
-	first.cmd.Process.Kill()
-	<-first.exited
-	left := proctest.ProcessesMentioning(dir)
-	if len(left) < 3 {
-		t.Fatalf("a SIGKILLed up should leave its agent, worker and frontend: %v", left)
+	running := procfs.Mentioning(dir)
+	var frontend int
+	for _, p := range running {
+		if args := p.Args(); len(args) > 1 && args[1] == "frontend" {
+			frontend = p.PID
+		}
 	}
+	if len(running) < 3 || frontend == 0 {
+		t.Fatalf("up runs its agent, worker and frontend: %v", running)
+	}
+	syscall.Kill(frontend, syscall.SIGSTOP)
+	first.cmd.Process.Kill()
+	killed := time.Now()
+	<-first.exited
+	for {
+		left := procfs.Mentioning(dir)
+		if len(left) == 1 && left[0].PID == frontend {
+			break
+		}
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("30 s after up was SIGKILLed, it left %v running (want only the stopped frontend %d)", left, frontend)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("up's %d processes but the stopped one gone %v after its SIGKILL", len(running), time.Since(killed).Round(time.Millisecond))
 	// The arena's name has a random part: another user who guessed it
 	// (it was lifeline-up-<pid>-node-<i>) and made it first would keep
 	// every agent from starting.
@@ -381,8 +401,8 @@ func TestUpCleansUpAfterAKilledUp(t *testing.T) {
 	}
 	arena := arenas[0]
 	second := startUp(t, dir, "--nodes", "1")
-	if out := second.out.String(); !strings.Contains(out, fmt.Sprintf("up: stopping %d processes a previous lifeline up left running", len(left))) {
-		t.Fatalf("second up did not say it stopped the leftovers %v:\n%s", left, out)
+	if out := second.out.String(); !strings.Contains(out, fmt.Sprintf("up: stopping 1 processes a previous lifeline up left running on %s: [%d]", dir, frontend)) {
+		t.Fatalf("second up did not say it stopped the stopped frontend %d:\n%s", frontend, out)
 	}
 	if _, err := os.Stat(arena); !os.IsNotExist(err) {
 		t.Fatalf("the first up's arena is still there: %v", err)

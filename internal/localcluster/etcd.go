@@ -82,6 +82,9 @@ func (m *EtcdMember) start() (<-chan error, error) {
 		args = append(args, "--join")
 	}
 	cmd := exec.Command(m.binary, args...)
+	// It stops (SIGTERM) when this process dies, even by SIGKILL: a
+	// killed up or test leaves nothing running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	cmd.Stderr = m.log
 	out, err := cmd.StdoutPipe()
 	if err != nil {

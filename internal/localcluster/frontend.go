@@ -50,6 +50,9 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 	}
 	args = append(args, extra...)
 	cmd := exec.Command(e.Binary, args...)
+	// It stops (SIGTERM) when this process dies, even by SIGKILL: a
+	// killed up or test leaves nothing running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err

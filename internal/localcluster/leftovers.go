@@ -35,7 +35,9 @@ func reapLeftovers(dir string, out io.Writer) {
 		fmt.Fprintf(out, "up: stopping %d processes a previous lifeline up left running on %s: %v\n", len(pids), dir, pids)
 		defer func() { fmt.Fprintf(out, "up: stopped them in %v\n", time.Since(start).Round(time.Millisecond)) }()
 		for _, pid := range pids {
+			// A stopped one gets its SIGTERM once continued.
 			syscall.Kill(pid, syscall.SIGTERM)
+			syscall.Kill(pid, syscall.SIGCONT)
 		}
 		deadline := time.Now().Add(10 * time.Second)
 		for _, pid := range pids {

@@ -79,6 +79,9 @@ func (n *Node) Start() error {
 		return err
 	}
 	cmd := exec.Command(n.env.Binary, "agent", "--config", n.Config)
+	// It stops (SIGTERM) when this process dies, even by SIGKILL: a
+	// killed up or test leaves nothing running.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if len(n.ExtraEnv) > 0 {
 		cmd.Env = append(os.Environ(), n.ExtraEnv...)
 	}

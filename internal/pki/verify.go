@@ -1,11 +1,17 @@
 package pki
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/quic-go/quic-go"
 )
@@ -137,4 +143,38 @@ func Explain(err error, conf *tls.Config, accepted ...Peer) error {
 		presented = "a certificate that names no identity"
 	}
 	return &RefusedError{Presented: presented, Accepted: accepted, Remote: true, Err: err}
+}
+
+// EtcdRootTLS is a client configuration for etcd's root user: a
+// certificate for common name "root", signed by the root CA in caDir,
+// valid for ttl and held in memory only. It is how the CA's holder — who
+// can issue any identity anyway — makes a new admin identity an etcd user
+// once auth is on and no admin etcd knows is at hand. etcd is the only
+// end that takes it: every lifeline endpoint requires a role:name.
+func EtcdRootTLS(caDir string, ttl time.Duration) (*tls.Config, error) {
+	root, err := loadSigner(filepath.Join(caDir, CAFile), filepath.Join(caDir, CAKey))
+	if err != nil {
+		return nil, err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial(), Subject: pkix.Name{CommonName: "root"},
+		NotBefore: now.Add(-time.Minute), NotAfter: now.Add(ttl),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, root.cert, &key.PublicKey, root.key)
+	if err != nil {
+		return nil, fmt.Errorf("pki: issue etcd's root: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(root.cert)
+	conf := &tls.Config{
+		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+		RootCAs:      pool, ServerName: "localhost", MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"},
+	}
+	return Accept(conf, nil, Peer{Role: RoleEtcd}), nil
 }
