@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
@@ -141,6 +142,14 @@ func (a *Agent) serveControl(ctx context.Context) (*http.Server, error) {
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.status()) })
+	mux.HandleFunc("GET /v1/etcd/members", func(w http.ResponseWriter, r *http.Request) {
+		ms, err := a.etcdMembers(r.Context())
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, ms)
+	})
 	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.workers()) })
 	mux.HandleFunc("GET /v1/kv/stats", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, a.kvOwner.Stats()) })
 	mux.HandleFunc("GET /v1/kv/ls", func(w http.ResponseWriter, r *http.Request) {
@@ -284,3 +293,40 @@ const (
 	defaultDrainDeadline     = 60 * time.Second
 	defaultDrainHardDeadline = 90 * time.Second
 )
+
+// etcdMembers lists etcd's members, each asked for its status (a second
+// at most, all at once): how `nodectl status` shows etcd's health.
+func (a *Agent) etcdMembers(ctx context.Context) ([]controlapi.EtcdMember, error) {
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	list, err := a.etcd.MemberList(lctx)
+	if err != nil {
+		return nil, fmt.Errorf("etcd %v: member list: %w", a.opts.Etcd, err)
+	}
+	out := make([]controlapi.EtcdMember, len(list.Members))
+	var wg sync.WaitGroup
+	for i, m := range list.Members {
+		out[i] = controlapi.EtcdMember{ID: fmt.Sprintf("%x", m.ID), Name: m.Name, ClientURLs: m.ClientURLs}
+		if len(m.ClientURLs) == 0 {
+			out[i].Error = "not started yet (added, no client URL)"
+			continue
+		}
+		wg.Go(func() {
+			sctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			st, err := a.etcd.Status(sctx, m.ClientURLs[0])
+			if err != nil {
+				out[i].Error = err.Error()
+				return
+			}
+			out[i].Healthy = st.Leader != 0 && len(st.Errors) == 0
+			out[i].Leader = st.Leader == st.Header.MemberId
+			out[i].DBSize, out[i].RaftIndex, out[i].Errors = st.DbSize, st.RaftIndex, st.Errors
+			if st.Leader == 0 {
+				out[i].Error = "knows no leader"
+			}
+		})
+	}
+	wg.Wait()
+	return out, nil
+}

@@ -212,6 +212,22 @@ type EtcdStatus struct {
 	LastRenewalMs int64    `json:"last_renewal_ms_ago"`
 }
 
+// EtcdMember is one etcd member as the agent sees it (`nodectl status`,
+// GET /v1/etcd/members): its client URLs, whether it answered a status
+// call within a second, and if so its view: the leader, its database
+// size, its raft index and any alarm.
+type EtcdMember struct {
+	ID         string   `json:"id"`
+	Name       string   `json:"name"`
+	ClientURLs []string `json:"client_urls"`
+	Healthy    bool     `json:"healthy"`
+	Leader     bool     `json:"leader"`
+	DBSize     int64    `json:"db_size_bytes,omitempty"`
+	RaftIndex  uint64   `json:"raft_index,omitempty"`
+	Errors     []string `json:"errors,omitempty"`
+	Error      string   `json:"error,omitempty"`
+}
+
 // Slot is one entry of `nodectl kv ls --json`: a KV arena slot that is not
 // free. The agent converts the owner's slot records to this type.
 type Slot struct {

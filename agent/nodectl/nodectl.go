@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -130,7 +131,12 @@ func statusCmd(socket *string) *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(st)
 			}
-			return printStatus(cmd.OutOrStdout(), st)
+			if err := printStatus(cmd.OutOrStdout(), st); err != nil {
+				return err
+			}
+			ms, err := EtcdMembers(cmd.Context(), *socket)
+			printEtcdMembers(cmd.OutOrStdout(), ms, err)
+			return nil
 		}}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
@@ -286,6 +292,53 @@ func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 		}
 	}
 	return tw.Flush()
+}
+
+// EtcdMembers asks the agent at socket for etcd's members and their
+// health.
+func EtcdMembers(ctx context.Context, socket string) ([]controlapi.EtcdMember, error) {
+	var ms []controlapi.EtcdMember
+	err := getJSON(ctx, socket, "/v1/etcd/members", &ms)
+	return ms, err
+}
+
+// printEtcdMembers prints etcd's members: healthy ones, the leader, and
+// what the others answered.
+func printEtcdMembers(out io.Writer, ms []controlapi.EtcdMember, err error) {
+	if err != nil {
+		fmt.Fprintf(out, "\netcd members: %v\n", err)
+		return
+	}
+	healthy := 0
+	for _, m := range ms {
+		if m.Healthy {
+			healthy++
+		}
+	}
+	fmt.Fprintf(out, "\netcd members: %d of %d healthy (a quorum needs %d)\n", healthy, len(ms), len(ms)/2+1)
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "  NAME\tID\tSTATE\tDB\tRAFT INDEX\tCLIENT URLS")
+	for _, m := range ms {
+		state := "healthy"
+		switch {
+		case m.Error != "":
+			state = "unhealthy: " + m.Error
+		case len(m.Errors) > 0:
+			state = "unhealthy: " + strings.Join(m.Errors, "; ")
+		case m.Leader:
+			state = "healthy, leader"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%d\t%s\n", m.Name, m.ID, state, mb(m.DBSize), m.RaftIndex, strings.Join(m.ClientURLs, ","))
+	}
+	tw.Flush()
+}
+
+// mb is n bytes in MiB ("" for 0).
+func mb(n int64) string {
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 }
 
 // GetStatus asks the agent at socket for its status.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -19,6 +20,7 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
+	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
 // TestUpHealsItsEtcd: under `lifeline up --etcd-members 3`, the etcd
@@ -71,6 +73,48 @@ func TestUpHealsItsEtcd(t *testing.T) {
 		t.Fatalf("up said %d times that a member exited, and of the replacement %v:\n%s", n, strings.Contains(out, "replaced it"), out)
 	}
 	t.Logf("5 leaders killed (one with its data gone); %d streams bit-identical throughout", streams)
+
+	// nodectl status shows each member's health: all three healthy, one
+	// leader; a member stopped (SIGSTOP) does not answer and is shown so.
+	socket := regexp.MustCompile(`nodectl --socket (\S+) status`).FindStringSubmatch(out)
+	if socket == nil {
+		t.Fatalf("no nodectl command in up's output:\n%s", out)
+	}
+	status := func(want ...string) string {
+		var got string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			b, _ := exec.Command(proctest.Nodectl(t), "--socket", socket[1], "status").CombinedOutput()
+			got = string(b)
+			all := true
+			for _, w := range want {
+				all = all && strings.Contains(got, w)
+			}
+			if all {
+				return got
+			}
+		}
+		t.Fatalf("nodectl status never showed %q:\n%s", want, got)
+		return ""
+	}
+	status("etcd members: 3 of 3 healthy (a quorum needs 2)", "healthy, leader")
+	follower := ""
+	if name, err := leaderName(cli, endpoints); err == nil {
+		for _, n := range []string{"etcd-0", "etcd-1", "etcd-2"} {
+			if n != name {
+				follower = n
+			}
+		}
+	}
+	pid := memberPID(dir, follower)
+	if pid == 0 {
+		t.Fatalf("no follower process (%q)", follower)
+	}
+	syscall.Kill(pid, syscall.SIGSTOP)
+	defer syscall.Kill(pid, syscall.SIGCONT)
+	got := status("etcd members: 2 of 3 healthy")
+	if !regexp.MustCompile(follower + `\s+\S+\s+unhealthy: `).MatchString(got) {
+		t.Fatalf("the stopped member %s is not shown unhealthy:\n%s", follower, got)
+	}
 }
 
 // killLeaders kills the etcd leader times times, waiting each time for

@@ -395,6 +395,9 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	for _, n := range u.nodes {
 		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
 	}
+	if len(u.env.Members) > 0 {
+		fmt.Fprintf(out, "  etcd: %d member processes, restarted (or replaced) whenever one exits; their health: nodectl status\n", len(u.env.Members))
+	}
 	if u.net != nil {
 		fmt.Fprintf(out, "\n  Each node in a network namespace of its own, on bridge %s (%s):\n", u.net.Bridge, u.net.HostIP)
 		for i, ns := range u.net.Nodes {
