@@ -59,7 +59,7 @@ func newWorkerCmd(run func(context.Context, worker.Options, io.Writer) error) *c
 // workerOptions is the worker's configuration from its command line.
 func workerOptions(a workerclient.Args) worker.Options {
 	o := worker.Options{InstanceID: a.InstanceID, Generation: a.Generation, Role: a.Role, Listen: a.Listen, CertDir: a.CertDir,
-		KVTransfer: a.KVTransfer, Engine: decode.Options{Preset: a.Preset, WeightSeed: a.WeightSeed, ModelPath: a.ModelPath,
+		KVTransfer: a.KVTransfer, MemoryHeadroom: int64(a.MemoryHeadroomMiB) << 20, Engine: decode.Options{Preset: a.Preset, WeightSeed: a.WeightSeed, ModelPath: a.ModelPath,
 			TokenizerPath: a.TokenizerPath, RevisionCache: a.RevisionCache, KVSocket: a.KVSocket, DraftPreset: a.DraftPreset, DraftLayers: a.DraftLayers, DraftK: a.DraftK,
 			TP: a.TP, Rank: a.Rank, GroupSegment: a.GroupSegment, GroupGeneration: a.GroupGeneration, KVArena: a.KVArena}}
 	if a.MaxRunning > 0 {

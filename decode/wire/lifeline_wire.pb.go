@@ -1011,8 +1011,16 @@ type HealthReply struct {
 	// drain decides with it (a sequence's time to finish is a sum of
 	// steps); one stalled step sets step_time_us but moves this little.
 	MeanStepTimeUs uint64 `protobuf:"varint,22,opt,name=mean_step_time_us,json=meanStepTimeUs,proto3" json:"mean_step_time_us,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The worker's Go heap: live_heap_bytes is what the last GC found
+	// reachable, heap_goal_bytes where the next GC starts, memory_limit_bytes
+	// its soft memory limit (0: none). A leak grows the live heap; the
+	// resident memory above it is heap the runtime keeps for reuse, bounded
+	// by the goal and the limit.
+	LiveHeapBytes    uint64 `protobuf:"varint,23,opt,name=live_heap_bytes,json=liveHeapBytes,proto3" json:"live_heap_bytes,omitempty"`
+	HeapGoalBytes    uint64 `protobuf:"varint,24,opt,name=heap_goal_bytes,json=heapGoalBytes,proto3" json:"heap_goal_bytes,omitempty"`
+	MemoryLimitBytes uint64 `protobuf:"varint,25,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *HealthReply) Reset() {
@@ -1195,6 +1203,27 @@ func (x *HealthReply) GetDraftAccepted() uint64 {
 func (x *HealthReply) GetMeanStepTimeUs() uint64 {
 	if x != nil {
 		return x.MeanStepTimeUs
+	}
+	return 0
+}
+
+func (x *HealthReply) GetLiveHeapBytes() uint64 {
+	if x != nil {
+		return x.LiveHeapBytes
+	}
+	return 0
+}
+
+func (x *HealthReply) GetHeapGoalBytes() uint64 {
+	if x != nil {
+		return x.HeapGoalBytes
+	}
+	return 0
+}
+
+func (x *HealthReply) GetMemoryLimitBytes() uint64 {
+	if x != nil {
+		return x.MemoryLimitBytes
 	}
 	return 0
 }
@@ -1443,7 +1472,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x05Error\x12*\n" +
 	"\x04code\x18\x01 \x01(\x0e2\x16.lifeline.wire.v1.CodeR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x1c\n" +
-	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x9a\x06\n" +
+	"\tretryable\x18\x03 \x01(\bR\tretryable\"\x98\a\n" +
 	"\vHealthReply\x12\x14\n" +
 	"\x05ready\x18\x01 \x01(\bR\x05ready\x12\x18\n" +
 	"\arunning\x18\x02 \x01(\rR\arunning\x12\x16\n" +
@@ -1470,7 +1499,10 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\battaches\x18\x13 \x01(\x04R\battaches\x12%\n" +
 	"\x0edraft_proposed\x18\x14 \x01(\x04R\rdraftProposed\x12%\n" +
 	"\x0edraft_accepted\x18\x15 \x01(\x04R\rdraftAccepted\x12)\n" +
-	"\x11mean_step_time_us\x18\x16 \x01(\x04R\x0emeanStepTimeUs\"\xb3\x04\n" +
+	"\x11mean_step_time_us\x18\x16 \x01(\x04R\x0emeanStepTimeUs\x12&\n" +
+	"\x0flive_heap_bytes\x18\x17 \x01(\x04R\rliveHeapBytes\x12&\n" +
+	"\x0fheap_goal_bytes\x18\x18 \x01(\x04R\rheapGoalBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\x19 \x01(\x04R\x10memoryLimitBytes\"\xb3\x04\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +

@@ -11,8 +11,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
+	"runtime/metrics"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -62,6 +64,10 @@ type Options struct {
 	// request's blocks are pulled into the node through it.
 	KVTransfer string
 	Engine     decode.Options
+	// MemoryHeadroom bounds the Go heap at what it holds once loaded plus
+	// this many bytes (a soft limit: the collector works harder near it);
+	// 0: DefaultMemoryHeadroom, below 0: no bound.
+	MemoryHeadroom int64
 }
 
 // Validate names the first bad field.
@@ -112,6 +118,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		return err
 	}
 	defer e.Close()
+	boundHeap(headroom(opts.MemoryHeadroom))
 	ln, err := quic.ListenAddr(opts.Listen, tlsConf, workerclient.QUICConfig())
 	if err != nil {
 		return fmt.Errorf("worker: listen %s: %w", opts.Listen, err)
@@ -331,6 +338,33 @@ func (s *server) health() *wire.HealthReply {
 	s.mu.Unlock()
 	h.FramesBuffered, h.FramesDropped, h.Attaches = s.framesBuffered.Load(), s.framesDropped.Load(), s.attaches.Load()
 	h.Detached = uint32(max(s.detachedNow.Load(), 0))
+	h.LiveHeapBytes, h.HeapGoalBytes, h.MemoryLimitBytes = heapStats()
+	return h
+}
+
+// heapStats reads the Go heap's live bytes (as of the last GC), its goal
+// and the soft memory limit (0 when there is none).
+func heapStats() (live, goal, limit uint64) {
+	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/heap/goal:bytes"}, {Name: "/gc/gomemlimit:bytes"}}
+	metrics.Read(samples)
+	v := func(i int) uint64 {
+		if samples[i].Value.Kind() != metrics.KindUint64 {
+			return 0
+		}
+		return samples[i].Value.Uint64()
+	}
+	live, goal, limit = v(0), v(1), v(2)
+	if limit == math.MaxInt64 {
+		limit = 0
+	}
+	return live, goal, limit
+}
+
+// headroom is o's memory headroom with its default.
+func headroom(h int64) int64 {
+	if h == 0 {
+		return DefaultMemoryHeadroom
+	}
 	return h
 }
 

@@ -23,6 +23,7 @@ var errWeightsChanged = errors.New("worker: the model's weights are not its cach
 // endpoint, it computes what rank 0 sends until the group ends.
 func runFollower(ctx context.Context, opts Options, out io.Writer) error {
 	return decode.RunFollower(ctx, opts.Engine, func() {
+		boundHeap(headroom(opts.MemoryHeadroom))
 		json.NewEncoder(out).Encode(workerclient.RankReady{InstanceID: opts.InstanceID, Generation: opts.Generation,
 			Rank: opts.Engine.Rank, TP: opts.Engine.TP, GroupGeneration: opts.Engine.GroupGeneration})
 	})

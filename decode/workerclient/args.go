@@ -55,6 +55,9 @@ type Args struct {
 	// rank's): a worker that finds nobody there for OrphanTimeout stops.
 	AgentSocket   string
 	OrphanTimeout time.Duration
+	// MemoryHeadroomMiB bounds the worker's Go heap at what it holds once
+	// loaded plus this many MiB (0: the default, below 0: no bound).
+	MemoryHeadroomMiB int
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -83,6 +86,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&a.GroupGeneration, "group-generation", 0, "the group generation this rank was started for (a segment of another is refused)")
 	fs.StringVar(&a.AgentSocket, "agent-socket", "", "a socket of the agent that started this worker: with nobody there for --orphan-timeout, the worker stops")
 	fs.DurationVar(&a.OrphanTimeout, "orphan-timeout", 3*time.Minute, "how long a worker waits for its agent (restarted, to adopt it) before it stops")
+	fs.IntVar(&a.MemoryHeadroomMiB, "memory-headroom-mib", 0, "soft bound on the Go heap: what it holds once loaded (weights, KV store) plus this many MiB (0: 64, below 0: none; GOMEMLIMIT overrides)")
 	fs.StringVar(&a.KVArena, "kv-arena", "", "a rank above 0: the node's KV arena file, where it writes its heads' part of the blocks rank 0 allocates")
 }
 
