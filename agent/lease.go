@@ -2,11 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
@@ -40,10 +42,30 @@ func (a *Agent) startEtcd(ctx context.Context) error {
 // again it takes a new lease and registers again.
 func (a *Agent) keepLease(ctx context.Context) {
 	ttl := time.Duration(a.opts.LeaseTTL)
+	// last is the lease whose renewals failed for longer than its TTL:
+	// etcd may still hold it. A new leader extends every lease by an
+	// election timeout when it takes over, so an election that outlasts
+	// the TTL (a leader killed on a loaded machine: 3.6 s against 3 s
+	// was seen) loses no lease; only the renewals stopped meanwhile.
+	var last clientv3.LeaseID
 	for ctx.Err() == nil {
-		gctx, cancel := context.WithTimeout(ctx, ttl)
-		grant, err := a.etcd.Grant(gctx, int64(ttl/time.Second))
-		cancel()
+		var id clientv3.LeaseID
+		var err error
+		kept := false
+		if last != 0 {
+			id, kept, err = a.renewOnce(ctx, last, ttl)
+			if err == nil && !kept {
+				last = 0 // expired: a new lease, and a new generation
+			}
+		}
+		if err == nil && !kept {
+			gctx, cancel := context.WithTimeout(ctx, ttl)
+			var grant *clientv3.LeaseGrantResponse
+			if grant, err = a.etcd.Grant(gctx, int64(ttl/time.Second)); err == nil {
+				id = grant.ID
+			}
+			cancel()
+		}
 		if err != nil {
 			select {
 			case <-ctx.Done():
@@ -52,16 +74,22 @@ func (a *Agent) keepLease(ctx context.Context) {
 			}
 			continue
 		}
+		last = 0
 		a.mu.Lock()
 		wasLost := a.lease == 0 && !a.leaseAlive.IsZero()
-		a.lease, a.leaseAlive = grant.ID, time.Now()
+		a.lease, a.leaseAlive = id, time.Now()
 		a.mu.Unlock()
-		if wasLost {
+		switch {
+		case kept:
+			a.emit(controlapi.Event{Kind: controlapi.EventLeaseKept, Detail: "etcd renewed the lease again after a gap longer than its TTL: routable, at the same generations"})
+			a.log.Info("etcd lease kept", "recovery_action", "workers accept again")
+			a.unfenceAll(ctx)
+		case wasLost:
 			a.reregister(ctx)
 		}
 		a.registerAll(ctx)
 		kctx, kcancel := context.WithCancel(ctx)
-		ch, err := a.etcd.KeepAlive(kctx, grant.ID)
+		ch, err := a.etcd.KeepAlive(kctx, id)
 		if err != nil {
 			kcancel()
 			continue
@@ -97,12 +125,39 @@ func (a *Agent) keepLease(ctx context.Context) {
 		tick.Stop()
 		kcancel()
 		a.mu.Lock()
-		a.lease = 0
+		last, a.lease = a.lease, 0
 		a.mu.Unlock()
 		a.metrics.leaseLost.Inc()
 		a.emit(controlapi.Event{Kind: controlapi.EventLeaseLost, Detail: "etcd lease could not be renewed within its TTL; not routable"})
 		a.log.Warn("etcd lease lost", "recovery_action", "workers stop accepting; re-register when etcd answers")
 		a.fenceAll(ctx)
+	}
+}
+
+// renewOnce renews lease once: kept when etcd still holds it, not kept
+// (no error) when etcd says it expired; an error when etcd did not answer.
+func (a *Agent) renewOnce(ctx context.Context, lease clientv3.LeaseID, ttl time.Duration) (clientv3.LeaseID, bool, error) {
+	rctx, cancel := context.WithTimeout(ctx, ttl)
+	defer cancel()
+	resp, err := a.etcd.KeepAliveOnce(rctx, lease)
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return 0, false, nil
+	case err != nil:
+		return 0, false, err
+	case resp.TTL <= 0:
+		return 0, false, nil
+	}
+	return lease, true, nil
+}
+
+// unfenceAll lets every running worker accept new requests again, at its
+// generation: the lease it is registered under was never lost.
+func (a *Agent) unfenceAll(ctx context.Context) {
+	for _, inst := range a.running() {
+		if _, err := a.admin(ctx, inst, true, 0); err != nil {
+			a.log.Warn("cannot unfence worker", "instance_id", inst.id, "err", err)
+		}
 	}
 }
 

@@ -19,12 +19,16 @@ const (
 
 // Event kinds.
 const (
-	EventStarted      = "started"
-	EventReady        = "ready"
-	EventNotReady     = "not_ready"
-	EventExit         = "exit"
-	EventCrashLoop    = "crash_loop"
-	EventLeaseLost    = "lease_lost"
+	EventStarted   = "started"
+	EventReady     = "ready"
+	EventNotReady  = "not_ready"
+	EventExit      = "exit"
+	EventCrashLoop = "crash_loop"
+	EventLeaseLost = "lease_lost"
+	// EventLeaseKept: renewals came back after a gap longer than the TTL
+	// and etcd still held the lease (a new leader extends every lease):
+	// the workers accept again at their generations.
+	EventLeaseKept    = "lease_kept"
 	EventReregistered = "reregistered"
 	EventAdopted      = "adopted"
 	// EventRetry: an instance in crash_loop is tried again, after its

@@ -41,6 +41,7 @@ func etcdCmd() *cobra.Command {
 	f.BoolVar(&m.Join, "join", false, "join a running cluster this member was added to (etcd member add), without data")
 	f.DurationVar(&m.CompactionRetention, "compaction-retention", embedetcd.DefaultCompactionRetention, "history kept: revisions older than this are compacted away, every period as long")
 	f.Int64Var(&m.QuotaBytes, "quota-bytes", 0, "backend size at which etcd raises its no-space alarm (default etcd's, 2 GiB)")
+	f.DurationVar(&m.ElectionTimeout, "election-timeout", 0, "how long a follower waits for the leader's heartbeat before an election (default etcd's, 1s; heartbeats every tenth of it)")
 	f.StringVar(&m.MetricsAddr, "metrics-addr", "", "a loopback host:port for etcd's own /metrics (etcd_mvcc_db_total_size_in_bytes, …)")
 	return cmd
 }

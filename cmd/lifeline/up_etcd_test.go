@@ -17,6 +17,9 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
+	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
@@ -208,4 +211,76 @@ func memberPID(dir, name string) int {
 		}
 	}
 	return 0
+}
+
+// TestAnElectionLongerThanTheLeaseLosesNoLease: etcd's members wait 5 s
+// for a leader's heartbeat, the agent's lease lasts 3 s. Killing the
+// leader stops the renewals for longer than the TTL: the agent fences its
+// worker (it cannot prove its lease). But the new leader extends every
+// lease as it takes over, so the lease is still there: the agent renews
+// it and lets its worker accept again at the same generation, instead of
+// re-registering it at the next one (what it did before, and what drill 8
+// saw as a lost lease when an election took 3.6 s on a loaded machine).
+func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
+	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdMembers: 3, EtcdElection: 5 * time.Second})
+	n := clustertest.StartNode(t, env, "n1")
+	w := n.WaitWorkerReady(t)
+	reg := n.WaitRegistration(t, w.InstanceID, 0)
+	var endpoints []string
+	for _, m := range env.Members {
+		endpoints = append(endpoints, m.Endpoint)
+	}
+	name, err := leaderName(env.Client, endpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leader *localcluster.EtcdMember
+	for _, m := range env.Members {
+		if m.Name == name {
+			leader = m
+		}
+	}
+	killed := time.Now()
+	leader.Kill()
+	proctest.WaitFor(t, 60*time.Second, "the agent to keep its lease", func() (bool, string) {
+		evs, err := n.Events(context.Background())
+		if err != nil {
+			return false, err.Error()
+		}
+		kinds := []string{}
+		for _, e := range evs {
+			kinds = append(kinds, e.Kind)
+		}
+		return slices.Contains(kinds, controlapi.EventLeaseKept), fmt.Sprint(kinds)
+	})
+	t.Logf("lease kept %v after the leader's SIGKILL", time.Since(killed).Round(time.Millisecond))
+	evs, _ := n.Events(context.Background())
+	for _, e := range evs {
+		if e.Kind == controlapi.EventReregistered {
+			t.Fatalf("the worker was re-registered (generation %d): %+v", e.Generation, evs)
+		}
+	}
+	lost := false
+	for _, e := range evs {
+		lost = lost || e.Kind == controlapi.EventLeaseLost
+	}
+	if !lost {
+		t.Fatalf("the renewals never stopped for longer than the TTL (no lease_lost): the election was too quick to test anything: %+v", evs)
+	}
+	// Ready, routable and accepting at the generation it had.
+	now := n.WaitWorkerReady(t)
+	if now.Generation != reg.Generation || now.PID != w.PID {
+		t.Fatalf("worker now %d at generation %d, was %d at %d", now.PID, now.Generation, w.PID, reg.Generation)
+	}
+	c := n.DialWorker(t, w.InstanceID)
+	s, err := c.Generate(context.Background(), &wire.Generate{RequestId: "after", RequestEpoch: 1, Prompt: "hello", MaxTokens: 4, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs := clustertest.CollectFrames(t, s); len(fs) != 5 || fs[4].Generation != reg.Generation {
+		t.Fatalf("the worker after the election: %d frames %+v", len(fs), fs)
+	}
+	if st := n.NodectlStatus(t); !st.Etcd.Routable {
+		t.Fatalf("not routable: %+v", st.Etcd)
+	}
 }

@@ -125,6 +125,10 @@ type Member struct {
 	// MetricsAddr, when set, is a loopback host:port for etcd's own
 	// /metrics (etcd_mvcc_db_total_size_in_bytes, …).
 	MetricsAddr string
+	// ElectionTimeout is how long a follower waits for its leader's
+	// heartbeat before it starts an election (default etcd's, 1 s; the
+	// heartbeat is a tenth of it). Longer across slow links.
+	ElectionTimeout time.Duration
 }
 
 // DefaultCompactionRetention is a member's history by default.
@@ -175,6 +179,10 @@ func StartMember(m Member) (*Server, error) {
 	cfg.AutoCompactionMode, cfg.AutoCompactionRetention = "periodic", retention.String()
 	if m.QuotaBytes > 0 {
 		cfg.QuotaBackendBytes = m.QuotaBytes
+	}
+	if m.ElectionTimeout > 0 {
+		cfg.ElectionMs = uint(m.ElectionTimeout.Milliseconds())
+		cfg.TickMs = max(cfg.ElectionMs/10, 1)
 	}
 	if m.MetricsAddr != "" {
 		mu, err := url.Parse("http://" + m.MetricsAddr)

@@ -74,6 +74,9 @@ type EnvOptions struct {
 	// embedetcd.Member; zero: the defaults).
 	EtcdCompaction time.Duration
 	EtcdQuotaBytes int64
+	// EtcdElection is the member processes' election timeout (see
+	// embedetcd.Member; zero: etcd's).
+	EtcdElection time.Duration
 }
 
 // NewEnvWith is NewEnv shaped by o.
@@ -105,7 +108,7 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 		if log == nil {
 			log = io.Discard
 		}
-		if e.Members, err = startMembers(binary, filepath.Join(dir, "etcd"), etcdCerts, o.EtcdMembers, o.EtcdHosts, log); err != nil {
+		if e.Members, err = startMembers(binary, filepath.Join(dir, "etcd"), etcdCerts, o.EtcdMembers, o.EtcdHosts, o.EtcdElection, log); err != nil {
 			return nil, err
 		}
 		for _, m := range e.Members {

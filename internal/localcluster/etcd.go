@@ -35,7 +35,7 @@ type EtcdMember struct {
 
 // startMembers starts n member processes of one cluster (they bootstrap
 // together) and returns once every one serves.
-func startMembers(binary, dir, certs string, n int, hosts []string, log io.Writer) ([]*EtcdMember, error) {
+func startMembers(binary, dir, certs string, n int, hosts []string, election time.Duration, log io.Writer) ([]*EtcdMember, error) {
 	ms := make([]*EtcdMember, n)
 	var peers []string
 	for i := range ms {
@@ -48,7 +48,7 @@ func startMembers(binary, dir, certs string, n int, hosts []string, log io.Write
 			return nil, err
 		}
 		name := fmt.Sprintf("etcd-%d", i)
-		m := embedetcd.Member{Name: name, Dir: filepath.Join(dir, name), ClientPort: cp, PeerPort: pp, CertDir: certs, ClientHosts: hosts}
+		m := embedetcd.Member{Name: name, Dir: filepath.Join(dir, name), ClientPort: cp, PeerPort: pp, CertDir: certs, ClientHosts: hosts, ElectionTimeout: election}
 		ms[i] = &EtcdMember{Name: name, Endpoint: fmt.Sprintf("127.0.0.1:%d", cp), binary: binary, m: m, log: log}
 		peers = append(peers, name+"="+m.PeerURL())
 	}
@@ -80,6 +80,9 @@ func (m *EtcdMember) start() (<-chan error, error) {
 	}
 	if m.m.Join {
 		args = append(args, "--join")
+	}
+	if m.m.ElectionTimeout > 0 {
+		args = append(args, "--election-timeout", m.m.ElectionTimeout.String())
 	}
 	cmd := exec.Command(m.binary, args...)
 	// It stops (SIGTERM) when this process dies, even by SIGKILL: a
