@@ -60,6 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeManifest$$' -fuzztime $(FUZZTIME) ./kv/
 	$(GO) test -run '^$$' -fuzz '^FuzzCompile$$' -fuzztime $(FUZZTIME) ./decode/grammar/
 	$(GO) test -run '^$$' -fuzz '^FuzzAdvance$$' -fuzztime $(FUZZTIME) ./decode/grammar/
+	$(GO) test -run '^$$' -fuzz '^FuzzRead$$' -fuzztime $(FUZZTIME) ./decode/gguf/
 
 # Regenerates committed generated code: kv/kvpb from kv.proto (needs
 # protoc and protoc-gen-go: apt-get install protobuf-compiler;

@@ -49,28 +49,15 @@ func (a *Agent) keepLease(ctx context.Context) {
 	// was seen) loses no lease; only the renewals stopped meanwhile.
 	var last clientv3.LeaseID
 	for ctx.Err() == nil {
-		var id clientv3.LeaseID
-		var err error
-		kept := false
-		if last != 0 {
-			id, kept, err = a.renewOnce(ctx, last, ttl)
-			if err == nil && !kept {
-				last = 0 // expired: a new lease, and a new generation
-			}
-		}
-		if err == nil && !kept {
-			gctx, cancel := context.WithTimeout(ctx, ttl)
-			var grant *clientv3.LeaseGrantResponse
-			if grant, err = a.etcd.Grant(gctx, int64(ttl/time.Second)); err == nil {
-				id = grant.ID
-			}
-			cancel()
-		}
+		id, kept, err := a.acquireLease(ctx, last, ttl)
 		if err != nil {
 			select {
 			case <-ctx.Done():
 				return
 			case <-time.After(200 * time.Millisecond):
+			}
+			if errors.Is(err, errLeaseExpired) {
+				last = 0
 			}
 			continue
 		}
@@ -88,42 +75,9 @@ func (a *Agent) keepLease(ctx context.Context) {
 			a.reregister(ctx)
 		}
 		a.registerAll(ctx)
-		kctx, kcancel := context.WithCancel(ctx)
-		ch, err := a.etcd.KeepAlive(kctx, id)
-		if err != nil {
-			kcancel()
-			continue
+		if !a.holdLease(ctx, id, ttl) {
+			return
 		}
-		tick := time.NewTicker(time.Second)
-	alive:
-		for {
-			select {
-			case <-ctx.Done():
-				tick.Stop()
-				kcancel()
-				return
-			case resp, ok := <-ch:
-				if !ok || resp == nil {
-					break alive
-				}
-				a.mu.Lock()
-				a.leaseAlive = time.Now()
-				a.mu.Unlock()
-			case <-tick.C:
-				a.mu.Lock()
-				expired := time.Since(a.leaseAlive) > ttl
-				a.mu.Unlock()
-				if expired {
-					break alive
-				}
-				a.registerAll(ctx) // load figures, and the node record's stamp
-				for state, n := range a.kvOwner.Stats().ByState {
-					a.metrics.slots.WithLabelValues(state).Set(float64(n))
-				}
-			}
-		}
-		tick.Stop()
-		kcancel()
 		a.mu.Lock()
 		last, a.lease = a.lease, 0
 		a.mu.Unlock()
@@ -132,6 +86,74 @@ func (a *Agent) keepLease(ctx context.Context) {
 		a.log.Warn("etcd lease lost", "recovery_action", "workers stop accepting; re-register when etcd answers")
 		a.fenceAll(ctx)
 	}
+}
+
+// holdLease renews lease id until a renewal fails for longer than ttl
+// (it returns true) or ctx ends (false), registering the instances every
+// second meanwhile.
+func (a *Agent) holdLease(ctx context.Context, id clientv3.LeaseID, ttl time.Duration) bool {
+	kctx, kcancel := context.WithCancel(ctx)
+	ch, err := a.etcd.KeepAlive(kctx, id)
+	if err != nil {
+		kcancel()
+		return true
+	}
+	tick := time.NewTicker(time.Second)
+alive:
+	for {
+		select {
+		case <-ctx.Done():
+			tick.Stop()
+			kcancel()
+			return false
+		case resp, ok := <-ch:
+			if !ok || resp == nil {
+				break alive
+			}
+			a.mu.Lock()
+			a.leaseAlive = time.Now()
+			a.mu.Unlock()
+		case <-tick.C:
+			a.mu.Lock()
+			expired := time.Since(a.leaseAlive) > ttl
+			a.mu.Unlock()
+			if expired {
+				break alive
+			}
+			a.registerAll(ctx) // load figures, and the node record's stamp
+			for state, n := range a.kvOwner.Stats().ByState {
+				a.metrics.slots.WithLabelValues(state).Set(float64(n))
+			}
+		}
+	}
+	tick.Stop()
+	kcancel()
+	return true
+}
+
+// errLeaseExpired: etcd no longer holds the lease the agent had.
+var errLeaseExpired = errors.New("agent: the lease expired")
+
+// acquireLease renews last when there is one (kept: etcd still held it)
+// or grants a new lease.
+func (a *Agent) acquireLease(ctx context.Context, last clientv3.LeaseID, ttl time.Duration) (clientv3.LeaseID, bool, error) {
+	if last != 0 {
+		id, kept, err := a.renewOnce(ctx, last, ttl)
+		if err != nil || kept {
+			return id, kept, err
+		}
+	}
+	gctx, cancel := context.WithTimeout(ctx, ttl)
+	defer cancel()
+	grant, err := a.etcd.Grant(gctx, int64(ttl/time.Second))
+	if err != nil {
+		if last != 0 {
+			// The old one is gone: the next try grants, it renews no more.
+			return 0, false, fmt.Errorf("%w; granting a new one: %w", errLeaseExpired, err)
+		}
+		return 0, false, err
+	}
+	return grant.ID, false, nil
 }
 
 // renewOnce renews lease once: kept when etcd still holds it, not kept

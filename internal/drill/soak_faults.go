@@ -184,94 +184,129 @@ func (f *faulter) inject(ctx context.Context, kind string, ws []Worker) (bool, e
 			}
 		}
 	}
-	now := time.Now()
+	var ok bool
+	var err error
 	switch kind {
 	case FaultDecode, FaultPrefill, FaultStop:
-		pool := ready
-		if kind != FaultStop {
-			pool = slices.DeleteFunc(slices.Clone(ready), func(w Worker) bool { return w.Role != kind })
-		}
-		if len(pool) == 0 {
-			return false, nil
-		}
-		w := pool[f.pick(kind, len(pool))]
-		if w.Role == "decode" && len(decodes) < 2 {
-			return false, nil // keep one serving: a fault, not an outage
-		}
-		if kind == FaultStop {
-			if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil && err != syscall.ESRCH {
-				return false, err
-			}
-			f.stopped[w.PID] = true
-			f.r.Event(now, EvFault, "SIGSTOP %s (pid %d) for %v", w.InstanceID, w.PID, f.o.StopFor)
-			f.heals.Add(1)
-			time.AfterFunc(f.o.StopFor, func() { defer f.heals.Done(); f.cont(w.PID) })
-		} else {
-			if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
-				return false, err
-			}
-			f.r.Event(now, EvFault, "SIGKILL %s (pid %d, generation %d)", w.InstanceID, w.PID, w.Generation)
-		}
+		ok, err = f.workerFault(kind, ready, decodes)
 	case FaultAgent, FaultDrain:
 		if f.heavy != "" || len(f.c.nodes) < 2 || len(decodes) < allDecodes || len(decodes) < 2 {
 			return false, nil
 		}
-		i := f.pick(kind, len(f.c.nodes))
-		n, socket := f.c.nodes[i], f.c.Sockets[i]
-		f.heavy = kind + " " + n.Options.NodeID
-		if kind == FaultAgent {
-			pids := workersOn(ws, socket)
-			n.Signal(syscall.SIGKILL)
-			f.r.Event(now, EvFault, "SIGKILL agent %s (its workers %v run on)", n.Options.NodeID, pids)
-			f.heal(ctx, func(ctx context.Context) error { return f.restartAgent(ctx, n, socket, pids) })
-		} else {
-			if _, err := nodectl.Drain(ctx, socket, controlapi.DrainRequest{Deadline: "10s", HardDeadline: "30s"}); err != nil {
-				f.heavy = ""
-				return false, fmt.Errorf("drill: drain %s: %w", n.Options.NodeID, err)
-			}
-			f.r.Event(now, EvFault, "drain %s", n.Options.NodeID)
-			f.heal(ctx, func(ctx context.Context) error { return f.undrain(ctx, n.Options.NodeID, socket) })
-		}
+		ok, err = f.nodeFault(ctx, kind, ws)
 	case FaultLeader:
-		if f.heavy != "" || f.c.env == nil || len(f.c.env.Members) < 3 {
-			return false, nil
-		}
-		leader, id, err := f.c.etcdLeader(ctx, f.c.env.Members)
-		if err != nil {
-			return false, nil // between leaders: another turn
-		}
-		f.heavy = kind
-		leader.Signal(syscall.SIGKILL)
-		f.r.Event(now, EvFault, "SIGKILL the etcd leader %s", leader.Name)
-		f.heal(ctx, func(ctx context.Context) error { return f.restartMember(ctx, leader, id) })
+		ok, err = f.leaderFault(ctx)
 	case FaultFrontend:
-		if f.frontDown || len(f.c.URLs) < 2 {
-			return false, nil
-		}
-		i := f.pick(kind, len(f.c.frontends))
-		fe := f.c.frontend(i)
-		if err := fe.Signal(syscall.SIGKILL); err != nil {
-			return false, fmt.Errorf("drill: SIGKILL frontend %d: %w", i, err)
-		}
-		f.frontDown = true
-		f.r.Event(now, EvFault, "SIGKILL frontend %s (pid %d)", f.c.URLs[i], fe.PID())
-		f.heals.Add(1)
-		go func() {
-			defer f.heals.Done()
-			err := f.c.relaunchFrontend(ctx, i)
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			f.frontDown = false
-			if err != nil {
-				f.errs = append(f.errs, err)
-				return
-			}
-			f.r.Event(time.Now(), EvRecovered, "frontend %s serving again", f.c.URLs[i])
-		}()
+		ok, err = f.frontendFault(ctx)
 	default:
 		return false, fmt.Errorf("drill: soak: unknown fault %q", kind)
 	}
+	if !ok || err != nil {
+		return false, err
+	}
 	f.counts[kind]++
+	return true, nil
+}
+
+// workerFault SIGKILLs (or SIGSTOPs) a ready worker of kind's role, one
+// decode worker at least left serving.
+func (f *faulter) workerFault(kind string, ready, decodes []Worker) (bool, error) {
+	now := time.Now()
+	pool := ready
+	if kind != FaultStop {
+		pool = slices.DeleteFunc(slices.Clone(ready), func(w Worker) bool { return w.Role != kind })
+	}
+	if len(pool) == 0 {
+		return false, nil
+	}
+	w := pool[f.pick(kind, len(pool))]
+	if w.Role == "decode" && len(decodes) < 2 {
+		return false, nil // keep one serving: a fault, not an outage
+	}
+	if kind == FaultStop {
+		if err := syscall.Kill(w.PID, syscall.SIGSTOP); err != nil && err != syscall.ESRCH {
+			return false, err
+		}
+		f.stopped[w.PID] = true
+		f.r.Event(now, EvFault, "SIGSTOP %s (pid %d) for %v", w.InstanceID, w.PID, f.o.StopFor)
+		f.heals.Add(1)
+		time.AfterFunc(f.o.StopFor, func() { defer f.heals.Done(); f.cont(w.PID) })
+	} else {
+		if err := syscall.Kill(w.PID, syscall.SIGKILL); err != nil && err != syscall.ESRCH {
+			return false, err
+		}
+		f.r.Event(now, EvFault, "SIGKILL %s (pid %d, generation %d)", w.InstanceID, w.PID, w.Generation)
+	}
+	return true, nil
+}
+
+// nodeFault SIGKILLs a node's agent or drains the node, and heals it in
+// the background.
+func (f *faulter) nodeFault(ctx context.Context, kind string, ws []Worker) (bool, error) {
+	now := time.Now()
+	i := f.pick(kind, len(f.c.nodes))
+	n, socket := f.c.nodes[i], f.c.Sockets[i]
+	f.heavy = kind + " " + n.Options.NodeID
+	if kind == FaultAgent {
+		pids := workersOn(ws, socket)
+		n.Signal(syscall.SIGKILL)
+		f.r.Event(now, EvFault, "SIGKILL agent %s (its workers %v run on)", n.Options.NodeID, pids)
+		f.heal(ctx, func(ctx context.Context) error { return f.restartAgent(ctx, n, socket, pids) })
+	} else {
+		if _, err := nodectl.Drain(ctx, socket, controlapi.DrainRequest{Deadline: "10s", HardDeadline: "30s"}); err != nil {
+			f.heavy = ""
+			return false, fmt.Errorf("drill: drain %s: %w", n.Options.NodeID, err)
+		}
+		f.r.Event(now, EvFault, "drain %s", n.Options.NodeID)
+		f.heal(ctx, func(ctx context.Context) error { return f.undrain(ctx, n.Options.NodeID, socket) })
+	}
+	return true, nil
+}
+
+// leaderFault SIGKILLs etcd's leader and starts it again once another
+// leads.
+func (f *faulter) leaderFault(ctx context.Context) (bool, error) {
+	now := time.Now()
+	if f.heavy != "" || f.c.env == nil || len(f.c.env.Members) < 3 {
+		return false, nil
+	}
+	leader, id, err := f.c.etcdLeader(ctx, f.c.env.Members)
+	if err != nil {
+		return false, nil // between leaders: another turn
+	}
+	f.heavy = FaultLeader
+	leader.Signal(syscall.SIGKILL)
+	f.r.Event(now, EvFault, "SIGKILL the etcd leader %s", leader.Name)
+	f.heal(ctx, func(ctx context.Context) error { return f.restartMember(ctx, leader, id) })
+	return true, nil
+}
+
+// frontendFault SIGKILLs a frontend and starts it again on its address.
+func (f *faulter) frontendFault(ctx context.Context) (bool, error) {
+	now := time.Now()
+	if f.frontDown || len(f.c.URLs) < 2 {
+		return false, nil
+	}
+	i := f.pick(FaultFrontend, len(f.c.URLs))
+	fe := f.c.frontend(i)
+	if err := fe.Signal(syscall.SIGKILL); err != nil {
+		return false, fmt.Errorf("drill: SIGKILL frontend %d: %w", i, err)
+	}
+	f.frontDown = true
+	f.r.Event(now, EvFault, "SIGKILL frontend %s (pid %d)", f.c.URLs[i], fe.PID())
+	f.heals.Add(1)
+	go func() {
+		defer f.heals.Done()
+		err := f.c.relaunchFrontend(ctx, i)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		f.frontDown = false
+		if err != nil {
+			f.errs = append(f.errs, err)
+			return
+		}
+		f.r.Event(time.Now(), EvRecovered, "frontend %s serving again", f.c.URLs[i])
+	}()
 	return true, nil
 }
 
