@@ -7,7 +7,7 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run drill engine-demo test test-short race bench fuzz generate lint rdma clean
+.PHONY: all build run drill engine-demo test test-llamacpp test-short race bench fuzz generate lint rdma clean
 
 all: build
 
@@ -33,6 +33,13 @@ engine-demo:
 # Unit, integration (real binaries as processes) and determinism tests.
 test:
 	$(GO) test -count=1 -timeout 14m ./...
+
+# llama.cpp (the copy in the ollama module go.mod names, compiled by cgo
+# with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached
+# after) and the tests of the binding (build tag llamacpp).
+test-llamacpp:
+	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/llamacpp/
+	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m ./decode/llamacpp/ ./decode/gguf/
 
 # The fast tier: everything but the process tests.
 test-short:

@@ -1,0 +1,243 @@
+//go:build llamacpp
+
+package llamacpp
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
+)
+
+// TestTypeTraitsMatchGGML: the gguf package's table of tensor types (what
+// a file is checked against before llama.cpp sees it) is ggml's own.
+func TestTypeTraitsMatchGGML(t *testing.T) {
+	for typ := range 40 {
+		tt := gguf.TensorType(typ)
+		if tt.Block() == 0 {
+			continue // removed from ggml
+		}
+		block, size := TypeTraits(typ)
+		if block != tt.Block() || size != tt.BlockBytes() {
+			t.Errorf("%s: ggml says %d per block of %d bytes, gguf %d of %d", tt, block, size, tt.Block(), tt.BlockBytes())
+		}
+	}
+}
+
+func load(t *testing.T) *Model {
+	t.Helper()
+	path := writeModel(t, t.TempDir(), tiny, 1)
+	if f, err := gguf.Open(path); err != nil || f.Check() != nil {
+		t.Fatalf("the test model: %v %v", err, f.Check())
+	}
+	m, err := LoadModel(path, ModelParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// TestTokenizeRoundTrip: text tokenized by the file's own vocabulary and
+// detokenized piece by piece comes back byte for byte (Unicode through
+// byte tokens, whitespace, code, CJK).
+func TestTokenizeRoundTrip(t *testing.T) {
+	m := load(t)
+	if m.BOS() != 1 || m.EOS() != 2 || !m.IsEOG(2) || m.IsEOG(5) {
+		t.Fatalf("bos %d eos %d", m.BOS(), m.EOS())
+	}
+	for _, text := range []string{"Once upon a time", "  two  spaces\tand a tab\n", "func main() { fmt.Println(\"hi\") }", "世界你好, ünïcödé 🙂", "x"} {
+		toks, err := m.Tokenize(text, true, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if toks[0] != m.BOS() {
+			t.Fatalf("%q: no BOS first: %v", text, toks)
+		}
+		var b []byte
+		for _, tok := range toks[1:] {
+			b = append(b, m.Piece(tok, false)...)
+		}
+		// SentencePiece adds a space before the text; detokenizing the
+		// first piece gives it back.
+		if got := strings.TrimPrefix(string(b), " "); got != text {
+			t.Errorf("%q: round trip %q (tokens %v)", text, got, toks)
+		}
+	}
+}
+
+// greedy decodes n tokens of seq from prompt (fed in chunks of chunk),
+// alone in c, and returns every logits vector after the prompt's last
+// token and each generated one.
+func greedy(t *testing.T, c *Context, seq int32, prompt []int32, chunk, n int) [][]float32 {
+	t.Helper()
+	var out [][]float32
+	pos := int32(0)
+	for i := 0; i < len(prompt); i += chunk {
+		var in []Input
+		for j := i; j < min(i+chunk, len(prompt)); j++ {
+			in = append(in, Input{Seq: seq, Pos: pos, Token: prompt[j], Logits: j == len(prompt)-1})
+			pos++
+		}
+		if err := c.Decode(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l, err := c.Logits(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = append(out, l)
+	for range n {
+		tok := int32(argmax(l))
+		if err := c.Decode([]Input{{Seq: seq, Pos: pos, Token: tok, Logits: true}}); err != nil {
+			t.Fatal(err)
+		}
+		pos++
+		if l, err = c.Logits(0, nil); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+func argmax(v []float32) int {
+	best := 0
+	for i, x := range v {
+		if x > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+func sameBits(a, b [][]float32) (int, bool) {
+	if len(a) != len(b) {
+		return -1, false
+	}
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return i, false
+		}
+		for j := range a[i] {
+			if math.Float32bits(a[i][j]) != math.Float32bits(b[i][j]) {
+				return i, false
+			}
+		}
+	}
+	return 0, true
+}
+
+// TestDeterminism: with a KV stream per sequence, a sequence's logits
+// are the same bits whether its prompt comes whole, token by token or in
+// chunks, and whether other sequences share its batches.
+func TestDeterminism(t *testing.T) {
+	m := load(t)
+	prompt, err := m.Tokenize("Once upon a time, in a small town by the river, the children watched the boats", true, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCtx := func() *Context {
+		c, err := m.NewContext(ContextParams{Context: 256, Sequences: 4, Batch: 256, Threads: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	ref := greedy(t, newCtx(), 0, prompt, len(prompt), 12)
+	for _, chunk := range []int{1, 5} {
+		if i, ok := sameBits(greedy(t, newCtx(), 0, prompt, chunk, 12), ref); !ok {
+			t.Errorf("prompt in chunks of %d: logits %d differ", chunk, i)
+		}
+	}
+	// The same sequence as seq 2 among two others decoded in the same
+	// batches.
+	c := newCtx()
+	other, _ := m.Tokenize("A completely different prompt about ships and the sea", true, false)
+	var in []Input
+	for i, tok := range prompt {
+		in = append(in, Input{Seq: 2, Pos: int32(i), Token: tok, Logits: i == len(prompt)-1})
+	}
+	for s := int32(0); s < 2; s++ {
+		for i, tok := range other[:len(other)-int(s)] {
+			in = append(in, Input{Seq: s, Pos: int32(i), Token: tok})
+		}
+	}
+	if err := c.Decode(in); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := c.Logits(0, nil)
+	got := [][]float32{l}
+	pos := [3]int32{int32(len(other)), int32(len(other) - 1), int32(len(prompt))}
+	for range 12 {
+		tok := int32(argmax(l))
+		batch := []Input{{Seq: 0, Pos: pos[0], Token: 7, Logits: true}, {Seq: 2, Pos: pos[2], Token: tok, Logits: true}, {Seq: 1, Pos: pos[1], Token: 9, Logits: true}}
+		if err := c.Decode(batch); err != nil {
+			t.Fatal(err)
+		}
+		for i := range pos {
+			pos[i]++
+		}
+		if l, err = c.Logits(1, nil); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l)
+	}
+	if i, ok := sameBits(got, ref); !ok {
+		t.Errorf("in a batch of 3: logits %d differ", i)
+	}
+}
+
+// TestExportImport: a sequence's state exported from one context and
+// imported into another (another sequence id, other sequences present)
+// continues with the same logits as the sequence that never moved.
+func TestExportImport(t *testing.T) {
+	m := load(t)
+	prompt, _ := m.Tokenize("The old mill by the river turned all day", true, false)
+	a, err := m.NewContext(ContextParams{Context: 256, Sequences: 2, Batch: 64, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	ref := greedy(t, a, 0, prompt, len(prompt), 20)
+	// Again, exported after the prompt and 5 tokens.
+	a.Forget(0, 0)
+	head := greedy(t, a, 0, prompt, len(prompt), 5)
+	state, err := a.Export(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := m.NewContext(ContextParams{Context: 256, Sequences: 3, Batch: 64, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	greedy(t, b, 0, []int32{1, 50, 60, 70}, 4, 2) // a neighbour
+	if err := b.Import(2, state); err != nil {
+		t.Fatal(err)
+	}
+	l := head[len(head)-1]
+	got := slices.Clone(head)
+	pos := int32(len(prompt) + 5)
+	for range 15 {
+		if err := b.Decode([]Input{{Seq: 2, Pos: pos, Token: int32(argmax(l)), Logits: true}}); err != nil {
+			t.Fatal(err)
+		}
+		pos++
+		if l, err = b.Logits(0, nil); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, l)
+	}
+	if i, ok := sameBits(got, ref); !ok {
+		t.Fatalf("continued after import: logits %d differ (state %d bytes)", i, len(state))
+	}
+	t.Logf("state of %d positions: %d bytes", len(prompt)+5, len(state))
+	if err := b.Import(1, state[:len(state)/2]); err == nil {
+		t.Fatal("half a state was imported")
+	}
+}
