@@ -3,7 +3,12 @@ package model
 import (
 	"bytes"
 	"errors"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 )
 
 // microModel is small enough to fuzz its checkpoint encoding.
@@ -55,4 +60,28 @@ func FuzzReadLlama2C(f *testing.F) {
 			t.Fatalf("re-encoded %d bytes from %d", out.Len(), len(data))
 		}
 	})
+}
+
+// TestAGGUFFileIsNamed: a GGUF file given as a llama2.c checkpoint is
+// refused as what it is (its architecture and tensors), not misread (its
+// magic used to become "bad config: dim 1179993927").
+func TestAGGUFFileIsNamed(t *testing.T) {
+	var b bytes.Buffer
+	if err := gguf.Write(&b, []gguf.KV{{Key: "general.architecture", Value: "qwen2"}, {Key: "qwen2.context_length", Value: uint32(32768)}},
+		[]gguf.TensorData{{Tensor: gguf.Tensor{Name: "token_embd.weight", Dims: []uint64{32}, Type: gguf.Q8_0}, Data: make([]byte, 34)}}); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "qwen.gguf")
+	if err := os.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadLlama2C(path)
+	if !errors.Is(err, ErrBadCheckpoint) || !strings.Contains(err.Error(), "it is a GGUF file (qwen2, GGUF v3, 1 tensors (1 Q8_0), context 32768), not a llama2.c checkpoint") {
+		t.Fatalf("%v", err)
+	}
+	// Cut short: still named a GGUF file, with what is wrong with it.
+	os.WriteFile(path, b.Bytes()[:40], 0o600)
+	if _, err := LoadLlama2C(path); !errors.Is(err, ErrBadCheckpoint) || !strings.Contains(err.Error(), "a GGUF file, and a bad one: gguf: "+path+": truncated") {
+		t.Fatalf("%v", err)
+	}
 }

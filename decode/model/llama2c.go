@@ -12,6 +12,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 )
 
 // ErrBadCheckpoint is wrapped by every error about a malformed model.bin.
@@ -52,6 +54,9 @@ func LoadLlama2CCached(path string, rc RevisionCache) (*Model, error) {
 	if err != nil {
 		return nil, fmt.Errorf("model: load %s: %w", path, err)
 	}
+	if err := notGGUF(f, path); err != nil {
+		return nil, err
+	}
 	key := fileIdentity(st)
 	known, _ := rc.lookup(key)
 	m, err := mapLlama2C(f, st.Size(), known)
@@ -69,6 +74,23 @@ func LoadLlama2CCached(path string, rc RevisionCache) (*Model, error) {
 	}
 	m.Config.Name = "llama2c:" + filepath.Base(path)
 	return m, nil
+}
+
+// notGGUF refuses a GGUF file given as a llama2.c checkpoint, saying what
+// it is (its header's summary) instead of misreading its magic as a
+// dimension.
+func notGGUF(f *os.File, path string) error {
+	var magic [4]byte
+	if _, err := f.ReadAt(magic[:], 0); err != nil || string(magic[:]) != gguf.Magic {
+		return nil
+	}
+	what := "a GGUF file"
+	if h, err := gguf.Open(path); err == nil {
+		what += " (" + h.Summary() + ")"
+	} else {
+		what += ", and a bad one: " + err.Error()
+	}
+	return fmt.Errorf("model: load %s: %w: it is %s, not a llama2.c checkpoint; GGUF models are served through llama.cpp (build tag llamacpp), which the worker does not serve through yet", path, ErrBadCheckpoint, what)
 }
 
 // errNotMapped says that a checkpoint is to be read instead of mapped;
