@@ -7,12 +7,18 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build run drill engine-demo test test-llamacpp test-short race bench fuzz generate lint rdma clean
+.PHONY: all build build-llamacpp run drill engine-demo test test-llamacpp test-short race bench fuzz generate lint rdma clean
 
 all: build
 
 build:
 	$(GO) build -o $(BIN)/lifeline ./cmd/lifeline
+	$(GO) build -o $(BIN)/nodectl ./cmd/nodectl
+
+# bin/lifeline with llama.cpp linked (gcc and g++; about 4 minutes the
+# first time): `engine generate --engine llamacpp` runs GGUF models.
+build-llamacpp:
+	CGO_ENABLED=1 $(GO) build -tags llamacpp -o $(BIN)/lifeline ./cmd/lifeline
 	$(GO) build -o $(BIN)/nodectl ./cmd/nodectl
 
 # The whole system on this machine: embedded etcd, two node agents with a
@@ -38,8 +44,9 @@ test:
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached
 # after) and the tests of the binding (build tag llamacpp).
 test-llamacpp:
-	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/llamacpp/
-	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m ./decode/llamacpp/ ./decode/gguf/
+	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/llamacpp/... ./cmd/lifeline/ ./internal/proctest/
+	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m ./decode/llamacpp/... ./decode/gguf/
+	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m -run 'LlamaCpp|GGUF' ./cmd/lifeline/
 
 # The fast tier: everything but the process tests.
 test-short:

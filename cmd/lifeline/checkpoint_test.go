@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
@@ -126,5 +128,47 @@ func TestWorkerRestartTakesTheCachedRevision(t *testing.T) {
 	stop(cmd)
 	if fixed.ModelRevision != first.ModelRevision {
 		t.Fatalf("after the mismatch the worker announced %s, want %s", fixed.ModelRevision, first.ModelRevision)
+	}
+}
+
+// TestEngineGenerateGGUF: `lifeline engine generate --engine llamacpp`
+// checks the file first — a llama2.c checkpoint is refused as not GGUF,
+// a GGUF of an unknown architecture by name — and a binary built without
+// llama.cpp says how to build one that has it, naming the model.
+func TestEngineGenerateGGUF(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, arch string) string {
+		var b bytes.Buffer
+		if err := gguf.Write(&b, []gguf.KV{{Key: "general.architecture", Value: arch}, {Key: "tokenizer.ggml.model", Value: "llama"}},
+			[]gguf.TensorData{{Tensor: gguf.Tensor{Name: "token_embd.weight", Dims: []uint64{32}, Type: gguf.Q8_0}, Data: make([]byte, 34)}}); err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b.Bytes(), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	llama2c := filepath.Join(dir, "model.bin")
+	os.WriteFile(llama2c, make([]byte, 64), 0o600)
+	// A binary with llama.cpp gets past the checks and has llama.cpp
+	// refuse a file with one tensor of a model's many.
+	good := "(llama, GGUF v3, 1 tensors (1 Q8_0), context 0): this lifeline was built without llama.cpp: build it with `go build -tags llamacpp ./cmd/lifeline`"
+	if runLlamaCpp != nil {
+		good = "llamacpp: llama.cpp could not load"
+	}
+	for _, c := range []struct{ model, says string }{
+		{write("good.gguf", "llama"), good},
+		{write("odd.gguf", "gpt9"), `architecture "gpt9", which llama.cpp ec98e2002 does not know`},
+		{llama2c, "not a GGUF file: it starts with"},
+		{"", "--model: the GGUF file to serve"},
+	} {
+		_, errOut, err := proctest.Run(t, "engine", "generate", "--engine", "llamacpp", "--model", c.model, "--prompt", "hi")
+		if err == nil || !strings.Contains(errOut, c.says) {
+			t.Errorf("--model %q: %v %s (want %q)", c.model, err, errOut, c.says)
+		}
+	}
+	if _, errOut, err := proctest.Run(t, "engine", "generate", "--engine", "vllm", "--prompt", "hi"); err == nil || !strings.Contains(errOut, `--engine: "vllm" (want lifeline or llamacpp)`) {
+		t.Errorf("--engine vllm: %v %s", err, errOut)
 	}
 }

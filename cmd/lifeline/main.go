@@ -41,9 +41,11 @@ func rootCmd() *cobra.Command {
 
 func generateCmd() *cobra.Command {
 	var (
-		opts   decode.GenerateOptions
-		prefix string
-		stats  bool
+		opts    decode.GenerateOptions
+		prefix  string
+		stats   bool
+		engine  string
+		threads int
 	)
 	cmd := &cobra.Command{
 		Use:   "generate",
@@ -61,13 +63,22 @@ func generateCmd() *cobra.Command {
 			if err := failpoint.Check(); err != nil {
 				return err
 			}
+			switch engine {
+			case engineLifeline:
+			case engineLlamaCpp:
+				return generateGGUF(cmd.Context(), opts.Engine.ModelPath, opts, threads, cmd.OutOrStdout())
+			default:
+				return fmt.Errorf("--engine: %q (want %s or %s)", engine, engineLifeline, engineLlamaCpp)
+			}
 			return decode.RunGenerate(cmd.Context(), opts, cmd.OutOrStdout())
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&opts.Engine.Preset, "preset", "tiny", "synthetic model preset: tiny or small")
 	f.Uint64Var(&opts.Engine.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
-	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin (replaces --preset)")
+	f.StringVar(&engine, "engine", engineLifeline, "lifeline (the reference engine) or llamacpp (a GGUF --model through llama.cpp; a binary built with -tags llamacpp)")
+	f.IntVar(&threads, "threads", 0, "--engine llamacpp: compute threads (0: every CPU)")
+	f.StringVar(&opts.Engine.ModelPath, "model", "", "llama2.c model.bin (replaces --preset), or with --engine llamacpp a GGUF file")
 	f.StringVar(&opts.Engine.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin for --model")
 	f.StringVar(&opts.Engine.DraftPreset, "draft-preset", "", "speculative decoding with this synthetic draft preset (tiny)")
 	f.IntVar(&opts.Engine.DraftLayers, "draft-layers", 0, "speculative decoding with the target's first N layers as the draft")

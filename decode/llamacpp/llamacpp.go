@@ -324,6 +324,18 @@ func (c *Context) Import(seq int32, state []byte) error {
 	return nil
 }
 
+// LlamaGreedy is llama.cpp's own greedy choice (its greedy sampler) over
+// the logits of the i-th input of the last Decode that asked for them:
+// the reference Lifeline's token choice is compared with.
+func (c *Context) LlamaGreedy(i int) (int32, error) {
+	if i < 0 || i >= len(c.logits) {
+		return 0, fmt.Errorf("llamacpp: logits %d of %d", i, len(c.logits))
+	}
+	smpl := C.llama_sampler_init_greedy()
+	defer C.llama_sampler_free(smpl)
+	return int32(C.llama_sampler_sample(smpl, c.c, C.int32_t(c.logits[i]))), nil
+}
+
 // TypeTraits is ggml's elements per block and bytes per block of tensor
 // type t (ggml_blck_size, ggml_type_size).
 func TypeTraits(t int) (block, size int) {

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
+	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
 )
 
 // TestTypeTraitsMatchGGML: the gguf package's table of tensor types (what
@@ -28,7 +29,7 @@ func TestTypeTraitsMatchGGML(t *testing.T) {
 
 func load(t *testing.T) *Model {
 	t.Helper()
-	path := writeModel(t, t.TempDir(), tiny, 1)
+	path := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.Tiny, 1)
 	if f, err := gguf.Open(path); err != nil || f.Check() != nil {
 		t.Fatalf("the test model: %v %v", err, f.Check())
 	}
@@ -239,5 +240,69 @@ func TestExportImport(t *testing.T) {
 	t.Logf("state of %d positions: %d bytes", len(prompt)+5, len(state))
 	if err := b.Import(1, state[:len(state)/2]); err == nil {
 		t.Fatal("half a state was imported")
+	}
+}
+
+// TestGreedyIsLlamaCppsGreedy: Lifeline's sampler at temperature 0 over
+// llama.cpp's logits chooses what llama.cpp's own greedy sampler does, at
+// every one of 40 positions, and the streamed text is the pieces joined.
+func TestGreedyIsLlamaCppsGreedy(t *testing.T) {
+	m := load(t)
+	c, err := m.NewContext(ContextParams{Context: 256, Sequences: 1, Batch: 64, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var ours []int32
+	var text strings.Builder
+	finish, err := Generate(t.Context(), m, c, GenerateRequest{Prompt: "Once upon a time", MaxTokens: 40, IgnoreEOS: true}, func(tk Token) {
+		ours = append(ours, tk.ID)
+		text.WriteString(tk.Text)
+	})
+	if err != nil || finish != "length" || len(ours) != 40 {
+		t.Fatalf("%v %s %d tokens", err, finish, len(ours))
+	}
+	// llama.cpp's own loop, its greedy sampler choosing.
+	prompt, _ := m.Tokenize("Once upon a time", true, false)
+	c.Forget(0, 0)
+	var in []Input
+	for i, tok := range prompt {
+		in = append(in, Input{Seq: 0, Pos: int32(i), Token: tok, Logits: i == len(prompt)-1})
+	}
+	var theirs []int32
+	for n := 0; n < 40; n++ {
+		if err := c.Decode(in); err != nil {
+			t.Fatal(err)
+		}
+		tok, err := c.LlamaGreedy(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		theirs = append(theirs, tok)
+		in = []Input{{Seq: 0, Pos: int32(len(prompt) + n), Token: tok, Logits: true}}
+	}
+	if !slices.Equal(ours, theirs) {
+		t.Fatalf("ours %v\nllama.cpp's %v", ours, theirs)
+	}
+	var joined []byte
+	for _, id := range ours {
+		joined = append(joined, m.Piece(id, false)...)
+	}
+	if text.String() != string(joined) {
+		t.Fatalf("streamed %q, pieces %q", text.String(), joined)
+	}
+}
+
+// TestStreamedTextNeverSplitsACharacter: byte tokens of a 4-byte
+// character come out as one piece of text, once whole.
+func TestStreamedTextNeverSplitsACharacter(t *testing.T) {
+	var pending []byte
+	var got []string
+	for _, b := range []byte("a🙂b") {
+		pending = append(pending, b)
+		got = append(got, completeUTF8(&pending))
+	}
+	if want := []string{"a", "", "", "", "🙂", "b"}; !slices.Equal(got, want) {
+		t.Fatalf("%q, want %q", got, want)
 	}
 }

@@ -29,10 +29,15 @@ var (
 	buildErr  error
 )
 
+// buildTags are the build tags of this test binary that the binaries are
+// built with too (tags.go files): a test built with -tags llamacpp runs a
+// lifeline that has llama.cpp.
+var buildTags []string
+
 // build compiles cmd/lifeline and cmd/nodectl into a temporary directory.
 func build() {
 	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr == nil {
-		_, buildErr = binaries.Build(binDir)
+		_, buildErr = binaries.Build(binDir, buildTags...)
 	}
 }
 

@@ -12,16 +12,16 @@ import (
 )
 
 // Build compiles cmd/lifeline and cmd/nodectl of the module the current
-// directory is in into dir, for benchmarks and tests that run the real
-// binaries; it returns the lifeline binary's path.
-func Build(dir string) (string, error) {
+// directory is in into dir, with the build tags tags, for benchmarks and
+// tests that run the real binaries; it returns the lifeline binary's path.
+func Build(dir string, tags ...string) (string, error) {
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
 		return "", fmt.Errorf("binaries: not inside the module (go env GOMOD: %q, %v)", out, err)
 	}
 	root := filepath.Dir(strings.TrimSpace(string(out)))
 	for _, name := range []string{"lifeline", "nodectl"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
+		cmd := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", filepath.Join(dir, name), "./cmd/"+name)
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return "", fmt.Errorf("binaries: build %s: %v\n%s", name, err, out)

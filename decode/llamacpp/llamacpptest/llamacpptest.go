@@ -1,6 +1,8 @@
-//go:build llamacpp
-
-package llamacpp
+// Package llamacpptest writes GGUF models for tests of the llama.cpp
+// binding and of what runs on it: a llama architecture with random F32
+// weights and the built-in vocabulary as a SentencePiece one. No real
+// weights can be downloaded here; these exercise the same code.
+package llamacpptest
 
 import (
 	"encoding/binary"
@@ -16,17 +18,18 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
-// testModel is the shape of the models tests write.
-type testModel struct {
+// Shape is the shape of a model WriteModel writes.
+type Shape struct {
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
-var tiny = testModel{embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
+// Tiny is the shape tests use: 2 layers of 64, 4 heads over 2 KV heads.
+var Tiny = Shape{embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
 
-// spmVocab is the built-in tokenizer's vocabulary as a SentencePiece one:
+// SPMVocab is the built-in tokenizer's vocabulary as a SentencePiece one:
 // <unk>, <s>, </s>, the 256 byte tokens, then pieces with "▁" for a
 // space, longer pieces scored higher (SentencePiece merges by score).
-func spmVocab() (tokens []string, scores []float32, types []int32) {
+func SPMVocab() (tokens []string, scores []float32, types []int32) {
 	b := tokenizer.NewBuiltin()
 	for i := range b.VocabSize() {
 		p := b.PieceString(i)
@@ -45,11 +48,11 @@ func spmVocab() (tokens []string, scores []float32, types []int32) {
 	return
 }
 
-// writeModel writes a llama GGUF of shape s with random F32 weights (seed)
+// WriteModel writes a llama GGUF of shape s with random F32 weights (seed)
 // and a SentencePiece vocabulary to dir, and returns its path.
-func writeModel(t testing.TB, dir string, s testModel, seed uint64) string {
+func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 	t.Helper()
-	tokens, scores, types := spmVocab()
+	tokens, scores, types := SPMVocab()
 	kvs := []gguf.KV{
 		{Key: "general.architecture", Value: "llama"},
 		{Key: "general.name", Value: "lifeline-test"},

@@ -1,0 +1,5 @@
+//go:build llamacpp
+
+package proctest
+
+func init() { buildTags = append(buildTags, "llamacpp") }
