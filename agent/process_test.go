@@ -392,9 +392,10 @@ func TestAgentControlSocketBadRequests(t *testing.T) {
 // TestAgentEtcdOutage: etcd goes away for longer than the lease TTL. An
 // in-flight generation completes; once the TTL has passed the node says it
 // is not routable and its worker refuses new requests (typed, retryable);
-// when etcd is back on its data the lease is still there (etcd extends
-// every lease as it becomes leader), and every instance serves again at
-// its generation, by the same process.
+// when etcd is back on its data the instance serves again by the same
+// process: at its generation when etcd still held the lease (it extends
+// every lease as it becomes leader), at a higher one when it had dropped
+// it.
 func TestAgentEtcdOutage(t *testing.T) {
 	t.Parallel() // mostly waits out etcd outages and dial timeouts
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
@@ -447,35 +448,44 @@ func TestAgentEtcdOutage(t *testing.T) {
 		t.Fatalf("in-flight stream ended %+v", last)
 	}
 	// etcd returns on its data. As it becomes leader it extends every
-	// lease by an election timeout, so the agent's lease was never lost:
-	// the agent renews it and lets its worker accept again, same process,
-	// same generation (a lease that expired meanwhile means a higher
-	// generation: drills 6 and 8 cut a node off and freeze etcd's leader
-	// past the TTL).
+	// lease by an election timeout: a lease that was live when etcd
+	// stopped is kept, and the same process serves again at the same
+	// generation (lease_kept). On a loaded machine the agent's renewals
+	// may already have lapsed before the stop (seen: 4.2 s after the last
+	// renewal, with a 2 s TTL): etcd dropped that lease, and the instance
+	// comes back at a higher generation (reregistered). Either way the
+	// generation says which happened, and the same process serves.
 	e2, err := embedetcd.Start(etcdDir, port, n.Env.Etcd.CertDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(e2.Close)
-	proctest.WaitFor(t, 20*time.Second, "the agent to keep its lease after etcd came back", func() (bool, string) {
+	var kept, rereg bool
+	proctest.WaitFor(t, 20*time.Second, "the agent to keep its lease or take a new one after etcd came back", func() (bool, string) {
 		evs, err := n.Events(ctx)
 		kinds := []string{}
+		kept, rereg = false, false
 		for _, e := range evs {
 			kinds = append(kinds, e.Kind)
+			if e.Time.After(down) {
+				kept = kept || e.Kind == controlapi.EventLeaseKept
+				rereg = rereg || e.Kind == controlapi.EventReregistered
+			}
 		}
-		return err == nil && slices.Contains(kinds, controlapi.EventLeaseKept), fmt.Sprint(kinds, err)
+		return err == nil && (kept || rereg) && n.NodectlStatus(t).Etcd.Routable, fmt.Sprint(kinds, err)
 	})
 	next := n.WaitRegistration(t, id, 0)
-	if w := n.NodectlWorkers(t)[0]; w.PID != pid || next.Generation != reg.Generation || !n.NodectlStatus(t).Etcd.Routable {
-		t.Fatalf("after the outage: pid %d (was %d), generation %d (was %d)", w.PID, pid, next.Generation, reg.Generation)
+	if w := n.NodectlWorkers(t)[0]; w.PID != pid || kept == rereg || kept != (next.Generation == reg.Generation) {
+		t.Fatalf("after the outage: pid %d (was %d), generation %d (was %d), lease kept %v, re-registered %v", w.PID, pid, next.Generation, reg.Generation, kept, rereg)
 	}
+	t.Logf("after the outage: lease kept %v, generation %d (was %d)", kept, next.Generation, reg.Generation)
 	proctest.WaitFor(t, 10*time.Second, "the worker to accept new requests again", func() (bool, string) {
 		ns, err := c.Generate(ctx, &wire.Generate{RequestId: "after", Prompt: "hi", MaxTokens: 3, IgnoreEos: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fs := clustertest.CollectFrames(t, ns)
-		return len(fs) == 4 && fs[0].Generation == reg.Generation, fmt.Sprintf("%+v", fs)
+		return len(fs) == 4 && fs[0].Generation == next.Generation, fmt.Sprintf("%+v", fs)
 	})
 }
 
