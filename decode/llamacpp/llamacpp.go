@@ -41,6 +41,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -152,6 +153,48 @@ func (m *Model) ChatTemplate() string {
 		return ""
 	}
 	return C.GoString(t)
+}
+
+// ChatMessage is one message of a chat: its role (system, user,
+// assistant) and content.
+type ChatMessage struct{ Role, Content string }
+
+// ErrUnknownTemplate: llama.cpp does not render this chat template.
+var ErrUnknownTemplate = errors.New("llamacpp: a chat template llama.cpp does not render")
+
+// ApplyTemplate renders msgs with the chat template tmpl (a model's
+// tokenizer.chat_template; ChatTemplate) as llama.cpp does: it recognizes
+// the template's family (ChatML, Llama 3, Mistral, Gemma, Phi, … about
+// forty) by its markers and renders that family's format, without a
+// Jinja engine. With addAssistant the prompt ends where the assistant's
+// reply begins. A template of no family it knows is ErrUnknownTemplate.
+func ApplyTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (string, error) {
+	if tmpl == "" {
+		return "", fmt.Errorf("%w: the model has none", ErrUnknownTemplate)
+	}
+	ctmpl := C.CString(tmpl)
+	defer C.free(unsafe.Pointer(ctmpl))
+	chat := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(max(len(msgs), 1)) * C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{}))))[:len(msgs):len(msgs)]
+	defer C.free(unsafe.Pointer(unsafe.SliceData(chat)))
+	size := 64
+	for i, m := range msgs {
+		chat[i].role, chat[i].content = C.CString(m.Role), C.CString(m.Content)
+		defer C.free(unsafe.Pointer(chat[i].role))
+		defer C.free(unsafe.Pointer(chat[i].content))
+		size += 2 * (len(m.Role) + len(m.Content) + 32)
+	}
+	for {
+		buf := make([]byte, size)
+		n := C.llama_chat_apply_template(ctmpl, unsafe.SliceData(chat), C.size_t(len(msgs)), C.bool(addAssistant), (*C.char)(unsafe.Pointer(&buf[0])), C.int32_t(len(buf)))
+		switch {
+		case n < 0:
+			first, _, _ := strings.Cut(tmpl, "\n")
+			return "", fmt.Errorf("%w (it begins %q)", ErrUnknownTemplate, first[:min(len(first), 80)])
+		case int(n) <= len(buf):
+			return string(buf[:n]), nil
+		}
+		size = int(n)
+	}
 }
 
 // ContextParams configure a context.

@@ -3,6 +3,7 @@
 package llamacpp
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"strings"
@@ -304,5 +305,31 @@ func TestStreamedTextNeverSplitsACharacter(t *testing.T) {
 	}
 	if want := []string{"a", "", "", "", "🙂", "b"}; !slices.Equal(got, want) {
 		t.Fatalf("%q, want %q", got, want)
+	}
+}
+
+// TestChatTemplates: the chat templates of Qwen (ChatML, read from the
+// model file), Llama 3 and Mistral render as those models expect; one
+// llama.cpp does not know is refused, typed.
+func TestChatTemplates(t *testing.T) {
+	msgs := []ChatMessage{{"system", "Be brief."}, {"user", "Hi 世界"}}
+	for _, c := range []struct{ name, tmpl, want string }{
+		{"chatml (the test model's own)", load(t).ChatTemplate(),
+			"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi 世界<|im_end|>\n<|im_start|>assistant\n"},
+		{"llama3", "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+			"<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi 世界<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"},
+	} {
+		got, err := ApplyTemplate(c.tmpl, msgs, true)
+		if err != nil || got != c.want {
+			t.Errorf("%s: %q %v\nwant %q", c.name, got, err, c.want)
+		}
+	}
+	mistral := "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% endif %}{% endfor %}"
+	got, err := ApplyTemplate(mistral, []ChatMessage{{"user", "Hi 世界"}}, true)
+	if err != nil || got != "[INST] Hi 世界 [/INST]" { // BOS comes from the tokenizer
+		t.Errorf("mistral: %q %v", got, err)
+	}
+	if _, err := ApplyTemplate("{{ messages | my_own_format }}", msgs, true); !errors.Is(err, ErrUnknownTemplate) {
+		t.Errorf("an unknown template: %v", err)
 	}
 }

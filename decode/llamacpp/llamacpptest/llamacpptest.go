@@ -23,6 +23,9 @@ type Shape struct {
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
+// ChatML is the chat template WriteModel gives its models (Qwen's family).
+const ChatML = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+
 // Tiny is the shape tests use: 2 layers of 64, 4 heads over 2 KV heads.
 var Tiny = Shape{embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
 
@@ -71,6 +74,7 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(1)},
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
 		{Key: "tokenizer.ggml.unknown_token_id", Value: uint32(0)},
+		{Key: "tokenizer.chat_template", Value: ChatML},
 	}
 	r := rand.New(rand.NewPCG(seed, 7))
 	tensor := func(name string, scale float64, dims ...int) gguf.TensorData {
