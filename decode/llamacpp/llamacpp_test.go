@@ -28,9 +28,11 @@ func TestTypeTraitsMatchGGML(t *testing.T) {
 	}
 }
 
-func load(t *testing.T) *Model {
+func load(t *testing.T) *Model { t.Helper(); return loadShape(t, llamacpptest.Tiny) }
+
+func loadShape(t *testing.T, s llamacpptest.Shape) *Model {
 	t.Helper()
-	path := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.Tiny, 1)
+	path := llamacpptest.WriteModel(t, t.TempDir(), s, 1)
 	if f, err := gguf.Open(path); err != nil || f.Check() != nil {
 		t.Fatalf("the test model: %v %v", err, f.Check())
 	}
@@ -331,5 +333,48 @@ func TestChatTemplates(t *testing.T) {
 	}
 	if _, err := ApplyTemplate("{{ messages | my_own_format }}", msgs, true); !errors.Is(err, ErrUnknownTemplate) {
 		t.Errorf("an unknown template: %v", err)
+	}
+}
+
+// TestQwen2ByteLevelBPE: a qwen2 model with a byte-level BPE vocabulary
+// (GPT-2's byte alphabet, merges, Qwen's pre-tokenizer and special
+// tokens) loads; text round-trips exactly (no BOS, no space added);
+// special tokens parse when asked; greedy decoding runs and stays
+// bit-identical across chunked and whole prompts.
+func TestQwen2ByteLevelBPE(t *testing.T) {
+	m := loadShape(t, llamacpptest.TinyQwen2)
+	for _, text := range []string{"Once upon a time", "  two  spaces\tand a tab\n", "func main() { fmt.Println(\"hi\") }", "世界你好, ünïcödé 🙂"} {
+		toks, err := m.Tokenize(text, true, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b []byte
+		for _, tok := range toks {
+			b = append(b, m.Piece(tok, false)...)
+		}
+		if string(b) != text {
+			t.Errorf("%q: round trip %q (tokens %v)", text, b, toks)
+		}
+	}
+	// The merges apply: whole words, not a token per byte.
+	if toks, _ := m.Tokenize(" once upon a time", false, false); len(toks) > 5 {
+		t.Errorf("%q is %d tokens: the merges did not apply", " once upon a time", len(toks))
+	}
+	im, err := m.Tokenize("<|im_start|>user", false, true)
+	if err != nil || len(im) < 2 || string(m.Piece(im[0], true)) != "<|im_start|>" || m.IsEOG(im[0]) {
+		t.Fatalf("special tokens: %v %v", im, err)
+	}
+	if end, _ := m.Tokenize("<|im_end|>", false, true); len(end) != 1 || !m.IsEOG(end[0]) {
+		t.Fatalf("<|im_end|> is %v, not the end of generation", end)
+	}
+	c, err := m.NewContext(ContextParams{Context: 256, Sequences: 2, Batch: 64, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	prompt, _ := m.Tokenize("The children watched the boats go by", true, false)
+	ref := greedy(t, c, 0, prompt, len(prompt), 10)
+	if i, ok := sameBits(greedy(t, c, 1, prompt, 3, 10), ref); !ok {
+		t.Errorf("chunked prompt: logits %d differ", i)
 	}
 }

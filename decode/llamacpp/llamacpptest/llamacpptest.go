@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,8 +19,11 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
-// Shape is the shape of a model WriteModel writes.
+// Shape is the shape of a model WriteModel writes: its architecture
+// ("llama": a SentencePiece vocabulary; "qwen2": a byte-level BPE one and
+// attention biases) and sizes.
 type Shape struct {
+	Arch                                  string
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
@@ -27,7 +31,95 @@ type Shape struct {
 const ChatML = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 
 // Tiny is the shape tests use: 2 layers of 64, 4 heads over 2 KV heads.
-var Tiny = Shape{embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
+var Tiny = Shape{Arch: "llama", embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
+
+// TinyQwen2 is Tiny as a Qwen2 model.
+var TinyQwen2 = Shape{Arch: "qwen2", embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
+
+// byteChars is GPT-2's byte-level alphabet: each byte as a printable rune
+// (printable ASCII and Latin-1 as themselves, the rest from U+0100 on).
+func byteChars() [256]string {
+	var out [256]string
+	n := 0
+	for b := range 256 {
+		if (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255) {
+			out[b] = string(rune(b))
+		} else {
+			out[b] = string(rune(256 + n))
+			n++
+		}
+	}
+	return out
+}
+
+// BPEVocab is a byte-level BPE vocabulary: the 256 byte symbols, then the
+// built-in tokenizer's words (with their leading space) merged left to
+// right, each merge a token; then Qwen's special tokens.
+func BPEVocab() (tokens []string, types []int32, merges []string) {
+	chars := byteChars()
+	have := map[string]bool{}
+	add := func(tok string, typ int32) {
+		if !have[tok] {
+			have[tok] = true
+			tokens, types = append(tokens, tok), append(types, typ)
+		}
+	}
+	for _, c := range chars {
+		add(c, 1)
+	}
+	merged := map[string]bool{}
+	b := tokenizer.NewBuiltin()
+	for i := range b.VocabSize() {
+		p := b.PieceString(i)
+		word := strings.TrimPrefix(p, " ")
+		if len(word) < 2 || strings.Trim(word, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ") != "" {
+			continue
+		}
+		cur := chars[p[0]]
+		for j := 1; j < len(p); j++ {
+			m := cur + " " + chars[p[j]]
+			if !merged[m] {
+				merged[m] = true
+				merges = append(merges, m)
+			}
+			cur += chars[p[j]]
+			add(cur, 1)
+		}
+	}
+	for _, sp := range []string{"<|endoftext|>", "<|im_start|>", "<|im_end|>"} {
+		add(sp, 3)
+	}
+	return tokens, types, merges
+}
+
+// vocabKVs is the tokenizer metadata of arch's vocabulary.
+func vocabKVs(arch string) (kvs []gguf.KV, n int) {
+	if arch == "qwen2" {
+		tokens, types, merges := BPEVocab()
+		id := func(tok string) uint32 { return uint32(slices.Index(tokens, tok)) }
+		return []gguf.KV{
+			{Key: "tokenizer.ggml.model", Value: "gpt2"},
+			{Key: "tokenizer.ggml.pre", Value: "qwen2"},
+			{Key: "tokenizer.ggml.tokens", Value: gguf.Strings(tokens)},
+			{Key: "tokenizer.ggml.token_type", Value: gguf.Int32s(types)},
+			{Key: "tokenizer.ggml.merges", Value: gguf.Strings(merges)},
+			{Key: "tokenizer.ggml.eos_token_id", Value: id("<|im_end|>")},
+			{Key: "tokenizer.ggml.padding_token_id", Value: id("<|endoftext|>")},
+			{Key: "tokenizer.ggml.bos_token_id", Value: id("<|endoftext|>")},
+			{Key: "tokenizer.ggml.add_bos_token", Value: false},
+		}, len(tokens)
+	}
+	tokens, scores, types := SPMVocab()
+	return []gguf.KV{
+		{Key: "tokenizer.ggml.model", Value: "llama"},
+		{Key: "tokenizer.ggml.tokens", Value: gguf.Strings(tokens)},
+		{Key: "tokenizer.ggml.scores", Value: gguf.Float32s(scores)},
+		{Key: "tokenizer.ggml.token_type", Value: gguf.Int32s(types)},
+		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(1)},
+		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
+		{Key: "tokenizer.ggml.unknown_token_id", Value: uint32(0)},
+	}, len(tokens)
+}
 
 // SPMVocab is the built-in tokenizer's vocabulary as a SentencePiece one:
 // <unk>, <s>, </s>, the 256 byte tokens, then pieces with "▁" for a
@@ -51,31 +143,29 @@ func SPMVocab() (tokens []string, scores []float32, types []int32) {
 	return
 }
 
-// WriteModel writes a llama GGUF of shape s with random F32 weights (seed)
-// and a SentencePiece vocabulary to dir, and returns its path.
+// WriteModel writes a GGUF of shape s (llama with a SentencePiece
+// vocabulary, or qwen2 with a byte-level BPE one) with random F32 weights
+// (seed) and the ChatML template to dir, and returns its path.
 func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 	t.Helper()
-	tokens, scores, types := SPMVocab()
-	kvs := []gguf.KV{
-		{Key: "general.architecture", Value: "llama"},
-		{Key: "general.name", Value: "lifeline-test"},
-		{Key: "llama.context_length", Value: uint32(s.ctx)},
-		{Key: "llama.embedding_length", Value: uint32(s.embd)},
-		{Key: "llama.block_count", Value: uint32(s.layers)},
-		{Key: "llama.feed_forward_length", Value: uint32(s.ff)},
-		{Key: "llama.attention.head_count", Value: uint32(s.heads)},
-		{Key: "llama.attention.head_count_kv", Value: uint32(s.kvHeads)},
-		{Key: "llama.attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
-		{Key: "llama.rope.freq_base", Value: float32(10000)},
-		{Key: "tokenizer.ggml.model", Value: "llama"},
-		{Key: "tokenizer.ggml.tokens", Value: gguf.Strings(tokens)},
-		{Key: "tokenizer.ggml.scores", Value: gguf.Float32s(scores)},
-		{Key: "tokenizer.ggml.token_type", Value: gguf.Int32s(types)},
-		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(1)},
-		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(2)},
-		{Key: "tokenizer.ggml.unknown_token_id", Value: uint32(0)},
-		{Key: "tokenizer.chat_template", Value: ChatML},
+	a := s.Arch
+	if a == "" {
+		a = "llama"
 	}
+	vocabMeta, vocab := vocabKVs(a)
+	kvs := append([]gguf.KV{
+		{Key: "general.architecture", Value: a},
+		{Key: "general.name", Value: "lifeline-test"},
+		{Key: a + ".context_length", Value: uint32(s.ctx)},
+		{Key: a + ".embedding_length", Value: uint32(s.embd)},
+		{Key: a + ".block_count", Value: uint32(s.layers)},
+		{Key: a + ".feed_forward_length", Value: uint32(s.ff)},
+		{Key: a + ".attention.head_count", Value: uint32(s.heads)},
+		{Key: a + ".attention.head_count_kv", Value: uint32(s.kvHeads)},
+		{Key: a + ".attention.layer_norm_rms_epsilon", Value: float32(1e-5)},
+		{Key: a + ".rope.freq_base", Value: float32(10000)},
+		{Key: "tokenizer.chat_template", Value: ChatML},
+	}, vocabMeta...)
 	r := rand.New(rand.NewPCG(seed, 7))
 	tensor := func(name string, scale float64, dims ...int) gguf.TensorData {
 		n := 1
@@ -94,7 +184,7 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 		}
 		return gguf.TensorData{Tensor: gguf.Tensor{Name: name, Dims: ds, Type: gguf.F32}, Data: data}
 	}
-	vocab, kvDim := len(tokens), s.embd/s.heads*s.kvHeads
+	kvDim := s.embd / s.heads * s.kvHeads
 	w := 1 / math.Sqrt(float64(s.embd))
 	ts := []gguf.TensorData{tensor("token_embd.weight", 1, s.embd, vocab), tensor("output_norm.weight", 0, s.embd), tensor("output.weight", w, s.embd, vocab)}
 	for l := range s.layers {
@@ -104,8 +194,11 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 			tensor(p+"attn_output.weight", w, s.embd, s.embd), tensor(p+"ffn_norm.weight", 0, s.embd),
 			tensor(p+"ffn_gate.weight", w, s.embd, s.ff), tensor(p+"ffn_up.weight", w, s.embd, s.ff),
 			tensor(p+"ffn_down.weight", 1/math.Sqrt(float64(s.ff)), s.ff, s.embd))
+		if a == "qwen2" {
+			ts = append(ts, tensor(p+"attn_q.bias", 0.1, s.embd), tensor(p+"attn_k.bias", 0.1, kvDim), tensor(p+"attn_v.bias", 0.1, kvDim))
+		}
 	}
-	path := filepath.Join(dir, "lifeline-test.gguf")
+	path := filepath.Join(dir, "lifeline-test-"+a+".gguf")
 	f, err := os.Create(path)
 	if err != nil {
 		t.Fatal(err)
