@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
@@ -376,5 +377,66 @@ func TestQwen2ByteLevelBPE(t *testing.T) {
 	ref := greedy(t, c, 0, prompt, len(prompt), 10)
 	if i, ok := sameBits(greedy(t, c, 1, prompt, 3, 10), ref); !ok {
 		t.Errorf("chunked prompt: logits %d differ", i)
+	}
+}
+
+// TestExportCost measures what publishing a sequence's KV would cost on
+// the small shape at 2k positions: one export (whole-sequence) against a
+// decode step of that sequence. A publish every n tokens costs
+// export/(n × step) of decode time; the figure decides n. Importing the
+// state must take a tenth of recomputing the prompt at most.
+func TestExportCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement: not in the -short tier")
+	}
+	m := loadShape(t, llamacpptest.Small)
+	c, err := m.NewContext(ContextParams{Context: 2304, Sequences: 1, Batch: 512, Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 2048
+	start := time.Now()
+	for i := 0; i < n; i += 512 {
+		var in []Input
+		for j := i; j < i+512; j++ {
+			in = append(in, Input{Seq: 0, Pos: int32(j), Token: int32(3 + j%200), Logits: j == n-1})
+		}
+		if err := c.Decode(in); err != nil {
+			t.Fatal(err)
+		}
+	}
+	prefill := time.Since(start)
+	const steps = 32
+	start = time.Now()
+	for k := range steps {
+		if err := c.Decode([]Input{{Seq: 0, Pos: int32(n + k), Token: 7, Logits: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := time.Since(start) / steps
+	start = time.Now()
+	var state []byte
+	const exports = 5
+	for range exports {
+		if state, err = c.Export(0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	export := time.Since(start) / exports
+	start = time.Now()
+	c.Forget(0, 0)
+	if err := c.Import(0, state); err != nil {
+		t.Fatal(err)
+	}
+	imp := time.Since(start)
+	for _, every := range []int{16, 64, 256} {
+		t.Logf("publish every %d tokens: %.1f%% of decode time", every, 100*float64(export)/float64(time.Duration(every)*step))
+	}
+	t.Logf("%d positions: state %.1f MiB, export %v, import %v (recomputing the 2048 prompt positions took %v), a decode step %v",
+		n+steps, float64(len(state))/(1<<20), export, imp, prefill, step)
+	// What a migration saves: importing must beat recomputing by far.
+	if imp*10 > prefill {
+		t.Errorf("import %v is not a tenth of recomputing %v", imp, prefill)
 	}
 }

@@ -33,6 +33,10 @@ const ChatML = "{% for message in messages %}{{'<|im_start|>' + message['role'] 
 // Tiny is the shape tests use: 2 layers of 64, 4 heads over 2 KV heads.
 var Tiny = Shape{Arch: "llama", embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
 
+// Small is the reference engine's "small" preset's shape (8 layers of
+// 384, 6 heads over 2 KV heads, 4k context): what figures are measured on.
+var Small = Shape{Arch: "llama", embd: 384, layers: 8, heads: 6, kvHeads: 2, ff: 1024, ctx: 4096}
+
 // TinyQwen2 is Tiny as a Qwen2 model.
 var TinyQwen2 = Shape{Arch: "qwen2", embd: 64, layers: 2, heads: 4, kvHeads: 2, ff: 128, ctx: 512}
 
