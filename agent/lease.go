@@ -174,11 +174,15 @@ func (a *Agent) renewOnce(ctx context.Context, lease clientv3.LeaseID, ttl time.
 }
 
 // unfenceAll lets every running worker accept new requests again, at its
-// generation: the lease it is registered under was never lost.
+// generation: the lease it is registered under was never lost. A worker
+// that cannot be told is re-registered at a new generation instead (or
+// killed, and restarted at one): it must not stay fenced under a
+// registration that says it is ready.
 func (a *Agent) unfenceAll(ctx context.Context) {
 	for _, inst := range a.running() {
 		if _, err := a.admin(ctx, inst, true, 0); err != nil {
-			a.log.Warn("cannot unfence worker", "instance_id", inst.id, "err", err)
+			a.log.Warn("cannot unfence worker; re-registering it", "instance_id", inst.id, "err", err)
+			a.reregisterOne(ctx, inst)
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"os"
 	"slices"
 	"strings"
@@ -123,11 +124,16 @@ type Tensor struct {
 	Offset uint64
 }
 
-// Elements is the product of its dimensions.
+// Elements is the product of its dimensions (math.MaxUint64 when it
+// overflows: no file holds such a tensor).
 func (t Tensor) Elements() uint64 {
 	n := uint64(1)
 	for _, d := range t.Dims {
-		n *= d
+		hi, lo := bits.Mul64(n, d)
+		if hi != 0 {
+			return math.MaxUint64
+		}
+		n = lo
 	}
 	return n
 }
@@ -140,6 +146,7 @@ type File struct {
 	Tensors []Tensor
 	// DataOffset is where the data section starts; Size the file's size.
 	DataOffset, Size int64
+	align            int64
 }
 
 // Limits on what a header may state, beyond fitting in the file.
@@ -283,11 +290,15 @@ func (r *reader) value(t ValueType, what string, depth int) (any, error) {
 		if n > uint64(r.left()/least) {
 			return nil, &Error{Err: ErrTruncated, Detail: fmt.Sprintf("%s: %d elements of type %d cannot fit in the %d bytes left", what, n, et, r.left())}
 		}
-		a := Array{Type: ValueType(et), Values: make([]any, n)}
-		for i := range a.Values {
-			if a.Values[i], err = r.value(ValueType(et), what, depth+1); err != nil {
+		// Grown as elements are read: a count the header's own bytes
+		// cannot back costs no more than those bytes.
+		a := Array{Type: ValueType(et), Values: make([]any, 0, min(n, 1<<12))}
+		for range n {
+			v, err := r.value(ValueType(et), what, depth+1)
+			if err != nil {
 				return nil, err
 			}
+			a.Values = append(a.Values, v)
 		}
 		return a, nil
 	}
@@ -337,7 +348,7 @@ func Read(ra io.ReaderAt, size int64) (*File, error) {
 		}
 		align = int64(v)
 	}
-	f.DataOffset = (r.off + align - 1) / align * align
+	f.DataOffset, f.align = (r.off+align-1)/align*align, align
 	if err := f.checkData(); err != nil {
 		return nil, err
 	}
@@ -423,13 +434,17 @@ func (f *File) checkData() error {
 			return &Error{Err: ErrUnsupported, Detail: fmt.Sprintf("tensor %s has type %d, which llama.cpp does not know (a newer file?)", t.Name, uint32(t.Type))}
 		}
 		n := t.Elements()
-		if n%uint64(info.block) != 0 || (len(t.Dims) > 0 && t.Dims[0]%uint64(info.block) != 0) {
+		if n == math.MaxUint64 || n%uint64(info.block) != 0 || (len(t.Dims) > 0 && t.Dims[0]%uint64(info.block) != 0) {
 			return &Error{Err: ErrMalformed, Detail: fmt.Sprintf("tensor %s of %v elements is not whole %s blocks of %d", t.Name, t.Dims, t.Type, info.block)}
 		}
-		bytes := n / uint64(info.block) * uint64(info.size)
-		end := uint64(f.DataOffset) + t.Offset + bytes
-		if end < t.Offset || end > uint64(f.Size) {
-			return &Error{Err: ErrTruncated, Detail: fmt.Sprintf("tensor %s (%s, %v) ends at byte %d of a %d-byte file", t.Name, t.Type, t.Dims, end, f.Size)}
+		if t.Offset%uint64(f.align) != 0 {
+			return &Error{Err: ErrMalformed, Detail: fmt.Sprintf("tensor %s at offset %d, not a multiple of the alignment %d", t.Name, t.Offset, f.align)}
+		}
+		hi, bytes := bits.Mul64(n/uint64(info.block), uint64(info.size))
+		start, c1 := bits.Add64(uint64(f.DataOffset), t.Offset, 0)
+		end, c2 := bits.Add64(start, bytes, 0)
+		if hi != 0 || c1 != 0 || c2 != 0 || end > uint64(f.Size) {
+			return &Error{Err: ErrTruncated, Detail: fmt.Sprintf("tensor %s (%s, %v) at offset %d ends past the %d-byte file", t.Name, t.Type, t.Dims, t.Offset, f.Size)}
 		}
 		spans = append(spans, span{t.Offset, t.Offset + bytes, t.Name})
 	}

@@ -94,6 +94,15 @@ func TestRefusals(t *testing.T) {
 	bigArray = binary.LittleEndian.AppendUint32(bigArray, uint32(TypeArray))
 	bigArray = binary.LittleEndian.AppendUint32(bigArray, uint32(TypeUint64))
 	bigArray = binary.LittleEndian.AppendUint64(bigArray, 1<<60)
+	// A tensor of 2^63 F32 elements: its byte size overflows to 0 and
+	// must not pass as fitting in a tiny file.
+	hb := sample(t, "llama")
+	d := bytes.LastIndex(hb, []byte("output_norm.weight")) + len("output_norm.weight") + 4
+	binary.LittleEndian.PutUint64(hb[d:], 1<<32)
+	binary.LittleEndian.PutUint64(hb[d+8:], 1<<31)
+	misaligned := sample(t, "llama")
+	j := bytes.LastIndex(misaligned, []byte("output_norm.weight")) + len("output_norm.weight") + 4 + 16 + 4
+	binary.LittleEndian.PutUint64(misaligned[j:], 97)
 	for name, c := range map[string]struct {
 		b      []byte
 		err    error
@@ -103,10 +112,12 @@ func TestRefusals(t *testing.T) {
 		"empty":             {nil, ErrNotGGUF, "not even the 4-byte magic", false},
 		"llama2.c":          {append(llama2c, make([]byte, 64)...), ErrNotGGUF, `must be converted to GGUF first`, false},
 		"version 9":         {append([]byte("GGUF\x09\x00\x00\x00"), make([]byte, 16)...), ErrUnsupported, "GGUF version 9", false},
-		"truncated data":    {good[:len(good)-1], ErrTruncated, "tensor output_norm.weight (F32, [4 3]) ends at byte", false},
+		"truncated data":    {good[:len(good)-1], ErrTruncated, "tensor output_norm.weight (F32, [4 3]) at offset 96 ends past the", false},
 		"truncated header":  {good[:100], ErrTruncated, "", false},
 		"unknown type":      {unknownType, ErrUnsupported, "tensor output_norm.weight has type 31, which llama.cpp does not know", false},
 		"array beyond file": {bigArray, ErrTruncated, "1152921504606846976 elements of type 10 cannot fit", false},
+		"overflowing size":  {hb, ErrTruncated, "tensor output_norm.weight (F32, [4294967296 2147483648]) at offset 96 ends past", false},
+		"misaligned":        {misaligned, ErrMalformed, "tensor output_norm.weight at offset 97, not a multiple of the alignment 32", false},
 		"unknown arch":      {sample(t, "gpt9"), ErrUnsupported, `architecture "gpt9", which llama.cpp ec98e2002 does not know`, true},
 		"encoder":           {sample(t, "bert"), ErrUnsupported, `"bert" encodes`, true},
 	} {

@@ -70,14 +70,17 @@ func Generate(ctx context.Context, m *Model, c *Context, r GenerateRequest, each
 		id := int32(sm.Sample(logits, r.Sampling, history, uint64(len(history)+1)))
 		history = append(history, int(id))
 		if m.IsEOG(id) && !r.IgnoreEOS {
+			// Bytes of a character the end left incomplete are no text.
 			return "stop", nil
 		}
 		pending = append(pending, m.Piece(id, false)...)
 		text := completeUTF8(&pending)
-		each(Token{Seq: n, ID: id, Text: text})
 		if n == r.MaxTokens {
+			// The last token carries what is left, whole or not.
+			each(Token{Seq: n, ID: id, Text: text + string(pending)})
 			break
 		}
+		each(Token{Seq: n, ID: id, Text: text})
 		if err := c.Decode([]Input{{Seq: 0, Pos: int32(len(prompt) + n - 1), Token: id, Logits: true}}); err != nil {
 			return "", err
 		}

@@ -174,8 +174,14 @@ func ApplyTemplate(tmpl string, msgs []ChatMessage, addAssistant bool) (string, 
 	}
 	ctmpl := C.CString(tmpl)
 	defer C.free(unsafe.Pointer(ctmpl))
-	chat := (*[1 << 20]C.struct_llama_chat_message)(C.malloc(C.size_t(max(len(msgs), 1)) * C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{}))))[:len(msgs):len(msgs)]
-	defer C.free(unsafe.Pointer(unsafe.SliceData(chat)))
+	for _, m := range msgs {
+		if strings.ContainsRune(m.Role, 0) || strings.ContainsRune(m.Content, 0) {
+			return "", fmt.Errorf("llamacpp: a %s message holds a NUL byte", m.Role)
+		}
+	}
+	mem := C.malloc(C.size_t(max(len(msgs), 1)) * C.size_t(unsafe.Sizeof(C.struct_llama_chat_message{})))
+	defer C.free(mem)
+	chat := unsafe.Slice((*C.struct_llama_chat_message)(mem), len(msgs))
 	size := 64
 	for i, m := range msgs {
 		chat[i].role, chat[i].content = C.CString(m.Role), C.CString(m.Content)
@@ -280,6 +286,11 @@ func (c *Context) Decode(in []Input) error {
 	if len(in) > c.max {
 		return fmt.Errorf("%w: %d inputs, batch %d", ErrTooLarge, len(in), c.max)
 	}
+	for _, x := range in {
+		if err := c.checkSeq(x.Seq); err != nil {
+			return err
+		}
+	}
 	c.logits = c.logits[:0]
 	for i, x := range in {
 		l := C.int8_t(0)
@@ -314,6 +325,9 @@ func (c *Context) Logits(i int, dst []float32) ([]float32, error) {
 
 // Forget drops sequence seq's KV from position from on (0: all of it).
 func (c *Context) Forget(seq, from int32) {
+	if c.checkSeq(seq) != nil {
+		return
+	}
 	C.llama_memory_seq_rm(C.llama_get_memory(c.c), C.llama_seq_id(seq), C.llama_pos(from), -1)
 }
 
@@ -323,6 +337,9 @@ func (c *Context) Forget(seq, from int32) {
 // per KV stream, all empty but the sequence's own, behind their count,
 // and refuses a count other than its own; Export keeps the one section.
 func (c *Context) Export(seq int32) ([]byte, error) {
+	if err := c.checkSeq(seq); err != nil {
+		return nil, err
+	}
 	n := C.llama_state_seq_get_size(c.c, C.llama_seq_id(seq))
 	if n == 0 {
 		return nil, fmt.Errorf("llamacpp: sequence %d holds nothing", seq)
@@ -356,13 +373,26 @@ func section(b []byte) ([]byte, error) {
 // Import replaces sequence seq's state with one Export made (of a
 // context of the same model and settings).
 func (c *Context) Import(seq int32, state []byte) error {
+	if err := c.checkSeq(seq); err != nil {
+		return err
+	}
 	if len(state) < 4 {
 		return fmt.Errorf("llamacpp: import into sequence %d: a state of %d bytes", seq, len(state))
 	}
 	b := binary.LittleEndian.AppendUint32(make([]byte, 0, 4+len(state)+4*c.streams), uint32(c.streams))
 	b = append(append(b, state...), make([]byte, 4*(c.streams-1))...)
 	if n := C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b)), C.llama_seq_id(seq)); n == 0 {
+		c.Forget(seq, 0) // what llama.cpp restored before it failed
 		return fmt.Errorf("llamacpp: llama.cpp refused a state of %d bytes for sequence %d", len(state), seq)
+	}
+	return nil
+}
+
+// checkSeq refuses a sequence id the context does not have (llama.cpp
+// would abort the process).
+func (c *Context) checkSeq(seq int32) error {
+	if seq < 0 || int(seq) >= c.streams {
+		return fmt.Errorf("llamacpp: sequence %d of a context of %d", seq, c.streams)
 	}
 	return nil
 }

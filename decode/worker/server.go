@@ -64,9 +64,10 @@ type Options struct {
 	// request's blocks are pulled into the node through it.
 	KVTransfer string
 	Engine     decode.Options
-	// MemoryHeadroom bounds the Go heap at what it holds once loaded plus
-	// this many bytes (a soft limit: the collector works harder near it);
-	// 0: DefaultMemoryHeadroom, below 0: no bound.
+	// MemoryHeadroom bounds the Go runtime's memory at what it holds once
+	// loaded plus this many bytes, or a quarter of the live heap when more
+	// (a soft limit: the collector works harder near it); 0:
+	// DefaultMemoryHeadroom, below 0: no bound.
 	MemoryHeadroom int64
 }
 

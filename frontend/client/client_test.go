@@ -231,6 +231,17 @@ func TestStartElsewhereWhenAFrontendDiesBeforeItAnswers(t *testing.T) {
 	if took.Load() != 1 || !slices.Equal(seqs, []int{1, 2, 3}) {
 		t.Fatalf("the dying frontend took %d requests; tokens %v, want 1 and [1 2 3]", took.Load(), seqs)
 	}
+	// A frontend that took the POST is never sent it again: with the
+	// other one refusing (503) too, the client gives up after one POST
+	// to the dying one, not one every other attempt.
+	took.Store(0)
+	busy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, `{"error":{"message":"busy","type":"overloaded"}}`, http.StatusServiceUnavailable)
+	}))
+	defer busy.Close()
+	if _, err := NewWith(Options{MaxReconnects: 4}, dying.URL, busy.URL).Stream(context.Background(), Request{Model: "m"}, func(Token) {}); err == nil || took.Load() != 1 {
+		t.Fatalf("the dying frontend took %d POSTs (want 1); %v", took.Load(), err)
+	}
 	// A caller's own deadline is not a frontend's death: no retry.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

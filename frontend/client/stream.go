@@ -36,8 +36,17 @@ type session struct {
 func (c *Client) start(ctx context.Context, body []byte) (*session, *http.Response, error) {
 	n := len(c.URLs)
 	first := int(c.preferred.Load()) % n
+	// took are the frontends that read the POST and gave no answer: each
+	// may have admitted it, so it is never sent there again.
+	took := map[string]bool{}
 	for attempt := 0; ; attempt++ {
 		at := (first + attempt) % n
+		for k := 0; k < n && took[c.URLs[at]]; k++ {
+			at = (at + 1) % n
+		}
+		if took[c.URLs[at]] {
+			return nil, nil, fmt.Errorf("lifeline: every frontend took the request and gave no answer")
+		}
 		if attempt > 0 {
 			if err := backoff(ctx, attempt-1); err != nil {
 				return nil, nil, err
@@ -56,13 +65,22 @@ func (c *Client) start(ctx context.Context, body []byte) (*session, *http.Respon
 			resp.Body.Close()
 		}
 		// With one URL there is nowhere else to go: the error as it is.
-		if n == 1 || !startElsewhere(err) {
+		if n == 1 || ctx.Err() != nil || !startElsewhere(err) {
 			return nil, nil, err
+		}
+		if !isDialError(err) && !isTyped(err) {
+			took[c.URLs[at]] = true
 		}
 		if attempt >= c.MaxReconnects {
 			return nil, nil, fmt.Errorf("lifeline: no frontend took the request after %d attempts: %w", attempt+1, err)
 		}
 	}
+}
+
+// isTyped says whether err is a frontend's answer (an HTTP error).
+func isTyped(err error) bool {
+	var typed *Error
+	return errors.As(err, &typed)
 }
 
 // startElsewhere tells a POST failure another frontend may not have: the
@@ -72,8 +90,9 @@ func (c *Client) start(ctx context.Context, body []byte) (*session, *http.Respon
 // the dead frontend may have admitted it; but its caller saw no token
 // of it, so starting it elsewhere neither loses nor repeats one (a
 // seeded request streams the same tokens), as the OpenAI SDKs retry a
-// request whose connection broke. What the dead one started ends at its
-// max_tokens, or when the worker finds its client gone.
+// request whose connection broke; it is never sent to that frontend
+// again (start). What the dead one started ends at its max_tokens, or
+// when the worker finds its client gone.
 func startElsewhere(err error) bool {
 	var typed *Error
 	if errors.As(err, &typed) {
