@@ -242,6 +242,15 @@ func TestStartElsewhereWhenAFrontendDiesBeforeItAnswers(t *testing.T) {
 	if _, err := NewWith(Options{MaxReconnects: 4}, dying.URL, busy.URL).Stream(context.Background(), Request{Model: "m"}, func(Token) {}); err == nil || took.Load() != 1 {
 		t.Fatalf("the dying frontend took %d POSTs (want 1); %v", took.Load(), err)
 	}
+	// Two frontends that both take the POST and die: each gets it once,
+	// then the client says so instead of sending it again.
+	took.Store(0)
+	dying2 := httptest.NewServer(dying.Config.Handler)
+	defer dying2.Close()
+	if _, err := New(dying.URL, dying2.URL).Stream(context.Background(), Request{Model: "m"}, func(Token) {}); err == nil ||
+		!strings.Contains(err.Error(), "every frontend took the request and gave no answer") || took.Load() != 2 {
+		t.Fatalf("two dying frontends took %d POSTs (want 2): %v", took.Load(), err)
+	}
 	// A caller's own deadline is not a frontend's death: no retry.
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
