@@ -112,6 +112,10 @@ type Input struct {
 	// Blocks[p/BlockSize] at slot p%BlockSize. Positions before Pos must
 	// already be written, or be inputs of the same call.
 	Blocks []kvcache.BlockID
+	// Seq is the slot of the token's sequence, for an engine that keeps
+	// K/V per sequence itself (decode/sched.Engine); this model uses
+	// Blocks.
+	Seq int
 	// Logits, when non-nil, receives this position's VocabSize logits.
 	Logits []float32
 }

@@ -20,7 +20,7 @@ func (s *Scheduler) blocksFor(r *Request) int {
 }
 
 func (s *Scheduler) validate(r *Request) error {
-	c := s.model.Config
+	vocab, ctxLen := s.engine.VocabSize(), s.engine.ContextLen()
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w: request %q: %s", ErrInvalidRequest, r.ID, fmt.Sprintf(format, args...))
 	}
@@ -33,8 +33,8 @@ func (s *Scheduler) validate(r *Request) error {
 		return bad("max_tokens %d must be positive", r.MaxTokens)
 	case len(r.Prefix) >= r.MaxTokens:
 		return bad("prefix of %d tokens leaves nothing to generate within max_tokens %d", len(r.Prefix), r.MaxTokens)
-	case r.MaxTokens > c.ContextLen-len(r.Prompt):
-		return bad("prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(r.Prompt), r.MaxTokens, c.ContextLen)
+	case r.MaxTokens > ctxLen-len(r.Prompt):
+		return bad("prompt of %d tokens plus max_tokens %d exceeds the context of %d", len(r.Prompt), r.MaxTokens, ctxLen)
 	case r.Priority < 0 || r.Priority >= numPriorities:
 		return bad("priority %d", r.Priority)
 	case r.Priority == Canary && len(r.Prompt)+r.MaxTokens > CanaryMaxPositions:
@@ -48,8 +48,8 @@ func (s *Scheduler) validate(r *Request) error {
 	}
 	for _, ids := range [][]int{r.Prompt, r.Prefix} {
 		for _, id := range ids {
-			if id < 0 || id >= c.VocabSize {
-				return bad("token %d outside the vocabulary of %d", id, c.VocabSize)
+			if id < 0 || id >= vocab {
+				return bad("token %d outside the vocabulary of %d", id, vocab)
 			}
 		}
 	}
@@ -64,8 +64,8 @@ func (s *Scheduler) validate(r *Request) error {
 	if r.TopLogprobs < 0 || r.TopLogprobs > sample.MaxTopLogprobs {
 		return bad("top_logprobs %d (want 0..%d)", r.TopLogprobs, sample.MaxTopLogprobs)
 	}
-	if g := r.Grammar; g != nil && g.Vocab != nil && g.Vocab.Size() != c.VocabSize {
-		return bad("grammar vocabulary of %d tokens, model %d", g.Vocab.Size(), c.VocabSize)
+	if g := r.Grammar; g != nil && g.Vocab != nil && g.Vocab.Size() != vocab {
+		return bad("grammar vocabulary of %d tokens, model %d", g.Vocab.Size(), vocab)
 	}
 	return nil
 }
@@ -118,9 +118,9 @@ func (s *Scheduler) Submit(r Request) error {
 	if need > s.store.Capacity() {
 		return fmt.Errorf("%w: request %q needs %d blocks of %d", ErrTooLarge, r.ID, need, s.store.Capacity())
 	}
-	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix), gram: gs}
+	seq := &sequence{req: r, tokens: slices.Concat(r.Prompt, r.Prefix), nOutput: len(r.Prefix), gram: gs, slot: -1}
 	if r.Grammar != nil {
-		seq.allowed = make([]bool, s.model.Config.VocabSize)
+		seq.allowed = make([]bool, s.engine.VocabSize())
 	}
 	switch {
 	case r.Priority == Canary:
@@ -229,6 +229,7 @@ func (s *Scheduler) startLocked(seq *sequence, need int) error {
 	if err := s.reserveLocked(seq, need); err != nil {
 		return err
 	}
+	s.takeSlotLocked(seq)
 	s.running = append(s.running, seq)
 	return nil
 }

@@ -38,6 +38,7 @@ func (s *Scheduler) finishLocked(seq *sequence, f Finish) {
 	}
 	seq.finished = true
 	s.freeLocked(seq)
+	s.releaseSlotLocked(seq)
 	s.spec.dropLocked(seq)
 	delete(s.byID, seq.req.ID)
 	s.running = slices.DeleteFunc(s.running, func(x *sequence) bool { return x == seq })

@@ -118,8 +118,10 @@ type sequence struct {
 	// that step to end it; finished is set once OnFinish ran.
 	inFlight, cancelled, finished bool
 	blocks                        []kvcache.BlockID
-	logits                        []float32
-	nOutput                       int
+	// slot is the sequence's engine slot while it runs, else -1.
+	slot    int
+	logits  []float32
+	nOutput int
 	// gram is a structured sequence's grammar state after its delivered
 	// output; allowed is its mask's scratch (one sampler at a time).
 	gram    gramState

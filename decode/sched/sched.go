@@ -40,6 +40,9 @@ var DefaultLimits = Limits{MaxRunning: 64, MaxQueued: 256, MaxStepTokens: 512}
 
 // Scheduler owns the sequences of one engine instance.
 type Scheduler struct {
+	engine Engine
+	// model is the reference model when it is the engine (New), else nil:
+	// speculation needs it.
 	model  *model.Model
 	store  kvcache.Store
 	limits Limits
@@ -49,13 +52,14 @@ type Scheduler struct {
 	stepMu   sync.Mutex
 	mu       sync.Mutex
 	stepDone *sync.Cond
-	ws       model.Workspace
 	samplers []*sample.Sampler
 	queues   [numPriorities][]*sequence
 	running  []*sequence
-	byID     map[string]*sequence
-	closed   bool
-	wake     chan struct{}
+	// slots[i] is whether a running sequence holds slot i (engine.go).
+	slots  []bool
+	byID   map[string]*sequence
+	closed bool
+	wake   chan struct{}
 	// freeErrors counts blocks the store refused to take back.
 	freeErrors int
 	// reusedPositions counts prompt positions whose K/V came from the store.
@@ -82,13 +86,23 @@ const recentSteps, meanSteps = 16, 64
 
 // New returns a scheduler that computes with m and keeps K/V in store.
 func New(m *model.Model, store kvcache.Store, limits Limits) (*Scheduler, error) {
-	if limits.MaxRunning <= 0 || limits.MaxQueued < 0 || limits.MaxStepTokens <= 0 {
-		return nil, fmt.Errorf("%w: limits %+v: need MaxRunning > 0, MaxQueued >= 0, MaxStepTokens > 0", ErrInvalidRequest, limits)
-	}
 	if store.Layout() != m.KVLayout(store.Layout().BlockSize) {
 		return nil, fmt.Errorf("sched: store layout %s does not fit model", store.Layout())
 	}
-	s := &Scheduler{model: m, store: store, limits: limits, byID: make(map[string]*sequence), wake: make(chan struct{}, 1)}
+	s, err := NewOn(&modelEngine{m: m}, store, limits)
+	if s != nil {
+		s.model = m
+	}
+	return s, err
+}
+
+// NewOn returns a scheduler that computes with e; store reserves each
+// sequence's blocks (and holds their K/V if e keeps it there).
+func NewOn(e Engine, store kvcache.Store, limits Limits) (*Scheduler, error) {
+	if limits.MaxRunning <= 0 || limits.MaxQueued < 0 || limits.MaxStepTokens <= 0 {
+		return nil, fmt.Errorf("%w: limits %+v: need MaxRunning > 0, MaxQueued >= 0, MaxStepTokens > 0", ErrInvalidRequest, limits)
+	}
+	s := &Scheduler{engine: e, store: store, limits: limits, byID: make(map[string]*sequence), wake: make(chan struct{}, 1)}
 	s.stepDone = sync.NewCond(&s.mu)
 	return s, nil
 }

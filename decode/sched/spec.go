@@ -91,6 +91,9 @@ func (s *Scheduler) Speculate(sp Speculation) error {
 	if sp.Draft == nil {
 		return fmt.Errorf("%w: speculation without a draft model", ErrInvalidRequest)
 	}
+	if s.model == nil {
+		return fmt.Errorf("%w: speculation needs the reference engine", ErrInvalidRequest)
+	}
 	c, dc := s.model.Config, sp.Draft.Config
 	switch {
 	case sp.K < 1 || sp.K > MaxDraftK:
@@ -172,7 +175,7 @@ func (s *Scheduler) planSpecLocked(b *stepBatch, seq *sequence, k int) int {
 	d.hist = append(d.hist[:0], seq.tokens[len(seq.req.Prompt):]...)
 	r := &specRun{seq: seq, d: d, at: len(b.in), n: n, k: k, logits: append([][]float32{seq.logits}, d.verify[:k]...)}
 	for i := 0; i <= k; i++ {
-		b.in = append(b.in, model.Input{Token: seq.tokens[n-1], Pos: n - 1 + i, Blocks: seq.blocks, Logits: r.logits[i]})
+		b.in = append(b.in, model.Input{Token: seq.tokens[n-1], Pos: n - 1 + i, Blocks: seq.blocks, Seq: seq.slot, Logits: r.logits[i]})
 	}
 	// Only the committed position counts as computed; commit moves it
 	// past the accepted ones.

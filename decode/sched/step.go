@@ -35,7 +35,7 @@ func (s *Scheduler) Step() (bool, error) {
 	// is cleared (Cancel waits for it).
 	began := time.Now()
 	s.propose(b.in, b.spec)
-	err := s.model.Forward(&s.ws, s.store, b.in)
+	err := s.engine.Forward(s.store, b.in)
 	var picks []pick
 	if err == nil {
 		s.publish(b.seqs)
@@ -72,7 +72,7 @@ func (s *Scheduler) planLocked() stepBatch {
 	slices.SortStableFunc(order, func(a, b *sequence) int { return a.req.Priority.rank() - b.req.Priority.rank() })
 	budget := s.limits.MaxStepTokens
 	var b stepBatch
-	vocab := s.model.Config.VocabSize
+	vocab := s.engine.VocabSize()
 	for _, seq := range order {
 		if budget == 0 {
 			break
@@ -85,7 +85,7 @@ func (s *Scheduler) planLocked() stepBatch {
 		chunk := min(remaining, budget)
 		budget -= chunk
 		for p := seq.computed; p < seq.computed+chunk; p++ {
-			inp := model.Input{Token: seq.tokens[p], Pos: p, Blocks: seq.blocks}
+			inp := model.Input{Token: seq.tokens[p], Pos: p, Blocks: seq.blocks, Seq: seq.slot}
 			if p == len(seq.tokens)-1 && !seq.req.PrefillOnly {
 				if seq.logits == nil {
 					seq.logits = make([]float32, vocab)
