@@ -10,13 +10,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/decode/collective"
-	"github.com/lifeline-llm/lifeline/decode/model"
 	"net"
 	"os"
 	"path/filepath"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/decode"
+	"github.com/lifeline-llm/lifeline/decode/collective"
+	"github.com/lifeline-llm/lifeline/decode/gguf"
+	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -43,7 +45,18 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 
 // InstanceSpec asks for Count instances of one role and model.
 type InstanceSpec struct {
-	Role       string `json:"role"`
+	Role string `json:"role"`
+	// Engine is "lifeline" (the default: the reference engine on Preset's
+	// synthetic weights) or "llamacpp": Model is then a GGUF file served
+	// by llama.cpp (a lifeline built with the llamacpp tag), as
+	// ServedName (default: the file's base name without .gguf), its
+	// context capped at ContextLen (0: at most 4,096), GPULayers layers
+	// on the GPU (a CUDA build).
+	Engine     string `json:"engine,omitempty"`
+	Model      string `json:"model,omitempty"`
+	ServedName string `json:"served_model_name,omitempty"`
+	ContextLen int    `json:"context,omitempty"`
+	GPULayers  int    `json:"gpu_layers,omitempty"`
 	Preset     string `json:"preset"`
 	WeightSeed uint64 `json:"weight_seed"`
 	Count      int    `json:"count"`
@@ -68,6 +81,28 @@ type InstanceSpec struct {
 
 // ranks is how many processes an instance of s is.
 func (s InstanceSpec) ranks() int { return max(s.TP, 1) }
+
+// llamaCpp says whether s is served by llama.cpp.
+func (s InstanceSpec) llamaCpp() bool { return s.Engine == decode.EngineLlamaCpp }
+
+// label names s's model in its instance ids: the preset, or the GGUF
+// model's served name cut to 24 letters, digits, '.', '_' and '-'.
+func (s InstanceSpec) label() string {
+	if !s.llamaCpp() {
+		return s.Preset
+	}
+	name := s.ServedName
+	if name == "" {
+		name = decode.GGUFName(s.Model)
+	}
+	b := []byte(name)
+	for i, c := range b {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			b[i] = '_'
+		}
+	}
+	return string(b[:min(len(b), 24)])
+}
 
 // Options are the agent's whole configuration, from a JSON file and flags.
 type Options struct {
@@ -194,7 +229,7 @@ func (o *Options) Defaults() {
 		o.WorkerBinary, _ = os.Executable()
 	}
 	for i := range o.Instances {
-		if o.Instances[i].WeightSeed == 0 {
+		if o.Instances[i].WeightSeed == 0 && !o.Instances[i].llamaCpp() {
 			o.Instances[i].WeightSeed = 1
 		}
 	}
@@ -262,14 +297,22 @@ func (o *Options) Validate() error {
 func (o *Options) validateInstances(bad func(field, format string, args ...any) error) error {
 	seen := map[string]int{}
 	for i, in := range o.Instances {
-		key := fmt.Sprintf("%s/%s/tp%d", in.Role, in.Preset, in.ranks())
+		key := fmt.Sprintf("%s/%s/tp%d", in.Role, in.label(), in.ranks())
 		if j, dup := seen[key]; dup {
-			return bad(fmt.Sprintf("instances[%d]", i), "same role and preset as instances[%d]: merge their counts", j)
+			return bad(fmt.Sprintf("instances[%d]", i), "same role and model as instances[%d]: merge their counts (or name the model otherwise: served_model_name)", j)
 		}
 		seen[key] = i
+		if in.Engine != "" && in.Engine != decode.EngineLifeline {
+			if err := o.validateLlamaCpp(i, in, bad); err != nil {
+				return err
+			}
+			continue
+		}
 		switch {
 		case in.Role != "decode" && in.Role != "prefill" && in.Role != "both":
 			return bad(fmt.Sprintf("instances[%d].role", i), "%q (decode, prefill or both)", in.Role)
+		case in.Model != "" || in.GPULayers != 0:
+			return bad(fmt.Sprintf("instances[%d].model", i), "a model file is served by engine %q: the reference engine runs a preset", decode.EngineLlamaCpp)
 		case in.Preset != "tiny" && in.Preset != "small":
 			return bad(fmt.Sprintf("instances[%d].preset", i), "%q (tiny or small)", in.Preset)
 		case in.Count < 0 || in.Count > 64:
@@ -290,6 +333,39 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 		if cfg, err := model.PresetConfig(in.Preset); err == nil && in.TP > 1 && cfg.SplitsInto(in.TP) != nil {
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%v", cfg.SplitsInto(in.TP))
 		}
+	}
+	return nil
+}
+
+// validateLlamaCpp checks instance spec i of engine llamacpp, and its
+// GGUF file: a file llama.cpp cannot serve, or a worker binary without
+// llama.cpp, is refused here by name, never a worker's crash loop.
+func (o *Options) validateLlamaCpp(i int, in InstanceSpec, bad func(field, format string, args ...any) error) error {
+	at := fmt.Sprintf("instances[%d]", i)
+	switch {
+	case in.Engine != decode.EngineLlamaCpp:
+		return bad(at+".engine", "%q (%s or %s)", in.Engine, decode.EngineLifeline, decode.EngineLlamaCpp)
+	case in.Role != "decode":
+		return bad(at+".role", "%q: a llama.cpp instance is a decode instance (prefill hand-off is the reference engine's)", in.Role)
+	case in.Model == "":
+		return bad(at+".model", "empty: the GGUF file the instance serves")
+	case in.Preset != "" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0:
+		return bad(at+".preset", "preset, tp and draft settings are the reference engine's, not %s's", decode.EngineLlamaCpp)
+	case in.Count < 0 || in.Count > 64:
+		return bad(at+".count", "%d (0..64)", in.Count)
+	case in.MaxRunning < 0 || in.MaxQueued < 0 || in.Threads < 0 || in.ContextLen < 0 || in.GPULayers < 0:
+		return bad(at+".max_running", "max_running, max_queued, threads, context and gpu_layers must not be negative")
+	case len(instanceID(o.NodeID, in, 63)) > 63:
+		return bad(at+".served_model_name", "instance ids %q would be over 63 characters: a shorter served_model_name or node_id", instanceID(o.NodeID, in, 0))
+	}
+	if !filepath.IsAbs(in.Model) {
+		return bad(at+".model", "%q: an absolute path (workers start in another directory)", in.Model)
+	}
+	if _, err := decode.CheckGGUF(in.Model); err != nil {
+		return bad(at+".model", "%v", err)
+	}
+	if self, _ := os.Executable(); o.WorkerBinary == self && !gguf.Linked {
+		return bad(at+".engine", "%v", decode.ErrNoLlamaCpp)
 	}
 	return nil
 }

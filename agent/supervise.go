@@ -126,11 +126,12 @@ func (a *Agent) drained(inst *instance) bool {
 	return inst.draining
 }
 
-// instanceID names instance k of spec on node: <node>-<role>-<preset>-k,
-// with -tp<n> before k for a tensor-parallel group.
+// instanceID names instance k of spec on node: <node>-<role>-<model>-k,
+// model the preset or the GGUF model's label, with -tp<n> before k for a
+// tensor-parallel group.
 func instanceID(node string, spec InstanceSpec, k int) string {
 	if spec.ranks() > 1 {
-		return fmt.Sprintf("%s-%s-%s-tp%d-%d", node, spec.Role, spec.Preset, spec.ranks(), k)
+		return fmt.Sprintf("%s-%s-%s-tp%d-%d", node, spec.Role, spec.label(), spec.ranks(), k)
 	}
-	return fmt.Sprintf("%s-%s-%s-%d", node, spec.Role, spec.Preset, k)
+	return fmt.Sprintf("%s-%s-%s-%d", node, spec.Role, spec.label(), k)
 }

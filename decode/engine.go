@@ -50,6 +50,17 @@ type Options struct {
 	// ModelPath and TokenizerPath load a llama2.c model.bin and tokenizer.bin.
 	ModelPath     string
 	TokenizerPath string
+	// Engine is EngineLifeline ("" too) or EngineLlamaCpp: ModelPath is
+	// then a GGUF file computed by llama.cpp (llamacpp.go; a binary built
+	// with the llamacpp tag), with Threads and GPULayers.
+	Engine             string
+	Threads, GPULayers int
+	// ServedName is the model id clients ask for ("": the preset's or the
+	// checkpoint's name, a GGUF file's base name without .gguf).
+	ServedName string
+	// ContextLen caps the context in tokens (0: the model's; for
+	// llama.cpp at most DefaultLlamaCppContext).
+	ContextLen int
 	// RevisionCache, a directory, keeps the revisions of the checkpoints
 	// hashed before: a restart with the same file is ready without the
 	// hash pass, which runs in the background (Engine.WeightsChanged).
@@ -84,9 +95,21 @@ type Options struct {
 	KVArena string
 }
 
+// Engines Options.Engine names.
+const (
+	EngineLifeline = "lifeline"
+	EngineLlamaCpp = "llamacpp"
+)
+
 // Validate reports the first bad option by name.
 func (o *Options) Validate() error {
 	switch {
+	case o.Engine != "" && o.Engine != EngineLifeline && o.Engine != EngineLlamaCpp:
+		return badField("engine", "%q (want %s or %s)", o.Engine, EngineLifeline, EngineLlamaCpp)
+	case o.Engine == EngineLlamaCpp:
+		return o.validateLlamaCpp()
+	case o.ContextLen < 0:
+		return badField("context", "%d", o.ContextLen)
 	case o.ModelPath == "" && o.Preset == "":
 		return badField("preset", "set a preset or a model path")
 	case o.ModelPath != "" && o.TokenizerPath == "":
@@ -127,6 +150,11 @@ type Engine struct {
 	// nothing more, its worker exits (tp.go).
 	GroupAborted <-chan struct{}
 	sched        *sched.Scheduler
+	// info is what the engine tells about its model.
+	info modelInfo
+	// chat renders a conversation with the model's own chat template;
+	// nil when it has none.
+	chat func([]ChatMessage) (string, error)
 
 	stop    context.CancelFunc
 	done    chan struct{}
@@ -138,6 +166,9 @@ type Engine struct {
 func NewEngine(opts Options) (*Engine, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
+	}
+	if opts.Engine == EngineLlamaCpp {
+		return newLlamaCppEngine(opts)
 	}
 	e, err := newEngine(opts)
 	if err != nil || !opts.speculates() {
@@ -175,6 +206,12 @@ func newEngine(opts Options) (*Engine, error) {
 		}()
 	}
 	e, err := newEngineOn(opts, m, tok, limits, blocks)
+	if err == nil && opts.ServedName != "" {
+		e.info.name = opts.ServedName
+	}
+	if err == nil && opts.ContextLen > 0 {
+		e.info.contextLen = min(e.info.contextLen, opts.ContextLen)
+	}
 	if err == nil && loaded.Unverified() {
 		e.WeightsChanged = verifyLater(loaded)
 	}
@@ -256,14 +293,38 @@ func NewEngineWith(m *model.Model, tok tokenizer.Tokenizer, store kvcache.Store,
 	if err != nil {
 		return nil, err
 	}
+	info := modelInfo{name: m.Config.Name, revision: m.Revision, numerics: model.NumericsIDFor(m.TP()), contextLen: m.Config.ContextLen, vocabSize: m.Config.VocabSize}
+	e := startEngine(s, tok, info)
+	e.Model, e.Store = m, store
+	return e, nil
+}
+
+// startEngine starts s's loop.
+func startEngine(s *sched.Scheduler, tok tokenizer.Tokenizer, info modelInfo) *Engine {
 	ctx, stop := context.WithCancel(context.Background())
-	e := &Engine{Model: m, Tokenizer: tok, Store: store, sched: s, stop: stop, done: make(chan struct{})}
+	e := &Engine{Tokenizer: tok, sched: s, info: info, stop: stop, done: make(chan struct{})}
 	go func() {
 		defer close(e.done)
 		s.Run(ctx)
 	}()
-	return e, nil
+	return e
 }
+
+// modelInfo is what an engine tells of its model.
+type modelInfo struct {
+	name, revision, numerics string
+	contextLen, vocabSize    int
+}
+
+// ModelName is the model id the engine serves.
+func (e *Engine) ModelName() string { return e.info.name }
+
+// ModelRevision identifies the weights: the reference engine's revision
+// of its checkpoint, a GGUF file's content hash.
+func (e *Engine) ModelRevision() string { return e.info.revision }
+
+// ContextLen is the most positions a sequence may hold.
+func (e *Engine) ContextLen() int { return e.info.contextLen }
 
 // Limits are the engine's scheduler limits.
 func (e *Engine) Limits() sched.Limits { return e.sched.Limits() }
@@ -286,8 +347,9 @@ func (e *Engine) Stats() sched.Stats { return e.sched.Stats() }
 // next), or 0 when it is not queued.
 func (e *Engine) QueuePosition(id string) int { return e.sched.QueuePosition(id) }
 
-// NumericsID identifies the arithmetic of this engine build.
-func (e *Engine) NumericsID() string { return model.NumericsIDFor(e.Model.TP()) }
+// NumericsID identifies the arithmetic of this engine build: KV and
+// continuations move only between equal ids.
+func (e *Engine) NumericsID() string { return e.info.numerics }
 
 // Request is one generation.
 type Request struct {
@@ -295,6 +357,9 @@ type Request struct {
 	// Prompt is text; PromptTokens, when set, is used instead (without BOS).
 	Prompt       string
 	PromptTokens []int
+	// Messages, when set and the model has a chat template of its own
+	// (Engine.ChatTemplate), are rendered with it instead of Prompt.
+	Messages []ChatMessage
 	// PrefixTokens were already generated; output continues after them,
 	// numbered from len(PrefixTokens)+1, and they count towards MaxTokens.
 	PrefixTokens []int
@@ -366,6 +431,9 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 		}
 		prompt = r.PromptTokens
 	} else {
+		if err := e.renderChat(r); err != nil {
+			return nil, err
+		}
 		switch {
 		case r.Prompt == "":
 			return nil, badField("prompt", "empty")
@@ -376,8 +444,13 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 			return nil, badField("prompt", "%v", err)
 		}
 	}
-	prompt = slices.Concat([]int{e.Tokenizer.BOS()}, prompt)
-	ctxLen := e.Model.Config.ContextLen
+	if addsBOS(e.Tokenizer) {
+		prompt = slices.Concat([]int{e.Tokenizer.BOS()}, prompt)
+	}
+	if len(prompt) == 0 {
+		return nil, badField("prompt", "no tokens")
+	}
+	ctxLen := e.info.contextLen
 	if len(prompt) >= ctxLen {
 		return nil, badField("prompt", "%d tokens do not fit the context of %d", len(prompt), ctxLen)
 	}
@@ -397,8 +470,8 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 		return nil, err
 	}
 	for id := range r.Sampling.LogitBias {
-		if id >= e.Model.Config.VocabSize {
-			return nil, badField("logit_bias", "token id %d is not in the vocabulary of %d", id, e.Model.Config.VocabSize)
+		if id >= e.info.vocabSize {
+			return nil, badField("logit_bias", "token id %d is not in the vocabulary of %d", id, e.info.vocabSize)
 		}
 	}
 	return prompt, nil
@@ -452,7 +525,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 	}
 	stops := slices.Clone(r.StopTokenIDs)
 	if !r.IgnoreEOS {
-		stops = append(stops, e.Tokenizer.EOS())
+		stops = append(stops, endTokens(e.Tokenizer)...)
 	}
 	text := newTextStream(e.Tokenizer, prompt[len(prompt)-1], r.Stop)
 	for i, id := range r.PrefixTokens {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/lifeline-llm/lifeline/decode/wire"
 )
 
 // CompletionRequest is a request as admitted: what parseRequest read from
@@ -133,6 +135,28 @@ func chatTemplate(msgs []ChatMessage) (string, error) {
 	}
 	b.WriteString("assistant:")
 	return b.String(), nil
+}
+
+// wireMessages is a chat request's conversation for a worker that
+// renders it with its model's own template: roles as chatTemplate reads
+// them, an assistant's calls written after its text, the tools' line as
+// a system message first. Nil for a completion.
+func wireMessages(b CompletionRequest) []*wire.ChatMessage {
+	if len(b.Messages) == 0 {
+		return nil
+	}
+	var out []*wire.ChatMessage
+	if len(b.Tools) > 0 {
+		out = append(out, &wire.ChatMessage{Role: "system", Content: strings.TrimSuffix(renderToolsPrompt(b.Tools), "\n")})
+	}
+	for _, m := range b.Messages {
+		role := m.Role
+		if role == "developer" {
+			role = "system"
+		}
+		out = append(out, &wire.ChatMessage{Role: role, Content: m.Content + renderHistoryCalls(m.ToolCalls)})
+	}
+	return out
 }
 
 // decodeCompletion reads a completion (or, with chat, a chat completion)

@@ -194,6 +194,7 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	}
 	g.Structured = b.Structured.wire()
 	g.Logprobs, g.TopLogprobs = b.Logprobs, int32(b.TopLogprobs)
+	g.Messages = wireMessages(b)
 	if b.Priority == PriorityBatch {
 		g.Lane = wire.Lane_BATCH
 	}

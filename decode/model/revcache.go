@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,3 +105,34 @@ func (m *Model) Verify() error {
 // Unverified says whether the model's revision came from a cache and
 // Verify has work to do.
 func (m *Model) Unverified() bool { return m.unverified != nil }
+
+// FileRevision is the content hash of the file at path (a GGUF model's
+// revision: 32 hex digits of SHA-256), taken from rc under the file's
+// identity when it was hashed before, else computed and kept there. A
+// file changed in place has another identity (its change time cannot be
+// set back), so a kept hash is never one of other bytes.
+func FileRevision(path string, rc RevisionCache) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("model: revision of %s: %w", path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return "", fmt.Errorf("model: revision of %s: %w", path, err)
+	}
+	key := fileIdentity(st)
+	if key != "" {
+		key = "file;" + key
+	}
+	if rev, ok := rc.lookup(key); ok {
+		return rev, nil
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", fmt.Errorf("model: revision of %s: %w", path, err)
+	}
+	rev := hex.EncodeToString(h.Sum(nil)[:16])
+	rc.store(key, rev)
+	return rev, nil
+}

@@ -206,7 +206,7 @@ func (x Structured_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Structured_Kind.Descriptor instead.
 func (Structured_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{1, 0}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2, 0}
 }
 
 type Generate struct {
@@ -258,8 +258,14 @@ type Generate struct {
 	// that position (before logit_bias, penalties, temperature, top-k/top-p
 	// and any grammar mask), computed in float64: a pure function of the
 	// token prefix, so identical after a migration.
-	Logprobs      bool  `protobuf:"varint,21,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
-	TopLogprobs   int32 `protobuf:"varint,22,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	Logprobs    bool  `protobuf:"varint,21,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	TopLogprobs int32 `protobuf:"varint,22,opt,name=top_logprobs,json=topLogprobs,proto3" json:"top_logprobs,omitempty"`
+	// messages is a chat request's conversation, for a worker whose model
+	// carries its own chat template (a GGUF file's tokenizer.chat_template):
+	// it renders them with that template, and ignores prompt (the
+	// frontend's generic rendering, what a worker without a template of
+	// its own computes). Empty for a completion.
+	Messages      []*ChatMessage `protobuf:"bytes,23,rep,name=messages,proto3" json:"messages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -448,6 +454,67 @@ func (x *Generate) GetTopLogprobs() int32 {
 	return 0
 }
 
+func (x *Generate) GetMessages() []*ChatMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+// ChatMessage is one message of a conversation: role (system, user,
+// assistant, tool) and its text (an assistant's tool calls written in).
+type ChatMessage struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Role          string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	Content       string                 `protobuf:"bytes,2,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChatMessage) Reset() {
+	*x = ChatMessage{}
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChatMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChatMessage) ProtoMessage() {}
+
+func (x *ChatMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_lifeline_wire_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChatMessage.ProtoReflect.Descriptor instead.
+func (*ChatMessage) Descriptor() ([]byte, []int) {
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ChatMessage) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ChatMessage) GetContent() string {
+	if x != nil {
+		return x.Content
+	}
+	return ""
+}
+
 // Structured is a grammar the output must follow. The worker compiles it
 // into a byte-level automaton, replays the automaton's state over
 // prefix_tokens (a migrated request continues exactly where the first
@@ -471,7 +538,7 @@ type Structured struct {
 
 func (x *Structured) Reset() {
 	*x = Structured{}
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -483,7 +550,7 @@ func (x *Structured) String() string {
 func (*Structured) ProtoMessage() {}
 
 func (x *Structured) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[1]
+	mi := &file_lifeline_wire_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -496,7 +563,7 @@ func (x *Structured) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Structured.ProtoReflect.Descriptor instead.
 func (*Structured) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{1}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Structured) GetKind() Structured_Kind {
@@ -531,7 +598,7 @@ type TopLogprob struct {
 
 func (x *TopLogprob) Reset() {
 	*x = TopLogprob{}
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -543,7 +610,7 @@ func (x *TopLogprob) String() string {
 func (*TopLogprob) ProtoMessage() {}
 
 func (x *TopLogprob) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[2]
+	mi := &file_lifeline_wire_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -556,7 +623,7 @@ func (x *TopLogprob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopLogprob.ProtoReflect.Descriptor instead.
 func (*TopLogprob) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{2}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *TopLogprob) GetTokenId() int32 {
@@ -597,7 +664,7 @@ type Attach struct {
 
 func (x *Attach) Reset() {
 	*x = Attach{}
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +676,7 @@ func (x *Attach) String() string {
 func (*Attach) ProtoMessage() {}
 
 func (x *Attach) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[3]
+	mi := &file_lifeline_wire_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +689,7 @@ func (x *Attach) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Attach.ProtoReflect.Descriptor instead.
 func (*Attach) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{3}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Attach) GetRequestId() string {
@@ -654,7 +721,7 @@ type Health struct {
 
 func (x *Health) Reset() {
 	*x = Health{}
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -666,7 +733,7 @@ func (x *Health) String() string {
 func (*Health) ProtoMessage() {}
 
 func (x *Health) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[4]
+	mi := &file_lifeline_wire_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -679,7 +746,7 @@ func (x *Health) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Health.ProtoReflect.Descriptor instead.
 func (*Health) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{4}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
 }
 
 // Admin is the node agent's control of its worker: whether it accepts new
@@ -711,7 +778,7 @@ type Admin struct {
 
 func (x *Admin) Reset() {
 	*x = Admin{}
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -723,7 +790,7 @@ func (x *Admin) String() string {
 func (*Admin) ProtoMessage() {}
 
 func (x *Admin) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[5]
+	mi := &file_lifeline_wire_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -736,7 +803,7 @@ func (x *Admin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Admin.ProtoReflect.Descriptor instead.
 func (*Admin) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{5}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Admin) GetAccepting() bool {
@@ -803,7 +870,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +882,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[6]
+	mi := &file_lifeline_wire_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +895,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{6}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Request) GetOp() isRequest_Op {
@@ -913,7 +980,7 @@ type Error struct {
 
 func (x *Error) Reset() {
 	*x = Error{}
-	mi := &file_lifeline_wire_proto_msgTypes[7]
+	mi := &file_lifeline_wire_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +992,7 @@ func (x *Error) String() string {
 func (*Error) ProtoMessage() {}
 
 func (x *Error) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[7]
+	mi := &file_lifeline_wire_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1005,7 @@ func (x *Error) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Error.ProtoReflect.Descriptor instead.
 func (*Error) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{7}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Error) GetCode() Code {
@@ -1025,7 +1092,7 @@ type HealthReply struct {
 
 func (x *HealthReply) Reset() {
 	*x = HealthReply{}
-	mi := &file_lifeline_wire_proto_msgTypes[8]
+	mi := &file_lifeline_wire_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1037,7 +1104,7 @@ func (x *HealthReply) String() string {
 func (*HealthReply) ProtoMessage() {}
 
 func (x *HealthReply) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[8]
+	mi := &file_lifeline_wire_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1050,7 +1117,7 @@ func (x *HealthReply) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthReply.ProtoReflect.Descriptor instead.
 func (*HealthReply) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{8}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *HealthReply) GetReady() bool {
@@ -1261,7 +1328,7 @@ type Frame struct {
 
 func (x *Frame) Reset() {
 	*x = Frame{}
-	mi := &file_lifeline_wire_proto_msgTypes[9]
+	mi := &file_lifeline_wire_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1340,7 @@ func (x *Frame) String() string {
 func (*Frame) ProtoMessage() {}
 
 func (x *Frame) ProtoReflect() protoreflect.Message {
-	mi := &file_lifeline_wire_proto_msgTypes[9]
+	mi := &file_lifeline_wire_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1353,7 @@ func (x *Frame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Frame.ProtoReflect.Descriptor instead.
 func (*Frame) Descriptor() ([]byte, []int) {
-	return file_lifeline_wire_proto_rawDescGZIP(), []int{9}
+	return file_lifeline_wire_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Frame) GetInstanceId() string {
@@ -1398,7 +1465,7 @@ var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
-	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\xd5\x06\n" +
+	"\x13lifeline_wire.proto\x12\x10lifeline.wire.v1\"\x90\a\n" +
 	"\bGenerate\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1429,10 +1496,14 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"structured\x18\x14 \x01(\v2\x1c.lifeline.wire.v1.StructuredR\n" +
 	"structured\x12\x1a\n" +
 	"\blogprobs\x18\x15 \x01(\bR\blogprobs\x12!\n" +
-	"\ftop_logprobs\x18\x16 \x01(\x05R\vtopLogprobs\x1a<\n" +
+	"\ftop_logprobs\x18\x16 \x01(\x05R\vtopLogprobs\x129\n" +
+	"\bmessages\x18\x17 \x03(\v2\x1d.lifeline.wire.v1.ChatMessageR\bmessages\x1a<\n" +
 	"\x0eLogitBiasEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xab\x01\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\";\n" +
+	"\vChatMessage\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x18\n" +
+	"\acontent\x18\x02 \x01(\tR\acontent\"\xab\x01\n" +
 	"\n" +
 	"Structured\x125\n" +
 	"\x04kind\x18\x01 \x01(\x0e2!.lifeline.wire.v1.Structured.KindR\x04kind\x12\x16\n" +
@@ -1559,41 +1630,43 @@ func file_lifeline_wire_proto_rawDescGZIP() []byte {
 }
 
 var file_lifeline_wire_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_lifeline_wire_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_lifeline_wire_proto_goTypes = []any{
 	(Lane)(0),            // 0: lifeline.wire.v1.Lane
 	(Code)(0),            // 1: lifeline.wire.v1.Code
 	(Structured_Kind)(0), // 2: lifeline.wire.v1.Structured.Kind
 	(*Generate)(nil),     // 3: lifeline.wire.v1.Generate
-	(*Structured)(nil),   // 4: lifeline.wire.v1.Structured
-	(*TopLogprob)(nil),   // 5: lifeline.wire.v1.TopLogprob
-	(*Attach)(nil),       // 6: lifeline.wire.v1.Attach
-	(*Health)(nil),       // 7: lifeline.wire.v1.Health
-	(*Admin)(nil),        // 8: lifeline.wire.v1.Admin
-	(*Request)(nil),      // 9: lifeline.wire.v1.Request
-	(*Error)(nil),        // 10: lifeline.wire.v1.Error
-	(*HealthReply)(nil),  // 11: lifeline.wire.v1.HealthReply
-	(*Frame)(nil),        // 12: lifeline.wire.v1.Frame
-	nil,                  // 13: lifeline.wire.v1.Generate.LogitBiasEntry
+	(*ChatMessage)(nil),  // 4: lifeline.wire.v1.ChatMessage
+	(*Structured)(nil),   // 5: lifeline.wire.v1.Structured
+	(*TopLogprob)(nil),   // 6: lifeline.wire.v1.TopLogprob
+	(*Attach)(nil),       // 7: lifeline.wire.v1.Attach
+	(*Health)(nil),       // 8: lifeline.wire.v1.Health
+	(*Admin)(nil),        // 9: lifeline.wire.v1.Admin
+	(*Request)(nil),      // 10: lifeline.wire.v1.Request
+	(*Error)(nil),        // 11: lifeline.wire.v1.Error
+	(*HealthReply)(nil),  // 12: lifeline.wire.v1.HealthReply
+	(*Frame)(nil),        // 13: lifeline.wire.v1.Frame
+	nil,                  // 14: lifeline.wire.v1.Generate.LogitBiasEntry
 }
 var file_lifeline_wire_proto_depIdxs = []int32{
 	0,  // 0: lifeline.wire.v1.Generate.lane:type_name -> lifeline.wire.v1.Lane
-	13, // 1: lifeline.wire.v1.Generate.logit_bias:type_name -> lifeline.wire.v1.Generate.LogitBiasEntry
-	4,  // 2: lifeline.wire.v1.Generate.structured:type_name -> lifeline.wire.v1.Structured
-	2,  // 3: lifeline.wire.v1.Structured.kind:type_name -> lifeline.wire.v1.Structured.Kind
-	3,  // 4: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
-	7,  // 5: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
-	8,  // 6: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
-	6,  // 7: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
-	1,  // 8: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
-	10, // 9: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
-	11, // 10: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
-	5,  // 11: lifeline.wire.v1.Frame.top_logprobs:type_name -> lifeline.wire.v1.TopLogprob
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 1: lifeline.wire.v1.Generate.logit_bias:type_name -> lifeline.wire.v1.Generate.LogitBiasEntry
+	5,  // 2: lifeline.wire.v1.Generate.structured:type_name -> lifeline.wire.v1.Structured
+	4,  // 3: lifeline.wire.v1.Generate.messages:type_name -> lifeline.wire.v1.ChatMessage
+	2,  // 4: lifeline.wire.v1.Structured.kind:type_name -> lifeline.wire.v1.Structured.Kind
+	3,  // 5: lifeline.wire.v1.Request.generate:type_name -> lifeline.wire.v1.Generate
+	8,  // 6: lifeline.wire.v1.Request.health:type_name -> lifeline.wire.v1.Health
+	9,  // 7: lifeline.wire.v1.Request.admin:type_name -> lifeline.wire.v1.Admin
+	7,  // 8: lifeline.wire.v1.Request.attach:type_name -> lifeline.wire.v1.Attach
+	1,  // 9: lifeline.wire.v1.Error.code:type_name -> lifeline.wire.v1.Code
+	11, // 10: lifeline.wire.v1.Frame.error:type_name -> lifeline.wire.v1.Error
+	12, // 11: lifeline.wire.v1.Frame.health:type_name -> lifeline.wire.v1.HealthReply
+	6,  // 12: lifeline.wire.v1.Frame.top_logprobs:type_name -> lifeline.wire.v1.TopLogprob
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_lifeline_wire_proto_init() }
@@ -1601,7 +1674,7 @@ func file_lifeline_wire_proto_init() {
 	if File_lifeline_wire_proto != nil {
 		return
 	}
-	file_lifeline_wire_proto_msgTypes[6].OneofWrappers = []any{
+	file_lifeline_wire_proto_msgTypes[7].OneofWrappers = []any{
 		(*Request_Generate)(nil),
 		(*Request_Health)(nil),
 		(*Request_Admin)(nil),
@@ -1613,7 +1686,7 @@ func file_lifeline_wire_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_lifeline_wire_proto_rawDesc), len(file_lifeline_wire_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   11,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

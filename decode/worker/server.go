@@ -137,8 +137,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	s.generation.Store(opts.Generation)
 	s.accepting.Store(true)
 	ready := workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
-		Model: e.Model.Config.Name, ModelRevision: e.Model.Revision, NumericsID: e.NumericsID(),
-		ContextLen: e.Model.Config.ContextLen, TokenizerHash: e.Tokenizer.Hash(),
+		Model: e.ModelName(), ModelRevision: e.ModelRevision(), NumericsID: e.NumericsID(),
+		ContextLen: e.ContextLen(), TokenizerHash: e.Tokenizer.Hash(),
 		Capacity: e.Limits().Capacity(sched.Interactive), BatchCapacity: e.Limits().Capacity(sched.Batch)}
 	if e.Cache != nil {
 		id := e.Cache.Identity()
@@ -224,7 +224,7 @@ func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Re
 	}
 	ctx, cancel := context.WithTimeout(ctx, PullTimeout)
 	defer cancel()
-	b := &transferpb.Binding{RequestId: g.RequestId, ModelRevision: s.engine.Model.Revision, DestinationInstance: s.opts.InstanceID,
+	b := &transferpb.Binding{RequestId: g.RequestId, ModelRevision: s.engine.ModelRevision(), DestinationInstance: s.opts.InstanceID,
 		DestinationGeneration: s.generation.Load(), BlockCount: uint32(len(keys)), RequestEpoch: g.RequestEpoch, TransferEpoch: 1}
 	reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: blockid.KeyBytes(keys), Sources: g.KvSources})
 	if err != nil {
@@ -330,8 +330,8 @@ func (s *server) serveStream(st *quic.Stream) {
 func (s *server) health() *wire.HealthReply {
 	st := s.engine.Stats()
 	h := &wire.HealthReply{Ready: true, Running: uint32(st.Running), Queued: uint32(st.Queued),
-		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.Model.Config.Name,
-		ModelRevision: s.engine.Model.Revision, Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
+		FreeBlocks: uint32(st.FreeBlocks), NumericsId: s.engine.NumericsID(), Model: s.engine.ModelName(),
+		ModelRevision: s.engine.ModelRevision(), Accepting: s.accepting.Load(), TokensGenerated: st.Generated,
 		PositionsComputed: st.Computed, StepTimeUs: uint64(st.StepTime.Microseconds()), MeanStepTimeUs: uint64(st.MeanStepTime.Microseconds()), RequestsStarted: s.started.Load(),
 		DraftProposed: st.DraftProposed, DraftAccepted: st.DraftAccepted}
 	s.mu.Lock()
@@ -518,6 +518,9 @@ func request(g *wire.Generate, instanceID string) decode.Request {
 	}
 	if g.PromptTokens != nil && len(g.PromptTokens) == 0 {
 		req.PromptTokens = []int{}
+	}
+	for _, m := range g.Messages {
+		req.Messages = append(req.Messages, decode.ChatMessage{Role: m.Role, Content: m.Content})
 	}
 	return req
 }

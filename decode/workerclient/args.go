@@ -25,6 +25,16 @@ type Args struct {
 	WeightSeed    uint64
 	ModelPath     string
 	TokenizerPath string
+	// Engine is "lifeline" (the reference engine) or "llamacpp" (ModelPath
+	// a GGUF file; a binary built with the llamacpp tag). ServedName is
+	// the model id clients ask for ("": the engine's name for it);
+	// ContextLen caps the context (0: the engine's default); Threads
+	// computes (0: every CPU) and GPULayers go to the GPU (llamacpp).
+	Engine     string
+	ServedName string
+	ContextLen int
+	Threads    int
+	GPULayers  int
 	// RevisionCache is a directory of checkpoint revisions already
 	// computed (a restart skips the hash pass and runs it in the
 	// background); "" computes it at every start.
@@ -72,6 +82,11 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&a.WeightSeed, "weight-seed", 1, "seed of the synthetic weights")
 	fs.StringVar(&a.ModelPath, "model", "", "llama2.c model.bin")
 	fs.StringVar(&a.TokenizerPath, "tokenizer", "", "llama2.c tokenizer.bin")
+	fs.StringVar(&a.Engine, "engine", "lifeline", "lifeline (the reference engine) or llamacpp (--model a GGUF file)")
+	fs.StringVar(&a.ServedName, "served-model-name", "", "the model id clients ask for (default: the preset, or the GGUF file's base name)")
+	fs.IntVar(&a.ContextLen, "context", 0, "cap on the context length in tokens (0: the model's, at most 4096 for llamacpp)")
+	fs.IntVar(&a.Threads, "threads", 0, "llamacpp: compute threads (0: every CPU)")
+	fs.IntVar(&a.GPULayers, "gpu-layers", 0, "llamacpp: layers offloaded to the GPU (a CUDA build)")
 	fs.StringVar(&a.RevisionCache, "revision-cache", "", "directory of the --model revisions already computed: a restart on the same file is ready without the hash pass, which runs in the background (a mismatch ends the worker)")
 	fs.StringVar(&a.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
 	fs.StringVar(&a.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")

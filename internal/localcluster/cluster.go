@@ -6,6 +6,11 @@ package localcluster
 
 import (
 	"fmt"
+	"path/filepath"
+
+	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/decode"
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 )
 
 // Options are the flags of `lifeline up`.
@@ -37,6 +42,72 @@ type Options struct {
 	// TP, above 1, runs every decode instance as a tensor-parallel group
 	// of TP worker processes.
 	TP int
+	// Engine "llamacpp" serves the GGUF file Model through llama.cpp (a
+	// lifeline built with the llamacpp tag) instead of Preset, under
+	// ServedName (default: the file's base name without .gguf), with
+	// Threads compute threads per worker (0: every CPU) and its context
+	// capped at ContextLen (0: at most 4,096).
+	Engine     string
+	Model      string
+	ServedName string
+	Threads    int
+	ContextLen int
+}
+
+// ModelID is the model clients ask for: the preset, or the GGUF
+// model's served name.
+func (o *Options) ModelID() string {
+	switch {
+	case o.Engine != decode.EngineLlamaCpp:
+		return o.Preset
+	case o.ServedName != "":
+		return o.ServedName
+	}
+	return decode.GGUFName(o.Model)
+}
+
+// instance is the spec of each node's decode instance.
+func (o *Options) instance() agent.InstanceSpec {
+	if o.Engine == decode.EngineLlamaCpp {
+		return agent.InstanceSpec{Role: "decode", Engine: o.Engine, Model: o.Model, ServedName: o.ServedName,
+			Count: 1, Threads: o.Threads, ContextLen: o.ContextLen}
+	}
+	return agent.InstanceSpec{Role: "decode", Preset: o.Preset, Count: 1, TP: o.TP, Threads: o.Threads}
+}
+
+// validateModel checks the model options: a GGUF file is checked here,
+// before anything starts, and made absolute (the agents run elsewhere).
+func (o *Options) validateModel() error {
+	switch {
+	case o.Engine != "" && o.Engine != decode.EngineLifeline && o.Engine != decode.EngineLlamaCpp:
+		return fmt.Errorf("up: engine: %q (%s or %s)", o.Engine, decode.EngineLifeline, decode.EngineLlamaCpp)
+	case o.Threads < 0 || o.ContextLen < 0:
+		return fmt.Errorf("up: threads %d, context %d: neither may be negative", o.Threads, o.ContextLen)
+	case o.Engine != decode.EngineLlamaCpp:
+		if o.Model != "" {
+			return fmt.Errorf("up: model: a GGUF file is served with --engine %s", decode.EngineLlamaCpp)
+		}
+		if o.Preset != "tiny" && o.Preset != "small" {
+			return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)
+		}
+		return nil
+	case o.Model == "":
+		return fmt.Errorf("up: model: --engine %s serves a GGUF file: --model PATH", decode.EngineLlamaCpp)
+	case o.Prefill > 0 || o.TP > 1:
+		return fmt.Errorf("up: prefill and tp are the reference engine's, not %s's", decode.EngineLlamaCpp)
+	}
+	abs, err := filepath.Abs(o.Model)
+	if err != nil {
+		return fmt.Errorf("up: model: %w", err)
+	}
+	o.Model = abs
+	if _, err := decode.CheckGGUF(o.Model); err != nil {
+		return fmt.Errorf("up: model: %w", err)
+	}
+	if !gguf.Linked && o.Binary == "" {
+		return fmt.Errorf("up: engine: %w", decode.ErrNoLlamaCpp)
+	}
+	return nil
 }
 
 // Validate names the first bad field.
@@ -52,8 +123,6 @@ func (o *Options) Validate() error {
 		return fmt.Errorf("up: arena-mb: %d (0..%d, 0 = sized from memory)", o.ArenaMB, MaxArenaSlots*ArenaSlotBytes>>20)
 	case o.ArenaMB > 0 && o.ArenaMB<<20/ArenaSlotBytes < MinArenaSlots:
 		return fmt.Errorf("up: arena-mb: %d is under %d slots of %d KiB", o.ArenaMB, MinArenaSlots, ArenaSlotBytes>>10)
-	case o.Preset != "tiny" && o.Preset != "small":
-		return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)
 	case o.Listen == "":
 		return fmt.Errorf("up: listen: empty")
 	case o.Prefill < 0 || o.Prefill > 16:
@@ -63,5 +132,5 @@ func (o *Options) Validate() error {
 	case o.Frontends < 0 || o.Frontends > 16:
 		return fmt.Errorf("up: frontends: %d (1..16)", o.Frontends)
 	}
-	return nil
+	return o.validateModel()
 }

@@ -145,7 +145,7 @@ func (u *up) startNodes() error {
 		if o.Metrics, err = FreeLoopbackAddr(); err != nil {
 			return fmt.Errorf("up: metrics port: %w", err)
 		}
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: opts.Preset, Count: 1, TP: opts.TP}}
+		o.Instances = []agent.InstanceSpec{opts.instance()}
 		if np := opts.Prefill/opts.Nodes + b2i((opts.Nodes-1-i) < opts.Prefill%opts.Nodes); np > 0 {
 			o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: opts.Preset, Count: np})
 		}
@@ -315,7 +315,7 @@ func (u *up) waitServable(ctx context.Context) error {
 	u.mu.Lock()
 	url := u.frontends[0].URL
 	u.mu.Unlock()
-	body := fmt.Sprintf(`{"model":%q,"prompt":"ready","max_tokens":1,"temperature":0}`, u.opts.Preset)
+	body := fmt.Sprintf(`{"model":%q,"prompt":"ready","max_tokens":1,"temperature":0}`, u.opts.ModelID())
 	deadline := time.Now().Add(2 * time.Minute)
 	for ctx.Err() == nil {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
@@ -388,10 +388,10 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	}
 	u.mu.Unlock()
 	url := urls[0]
-	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), preset %s, etcd %s (mutual TLS), logs in %s\n\n",
-		opts.Nodes, opts.Prefill, len(urls), opts.Preset, strings.Join(u.env.Endpoints, ","), u.log.Name())
+	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), model %s, etcd %s (mutual TLS), logs in %s\n\n",
+		opts.Nodes, opts.Prefill, len(urls), opts.ModelID(), strings.Join(u.env.Endpoints, ","), u.log.Name())
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
-	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.Preset)
+	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.ModelID())
 	for _, n := range u.nodes {
 		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
 	}
