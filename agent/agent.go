@@ -96,13 +96,16 @@ type instance struct {
 	state        string // starting, running, restarting, crash_loop, stopped
 	ready        bool
 	notReady     string // reason when not ready
-	lastExit     *controlapi.Event
-	spawnFails   int // consecutive failures to get a generation
-	restarts     int
-	model        string
-	revision     string
-	numerics     string
-	kvIdentity   *kv.Identity
+	// startError is why its last worker could not start (its Ready
+	// line's error), until one starts.
+	startError string
+	lastExit   *controlapi.Event
+	spawnFails int // consecutive failures to get a generation
+	restarts   int
+	model      string
+	revision   string
+	numerics   string
+	kvIdentity *kv.Identity
 	// contextLen and tokenizerHash are the worker's, registered for
 	// frontends' prompt checks.
 	contextLen    int

@@ -32,7 +32,7 @@ func (a *Agent) workers() []controlapi.Worker {
 func (a *Agent) workerLocked(inst *instance) controlapi.Worker {
 	w := controlapi.Worker{InstanceID: inst.id, Role: inst.spec.Role, PID: inst.pid, Generation: inst.gen, Ready: inst.ready,
 		LastExit: inst.lastExit, State: inst.state, NotReady: inst.notReady, Addr: inst.addr, Restarts: inst.restarts,
-		NextAttempt: inst.nextAttempt, CrashLoops: inst.crashLoops}
+		NextAttempt: inst.nextAttempt, CrashLoops: inst.crashLoops, StartError: inst.startError}
 	if n := inst.spec.ranks(); n > 1 {
 		w.TP = n
 		if inst.pid > 0 {

@@ -217,6 +217,12 @@ func readReady(stdout io.Reader, ready chan<- workerclient.Ready) {
 func (a *Agent) watchWorker(ctx, wctx context.Context, inst *instance, gen uint64, w *workerProc) ebpf.Exit {
 	select {
 	case r := <-w.ready:
+		if r.Error != "" {
+			a.mu.Lock()
+			inst.startError = r.Error
+			a.mu.Unlock()
+			return a.awaitDeath(ctx, w.detected, w.waited, w.cmd.Process)
+		}
 		a.workerReady(inst, w.pid, r)
 		a.track(func() { a.canaryLoop(wctx, inst, gen, w.cmd.Process) })
 		return a.awaitDeath(ctx, w.detected, w.waited, w.cmd.Process)
@@ -238,6 +244,7 @@ func (a *Agent) watchWorker(ctx, wctx context.Context, inst *instance, gen uint6
 func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	a.mu.Lock()
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
+	inst.startError = ""
 	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
 	inst.capacity, inst.batchCapacity = r.Capacity, r.BatchCapacity
 	if !inst.groupEndedAt.IsZero() {

@@ -141,6 +141,9 @@ type Worker struct {
 	// doubles the cool-down.
 	NextAttempt time.Time `json:"next_attempt,omitzero"`
 	CrashLoops  int       `json:"crash_loops,omitempty"`
+	// StartError is why the instance's last worker could not start (its
+	// model did not load), until one starts.
+	StartError string `json:"start_error,omitempty"`
 	// TP is the instance's tensor-parallel degree (0 or 1: one process);
 	// Ranks its processes, rank 0 (PID) first.
 	TP    int        `json:"tp,omitempty"`

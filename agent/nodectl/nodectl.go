@@ -291,7 +291,15 @@ func printWorkers(out io.Writer, ws []controlapi.Worker) error {
 			fmt.Fprintf(tw, "  rank %d/%d\t\t%d\t%d\t\t\t\t\n", r.Rank, w.TP, w.Generation, r.PID)
 		}
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, w := range ws {
+		if w.StartError != "" {
+			fmt.Fprintf(out, "%s cannot start: %s\n", w.InstanceID, w.StartError)
+		}
+	}
+	return nil
 }
 
 // EtcdMembers asks the agent at socket for etcd's members and their

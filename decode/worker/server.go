@@ -116,6 +116,8 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	e, err := decode.NewEngine(opts.Engine)
 	if err != nil {
+		// The agent shows why, rather than only counting exits.
+		json.NewEncoder(out).Encode(workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Error: err.Error()})
 		return err
 	}
 	defer e.Close()

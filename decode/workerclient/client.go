@@ -266,6 +266,11 @@ type Ready struct {
 	// batch) the worker holds at once, running and queued; 0: not said.
 	Capacity      int `json:"capacity,omitempty"`
 	BatchCapacity int `json:"batch_capacity,omitempty"`
+	// Error, instead of the rest, is why the worker could not start (its
+	// model did not load: a file llama.cpp refused, a binary without
+	// llama.cpp); the worker exits after this line, and its agent shows
+	// the error as the instance's.
+	Error string `json:"error,omitempty"`
 }
 
 // RankReady is the JSON line a follower rank of a tensor-parallel group

@@ -23,7 +23,10 @@ import (
 // ("llama": a SentencePiece vocabulary; "qwen2": a byte-level BPE one and
 // attention biases) and sizes.
 type Shape struct {
-	Arch                                  string
+	Arch string
+	// Without names a tensor left out: a file whose header is sound and
+	// that llama.cpp refuses to load.
+	Without                               string
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
@@ -202,6 +205,7 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 			ts = append(ts, tensor(p+"attn_q.bias", 0.1, s.embd), tensor(p+"attn_k.bias", 0.1, kvDim), tensor(p+"attn_v.bias", 0.1, kvDim))
 		}
 	}
+	ts = slices.DeleteFunc(ts, func(d gguf.TensorData) bool { return d.Name == s.Without })
 	path := filepath.Join(dir, "lifeline-test-"+a+".gguf")
 	f, err := os.Create(path)
 	if err != nil {
