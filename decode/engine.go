@@ -155,6 +155,9 @@ type Engine struct {
 	// chat renders a conversation with the model's own chat template;
 	// nil when it has none.
 	chat func([]ChatMessage) (string, error)
+	// snaps keeps the sequences of an engine that holds K/V itself in the
+	// node's arena (llama.cpp with Options.KVSocket); nil otherwise.
+	snaps snapshotter
 
 	stop    context.CancelFunc
 	done    chan struct{}

@@ -3,16 +3,19 @@
 package decode
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/kv"
 )
 
 func init() { newLlamaCppEngine = openLlamaCpp }
@@ -46,21 +49,113 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 		closeAll()
 		return nil, err
 	}
-	s, err := sched.NewOn(eng, store, limits)
-	if err != nil {
-		closeAll()
-		return nil, err
-	}
 	info := modelInfo{name: opts.ServedName, revision: rev, numerics: llamaCppNumerics(m, opts),
 		contextLen: ctxLen, vocabSize: m.VocabSize()}
 	if info.name == "" {
 		info.name = GGUFName(opts.ModelPath)
 	}
-	e := startEngine(s, m.Tokenizer(), info)
+	tok := m.Tokenizer()
+	var se sched.Engine = eng
+	var snaps *llamaSnapshots
+	if opts.KVSocket != "" {
+		if snaps, err = openLlamaSnapshots(opts, eng, kv.Identity{Model: info.name, ModelRevision: rev, TokenizerHash: tok.Hash(),
+			Layout: llamaStateLayout, DType: "f16", BlockSize: sched.SnapshotEvery, NumericsID: info.numerics}, limits.Slots()-1); err != nil {
+			closeAll()
+			return nil, err
+		}
+		se = snaps
+	}
+	s, err := sched.NewOn(se, store, limits)
+	if err != nil {
+		if snaps != nil {
+			snaps.close()
+		}
+		closeAll()
+		return nil, err
+	}
+	e := startEngine(s, tok, info)
 	e.Store = store
 	e.chat = chatTemplate(m.ChatTemplate())
 	e.closers = append(e.closers, closeAll)
+	if snaps != nil {
+		e.snaps = snaps
+		e.closers = append(e.closers, snaps.close)
+	}
 	return e, nil
+}
+
+// llamaStateLayout names what a llama.cpp snapshot's blocks hold.
+const llamaStateLayout = "llamacpp-sequence-state/v1"
+
+// llamaSnapshots is llama.cpp's engine with its sequences saved to and
+// restored from the node's arena (sched.Snapshotter).
+type llamaSnapshots struct {
+	*llamacpp.Engine
+	*snapshots
+	client *kv.Client
+	// stateBase + statePerPosition·n is the size of a state of n
+	// positions.
+	stateBase, statePerPosition int
+}
+
+// openLlamaSnapshots connects eng to the node's arena as opts' writer;
+// spare is a slot the state's size is measured on.
+func openLlamaSnapshots(opts Options, eng *llamacpp.Engine, id kv.Identity, spare int) (*llamaSnapshots, error) {
+	base, per, err := eng.StateSize(spare)
+	if err != nil {
+		return nil, err
+	}
+	client, err := kv.Dial(context.Background(), opts.KVSocket, kv.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
+	if err != nil {
+		return nil, err
+	}
+	snaps, err := newSnapshots(client, id)
+	if err != nil {
+		client.Close()
+		return nil, err
+	}
+	return &llamaSnapshots{Engine: eng, snapshots: snaps, client: client, stateBase: base, statePerPosition: per}, nil
+}
+
+func (l *llamaSnapshots) Save(slot int, tokens []int) {
+	state, err := l.Export(slot)
+	if err != nil {
+		l.saveFailed(err)
+		return
+	}
+	l.save(slot, tokens, state)
+}
+
+func (l *llamaSnapshots) Restore(slot int, tokens []int) int {
+	began := time.Now()
+	state, k, err := l.load(tokens)
+	if err == nil {
+		err = l.Engine.Restore(slot, state, k)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil {
+		l.stats.RestoreMissed++
+		return 0
+	}
+	l.stats.Restored++
+	l.stats.RestoredPositions += uint64(k)
+	l.stats.RestoreTime += time.Since(began)
+	return k
+}
+
+func (l *llamaSnapshots) Drop(slot int) { l.drop(slot) }
+
+// stateBytes bounds the state saved for the prefix of k positions: it
+// holds up to a period more.
+func (l *llamaSnapshots) stateBytes(k int) int {
+	return l.stateBase + l.statePerPosition*(k+sched.SnapshotEvery-1)
+}
+
+func (l *llamaSnapshots) close() error {
+	err := l.snapshots.close()
+	l.client.Close()
+	return err
 }
 
 // llamaCppNumerics names what a llama.cpp engine's arithmetic depends
@@ -99,3 +194,5 @@ func chatTemplate(tmpl string) func([]ChatMessage) (string, error) {
 		return p, nil
 	}
 }
+
+func (l *llamaSnapshots) pullChains(tokens []int) [][]kv.BlockKey { return l.chains(tokens, l.stateBytes) }

@@ -39,12 +39,16 @@ func TestUpServesAGGUFThroughLlamaCpp(t *testing.T) {
 		t.Fatalf("greedy through Lifeline %v, llama.cpp's own %v", tokenIDs(greedy), want)
 	}
 
-	seeded := map[string]any{"model": "qwen-test", "prompt": prompt, "max_tokens": 40, "temperature": 0.9, "seed": 11,
+	// Killed at token 80: the worker saved its sequence's K/V at 64
+	// positions (sched.SnapshotEvery) into its node's arena, which
+	// outlives it; the next worker, on the other node, pulls and imports
+	// it, and computes only the rest.
+	seeded := map[string]any{"model": "qwen-test", "prompt": prompt, "max_tokens": 100, "temperature": 0.9, "seed": 11,
 		"ignore_eos": true, "stream": true}
-	reference, _ := clustertest.StreamCompletion(t, up.url, seeded, nil)
+	reference, refEnd := clustertest.StreamCompletion(t, up.url, seeded, nil)
 	var victim string
-	got, _ := clustertest.StreamCompletion(t, up.url, seeded, func(tok clustertest.Token) {
-		if tok.Seq != 15 {
+	got, end := clustertest.StreamCompletion(t, up.url, seeded, func(tok clustertest.Token) {
+		if tok.Seq != 80 {
 			return
 		}
 		victim = tok.Instance
@@ -59,12 +63,15 @@ func TestUpServesAGGUFThroughLlamaCpp(t *testing.T) {
 	if victim == "" {
 		t.Fatal("no worker was killed")
 	}
-	t.Logf("killed %s at 15; %d tokens, last from %s; greedy %v", victim, len(got), got[len(got)-1].Instance, tokenIDs(greedy)[:8])
+	t.Logf("killed %s at 80; %d tokens, last from %s; end %v", victim, len(got), got[len(got)-1].Instance, end["lifeline"])
 	if !sameTokens(got, reference) {
 		t.Fatalf("stream through a SIGKILL of %s: %d tokens %v, the fault-free run %v", victim, len(got), tokenIDs(got), tokenIDs(reference))
 	}
 	if last := got[len(got)-1].Instance; last == victim {
 		t.Fatalf("the stream ended on the killed instance %s", victim)
+	}
+	if m, reused := lifelineField(end, "migrations"), lifelineField(end, "kv_reused_positions"); m < 1 || reused < 64 || lifelineField(refEnd, "kv_reused_positions") != 0 {
+		t.Fatalf("migrations %v, KV positions imported %v (want the 64 saved), fault-free run's %v", m, reused, lifelineField(refEnd, "kv_reused_positions"))
 	}
 
 	// The official SDK: a chat is rendered with the file's template.
@@ -133,6 +140,13 @@ func llamaCppGreedy(t *testing.T, path, prompt string, n int) []int {
 		in = []llamacpp.Input{{Pos: int32(len(ids) + len(out) - 1), Token: next, Logits: true}}
 	}
 	return out
+}
+
+// lifelineField is a number of the final chunk's "lifeline" object.
+func lifelineField(end map[string]any, name string) float64 {
+	l, _ := end["lifeline"].(map[string]any)
+	v, _ := l[name].(float64)
+	return v
 }
 
 func tokenIDs(toks []clustertest.Token) []int {

@@ -190,3 +190,44 @@ func (m *Model) Desc() string {
 	}
 	return string(buf[:min(int(n), len(buf)-1)])
 }
+
+// Export is slot's whole K/V state (Context.Export).
+func (e *Engine) Export(slot int) ([]byte, error) { return e.c.Export(int32(slot)) }
+
+// Restore replaces slot's K/V with state (an Export of a context of the
+// same model and settings) and keeps its first keep positions.
+func (e *Engine) Restore(slot int, state []byte, keep int) error {
+	s := int32(slot)
+	if err := e.c.checkSeq(s); err != nil {
+		return err
+	}
+	e.next[s] = 0
+	if err := e.c.Import(s, state); err != nil {
+		return err
+	}
+	e.c.Forget(s, int32(keep))
+	e.next[s] = int32(keep)
+	return nil
+}
+
+// StateSize is what Export of a slot of n positions weighs, as
+// base + perPosition·n, measured on slot (left empty).
+func (e *Engine) StateSize(slot int) (base, perPosition int, err error) {
+	s := int32(slot)
+	e.c.Forget(s, 0)
+	e.next[s] = 0
+	defer e.c.Forget(s, 0)
+	var size [2]int
+	for n := range 2 {
+		in := []Input{{Seq: s, Pos: int32(n), Token: max(e.c.m.BOS(), 0)}}
+		if err := e.c.Decode(in); err != nil {
+			return 0, 0, err
+		}
+		b, err := e.c.Export(s)
+		if err != nil {
+			return 0, 0, err
+		}
+		size[n] = len(b)
+	}
+	return 2*size[0] - size[1], size[1] - size[0], nil
+}

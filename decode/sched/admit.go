@@ -229,7 +229,7 @@ func (s *Scheduler) startLocked(seq *sequence, need int) error {
 	if err := s.reserveLocked(seq, need); err != nil {
 		return err
 	}
-	s.takeSlotLocked(seq)
+	s.startSlotLocked(seq)
 	s.running = append(s.running, seq)
 	return nil
 }

@@ -118,8 +118,12 @@ type sequence struct {
 	// that step to end it; finished is set once OnFinish ran.
 	inFlight, cancelled, finished bool
 	blocks                        []kvcache.BlockID
-	// slot is the sequence's engine slot while it runs, else -1.
+	// slot is the sequence's engine slot while it runs, else -1;
+	// restore marks it to be restored from the engine's saves
+	// (Snapshotter), saved counts the SnapshotEvery periods saved.
 	slot    int
+	restore bool
+	saved   int
 	logits  []float32
 	nOutput int
 	// gram is a structured sequence's grammar state after its delivered

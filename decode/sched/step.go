@@ -24,6 +24,7 @@ func (s *Scheduler) Step() (bool, error) {
 	s.mu.Lock()
 	s.revalidateLocked()
 	s.admitLocked()
+	s.restoreLocked()
 	if len(s.running) == 0 {
 		s.mu.Unlock()
 		return false, nil
@@ -39,6 +40,7 @@ func (s *Scheduler) Step() (bool, error) {
 	var picks []pick
 	if err == nil {
 		s.publish(b.seqs)
+		s.save(b.seqs)
 		picks = s.sampleAll(b.sampled)
 		s.verifyAll(b.spec)
 	}
