@@ -195,4 +195,6 @@ func chatTemplate(tmpl string) func([]ChatMessage) (string, error) {
 	}
 }
 
-func (l *llamaSnapshots) pullChains(tokens []int) [][]kv.BlockKey { return l.chains(tokens, l.stateBytes) }
+func (l *llamaSnapshots) pullChains(tokens []int) [][]kv.BlockKey {
+	return l.chains(tokens, l.stateBytes)
+}

@@ -123,7 +123,9 @@ func (s *snapshots) chunkKeys(tokens []int, k, n int) []kv.BlockKey {
 }
 
 // blocksFor is how many blocks a state of size bytes takes.
-func (s *snapshots) blocksFor(size int) int { return (snapshotHeader + size + s.payload - 1) / s.payload }
+func (s *snapshots) blocksFor(size int) int {
+	return (snapshotHeader + size + s.payload - 1) / s.payload
+}
 
 // save publishes state, which holds the K/V of tokens, as slot's
 // snapshot of its longest prefix of a multiple of SnapshotEvery, and
