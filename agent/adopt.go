@@ -21,7 +21,8 @@ import (
 func (inst *instance) recordLocked() workerRecord {
 	return workerRecord{InstanceID: inst.id, Generation: inst.gen, KVGeneration: inst.kvGen, PID: inst.pid, Addr: inst.addr,
 		Model: inst.model, Revision: inst.revision, Numerics: inst.numerics, KVIdentity: inst.kvIdentity,
-		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash, Capacity: inst.capacity, BatchCapacity: inst.batchCapacity}
+		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash, Capacity: inst.capacity, BatchCapacity: inst.batchCapacity,
+		Continuation: inst.continuation}
 }
 
 // workerRecord is what the agent remembers of a running worker, so that a
@@ -45,6 +46,7 @@ type workerRecord struct {
 	KVIdentity *kv.Identity `json:"kv_identity,omitempty"`
 	// ContextLen and TokenizerHash are the worker's (its Ready line).
 	ContextLen    int    `json:"context_len,omitempty"`
+	Continuation  string `json:"continuation,omitempty"`
 	TokenizerHash string `json:"tokenizer_hash,omitempty"`
 	// Capacity and BatchCapacity are the worker's (its Ready line).
 	Capacity      int `json:"capacity,omitempty"`
@@ -155,7 +157,7 @@ func (a *Agent) adopted(ctx context.Context, inst *instance, rec *workerRecord) 
 	a.mu.Lock()
 	inst.gen, inst.kvGen, inst.pid, inst.addr, inst.model, inst.revision, inst.numerics = rec.Generation, rec.KVGeneration, rec.PID, rec.Addr, rec.Model, rec.Revision, rec.Numerics
 	inst.kvIdentity = rec.KVIdentity
-	inst.contextLen, inst.tokenizerHash = rec.ContextLen, rec.TokenizerHash
+	inst.contextLen, inst.tokenizerHash, inst.continuation = rec.ContextLen, rec.TokenizerHash, rec.Continuation
 	inst.capacity, inst.batchCapacity = rec.Capacity, rec.BatchCapacity
 	if inst.kvGen == 0 {
 		inst.kvGen = rec.Generation

@@ -110,6 +110,8 @@ type instance struct {
 	// frontends' prompt checks.
 	contextLen    int
 	tokenizerHash string
+	// continuation is the guarantee its worker's Ready line claims.
+	continuation string
 	// capacity and batchCapacity are the worker's (its Ready line).
 	capacity, batchCapacity int
 	canaryFail              int

@@ -178,5 +178,6 @@ func (a *Agent) registrationLocked(inst *instance) schema.Registration {
 	return schema.Registration{InstanceID: inst.id, Generation: inst.gen, Node: a.opts.NodeID, Role: inst.spec.Role, Model: inst.model,
 		ModelRevision: inst.revision, NumericsID: inst.numerics, Addr: inst.addr, Ready: inst.ready && !inst.draining, Draining: inst.draining,
 		Running: inst.running, Queued: inst.queued, FreeBlocks: inst.freeBlocks, KVAddr: a.kvAddr, KVIdentity: inst.kvIdentity,
-		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash, Capacity: inst.capacity, BatchCapacity: inst.batchCapacity}
+		ContextLen: inst.contextLen, TokenizerHash: inst.tokenizerHash, Capacity: inst.capacity, BatchCapacity: inst.batchCapacity,
+		Continuation: inst.continuation}
 }

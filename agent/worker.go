@@ -245,7 +245,7 @@ func (a *Agent) workerReady(inst *instance, pid int, r workerclient.Ready) {
 	a.mu.Lock()
 	inst.addr, inst.model, inst.revision, inst.numerics, inst.kvIdentity, inst.state = r.Addr, r.Model, r.ModelRevision, r.NumericsID, r.KVIdentity, "running"
 	inst.startError = ""
-	inst.contextLen, inst.tokenizerHash = r.ContextLen, r.TokenizerHash
+	inst.contextLen, inst.tokenizerHash, inst.continuation = r.ContextLen, r.TokenizerHash, r.Continuation
 	inst.capacity, inst.batchCapacity = r.Capacity, r.BatchCapacity
 	if !inst.groupEndedAt.IsZero() {
 		a.metrics.groupReboot.Observe(time.Since(inst.groupEndedAt).Seconds())

@@ -296,7 +296,8 @@ func NewEngineWith(m *model.Model, tok tokenizer.Tokenizer, store kvcache.Store,
 	if err != nil {
 		return nil, err
 	}
-	info := modelInfo{name: m.Config.Name, revision: m.Revision, numerics: model.NumericsIDFor(m.TP()), contextLen: m.Config.ContextLen, vocabSize: m.Config.VocabSize}
+	info := modelInfo{name: m.Config.Name, revision: m.Revision, numerics: model.NumericsIDFor(m.TP()), contextLen: m.Config.ContextLen,
+		vocabSize: m.Config.VocabSize, continuation: "bit-exact"}
 	e := startEngine(s, tok, info)
 	e.Model, e.Store = m, store
 	return e, nil
@@ -317,7 +318,18 @@ func startEngine(s *sched.Scheduler, tok tokenizer.Tokenizer, info modelInfo) *E
 type modelInfo struct {
 	name, revision, numerics string
 	contextLen, vocabSize    int
+	// continuation is the guarantee a continuation elsewhere keeps
+	// (Engine.Continuation).
+	continuation string
 }
+
+// Continuation is the guarantee a continuation of this engine's
+// sequences on another instance of its numerics keeps: "bit-exact" (the
+// reference engine; llama.cpp when its start-up check found its logits
+// batch-, chunk- and import-invariant) or "token-exact" (greedy tokens
+// agree; sampled ones may differ where two were close) — llamacpp's
+// BitExact, TokenExact, Inexact.
+func (e *Engine) Continuation() string { return e.info.continuation }
 
 // ModelName is the model id the engine serves.
 func (e *Engine) ModelName() string { return e.info.name }

@@ -49,8 +49,13 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 		closeAll()
 		return nil, err
 	}
+	inv, err := eng.CheckInvariance(limits.Slots()-1, limits.Slots()-2, invarianceProbe(m.VocabSize()))
+	if err != nil {
+		closeAll()
+		return nil, fmt.Errorf("decode: llama.cpp invariance check: %w", err)
+	}
 	info := modelInfo{name: opts.ServedName, revision: rev, numerics: llamaCppNumerics(m, opts),
-		contextLen: ctxLen, vocabSize: m.VocabSize()}
+		contextLen: ctxLen, vocabSize: m.VocabSize(), continuation: inv.Guarantee()}
 	if info.name == "" {
 		info.name = GGUFName(opts.ModelPath)
 	}
@@ -82,6 +87,16 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 		e.closers = append(e.closers, snaps.close)
 	}
 	return e, nil
+}
+
+// invarianceProbe is the prompt the start-up invariance check computes:
+// 32 tokens spread over the vocabulary.
+func invarianceProbe(vocab int) []int32 {
+	out := make([]int32, 32)
+	for i := range out {
+		out[i] = int32((i*7919 + 13) % vocab)
+	}
+	return out
 }
 
 // llamaStateLayout names what a llama.cpp snapshot's blocks hold.

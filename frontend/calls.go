@@ -64,6 +64,7 @@ func (x *run) route(a Route) []Action {
 		return x.r.NoRoute(a.Epoch, overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
+	x.served = append(x.served, servedBy{in.NumericsID, in.Continuation})
 	// The decode instance's load counts this request from the pick on,
 	// so that a burst of concurrent picks spreads.
 	x.releaseHold()

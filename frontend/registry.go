@@ -227,7 +227,8 @@ func decodeRegistration(b []byte) (Instance, string, bool) {
 	}
 	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
 		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr, KVIdentity: r.KVIdentity,
-		ContextLen: r.ContextLen, TokenizerHash: r.TokenizerHash, Capacity: r.Capacity, BatchCapacity: r.BatchCapacity}, r.Addr, true
+		ContextLen: r.ContextLen, TokenizerHash: r.TokenizerHash, Capacity: r.Capacity, BatchCapacity: r.BatchCapacity,
+		Continuation: r.Continuation}, r.Addr, true
 }
 
 // instanceGone removes an instance that was announced dead and fails

@@ -41,6 +41,9 @@ type Instance struct {
 	// Capacity and BatchCapacity are the most requests (interactive,
 	// batch) the worker holds at once (0: not said).
 	Capacity, BatchCapacity int
+	// Continuation is the guarantee a continuation of its sequences
+	// keeps ("" : not said, "bit-exact", "token-exact").
+	Continuation string
 }
 
 // Router picks instances. It keeps its last view when the registry is

@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
@@ -58,6 +59,9 @@ type run struct {
 	events chan event
 	notes  chan event
 	obs    observer
+	// served are the numerics and guarantees of the decode instances
+	// the request was routed to (the end says which guarantee held).
+	served []servedBy
 	// dispatched: a decode worker attempt was made (the next counts as a
 	// retry in the amplification figure).
 	dispatched bool
@@ -352,7 +356,37 @@ func (x *run) summary() sse.Lifeline {
 	if r.PD != "" {
 		l.PD, l.KVTransferBytes, l.PDTimelineMs = r.PD, r.TransferBytes, x.tl.pdMs()
 	}
+	if r.Migrations > 0 {
+		l.Continuation = continuation(x.served)
+	}
 	return l
+}
+
+// servedBy is what a request knows of an instance it was routed to.
+type servedBy struct{ numerics, guarantee string }
+
+// continuation is the guarantee a migrated request's output kept, from
+// the instances it was routed to: the weakest they claim when they
+// share their numerics; "prefix" when they do not (the committed
+// tokens are kept, the rest is what the other numerics compute); ""
+// when one did not say.
+func continuation(served []servedBy) string {
+	order := []string{"bit-exact", "token-exact", "inexact"}
+	worst := 0
+	for _, s := range served {
+		if s.numerics != served[0].numerics {
+			return "prefix"
+		}
+		i := slices.Index(order, s.guarantee)
+		if i < 0 {
+			return ""
+		}
+		worst = max(worst, i)
+	}
+	if len(served) == 0 {
+		return ""
+	}
+	return order[worst]
 }
 
 // onCancel: the request's context ended. Its cause tells a client's

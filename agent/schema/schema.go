@@ -94,6 +94,11 @@ type Registration struct {
 	// without an attempt.
 	Capacity      int `json:"capacity,omitempty"`
 	BatchCapacity int `json:"batch_capacity,omitempty"`
+	// Continuation is the guarantee a continuation of the instance's
+	// sequences on another of its numerics keeps ("bit-exact",
+	// "token-exact"; its worker's Ready line): a stream's end says which
+	// held.
+	Continuation string `json:"continuation,omitempty"`
 }
 
 // Failure is the value of a failure key.

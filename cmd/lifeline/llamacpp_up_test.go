@@ -73,6 +73,11 @@ func TestUpServesAGGUFThroughLlamaCpp(t *testing.T) {
 	if m, reused := lifelineField(end, "migrations"), lifelineField(end, "kv_reused_positions"); m < 1 || reused < 64 || lifelineField(refEnd, "kv_reused_positions") != 0 {
 		t.Fatalf("migrations %v, KV positions imported %v (want the 64 saved), fault-free run's %v", m, reused, lifelineField(refEnd, "kv_reused_positions"))
 	}
+	// The workers' start-up check found this build's logits invariant,
+	// and the end says the continuation was bit-exact, as it was.
+	if l, _ := end["lifeline"].(map[string]any); l["continuation"] != "bit-exact" {
+		t.Fatalf("the end of a migrated stream says continuation %v", l["continuation"])
+	}
 
 	// The official SDK: a chat is rendered with the file's template.
 	c := openai.NewClient(option.WithBaseURL(up.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))

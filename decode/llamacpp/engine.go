@@ -14,6 +14,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"math"
+	"slices"
 	"unsafe"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
@@ -230,4 +231,147 @@ func (e *Engine) StateSize(slot int) (base, perPosition int, err error) {
 		size[n] = len(b)
 	}
 	return 2*size[0] - size[1], size[1] - size[0], nil
+}
+
+// Continuation guarantees a configuration can give, strongest first.
+const (
+	// BitExact: a sequence's logits are the same bits alone or in any
+	// batch, for its prompt whole or in chunks, with its prefix computed
+	// or imported: a continuation elsewhere is the run that never failed.
+	BitExact = "bit-exact"
+	// TokenExact: the logits may differ in their last bits, but the
+	// greedy tokens agree: a continuation keeps the committed prefix and
+	// greedy output; a sampled token may differ where two were close.
+	TokenExact = "token-exact"
+	// Inexact: even greedy tokens may differ.
+	Inexact = "inexact"
+)
+
+// Invariance is what CheckInvariance found.
+type Invariance struct {
+	// Batch, Chunks and Import say whether the logits kept their bits in
+	// a batch with another sequence, for the prompt in chunks, and after
+	// an imported prefix; Tokens whether every greedy token agreed.
+	Batch, Chunks, Import, Tokens bool
+}
+
+// Guarantee is the continuation guarantee inv supports.
+func (inv Invariance) Guarantee() string {
+	switch {
+	case inv.Batch && inv.Chunks && inv.Import:
+		return BitExact
+	case inv.Tokens:
+		return TokenExact
+	}
+	return Inexact
+}
+
+// CheckInvariance measures, on two empty slots a and b (left empty), what
+// the engine's continuation contract rests on: prompt's last logits alone
+// vs in a batch with another sequence, whole vs in chunks of 5, and a
+// continuation of an imported prefix vs of a computed one.
+func (e *Engine) CheckInvariance(a, b int, prompt []int32) (Invariance, error) {
+	sa, sb := int32(a), int32(b)
+	for _, s := range []int32{sa, sb} {
+		if err := e.c.checkSeq(s); err != nil {
+			return Invariance{}, err
+		}
+		e.c.Forget(s, 0)
+		e.next[s] = 0
+	}
+	defer func() {
+		for _, s := range []int32{sa, sb} {
+			e.c.Forget(s, 0)
+			e.next[s] = 0
+		}
+	}()
+	if len(prompt) < 8 {
+		return Invariance{}, fmt.Errorf("llamacpp: an invariance check needs 8 tokens, not %d", len(prompt))
+	}
+	run := e.c.decodeAll
+	inputs := func(s int32, from, to int, logits bool) []Input {
+		var in []Input
+		for p := from; p < to; p++ {
+			in = append(in, Input{Seq: s, Pos: int32(p), Token: prompt[p], Logits: logits && p == to-1})
+		}
+		return in
+	}
+	n := len(prompt)
+	alone, err := run(inputs(sa, 0, n, true))
+	if err != nil {
+		return Invariance{}, err
+	}
+	e.c.Forget(sa, 0)
+	other := inputs(sb, 0, n/2, true)
+	for i := range other {
+		other[i].Token = prompt[n-1-i]
+	}
+	batched, err := run(append(inputs(sa, 0, n, true), other...))
+	if err != nil {
+		return Invariance{}, err
+	}
+	e.c.Forget(sa, 0)
+	e.c.Forget(sb, 0)
+	var chunks [][]Input
+	for p := 0; p < n; p += 5 {
+		chunks = append(chunks, inputs(sa, p, min(p+5, n), p+5 >= n))
+	}
+	chunked, err := run(chunks...)
+	if err != nil {
+		return Invariance{}, err
+	}
+	// The prefix up to n-1 exported from a into b; both compute the last.
+	e.c.Forget(sa, int32(n-1))
+	state, err := e.c.Export(sa)
+	if err != nil {
+		return Invariance{}, err
+	}
+	if err := e.c.Import(sb, state); err != nil {
+		return Invariance{}, err
+	}
+	both, err := run(append(inputs(sa, n-1, n, true), inputs(sb, n-1, n, true)...))
+	if err != nil {
+		return Invariance{}, err
+	}
+	same := func(x, y []float32) bool { return slices.Equal(bitsOf(x), bitsOf(y)) }
+	inv := Invariance{Batch: same(alone[0], batched[0]), Chunks: same(alone[0], chunked[len(chunked)-1]), Import: same(both[0], both[1])}
+	inv.Tokens = greedyOf(alone[0]) == greedyOf(batched[0]) && greedyOf(alone[0]) == greedyOf(chunked[len(chunked)-1]) && greedyOf(both[0]) == greedyOf(both[1])
+	return inv, nil
+}
+
+func bitsOf(v []float32) []uint32 {
+	out := make([]uint32, len(v))
+	for i, f := range v {
+		out[i] = math.Float32bits(f)
+	}
+	return out
+}
+
+func greedyOf(v []float32) int {
+	best := 0
+	for i, f := range v {
+		if f > v[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// decodeAll decodes each part in turn and returns the logits each asked
+// for, in order.
+func (c *Context) decodeAll(parts ...[]Input) ([][]float32, error) {
+	var out [][]float32
+	for _, in := range parts {
+		if err := c.Decode(in); err != nil {
+			return nil, err
+		}
+		for i := range c.logits {
+			l, err := c.Logits(i, nil)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, l)
+		}
+	}
+	return out, nil
 }

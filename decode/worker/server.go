@@ -140,7 +140,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	s.accepting.Store(true)
 	ready := workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
 		Model: e.ModelName(), ModelRevision: e.ModelRevision(), NumericsID: e.NumericsID(),
-		ContextLen: e.ContextLen(), TokenizerHash: e.Tokenizer.Hash(),
+		ContextLen: e.ContextLen(), TokenizerHash: e.Tokenizer.Hash(), Continuation: e.Continuation(),
 		Capacity: e.Limits().Capacity(sched.Interactive), BatchCapacity: e.Limits().Capacity(sched.Batch)}
 	if e.Cache != nil {
 		id := e.Cache.Identity()

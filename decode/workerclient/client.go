@@ -266,6 +266,10 @@ type Ready struct {
 	// batch) the worker holds at once, running and queued; 0: not said.
 	Capacity      int `json:"capacity,omitempty"`
 	BatchCapacity int `json:"batch_capacity,omitempty"`
+	// Continuation is the guarantee a continuation of this worker's
+	// sequences on another instance of its numerics keeps: "bit-exact",
+	// "token-exact" or "inexact" (its engine checks at start).
+	Continuation string `json:"continuation,omitempty"`
 	// Error, instead of the rest, is why the worker could not start (its
 	// model did not load: a file llama.cpp refused, a binary without
 	// llama.cpp); the worker exits after this line, and its agent shows

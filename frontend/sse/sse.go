@@ -168,6 +168,11 @@ type Lifeline struct {
 	// ToolCalls (the end chunk) are the ids of the tool calls the request
 	// delivered, in order: also kept in the request record.
 	ToolCalls []string `json:"tool_calls,omitempty"`
+	// Continuation (the end chunk of a migrated request) is the
+	// guarantee its continuation kept: "bit-exact", "token-exact",
+	// "inexact", or "prefix" (another numerics continued the committed
+	// tokens).
+	Continuation string `json:"continuation,omitempty"`
 }
 
 // The encoded shapes of Lifeline, in the order the frontend sends their
@@ -186,6 +191,7 @@ type (
 		LastMigration     map[string]int64 `json:"last_migration,omitempty"`
 		Seed              *uint64          `json:"seed,omitempty"`
 		ToolCalls         []string         `json:"tool_calls,omitempty"`
+		Continuation      string           `json:"continuation,omitempty"`
 	}
 	pdLifeline struct {
 		endLifeline
@@ -201,7 +207,7 @@ func (l Lifeline) MarshalJSON() ([]byte, error) {
 		return json.Marshal(tokenLifeline{RequestID: l.RequestID, SequenceNo: l.SequenceNo, TokenID: l.TokenID, InstanceID: l.InstanceID})
 	}
 	end := endLifeline{RequestID: l.RequestID, Migrations: l.Migrations, KVReusedPositions: l.KVReusedPositions, LastMigration: l.LastMigration, Seed: l.Seed,
-		ToolCalls: l.ToolCalls}
+		ToolCalls: l.ToolCalls, Continuation: l.Continuation}
 	if l.PD == "" {
 		return json.Marshal(end)
 	}
