@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -314,33 +313,6 @@ func startEngine(s *sched.Scheduler, tok tokenizer.Tokenizer, info modelInfo) *E
 	return e
 }
 
-// modelInfo is what an engine tells of its model.
-type modelInfo struct {
-	name, revision, numerics string
-	contextLen, vocabSize    int
-	// continuation is the guarantee a continuation elsewhere keeps
-	// (Engine.Continuation).
-	continuation string
-}
-
-// Continuation is the guarantee a continuation of this engine's
-// sequences on another instance of its numerics keeps: "bit-exact" (the
-// reference engine; llama.cpp when its start-up check found its logits
-// batch-, chunk- and import-invariant) or "token-exact" (greedy tokens
-// agree; sampled ones may differ where two were close) — llamacpp's
-// BitExact, TokenExact, Inexact.
-func (e *Engine) Continuation() string { return e.info.continuation }
-
-// ModelName is the model id the engine serves.
-func (e *Engine) ModelName() string { return e.info.name }
-
-// ModelRevision identifies the weights: the reference engine's revision
-// of its checkpoint, a GGUF file's content hash.
-func (e *Engine) ModelRevision() string { return e.info.revision }
-
-// ContextLen is the most positions a sequence may hold.
-func (e *Engine) ContextLen() int { return e.info.contextLen }
-
 // Limits are the engine's scheduler limits.
 func (e *Engine) Limits() sched.Limits { return e.sched.Limits() }
 
@@ -613,57 +585,4 @@ func finishedStream(reason sched.FinishReason) <-chan Event {
 	events <- Event{Done: true, FinishReason: reason}
 	close(events)
 	return events
-}
-
-// textStream turns tokens into text chunks: UTF-8 reassembly, then stop
-// strings, holding back any tail that could still become a stop string.
-type textStream struct {
-	detok   *tokenizer.Detokenizer
-	stops   []string
-	pending string
-}
-
-// newTextStream starts after the prompt's last token, which decides how
-// the first output token is spelled (llama2.c drops a leading space only
-// right after BOS).
-func newTextStream(t tokenizer.Tokenizer, lastPrompt int, stops []string) *textStream {
-	return &textStream{detok: tokenizer.NewDetokenizerAfter(t, lastPrompt), stops: stops}
-}
-
-// push adds a token and returns the text now safe to emit, and whether a
-// stop string was reached (the text then ends before it). last flushes
-// everything held.
-func (s *textStream) push(id int, last bool) (string, bool) {
-	s.pending += s.detok.Push(id)
-	if last {
-		s.pending += s.detok.Flush()
-	}
-	cut := -1
-	for _, st := range s.stops {
-		if i := strings.Index(s.pending, st); i >= 0 && (cut < 0 || i < cut) {
-			cut = i
-		}
-	}
-	if cut >= 0 {
-		out := s.pending[:cut]
-		s.pending = ""
-		return out, true
-	}
-	if last {
-		out := s.pending
-		s.pending = ""
-		return out, false
-	}
-	hold := 0
-	for _, st := range s.stops {
-		for n := min(len(st)-1, len(s.pending)); n > hold; n-- {
-			if strings.HasSuffix(s.pending, st[:n]) {
-				hold = n
-				break
-			}
-		}
-	}
-	out := s.pending[:len(s.pending)-hold]
-	s.pending = s.pending[len(s.pending)-hold:]
-	return out, false
 }
