@@ -26,7 +26,10 @@ type Shape struct {
 	Arch string
 	// Without names a tensor left out: a file whose header is sound and
 	// that llama.cpp refuses to load.
-	Without                               string
+	Without string
+	// Weights is the type of the matrices (F32 when zero; F16 or Q8_0);
+	// norms stay F32, as converters write them.
+	Weights                               gguf.TensorType
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
@@ -181,15 +184,18 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 			n *= d
 			ds[i] = uint64(d)
 		}
-		data := make([]byte, 4*n)
-		for i := range n {
-			v := float32(r.NormFloat64() * scale)
+		vs := make([]float32, n)
+		for i := range vs {
+			vs[i] = float32(r.NormFloat64() * scale)
 			if scale == 0 {
-				v = 1
+				vs[i] = 1
 			}
-			binary.LittleEndian.PutUint32(data[4*i:], math.Float32bits(v))
 		}
-		return gguf.TensorData{Tensor: gguf.Tensor{Name: name, Dims: ds, Type: gguf.F32}, Data: data}
+		typ := gguf.F32
+		if len(dims) == 2 {
+			typ = s.Weights
+		}
+		return gguf.TensorData{Tensor: gguf.Tensor{Name: name, Dims: ds, Type: typ}, Data: encode(typ, vs)}
 	}
 	kvDim := s.embd / s.heads * s.kvHeads
 	w := 1 / math.Sqrt(float64(s.embd))
@@ -216,4 +222,60 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// encode is vs in ggml's layout of type t: F32, F16 or Q8_0 (blocks of
+// 32: an F16 scale, then 32 int8s).
+func encode(t gguf.TensorType, vs []float32) []byte {
+	switch t {
+	case gguf.F16:
+		out := make([]byte, 2*len(vs))
+		for i, v := range vs {
+			binary.LittleEndian.PutUint16(out[2*i:], half(v))
+		}
+		return out
+	case gguf.Q8_0:
+		out := make([]byte, 0, len(vs)/32*34)
+		for b := 0; b+32 <= len(vs); b += 32 {
+			amax := float32(0)
+			for _, v := range vs[b : b+32] {
+				amax = max(amax, float32(math.Abs(float64(v))))
+			}
+			d := amax / 127
+			out = binary.LittleEndian.AppendUint16(out, half(d))
+			for _, v := range vs[b : b+32] {
+				q := int8(0)
+				if d != 0 {
+					q = int8(math.Round(float64(v / d)))
+				}
+				out = append(out, byte(q))
+			}
+		}
+		return out
+	}
+	out := make([]byte, 4*len(vs))
+	for i, v := range vs {
+		binary.LittleEndian.PutUint32(out[4*i:], math.Float32bits(v))
+	}
+	return out
+}
+
+// half is v as an IEEE half (rounded to nearest even; no subnormals
+// needed for weights of this size, flushed to zero).
+func half(v float32) uint16 {
+	b := math.Float32bits(v)
+	sign := uint16(b>>16) & 0x8000
+	exp := int((b>>23)&0xff) - 127 + 15
+	mant := b & 0x7fffff
+	switch {
+	case exp <= 0:
+		return sign
+	case exp >= 31:
+		return sign | 0x7c00
+	}
+	h := uint32(exp)<<10 | mant>>13
+	if rest := mant & 0x1fff; rest > 0x1000 || rest == 0x1000 && h&1 == 1 {
+		h++ // may carry into the exponent: still the nearest half
+	}
+	return sign | uint16(h)
 }
