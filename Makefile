@@ -7,7 +7,7 @@ BIN     ?= bin
 PROMPT  ?= Once upon a time
 FUZZTIME ?= 10s
 
-.PHONY: all build build-llamacpp run drill engine-demo test test-llamacpp test-short race bench fuzz generate lint rdma clean
+.PHONY: all build build-llamacpp llamacpp-cuda run drill engine-demo test test-llamacpp test-short race bench fuzz generate lint rdma clean
 
 all: build
 
@@ -20,6 +20,19 @@ build:
 build-llamacpp:
 	CGO_ENABLED=1 $(GO) build -tags llamacpp -o $(BIN)/lifeline ./cmd/lifeline
 	$(GO) build -o $(BIN)/nodectl ./cmd/nodectl
+
+# The CUDA backend of the same llama.cpp (ggml-cuda, built by CMake from
+# the ollama module's sources) into lib/lifeline: needs cmake and
+# nvidia-cuda-toolkit (Debian 12 non-free: CUDA 11.8, up to sm_90; CUDA
+# 12 with CUDA_PRESET="CUDA 12"). bin/lifeline from build-llamacpp loads
+# it when LIFELINE_GGML_BACKENDS=$$PWD/lib/lifeline (or a worker's
+# --ggml-backends) names it; instances put gpu_layers on the GPU.
+CUDA_PRESET ?= CUDA 11
+llamacpp-cuda: build-llamacpp
+	cmake -S "$$($(GO) list -m -f '{{.Dir}}' github.com/ollama/ollama)" -B build/cuda --preset "$(CUDA_PRESET)" -DCMAKE_BUILD_RPATH='$$ORIGIN'
+	cmake --build build/cuda --target ggml-cuda --parallel
+	mkdir -p lib/lifeline
+	cp -a build/cuda/lib/ollama/libggml-base.so* build/cuda/lib/ollama/libggml-cuda.so lib/lifeline/
 
 # The whole system on this machine: embedded etcd, two node agents with a
 # decode worker each, two frontends on 127.0.0.1:8080 and :8081 (either
@@ -44,7 +57,7 @@ test:
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached
 # after) and the tests of the binding (build tag llamacpp).
 test-llamacpp:
-	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/ ./decode/llamacpp/... ./decode/gguf/ ./cmd/lifeline/ ./internal/proctest/
+	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/ ./decode/llamacpp/... ./decode/gguf/ ./cmd/lifeline/ ./internal/proctest/ ./tools/bench/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m ./decode/llamacpp/... ./decode/gguf/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m -run 'LlamaCpp' ./decode/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m -run 'LlamaCpp|GGUF' ./cmd/lifeline/
@@ -60,6 +73,8 @@ race:
 # Ratios against baselines measured in the same run; see README.
 bench:
 	$(GO) run ./tools/bench
+	if command -v g++ >/dev/null; then CGO_ENABLED=1 $(GO) run -tags llamacpp ./tools/bench -only llamacpp; \
+	else echo "bench: no g++: the llama.cpp figures were not measured"; fi
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./decode/matmul/
 
 # Every fuzz target, each for FUZZTIME.
@@ -98,4 +113,4 @@ rdma:
 	CGO_ENABLED=1 $(GO) test -tags rdma -count=1 ./rdma/
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) build lib

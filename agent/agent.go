@@ -68,8 +68,9 @@ type Agent struct {
 	// guards reg.
 	regMu sync.Mutex
 	reg   registrar
-	// gpuFault is set by a critical GPU error; instances stay not ready.
-	gpuFault   bool
+	// gpuFaults are the devices with a critical GPU error: instances on
+	// them stay not ready.
+	gpuFaults  map[int]bool
 	lease      clientv3.LeaseID
 	leaseAlive time.Time
 	started    time.Time

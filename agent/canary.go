@@ -234,7 +234,7 @@ func (a *Agent) canaryResult(inst *instance, gen uint64, reason string, err erro
 	}
 	gen = inst.gen
 	wasReady := inst.ready
-	if err == nil && (a.gpuFault || inst.draining) {
+	if err == nil && (inst.spec.onFaultedGPU(a.gpuFaults) || inst.draining) {
 		// The canary passes on the CPU engine, but the node has a critical
 		// GPU error: it stays not ready until the agent restarts. A
 		// draining instance stays not ready until undrain.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -123,17 +124,52 @@ func (a *Agent) startGPU(ctx context.Context) {
 	})
 }
 
-// onGPUEvent marks every instance not ready on a critical GPU error. The
-// reference engine runs on CPU, so there is no device-to-instance mapping
-// yet: a GPU engine will narrow this to the instances on that device.
+// onGPUEvent marks the instances on the faulted device not ready — those
+// pinned to it and every unpinned one — until the agent restarts.
 func (a *Agent) onGPUEvent(e gpuEvent) {
 	a.mu.Lock()
-	a.gpuFault = true
+	if a.gpuFaults == nil {
+		a.gpuFaults = map[int]bool{}
+	}
+	a.gpuFaults[e.Device] = true
 	for _, inst := range a.instances {
-		inst.ready, inst.notReady = false, controlapi.ReasonGPUXid
+		if inst.spec.onFaultedGPU(a.gpuFaults) {
+			inst.ready, inst.notReady = false, controlapi.ReasonGPUXid
+		}
 	}
 	a.mu.Unlock()
 	a.emit(controlapi.Event{Kind: controlapi.EventNotReady, Reason: controlapi.ReasonGPUXid, Detail: fmt.Sprintf("device %d: %s %d", e.Device, e.Kind, e.XID)})
 	a.log.Error("critical GPU error", "failure_reason", controlapi.ReasonGPUXid, "device", e.Device, "kind", e.Kind, "xid", e.XID, "recovery_action", "not ready")
 	a.registerAll(context.Background())
+}
+
+// onFaultedGPU says whether the instance may compute on a device of
+// faults: the one it is pinned to, or any when unpinned.
+func (in InstanceSpec) onFaultedGPU(faults map[int]bool) bool {
+	if in.GPU != nil {
+		return faults[*in.GPU]
+	}
+	return len(faults) > 0
+}
+
+// gpuEnv is what pins a worker to its instance's device: nothing when
+// unpinned.
+func (in InstanceSpec) gpuEnv() []string {
+	if in.GPU == nil {
+		return nil
+	}
+	return []string{"CUDA_DEVICE_ORDER=PCI_BUS_ID", fmt.Sprintf("CUDA_VISIBLE_DEVICES=%d", *in.GPU)}
+}
+
+// workerEnv is the environment of an instance's worker processes: the
+// agent's, its thread bound and its device.
+func (in InstanceSpec) workerEnv() []string {
+	env := in.gpuEnv()
+	if in.Threads > 0 {
+		env = append(env, fmt.Sprintf("GOMAXPROCS=%d", in.Threads))
+	}
+	if env == nil {
+		return nil // the agent's own
+	}
+	return append(os.Environ(), env...)
 }

@@ -2,8 +2,14 @@ package agent
 
 import (
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
 
 // TestGPUCheckerWithoutGPU: on a machine without an NVIDIA GPU the checker
@@ -23,4 +29,59 @@ func TestGPUCheckerWithoutGPU(t *testing.T) {
 		t.Fatalf("without a GPU: %v, want ErrNoGPU", err)
 	}
 	t.Logf("no GPU: %v", err)
+}
+
+// TestGPUFaultNarrowsToPinnedInstances: a critical error on device 1
+// marks not ready the instance pinned to device 1 and the unpinned one,
+// and leaves the instance pinned to device 0 serving; a pinned worker
+// sees only its device (in nvidia-smi's order), an unpinned one every
+// device. NVML cannot run here: the event is the one the checker would
+// deliver.
+func TestGPUFaultNarrowsToPinnedInstances(t *testing.T) {
+	zero, one := 0, 1
+	a := &Agent{events: newEventLog(), log: slog.New(slog.DiscardHandler), instances: map[string]*instance{
+		"on0":      {id: "on0", spec: InstanceSpec{Engine: "llamacpp", GPU: &zero}, ready: true},
+		"on1":      {id: "on1", spec: InstanceSpec{Engine: "llamacpp", GPU: &one}, ready: true},
+		"unpinned": {id: "unpinned", spec: InstanceSpec{Engine: "llamacpp"}, ready: true},
+	}}
+	a.onGPUEvent(gpuEvent{Device: 1, Kind: "xid", XID: 79})
+	for id, want := range map[string]bool{"on0": true, "on1": false, "unpinned": false} {
+		inst := a.instances[id]
+		if inst.ready != want || (!want && inst.notReady != controlapi.ReasonGPUXid) {
+			t.Errorf("%s: ready %v (%q), want ready %v", id, inst.ready, inst.notReady, want)
+		}
+		// The canary's verdict on the next pass: an instance on a
+		// faulted device stays not ready.
+		if faulted := inst.spec.onFaultedGPU(a.gpuFaults); faulted == want {
+			t.Errorf("%s: on a faulted device %v", id, faulted)
+		}
+	}
+	env := a.instances["on1"].spec.workerEnv()
+	if !slices.Contains(env, "CUDA_VISIBLE_DEVICES=1") || !slices.Contains(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID") {
+		t.Errorf("a worker pinned to device 1 runs with %v", env[max(0, len(env)-3):])
+	}
+	if env := a.instances["unpinned"].spec.workerEnv(); env != nil {
+		t.Errorf("an unpinned worker's environment is changed: %v", env)
+	}
+}
+
+// TestGPUFieldIsLlamaCpps: gpu pins a llama.cpp instance; on the
+// reference engine, or out of range, it is refused by name.
+func TestGPUFieldIsLlamaCpps(t *testing.T) {
+	bad := 64
+	for _, c := range []struct {
+		spec InstanceSpec
+		want string
+	}{
+		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, GPU: &bad}, "instances[0].model"},
+		{InstanceSpec{Role: "decode", Engine: "llamacpp", Model: "/m.gguf", Count: 1, GPU: &bad}, "instances[0].gpu"},
+	} {
+		o := Options{NodeID: "n1", Instances: []InstanceSpec{c.spec}}
+		err := o.validateInstances(func(field, format string, args ...any) error {
+			return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+		})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error naming %s", c.spec, err, c.want)
+		}
+	}
 }

@@ -65,9 +65,7 @@ func (a *Agent) startFollowers(inst *instance, gen uint64, w *workerProc) error 
 		args.Rank, args.KVSocket, args.KVTransfer, args.KVArena = r, "", "", a.opts.ArenaPath
 		cmd := exec.Command(a.opts.WorkerBinary, append([]string{workerclient.Command}, args.Argv()...)...)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		if inst.spec.Threads > 0 {
-			cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", inst.spec.Threads))
-		}
+		cmd.Env = inst.spec.workerEnv()
 		cmd.Stdout, cmd.Stderr = nil, os.Stderr
 		if err := cmd.Start(); err != nil {
 			return fmt.Errorf("agent: start rank %d of %s: %w", r, inst.id, err)

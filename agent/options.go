@@ -57,6 +57,12 @@ type InstanceSpec struct {
 	ServedName string `json:"served_model_name,omitempty"`
 	ContextLen int    `json:"context,omitempty"`
 	GPULayers  int    `json:"gpu_layers,omitempty"`
+	// GPU pins a llama.cpp instance's workers to one device: its index in
+	// PCI bus order, NVML's (CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER
+	// are set for them). A critical error (XID, double-bit ECC) on another
+	// device leaves a pinned instance serving; an unpinned one is marked
+	// not ready by an error on any device.
+	GPU        *int   `json:"gpu,omitempty"`
 	Preset     string `json:"preset"`
 	WeightSeed uint64 `json:"weight_seed"`
 	Count      int    `json:"count"`
@@ -311,8 +317,8 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 		switch {
 		case in.Role != "decode" && in.Role != "prefill" && in.Role != "both":
 			return bad(fmt.Sprintf("instances[%d].role", i), "%q (decode, prefill or both)", in.Role)
-		case in.Model != "" || in.GPULayers != 0:
-			return bad(fmt.Sprintf("instances[%d].model", i), "a model file is served by engine %q: the reference engine runs a preset", decode.EngineLlamaCpp)
+		case in.Model != "" || in.GPULayers != 0 || in.GPU != nil:
+			return bad(fmt.Sprintf("instances[%d].model", i), "a model file (and gpu, gpu_layers) is served by engine %q: the reference engine runs a preset on the CPU", decode.EngineLlamaCpp)
 		case in.Preset != "tiny" && in.Preset != "small":
 			return bad(fmt.Sprintf("instances[%d].preset", i), "%q (tiny or small)", in.Preset)
 		case in.Count < 0 || in.Count > 64:
@@ -355,6 +361,8 @@ func (o *Options) validateLlamaCpp(i int, in InstanceSpec, bad func(field, forma
 		return bad(at+".count", "%d (0..64)", in.Count)
 	case in.MaxRunning < 0 || in.MaxQueued < 0 || in.Threads < 0 || in.ContextLen < 0 || in.GPULayers < 0:
 		return bad(at+".max_running", "max_running, max_queued, threads, context and gpu_layers must not be negative")
+	case in.GPU != nil && (*in.GPU < 0 || *in.GPU > 63):
+		return bad(at+".gpu", "%d (a device index 0..63, in PCI bus order as nvidia-smi lists them)", *in.GPU)
 	case len(instanceID(o.NodeID, in, 63)) > 63:
 		return bad(at+".served_model_name", "instance ids %q would be over 63 characters: a shorter served_model_name or node_id", instanceID(o.NodeID, in, 0))
 	}

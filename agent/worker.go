@@ -124,9 +124,7 @@ func (a *Agent) startWorker(inst *instance, gen uint64) (*workerProc, error) {
 	// Workers outlive an agent restart (systemd KillMode=process): their
 	// own process group, no parent-death signal.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if inst.spec.Threads > 0 {
-		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", inst.spec.Threads))
-	}
+	cmd.Env = inst.spec.workerEnv()
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -54,6 +54,9 @@ type Options struct {
 	// with the llamacpp tag), with Threads and GPULayers.
 	Engine             string
 	Threads, GPULayers int
+	// GGMLBackends is a directory of ggml backend libraries to load (make
+	// llamacpp-cuda's lib/lifeline), for GPULayers.
+	GGMLBackends string
 	// ServedName is the model id clients ask for ("": the preset's or the
 	// checkpoint's name, a GGUF file's base name without .gguf).
 	ServedName string

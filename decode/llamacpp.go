@@ -28,6 +28,10 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	gpus, err := llamacpp.LoadBackends(opts.GGMLBackends)
+	if err != nil {
+		return nil, err
+	}
 	m, err := llamacpp.LoadModel(opts.ModelPath, llamacpp.ModelParams{GPULayers: opts.GPULayers})
 	if err != nil {
 		return nil, err
@@ -54,7 +58,7 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 		closeAll()
 		return nil, fmt.Errorf("decode: llama.cpp invariance check: %w", err)
 	}
-	info := modelInfo{name: opts.ServedName, revision: rev, numerics: llamaCppNumerics(m, opts),
+	info := modelInfo{name: opts.ServedName, revision: rev, numerics: llamaCppNumerics(m, opts, gpus),
 		contextLen: ctxLen, vocabSize: m.VocabSize(), continuation: inv.Guarantee()}
 	if info.name == "" {
 		info.name = GGUFName(opts.ModelPath)
@@ -176,16 +180,22 @@ func (l *llamaSnapshots) close() error {
 // llamaCppNumerics names what a llama.cpp engine's arithmetic depends
 // on: the llama.cpp commit, the CPU kernels the build chose (a hash of
 // llama.cpp's system info), the GPU layers, the weight type, the KV type,
-// flash attention and the KV streams.
-func llamaCppNumerics(m *llamacpp.Model, opts Options) string {
+// flash attention and the KV streams; with layers on a GPU, the GPUs.
+func llamaCppNumerics(m *llamacpp.Model, opts Options, gpus []string) string {
 	sys := sha256.Sum256([]byte(llamacpp.SystemInfo()))
-	desc := strings.Fields(m.Desc())
+	// llama.cpp's description ends with the weight type ("llama 0.5B
+	// Q8_0"), followed by "(guessed)" when the file does not name it.
+	desc := strings.Fields(strings.TrimSuffix(m.Desc(), " (guessed)"))
 	weights := "unknown"
 	if len(desc) > 0 {
 		weights = desc[len(desc)-1]
 	}
-	return fmt.Sprintf("llamacpp=%s;cpu=%s;gpu_layers=%d;weights=%s;kv=f16;flash_attn=off;kv_unified=off",
-		gguf.LlamaCppCommit, hex.EncodeToString(sys[:6]), opts.GPULayers, weights)
+	gpu := "none"
+	if opts.GPULayers > 0 {
+		gpu = strings.Join(gpus, "+")
+	}
+	return fmt.Sprintf("llamacpp=%s;cpu=%s;gpu=%s;gpu_layers=%d;weights=%s;kv=f16;flash_attn=off;kv_unified=off",
+		gguf.LlamaCppCommit, hex.EncodeToString(sys[:6]), gpu, opts.GPULayers, weights)
 }
 
 // chatTemplate renders conversations with template tmpl through

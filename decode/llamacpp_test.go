@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,6 +67,9 @@ func TestLlamaCppBatchedEqualsAlone(t *testing.T) {
 	e := llamaEngine(t, Options{})
 	if e.Continuation() != llamacpp.BitExact {
 		t.Fatalf("this build claims %q", e.Continuation())
+	}
+	if id := e.NumericsID(); !strings.Contains(id, ";weights=F32;") || !strings.Contains(id, ";gpu=none;") {
+		t.Fatalf("numerics id %q: want the F32 weights and no GPU named", id)
 	}
 	req := Request{Prompt: "The quick brown fox jumps over the lazy dog, and then the dog", MaxTokens: 40, IgnoreEOS: true, KeepLogits: true,
 		Sampling: sample.Params{Temperature: 0.9, TopP: 0.95, Seed: 9}}

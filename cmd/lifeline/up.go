@@ -25,6 +25,7 @@ func upCmd() *cobra.Command {
 	f.StringVar(&opts.ServedName, "served-model-name", "", "the model id clients ask for (default: the preset, or the GGUF file's base name without .gguf)")
 	f.IntVar(&opts.Threads, "threads", 0, "compute threads per worker (0: every CPU)")
 	f.IntVar(&opts.ContextLen, "context", 0, "--engine llamacpp: cap on the context in tokens (0: the model's, at most 4096)")
+	f.IntVar(&opts.GPULayers, "gpu-layers", 0, "--engine llamacpp: layers on the GPU (make llamacpp-cuda, LIFELINE_GGML_BACKENDS=$PWD/lib/lifeline)")
 	f.IntVar(&opts.Prefill, "prefill", 0, "prefill instances to add (prefill/decode disaggregation); placed from the last node backwards")
 	f.StringVar(&opts.Listen, "listen", "127.0.0.1:8080", "frontend HTTP address (frontend i listens on its port + i)")
 	f.IntVar(&opts.Frontends, "frontends", 1, "frontends to run; any of them resumes any stream")

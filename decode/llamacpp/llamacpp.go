@@ -24,6 +24,14 @@ static void lifeline_init(void) {
 	llama_log_set(lifeline_quiet, NULL);
 	llama_backend_init();
 }
+static const char *lifeline_gpu(size_t i) {
+	ggml_backend_dev_t d = ggml_backend_dev_get(i);
+	enum ggml_backend_dev_type t = ggml_backend_dev_type(d);
+	if (t != GGML_BACKEND_DEVICE_TYPE_GPU && t != GGML_BACKEND_DEVICE_TYPE_IGPU) {
+		return NULL;
+	}
+	return ggml_backend_dev_description(d);
+}
 static int32_t lifeline_token_at(const struct llama_batch *b, int i, llama_token tok, llama_pos pos, llama_seq_id seq, int8_t logits) {
 	b->token[i] = tok;
 	b->pos[i] = pos;
@@ -39,6 +47,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -58,6 +67,45 @@ func SystemInfo() string {
 	return C.GoString(C.llama_print_system_info())
 }
 
+// ErrNoGPU: layers were asked for the GPU and no GPU backend is loaded
+// (a CPU build would silently compute them on the CPU).
+var ErrNoGPU = errors.New("llamacpp: gpu layers asked for, but no GPU backend is loaded: build one with make llamacpp-cuda and point LIFELINE_GGML_BACKENDS (or --ggml-backends) at its lib/lifeline")
+
+var (
+	backendsMu sync.Mutex
+	backends   = map[string]bool{}
+)
+
+// LoadBackends loads the ggml backend libraries in dir (libggml-cuda.so
+// and the libggml-base.so it links: make llamacpp-cuda's lib/lifeline)
+// once per process, and returns the GPUs then known.
+func LoadBackends(dir string) ([]string, error) {
+	initBackend()
+	backendsMu.Lock()
+	defer backendsMu.Unlock()
+	if dir != "" && !backends[dir] {
+		if _, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("llamacpp: ggml backends: %w", err)
+		}
+		cdir := C.CString(dir)
+		C.ggml_backend_load_all_from_path(cdir)
+		C.free(unsafe.Pointer(cdir))
+		backends[dir] = true
+	}
+	return gpus(), nil
+}
+
+// gpus describes the GPU devices of the loaded backends.
+func gpus() []string {
+	var out []string
+	for i := range C.ggml_backend_dev_count() {
+		if d := C.lifeline_gpu(i); d != nil {
+			out = append(out, C.GoString(d))
+		}
+	}
+	return out
+}
+
 // Model is a GGUF model loaded by llama.cpp, and its vocabulary.
 type Model struct {
 	m     *C.struct_llama_model
@@ -66,8 +114,8 @@ type Model struct {
 
 // ModelParams configure LoadModel.
 type ModelParams struct {
-	// GPULayers is how many layers go to the GPU backend (0: none; the
-	// CPU build has none to give them to).
+	// GPULayers is how many layers go to the GPU backend (0: none); with
+	// no GPU backend loaded (LoadBackends), asking for any is ErrNoGPU.
 	GPULayers int
 }
 
@@ -75,6 +123,9 @@ type ModelParams struct {
 // gguf.Open: llama.cpp's own refusals say little).
 func LoadModel(path string, p ModelParams) (*Model, error) {
 	initBackend()
+	if p.GPULayers > 0 && len(gpus()) == 0 {
+		return nil, ErrNoGPU
+	}
 	mp := C.llama_model_default_params()
 	mp.n_gpu_layers = C.int32_t(p.GPULayers)
 	cpath := C.CString(path)

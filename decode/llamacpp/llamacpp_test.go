@@ -5,6 +5,8 @@ package llamacpp
 import (
 	"errors"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -438,5 +440,38 @@ func TestExportCost(t *testing.T) {
 	// What a migration saves: importing must beat recomputing by far.
 	if imp*10 > prefill {
 		t.Errorf("import %v is not a tenth of recomputing %v", imp, prefill)
+	}
+}
+
+// TestGPULayersWithoutAGPU: layers asked for a GPU where no GPU backend
+// is loaded are refused (ErrNoGPU) instead of silently computed on the
+// CPU; a backend directory that does not exist is an error naming it,
+// one without a backend loads nothing. With a CUDA backend (make
+// llamacpp-cuda) on a machine with a GPU, LIFELINE_GGML_BACKENDS names
+// it and the model loads.
+func TestGPULayersWithoutAGPU(t *testing.T) {
+	path := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.Tiny, 1)
+	dir := os.Getenv("LIFELINE_GGML_BACKENDS")
+	if dir == "" {
+		if _, err := LoadBackends(filepath.Join(t.TempDir(), "missing")); err == nil || !strings.Contains(err.Error(), "missing") {
+			t.Fatalf("a missing backend directory: %v", err)
+		}
+		dir = t.TempDir()
+	}
+	gpus, err := LoadBackends(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := LoadModel(path, ModelParams{GPULayers: 2})
+	if len(gpus) > 0 {
+		if err != nil {
+			t.Fatalf("GPUs %v: %v", gpus, err)
+		}
+		m.Close()
+		t.Logf("loaded on %v", gpus)
+		return
+	}
+	if !errors.Is(err, ErrNoGPU) {
+		t.Fatalf("2 GPU layers and no GPU backend: %v, want ErrNoGPU", err)
 	}
 }

@@ -35,6 +35,8 @@ type Args struct {
 	ContextLen int
 	Threads    int
 	GPULayers  int
+	// GGMLBackends is a directory of ggml backend libraries (llamacpp).
+	GGMLBackends string
 	// RevisionCache is a directory of checkpoint revisions already
 	// computed (a restart skips the hash pass and runs it in the
 	// background); "" computes it at every start.
@@ -87,6 +89,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&a.ContextLen, "context", 0, "cap on the context length in tokens (0: the model's, at most 4096 for llamacpp)")
 	fs.IntVar(&a.Threads, "threads", 0, "llamacpp: compute threads (0: every CPU)")
 	fs.IntVar(&a.GPULayers, "gpu-layers", 0, "llamacpp: layers offloaded to the GPU (a CUDA build)")
+	fs.StringVar(&a.GGMLBackends, "ggml-backends", "", "llamacpp: a directory of ggml backend libraries to load, make llamacpp-cuda's lib/lifeline (default $LIFELINE_GGML_BACKENDS)")
 	fs.StringVar(&a.RevisionCache, "revision-cache", "", "directory of the --model revisions already computed: a restart on the same file is ready without the hash pass, which runs in the background (a mismatch ends the worker)")
 	fs.StringVar(&a.KVSocket, "kv-socket", "", "the node's KV arena owner socket")
 	fs.StringVar(&a.KVTransfer, "kv-transfer", "", "the node agent's KV transfer endpoint (migrated requests pull their blocks through it)")

@@ -46,12 +46,15 @@ type Options struct {
 	// lifeline built with the llamacpp tag) instead of Preset, under
 	// ServedName (default: the file's base name without .gguf), with
 	// Threads compute threads per worker (0: every CPU) and its context
-	// capped at ContextLen (0: at most 4,096).
+	// capped at ContextLen (0: at most 4,096), GPULayers layers on the
+	// GPU (the CUDA backend of make llamacpp-cuda, loaded from
+	// LIFELINE_GGML_BACKENDS).
 	Engine     string
 	Model      string
 	ServedName string
 	Threads    int
 	ContextLen int
+	GPULayers  int
 }
 
 // ModelID is the model clients ask for: the preset, or the GGUF
@@ -70,7 +73,7 @@ func (o *Options) ModelID() string {
 func (o *Options) instance() agent.InstanceSpec {
 	if o.Engine == decode.EngineLlamaCpp {
 		return agent.InstanceSpec{Role: "decode", Engine: o.Engine, Model: o.Model, ServedName: o.ServedName,
-			Count: 1, Threads: o.Threads, ContextLen: o.ContextLen}
+			Count: 1, Threads: o.Threads, ContextLen: o.ContextLen, GPULayers: o.GPULayers}
 	}
 	return agent.InstanceSpec{Role: "decode", Preset: o.Preset, Count: 1, TP: o.TP, Threads: o.Threads}
 }
@@ -81,11 +84,11 @@ func (o *Options) validateModel() error {
 	switch {
 	case o.Engine != "" && o.Engine != decode.EngineLifeline && o.Engine != decode.EngineLlamaCpp:
 		return fmt.Errorf("up: engine: %q (%s or %s)", o.Engine, decode.EngineLifeline, decode.EngineLlamaCpp)
-	case o.Threads < 0 || o.ContextLen < 0:
-		return fmt.Errorf("up: threads %d, context %d: neither may be negative", o.Threads, o.ContextLen)
+	case o.Threads < 0 || o.ContextLen < 0 || o.GPULayers < 0:
+		return fmt.Errorf("up: threads %d, context %d, gpu layers %d: none may be negative", o.Threads, o.ContextLen, o.GPULayers)
 	case o.Engine != decode.EngineLlamaCpp:
-		if o.Model != "" {
-			return fmt.Errorf("up: model: a GGUF file is served with --engine %s", decode.EngineLlamaCpp)
+		if o.Model != "" || o.GPULayers != 0 {
+			return fmt.Errorf("up: model, gpu-layers: a GGUF file is served with --engine %s", decode.EngineLlamaCpp)
 		}
 		if o.Preset != "tiny" && o.Preset != "small" {
 			return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)

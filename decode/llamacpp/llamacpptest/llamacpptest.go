@@ -154,10 +154,19 @@ func SPMVocab() (tokens []string, scores []float32, types []int32) {
 }
 
 // WriteModel writes a GGUF of shape s (llama with a SentencePiece
-// vocabulary, or qwen2 with a byte-level BPE one) with random F32 weights
+// vocabulary, or qwen2 with a byte-level BPE one) with random weights
 // (seed) and the ChatML template to dir, and returns its path.
 func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 	t.Helper()
+	path, err := Write(dir, s, seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// Write is WriteModel for a benchmark: the error is returned.
+func Write(dir string, s Shape, seed uint64) (string, error) {
 	a := s.Arch
 	if a == "" {
 		a = "llama"
@@ -215,13 +224,13 @@ func WriteModel(t testing.TB, dir string, s Shape, seed uint64) string {
 	path := filepath.Join(dir, "lifeline-test-"+a+".gguf")
 	f, err := os.Create(path)
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	defer f.Close()
 	if err := gguf.Write(f, kvs, ts); err != nil {
-		t.Fatal(err)
+		f.Close()
+		return "", err
 	}
-	return path
+	return path, f.Close()
 }
 
 // encode is vs in ggml's layout of type t: F32, F16 or Q8_0 (blocks of
