@@ -120,8 +120,22 @@ func TestLlamaCppSnapshotsContinueAnotherEngine(t *testing.T) {
 	if !slices.Equal(tokenIDs(got), tokenIDs(want)[100:]) {
 		t.Fatalf("continued %v, uninterrupted %v", tokenIDs(got), tokenIDs(want)[100:])
 	}
-	if got.finish.ReusedPositions < 64 || b.SnapshotStats().Restored != 1 {
+	if got.finish.ReusedPositions != 64 || b.SnapshotStats().Restored != 1 {
 		t.Fatalf("restored %d positions, stats %+v", got.finish.ReusedPositions, b.SnapshotStats())
+	}
+	// A continuation of exactly 128 positions and the one it computes
+	// restores the 128 (the last saved period counts).
+	ids := make([]int, 100)
+	for i := range ids {
+		ids[i] = 40 + i%50
+	}
+	long := Request{PromptTokens: ids, MaxTokens: 60, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 3}}
+	wantLong := generate(t, a, long)
+	contLong := long
+	contLong.PrefixTokens = tokenIDs(wantLong)[:29]
+	gotLong := generate(t, b, contLong)
+	if !slices.Equal(tokenIDs(gotLong), tokenIDs(wantLong)[29:]) || gotLong.finish.ReusedPositions != 128 {
+		t.Fatalf("a continuation at 129 positions reused %d (want 128); tokens equal %v", gotLong.finish.ReusedPositions, slices.Equal(tokenIDs(gotLong), tokenIDs(wantLong)[29:]))
 	}
 	corrupted := 0
 	for slot := range arena.Geometry().Slots {
@@ -181,4 +195,17 @@ func bitsOf(v []float32) []uint32 {
 		out[i] = math.Float32bits(f)
 	}
 	return out
+}
+
+// TestSnapshotBudget: saves may take 5 % of the engine's computing time;
+// past it, they are skipped until computing catches up.
+func TestSnapshotBudget(t *testing.T) {
+	for _, c := range []struct {
+		spent, forward time.Duration
+		over           bool
+	}{{0, 0, false}, {49 * time.Millisecond, time.Second, false}, {51 * time.Millisecond, time.Second, true}, {time.Millisecond, 0, true}} {
+		if got := overBudget(c.spent, c.forward); got != c.over {
+			t.Errorf("%v of saves against %v of computing: over budget %v, want %v", c.spent, c.forward, got, c.over)
+		}
+	}
 }

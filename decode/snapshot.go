@@ -33,6 +33,9 @@ type snapshots struct {
 	arena   *shm.Arena
 	id      kv.Identity
 	payload int
+	// readBuf is kept from one load to the next (the scheduler's step
+	// loads: one at a time).
+	readBuf []byte
 
 	mu sync.Mutex
 	// held are each slot's latest snapshot's blocks, leased.
@@ -43,6 +46,8 @@ type snapshots struct {
 // SnapshotStats count what an engine's snapshots did.
 type SnapshotStats struct {
 	Saved, SaveFailed, Restored, RestoreMissed uint64
+	// Skipped counts saves left out to keep within the time budget.
+	Skipped uint64
 	// RestoredPositions counts the positions restored (not computed);
 	// SavedBytes the states' bytes written.
 	RestoredPositions, SavedBytes uint64
@@ -129,20 +134,20 @@ func (s *snapshots) blocksFor(size int) int {
 
 // save publishes state, which holds the K/V of tokens, as slot's
 // snapshot of its longest prefix of a multiple of SnapshotEvery, and
-// lets the slot's previous one go.
-func (s *snapshots) save(slot int, tokens []int, state []byte) error {
-	began := time.Now()
+// lets the slot's previous one go; began is when the save began (the
+// export included).
+func (s *snapshots) save(slot int, tokens []int, state []byte, began time.Time) error {
 	k := len(tokens) / sched.SnapshotEvery * sched.SnapshotEvery
 	if k == 0 {
 		return nil
 	}
-	data := make([]byte, snapshotHeader, snapshotHeader+len(state))
-	copy(data, snapshotMagic)
-	binary.LittleEndian.PutUint32(data[4:], snapshotVersion)
-	binary.LittleEndian.PutUint64(data[8:], uint64(len(state)))
-	binary.LittleEndian.PutUint32(data[16:], uint32(len(tokens)))
-	binary.LittleEndian.PutUint32(data[20:], uint32(k))
-	data = append(data, state...)
+	var header [snapshotHeader]byte
+	copy(header[:], snapshotMagic)
+	binary.LittleEndian.PutUint32(header[4:], snapshotVersion)
+	binary.LittleEndian.PutUint64(header[8:], uint64(len(state)))
+	binary.LittleEndian.PutUint32(header[16:], uint32(len(tokens)))
+	binary.LittleEndian.PutUint32(header[20:], uint32(k))
+	total := snapshotHeader + len(state)
 	n := s.blocksFor(len(state))
 	keys := s.chunkKeys(tokens, k, n)
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
@@ -153,8 +158,15 @@ func (s *snapshots) save(slot int, tokens []int, state []byte) error {
 	}
 	batch := make([]kv.BatchBlock, n)
 	for i, r := range refs {
-		part := data[i*s.payload : min((i+1)*s.payload, len(data))]
-		copy(s.arena.Payload(int(r.Slot)), part)
+		// Straight from the export into the arena: header ‖ state, cut
+		// in blocks.
+		off := i * s.payload
+		part := s.arena.Payload(int(r.Slot))[:min(s.payload, total-off)]
+		c := 0
+		if off < snapshotHeader {
+			c = copy(part, header[off:])
+		}
+		copy(part[c:], state[max(0, off-snapshotHeader):])
 		r.PayloadLen, r.Checksum = uint32(len(part)), shm.Checksum(part)
 		batch[i] = kv.BatchBlock{Ref: r, Key: keys[i]}
 		if i > 0 {
@@ -233,24 +245,24 @@ func (s *snapshots) drop(slot int) {
 	}
 }
 
-// candidates are the prefix lengths a restore of tokens tries, longest
-// first: the last position is always computed (its logits pick the next
-// token), and a snapshot older than two periods is not worth a lookup.
-func candidates(tokens []int) []int {
+// candidates are the prefix lengths a restore of n positions tries,
+// longest first: a snapshot older than two periods is not worth a lookup.
+func candidates(n int) []int {
 	var out []int
-	for k := (len(tokens) - 1) / sched.SnapshotEvery * sched.SnapshotEvery; k > 0 && len(out) < 2; k -= sched.SnapshotEvery {
+	for k := n / sched.SnapshotEvery * sched.SnapshotEvery; k > 0 && len(out) < 2; k -= sched.SnapshotEvery {
 		out = append(out, k)
 	}
 	return out
 }
 
-// load reads the longest saved snapshot of a prefix of tokens: the
+// load reads the longest saved snapshot of a prefix of tokens (each may
+// be restored: the scheduler leaves out the one it computes): the
 // state, and the prefix's length k (the state may hold more positions,
 // which the restore drops).
 func (s *snapshots) load(tokens []int) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), snapshotTimeout)
 	defer cancel()
-	for _, k := range candidates(tokens) {
+	for _, k := range candidates(len(tokens)) {
 		first := s.chunkKeys(tokens, k, 1)
 		refs, err := s.client.Acquire(ctx, first)
 		if err != nil {
@@ -294,7 +306,10 @@ func (s *snapshots) read(ctx context.Context, tokens []int, k int, first kv.Ref)
 	if err != nil || len(rest) != n-1 {
 		return nil, fmt.Errorf("decode: snapshot of %d positions: %d of %d blocks (%v)", k, len(rest)+1, n, err)
 	}
-	data := make([]byte, 0, snapshotHeader+int(size))
+	if cap(s.readBuf) < snapshotHeader+int(size) {
+		s.readBuf = make([]byte, 0, snapshotHeader+int(size))
+	}
+	data := s.readBuf[:0]
 	for i, r := range refs {
 		b := head
 		if i > 0 {
@@ -331,7 +346,8 @@ func (s *snapshots) verified(r kv.Ref) ([]byte, error) {
 // chain: the snapshot's blocks, fewer than the bound).
 func (s *snapshots) chains(tokens []int, stateBytes func(k int) int) [][]kv.BlockKey {
 	var out [][]kv.BlockKey
-	for _, k := range candidates(tokens) {
+	// The last position is computed (its logits pick the next token).
+	for _, k := range candidates(len(tokens) - 1) {
 		out = append(out, s.chunkKeys(tokens, k, s.blocksFor(stateBytes(k))))
 	}
 	return out

@@ -195,6 +195,11 @@ func (m *Model) Desc() string {
 // Export is slot's whole K/V state (Context.Export).
 func (e *Engine) Export(slot int) ([]byte, error) { return e.c.Export(int32(slot)) }
 
+// ExportInto is Export into *buf (Context.ExportInto).
+func (e *Engine) ExportInto(slot int, buf *[]byte) ([]byte, error) {
+	return e.c.ExportInto(int32(slot), buf)
+}
+
 // Restore replaces slot's K/V with state (an Export of a context of the
 // same model and settings) and keeps its first keep positions.
 func (e *Engine) Restore(slot int, state []byte, keep int) error {

@@ -418,10 +418,10 @@ func TestExportCost(t *testing.T) {
 	}
 	step := time.Since(start) / steps
 	start = time.Now()
-	var state []byte
+	var state, buf []byte
 	const exports = 5
 	for range exports {
-		if state, err = c.Export(0); err != nil {
+		if state, err = c.ExportInto(0, &buf); err != nil {
 			t.Fatal(err)
 		}
 	}

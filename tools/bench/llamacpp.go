@@ -15,6 +15,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
+	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/shm"
 )
 
 // The llama.cpp bench's sizes: every engine holds llamaSlots sequences of
@@ -24,6 +26,7 @@ const (
 	llamaTokens  = 64   // output tokens per sequence in the decode runs
 	llamaPrefill = 1024 // prompt tokens in the prefill run
 	llamaRounds  = 3
+	llamaPairs   = 5    // pairs the throughput ratios are the median of
 	llamaLong    = 2048 // the context of the migration figures
 )
 
@@ -68,7 +71,7 @@ func runLlamaCppBench() error {
 			return fmt.Errorf("%s: %w", names[i], err)
 		}
 	}
-	fmt.Printf("\n| tokens/s (Lifeline ÷ plain loop, median of %d pairs) |", llamaRounds)
+	fmt.Printf("\n| tokens/s (Lifeline ÷ plain loop, median of %d pairs) |", llamaPairs)
 	for _, n := range names {
 		fmt.Printf(" %s |", n)
 	}
@@ -107,15 +110,21 @@ func measureLlama(path string) (llamaFigures, error) {
 		batch, prompt, out int
 	}{{1, 16, llamaTokens}, {16, 16, llamaTokens}, {1, llamaPrefill, 1}}
 	var plain, life, ratios [3][]float64
-	for range llamaRounds {
+	for round := range llamaPairs {
 		for k, r := range runs {
-			p, err := plainLoop(c, m, r.batch, r.prompt, r.out)
-			if err != nil {
-				return f, err
-			}
-			l, err := lifelineRun(e, r.batch, r.prompt, r.out)
-			if err != nil {
-				return f, err
+			// Each goes first in every other pair: what runs second
+			// meets a warmer (or hotter) machine.
+			var p, l float64
+			var err error
+			for i := range 2 {
+				if (i+round)%2 == 0 {
+					p, err = plainLoop(c, m, r.batch, r.prompt, r.out)
+				} else {
+					l, err = lifelineRun(e, r.batch, r.prompt, r.out)
+				}
+				if err != nil {
+					return f, err
+				}
 			}
 			if k == 2 { // prefill: prompt tokens per second
 				p, l = p*llamaPrefill, l*llamaPrefill
@@ -246,6 +255,9 @@ func runLlamaMigrationBench(path string) error {
 		return err
 	}
 	defer node.stop()
+	if err := warmArena(node); err != nil {
+		return err
+	}
 	open := func(instance string) (*decode.Engine, error) {
 		o := decode.Options{Engine: decode.EngineLlamaCpp, ModelPath: path, Threads: 2, ContextLen: llamaContext, Limits: llamaLimits}
 		if instance != "" {
@@ -263,6 +275,8 @@ func runLlamaMigrationBench(path string) error {
 	first, successor, alone := engines[0], engines[1], engines[2]
 	const out, cut = 128, 64
 	var costs, imported, recomputed []float64
+	var computing time.Duration // the publishing engine's requests, end to end
+	reused := 0
 	for round := range llamaRounds {
 		req := decode.Request{PromptTokens: benchPrompt(round, llamaLong, first.Tokenizer.VocabSize()), MaxTokens: out, IgnoreEOS: true}
 		published, err := timedRun(first, req)
@@ -274,6 +288,7 @@ func runLlamaMigrationBench(path string) error {
 			return err
 		}
 		costs = append(costs, published.decode.Seconds()/unpublished.decode.Seconds()-1)
+		computing += published.first + published.decode
 		cont := req
 		cont.PrefixTokens = published.tokens[:cut]
 		for _, r := range []struct {
@@ -288,6 +303,9 @@ func runLlamaMigrationBench(path string) error {
 				return fmt.Errorf("the continuation's first token %d, the uninterrupted run's %d", got.tokens[0], published.tokens[cut])
 			}
 			*r.dst = append(*r.dst, got.first.Seconds()*1e3)
+			if r.e == successor {
+				reused = got.reused
+			}
 			if r.e == successor && got.reused < llamaLong {
 				return fmt.Errorf("the successor imported %d positions, want at least %d", got.reused, llamaLong)
 			}
@@ -295,11 +313,15 @@ func runLlamaMigrationBench(path string) error {
 	}
 	st := first.SnapshotStats()
 	fmt.Printf("\n| migration at %d positions (median of %d) | figure |\n|---|---|\n", llamaLong+cut, llamaRounds)
-	fmt.Printf("| next token after a kill, state imported from the arena | %.1f ms |\n", median(imported))
+	fmt.Printf("| next token after a kill, state imported from the arena (%d positions) | %.1f ms |\n", reused, median(imported))
 	fmt.Printf("| next token after a kill, %d positions recomputed | %.1f ms |\n", llamaLong+cut, median(recomputed))
 	fmt.Printf("| import ÷ recompute | **%.3f** |\n", median(imported)/median(recomputed))
-	fmt.Printf("| publishing every %d tokens: decode time added | **%.1f %%** (%d snapshots, %.1f MiB each) |\n",
-		sched.SnapshotEvery, 100*median(costs), st.Saved, float64(st.SavedBytes)/float64(max(st.Saved, 1))/(1<<20))
+	rs := successor.SnapshotStats()
+	fmt.Printf("| of which the restore (read, verify, import) | %.1f ms |\n", rs.RestoreTime.Seconds()*1e3/float64(max(rs.Restored, 1)))
+	fmt.Printf("| saves (every %d positions: prefill chunks, prefill end, decode): their time ÷ the rest of the requests' | **%.1f %%** (%d saves, %.1f MiB and %.1f ms each; %d skipped by the budget) |\n",
+		sched.SnapshotEvery, 100*st.SaveTime.Seconds()/(computing-st.SaveTime).Seconds(), st.Saved,
+		float64(st.SavedBytes)/float64(max(st.Saved, 1))/(1<<20), st.SaveTime.Seconds()*1e3/float64(max(st.Saved, 1)), st.Skipped)
+	fmt.Printf("| decode with saves ÷ without, %d tokens (two engines; noise of a few %%) | %.3f |\n", out, 1+median(costs))
 	return nil
 }
 
@@ -359,13 +381,14 @@ func llamaStateBench(path string) error {
 	defer c.Close()
 	var exports, imports, recomputes []float64
 	var blocks int
+	var buf []byte // kept, as a worker keeps it
 	for range llamaRounds {
 		tps, err := plainLoop(c, m, 1, llamaLong-1, 1)
 		if err != nil {
 			return err
 		}
 		recomputes = append(recomputes, 1/tps) // one output token: seconds per run
-		state, took, err := exportAfterPrefill(c, m)
+		state, took, err := exportAfterPrefill(c, m, &buf)
 		if err != nil {
 			return err
 		}
@@ -381,14 +404,14 @@ func llamaStateBench(path string) error {
 	}
 	perBlock := func(v []float64) float64 { return median(v) / float64(blocks) * 1e6 }
 	fmt.Printf("\n| %d positions' state, per %d KiB arena block (%d blocks) | µs |\n|---|---|\n", llamaLong, arenaSlotBytes>>10, blocks)
-	fmt.Printf("| export (llama_state_seq_get_data) | %.0f |\n| import (llama_state_seq_set_data) | %.0f |\n", perBlock(exports), perBlock(imports))
+	fmt.Printf("| export (llama_state_seq_get_data, into a kept buffer) | %.0f |\n| import (llama_state_seq_set_data) | %.0f |\n", perBlock(exports), perBlock(imports))
 	fmt.Printf("| recompute the positions a block holds | %.0f |\n", perBlock(recomputes))
 	return nil
 }
 
 // exportAfterPrefill computes a 2k prompt into sequence 0 and times its
 // export.
-func exportAfterPrefill(c *llamacpp.Context, m *llamacpp.Model) ([]byte, time.Duration, error) {
+func exportAfterPrefill(c *llamacpp.Context, m *llamacpp.Model, buf *[]byte) ([]byte, time.Duration, error) {
 	p := benchPrompt(0, llamaLong, m.VocabSize())
 	for i := 0; i < len(p); i += llamaLimits.MaxStepTokens {
 		var in []llamacpp.Input
@@ -400,6 +423,26 @@ func exportAfterPrefill(c *llamacpp.Context, m *llamacpp.Model) ([]byte, time.Du
 		}
 	}
 	start := time.Now()
-	state, err := c.Export(0)
+	state, err := c.ExportInto(0, buf)
 	return state, time.Since(start), err
+}
+
+// warmArena writes every block of node's arena once, as a node's arena
+// is after its first pass: a first write to a page of shared memory
+// costs more than the copy (as in runKVBench).
+func warmArena(node *kvNode) error {
+	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-warm", Gen: 1})
+	if err != nil {
+		return err
+	}
+	defer client.Close()
+	a, err := shm.OpenWorker(client.ArenaPath())
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	for slot := range a.Geometry().Slots {
+		clear(a.Payload(slot))
+	}
+	return nil
 }
