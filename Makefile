@@ -29,6 +29,8 @@ build-llamacpp:
 # --ggml-backends) names it; instances put gpu_layers on the GPU.
 CUDA_PRESET ?= CUDA 11
 llamacpp-cuda: build-llamacpp
+	@command -v nvcc >/dev/null || { echo "llamacpp-cuda: no nvcc: install the CUDA toolkit (Debian: nvidia-cuda-toolkit, non-free)" >&2; exit 1; }
+	@command -v cmake >/dev/null || { echo "llamacpp-cuda: no cmake: install cmake" >&2; exit 1; }
 	cmake -S "$$($(GO) list -m -f '{{.Dir}}' github.com/ollama/ollama)" -B build/cuda --preset "$(CUDA_PRESET)" -DCMAKE_BUILD_RPATH='$$ORIGIN'
 	cmake --build build/cuda --target ggml-cuda --parallel
 	mkdir -p lib/lifeline

@@ -40,8 +40,8 @@ func TestGPUCheckerWithoutGPU(t *testing.T) {
 func TestGPUFaultNarrowsToPinnedInstances(t *testing.T) {
 	zero, one := 0, 1
 	a := &Agent{events: newEventLog(), log: slog.New(slog.DiscardHandler), instances: map[string]*instance{
-		"on0":      {id: "on0", spec: InstanceSpec{Engine: "llamacpp", GPU: &zero}, ready: true},
-		"on1":      {id: "on1", spec: InstanceSpec{Engine: "llamacpp", GPU: &one}, ready: true},
+		"on0":      {id: "on0", spec: InstanceSpec{Engine: "llamacpp", Model: "/m/qwen.gguf", GPU: &zero}, ready: true},
+		"on1":      {id: "on1", spec: InstanceSpec{Engine: "llamacpp", Model: "/m/qwen.gguf", GPU: &one}, ready: true},
 		"unpinned": {id: "unpinned", spec: InstanceSpec{Engine: "llamacpp"}, ready: true},
 	}}
 	a.onGPUEvent(gpuEvent{Device: 1, Kind: "xid", XID: 79})
@@ -62,6 +62,10 @@ func TestGPUFaultNarrowsToPinnedInstances(t *testing.T) {
 	}
 	if env := a.instances["unpinned"].spec.workerEnv(); env != nil {
 		t.Errorf("an unpinned worker's environment is changed: %v", env)
+	}
+	// One model on two devices: two instances, told apart by their ids.
+	if id0, id1 := instanceID("n1", a.instances["on0"].spec, 0), instanceID("n1", a.instances["on1"].spec, 0); id0 == id1 {
+		t.Errorf("instances on devices 0 and 1 share the id %s", id0)
 	}
 }
 

@@ -107,7 +107,12 @@ func (s InstanceSpec) label() string {
 			b[i] = '_'
 		}
 	}
-	return string(b[:min(len(b), 24)])
+	label := string(b[:min(len(b), 24)])
+	if s.GPU != nil {
+		// One model on each of a host's GPUs: an instance per device.
+		label += fmt.Sprintf("-gpu%d", *s.GPU)
+	}
+	return label
 }
 
 // Options are the agent's whole configuration, from a JSON file and flags.

@@ -119,12 +119,30 @@ type llamaSnapshots struct {
 	// spent computing and saving, for the budget.
 	scratch                []byte
 	forwardTime, saveSpent time.Duration
+	// skipped marks the slots whose last save the budget skipped: the
+	// next is made whatever the budget (a restore looks two periods
+	// back).
+	skipped map[int]bool
+}
+
+// keptBuffer is the largest export or read buffer kept between uses:
+// larger states (long contexts of large models) pay the first touches
+// again rather than hold that much host memory for good.
+const keptBuffer = 64 << 20
+
+// shrink is b, or nil when it is larger than keptBuffer.
+func shrink(b []byte) []byte {
+	if cap(b) > keptBuffer {
+		return nil
+	}
+	return b
 }
 
 // snapshotBudget bounds the time saves take, as a share of the time the
 // engine computes: a save that would go over it is skipped (the
-// sequence's previous snapshot stands; the next multiple of
-// sched.SnapshotEvery tries again). Measured without it, saves every 64
+// sequence's previous snapshot stands), but never two of a slot in a
+// row, so a restore always finds one of the last two periods (a slot
+// then saves every second period, at half the cost). Measured without it, saves every 64
 // tokens cost 1–2 % at 2k positions on these CPUs; the budget keeps a
 // slower export (a GPU's copy to the host, a long context) from
 // costing the decode more.
@@ -159,18 +177,20 @@ func openLlamaSnapshots(opts Options, eng *llamacpp.Engine, id kv.Identity, spar
 		client.Close()
 		return nil, err
 	}
-	return &llamaSnapshots{Engine: eng, snapshots: snaps, client: client, stateBase: base, statePerPosition: per}, nil
+	return &llamaSnapshots{Engine: eng, snapshots: snaps, client: client, stateBase: base, statePerPosition: per, skipped: map[int]bool{}}, nil
 }
 
 func (l *llamaSnapshots) Save(slot int, tokens []int) {
-	if overBudget(l.saveSpent, l.forwardTime) {
+	if overBudget(l.saveSpent, l.forwardTime) && !l.skipped[slot] {
+		l.skipped[slot] = true
 		l.mu.Lock()
 		l.stats.Skipped++
 		l.mu.Unlock()
 		return
 	}
+	delete(l.skipped, slot)
 	began := time.Now()
-	defer func() { l.saveSpent += time.Since(began) }()
+	defer func() { l.saveSpent += time.Since(began); l.scratch = shrink(l.scratch) }()
 	state, err := l.ExportInto(slot, &l.scratch)
 	if err != nil {
 		l.saveFailed(err)
@@ -185,6 +205,7 @@ func (l *llamaSnapshots) Restore(slot int, tokens []int) int {
 	if err == nil {
 		err = l.Engine.Restore(slot, state, k)
 	}
+	l.readBuf = shrink(l.readBuf)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err != nil {

@@ -209,3 +209,29 @@ func TestSnapshotBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestSnapshotBudgetNeverSkipsTwiceInARow: with the budget spent, a
+// sequence's saves at 64 and 192 positions are skipped and the one at 128
+// between them is made, so a continuation restores 128 positions (a
+// restore looks two periods back).
+func TestSnapshotBudgetNeverSkipsTwiceInARow(t *testing.T) {
+	sock, _ := arenaOwner(t)
+	a := llamaEngine(t, Options{KVSocket: sock, InstanceID: "a", Generation: 1})
+	a.snaps.(*llamaSnapshots).saveSpent = time.Hour // far over 5 % of any computing
+	ids := make([]int, 100)
+	for i := range ids {
+		ids[i] = 40 + i%50
+	}
+	req := Request{PromptTokens: ids, MaxTokens: 100, IgnoreEOS: true, Sampling: sample.Params{Temperature: 0.9, Seed: 4}}
+	want := generate(t, a, req)
+	if st := a.SnapshotStats(); st.Saved != 1 || st.Skipped != 2 {
+		t.Fatalf("saves at 64, 128 and 192 positions over budget: %+v, want 1 saved and 2 skipped", st)
+	}
+	cont := req
+	cont.PrefixTokens = tokenIDs(want)[:80] // 180 positions: 128 is the newest period saved
+	b := llamaEngine(t, Options{KVSocket: sock, InstanceID: "b", Generation: 1})
+	got := generate(t, b, cont)
+	if !slices.Equal(tokenIDs(got), tokenIDs(want)[80:]) || got.finish.ReusedPositions != 128 {
+		t.Fatalf("restored %d positions (want 128), tokens equal %v", got.finish.ReusedPositions, slices.Equal(tokenIDs(got), tokenIDs(want)[80:]))
+	}
+}

@@ -95,6 +95,22 @@ func LoadBackends(dir string) ([]string, error) {
 	return gpus(), nil
 }
 
+// Devices describes every device of the loaded backends ("CPU: …",
+// "GPU: …"), the CPU's first.
+func Devices() []string {
+	initBackend()
+	var out []string
+	for i := range C.ggml_backend_dev_count() {
+		d := C.ggml_backend_dev_get(i)
+		kind := "CPU"
+		if C.lifeline_gpu(i) != nil {
+			kind = "GPU"
+		}
+		out = append(out, kind+": "+C.GoString(C.ggml_backend_dev_description(d)))
+	}
+	return out
+}
+
 // gpus describes the GPU devices of the loaded backends.
 func gpus() []string {
 	var out []string
@@ -457,7 +473,11 @@ func (c *Context) Import(seq int32, state []byte) error {
 	for range c.streams - 1 {
 		b = binary.LittleEndian.AppendUint32(b, 0)
 	}
-	if n := C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b)), C.llama_seq_id(seq)); n == 0 {
+	n := C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b)), C.llama_seq_id(seq))
+	if cap(c.importBuf) > 64<<20 {
+		c.importBuf = nil // not held for good: a long context of a large model
+	}
+	if n == 0 {
 		c.Forget(seq, 0) // what llama.cpp restored before it failed
 		return fmt.Errorf("llamacpp: llama.cpp refused a state of %d bytes for sequence %d", len(state), seq)
 	}
