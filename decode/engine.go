@@ -392,6 +392,9 @@ type Event struct {
 	// ReusedPositions counts prompt positions whose K/V were taken from the
 	// shared arena instead of computed (Done event only).
 	ReusedPositions int
+	// PromptLen is the prompt's length in the model's tokens, BOS
+	// included (Done event).
+	PromptLen int
 	// PromptTokens is the prompt as computed, BOS included (Done event of
 	// a PrefillOnly request; BlockKeys gives its blocks' keys).
 	PromptTokens []int
@@ -554,7 +557,7 @@ func (e *Engine) Generate(ctx context.Context, r Request) (<-chan Event, error) 
 			return !stopped
 		},
 		OnFinish: func(f sched.Finish) {
-			done := Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, Err: f.Err}
+			done := Event{Done: true, FinishReason: f.Reason, ReusedPositions: f.ReusedPositions, PromptLen: len(prompt), Err: f.Err}
 			if f.Reason == sched.FinishPrefilled {
 				// Keys are hashed by the consumer, not here under the
 				// scheduler's lock.

@@ -64,6 +64,9 @@ func (st *stream) learn(rt *Router, id string) {
 func (st *stream) usage(n int) *sse.Usage {
 	st.mu.Lock()
 	p := max(st.facts.promptTokens, 0)
+	if st.workerPromptLen > 0 {
+		p = st.workerPromptLen // the serving model's own count
+	}
 	st.mu.Unlock()
 	return &sse.Usage{PromptTokens: p, CompletionTokens: n, TotalTokens: p + n}
 }
@@ -74,6 +77,17 @@ func (st *stream) meta(instance string) string {
 	defer st.mu.Unlock()
 	st.learn(st.router, instance)
 	return st.facts.fingerprint
+}
+
+// setWorkerPromptLen records the prompt's length in the serving model's
+// tokens, from its worker's finish frame (0: not said).
+func (st *stream) setWorkerPromptLen(n int) {
+	if n <= 0 {
+		return
+	}
+	st.mu.Lock()
+	st.workerPromptLen = n
+	st.mu.Unlock()
 }
 
 // setPromptLen records the prompt's length in tokens under the built-in

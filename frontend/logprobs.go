@@ -27,14 +27,18 @@ const (
 // TokenLogprobs is a token's log-probability and its most likely
 // alternatives (most likely first, ties by lower id).
 type TokenLogprobs struct {
-	Logprob float64      `json:"lp"`
-	Top     []TopLogprob `json:"top,omitempty"`
+	Logprob float64 `json:"lp"`
+	// Piece is the token's bytes in the serving model's vocabulary (nil
+	// from a worker that does not say: the built-in one's).
+	Piece []byte       `json:"p,omitempty"`
+	Top   []TopLogprob `json:"top,omitempty"`
 }
 
 // TopLogprob is one alternative at a position.
 type TopLogprob struct {
 	ID      int     `json:"id"`
 	Logprob float64 `json:"lp"`
+	Piece   []byte  `json:"p,omitempty"`
 }
 
 // parseLogprobs reads chat's logprobs (bool) and top_logprobs (0..20,
@@ -81,17 +85,21 @@ func (x *run) frameLogprobs(f *wire.Frame) *TokenLogprobs {
 	if !x.body.Logprobs {
 		return nil
 	}
-	lp := &TokenLogprobs{Logprob: f.Logprob}
+	lp := &TokenLogprobs{Logprob: f.Logprob, Piece: f.Piece}
 	for _, t := range f.TopLogprobs {
-		lp.Top = append(lp.Top, TopLogprob{ID: int(t.TokenId), Logprob: t.Logprob})
+		lp.Top = append(lp.Top, TopLogprob{ID: int(t.TokenId), Logprob: t.Logprob, Piece: t.Piece})
 	}
 	return lp
 }
 
-// tokenPiece is a token's bytes in the built-in vocabulary, and its text
-// (invalid UTF-8, as a byte of a multi-byte character, as U+FFFD).
-func tokenPiece(id int) (string, []int) {
-	p := tokenizer.NewBuiltin().Piece(0, id)
+// tokenPiece is a token's bytes — piece, as its worker gave them in the
+// serving model's vocabulary, or else the built-in vocabulary's — and its
+// text (invalid UTF-8, as a byte of a multi-byte character, as U+FFFD).
+func tokenPiece(id int, piece []byte) (string, []int) {
+	p := piece
+	if p == nil {
+		p = tokenizer.NewBuiltin().Piece(0, id)
+	}
 	b := make([]int, len(p))
 	for i, c := range p {
 		b[i] = int(c)
@@ -107,10 +115,10 @@ func chatLogprobs(toks []Token) *sse.Logprobs {
 		if t.Logprobs == nil {
 			return nil
 		}
-		text, b := tokenPiece(t.ID)
+		text, b := tokenPiece(t.ID, t.Logprobs.Piece)
 		tl := sse.TokenLogprob{Token: text, Logprob: t.Logprobs.Logprob, Bytes: b, TopLogprobs: []sse.TopLogprob{}}
 		for _, a := range t.Logprobs.Top {
-			at, ab := tokenPiece(a.ID)
+			at, ab := tokenPiece(a.ID, a.Piece)
 			tl.TopLogprobs = append(tl.TopLogprobs, sse.TopLogprob{Token: at, Logprob: a.Logprob, Bytes: ab})
 		}
 		out.Content = append(out.Content, tl)
@@ -126,10 +134,10 @@ func legacyLogprobs(toks []Token, offset int) *sse.Logprobs {
 		if t.Logprobs == nil {
 			return nil
 		}
-		text, _ := tokenPiece(t.ID)
+		text, _ := tokenPiece(t.ID, t.Logprobs.Piece)
 		top := make(map[string]float64, len(t.Logprobs.Top))
 		for _, a := range t.Logprobs.Top {
-			at, _ := tokenPiece(a.ID)
+			at, _ := tokenPiece(a.ID, a.Piece)
 			if _, dup := top[at]; !dup { // the likelier of two that print alike
 				top[at] = a.Logprob
 			}

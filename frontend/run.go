@@ -425,6 +425,9 @@ func (x *run) handle(e event, now time.Time) []Action {
 		return x.onWorkerError(e.epoch, e.frame.Error, now)
 	}
 	f := e.frame
+	if f.FinishReason != "" && f.RequestEpoch == x.r.Epoch {
+		x.st.setWorkerPromptLen(int(f.PromptTokens))
+	}
 	return x.r.OnFrame(Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
 		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions),
 		Logprobs: x.frameLogprobs(f)}, now)

@@ -46,6 +46,9 @@ type stream struct {
 	// promptLen is the prompt's length in tokens as the run encoded it
 	// (0: not known), under mu.
 	promptLen int
+	// workerPromptLen is the prompt's length as the serving worker's
+	// finish frame says (its model's tokenizer; 0: not said).
+	workerPromptLen int
 }
 
 // clientCancel is the cause of a request's end that its client chose: a

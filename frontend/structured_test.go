@@ -360,9 +360,16 @@ func TestGenerateCarriesOutputShape(t *testing.T) {
 	if !g.Logprobs || g.TopLogprobs != 3 || g.Structured.Kind != wire.Structured_JSON_SCHEMA || string(g.Structured.Schema) != `{"type":"object"}` || !g.Structured.Optional {
 		t.Fatalf("%+v", g)
 	}
-	f := &wire.Frame{Logprob: -1.5, TopLogprobs: []*wire.TopLogprob{{TokenId: 9, Logprob: -0.25}}}
-	if lp := x.frameLogprobs(f); lp.Logprob != -1.5 || lp.Top[0] != (TopLogprob{ID: 9, Logprob: -0.25}) {
+	// The worker's pieces (its model's vocabulary: a GGUF model's, not
+	// the frontend's built-in one) are what the client sees.
+	f := &wire.Frame{Logprob: -1.5, Piece: []byte("ü"), TopLogprobs: []*wire.TopLogprob{{TokenId: 9, Logprob: -0.25, Piece: []byte(" 世")}}}
+	lp := x.frameLogprobs(f)
+	if lp.Logprob != -1.5 || string(lp.Piece) != "ü" || lp.Top[0].ID != 9 || lp.Top[0].Logprob != -0.25 || string(lp.Top[0].Piece) != " 世" {
 		t.Fatalf("%+v", lp)
+	}
+	chat := chatLogprobs([]Token{{ID: 7, Logprobs: lp}})
+	if c := chat.Content[0]; c.Token != "ü" || len(c.Bytes) != 2 || c.TopLogprobs[0].Token != " 世" {
+		t.Fatalf("rendered %+v", c)
 	}
 	x.body.Logprobs = false
 	if x.frameLogprobs(f) != nil {

@@ -107,6 +107,43 @@ func TestUpServesAGGUFThroughLlamaCpp(t *testing.T) {
 	if chat.String() != want.String() || chat.Len() == 0 {
 		t.Fatalf("chat through the SDK %q, completion of the ChatML text %q", chat.String(), want.String())
 	}
+	checkUsageAndLogprobs(t, c, path, rendered, chat.String())
+}
+
+// checkUsageAndLogprobs: the same chat with logprobs, not streamed,
+// counts its prompt in the model's own tokens (the frontend's tokenizer
+// is not the file's) and spells its tokens with the model's vocabulary:
+// their bytes are the message's.
+func checkUsageAndLogprobs(t *testing.T, c openai.Client, path, rendered, want string) {
+	t.Helper()
+	resp, err := c.Chat.Completions.New(t.Context(), openai.ChatCompletionNewParams{Model: "qwen-test",
+		Messages:            []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"), openai.UserMessage("hello there")},
+		MaxCompletionTokens: openai.Int(12), Temperature: openai.Float(0), Logprobs: openai.Bool(true), TopLogprobs: openai.Int(2)},
+		option.WithJSONSet("ignore_eos", true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := llamacpp.LoadModel(path, llamacpp.ModelParams{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ids, err := m.Tokenize(rendered, true, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Usage.PromptTokens != int64(len(ids)) {
+		t.Errorf("usage.prompt_tokens %d, the model's tokens of the rendered chat %d", resp.Usage.PromptTokens, len(ids))
+	}
+	var b []byte
+	for _, lp := range resp.Choices[0].Logprobs.Content {
+		for _, x := range lp.Bytes {
+			b = append(b, byte(x))
+		}
+	}
+	if got := resp.Choices[0].Message.Content; got != want || string(b) != got {
+		t.Errorf("logprobs' bytes %q, message %q, streamed %q", b, got, want)
+	}
 }
 
 // llamaCppGreedy is llama.cpp's own greedy decode of prompt in the model

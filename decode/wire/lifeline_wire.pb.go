@@ -589,9 +589,12 @@ func (x *Structured) GetOptional() bool {
 
 // TopLogprob is one of the most likely tokens at a position.
 type TopLogprob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TokenId       int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
-	Logprob       float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	TokenId int32                  `protobuf:"varint,1,opt,name=token_id,json=tokenId,proto3" json:"token_id,omitempty"`
+	Logprob float64                `protobuf:"fixed64,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	// piece is the token's bytes in the serving model's vocabulary (its
+	// tokenizer may not be the frontend's: a GGUF model's).
+	Piece         []byte `protobuf:"bytes,3,opt,name=piece,proto3" json:"piece,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -638,6 +641,13 @@ func (x *TopLogprob) GetLogprob() float64 {
 		return x.Logprob
 	}
 	return 0
+}
+
+func (x *TopLogprob) GetPiece() []byte {
+	if x != nil {
+		return x.Piece
+	}
+	return nil
 }
 
 // Attach re-attaches a new stream (another frontend, after a takeover) to
@@ -1322,6 +1332,12 @@ type Frame struct {
 	// and the engine makes progress, so that the receiver tells a queue
 	// from a stall; it carries no token (sequence_no 0).
 	QueuePosition uint32 `protobuf:"varint,16,opt,name=queue_position,json=queuePosition,proto3" json:"queue_position,omitempty"`
+	// piece is this token's bytes in the serving model's vocabulary, on
+	// frames of a request that asked for logprobs.
+	Piece []byte `protobuf:"bytes,17,opt,name=piece,proto3" json:"piece,omitempty"`
+	// prompt_tokens is the prompt's length in the serving model's tokens,
+	// BOS included (finish frame).
+	PromptTokens  uint32 `protobuf:"varint,18,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1461,6 +1477,20 @@ func (x *Frame) GetQueuePosition() uint32 {
 	return 0
 }
 
+func (x *Frame) GetPiece() []byte {
+	if x != nil {
+		return x.Piece
+	}
+	return nil
+}
+
+func (x *Frame) GetPromptTokens() uint32 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
 var File_lifeline_wire_proto protoreflect.FileDescriptor
 
 const file_lifeline_wire_proto_rawDesc = "" +
@@ -1512,11 +1542,12 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x04Kind\x12\b\n" +
 	"\x04NONE\x10\x00\x12\x0f\n" +
 	"\vJSON_OBJECT\x10\x01\x12\x0f\n" +
-	"\vJSON_SCHEMA\x10\x02\"A\n" +
+	"\vJSON_SCHEMA\x10\x02\"W\n" +
 	"\n" +
 	"TopLogprob\x12\x19\n" +
 	"\btoken_id\x18\x01 \x01(\x05R\atokenId\x12\x18\n" +
-	"\alogprob\x18\x02 \x01(\x01R\alogprob\"v\n" +
+	"\alogprob\x18\x02 \x01(\x01R\alogprob\x12\x14\n" +
+	"\x05piece\x18\x03 \x01(\fR\x05piece\"v\n" +
 	"\x06Attach\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -1573,7 +1604,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\x11mean_step_time_us\x18\x16 \x01(\x04R\x0emeanStepTimeUs\x12&\n" +
 	"\x0flive_heap_bytes\x18\x17 \x01(\x04R\rliveHeapBytes\x12&\n" +
 	"\x0fheap_goal_bytes\x18\x18 \x01(\x04R\rheapGoalBytes\x12,\n" +
-	"\x12memory_limit_bytes\x18\x19 \x01(\x04R\x10memoryLimitBytes\"\xb3\x04\n" +
+	"\x12memory_limit_bytes\x18\x19 \x01(\x04R\x10memoryLimitBytes\"\xee\x04\n" +
 	"\x05Frame\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1595,7 +1626,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\akv_keys\x18\f \x03(\fR\x06kvKeys\x12\x18\n" +
 	"\alogprob\x18\x0e \x01(\x01R\alogprob\x12?\n" +
 	"\ftop_logprobs\x18\x0f \x03(\v2\x1c.lifeline.wire.v1.TopLogprobR\vtopLogprobs\x12%\n" +
-	"\x0equeue_position\x18\x10 \x01(\rR\rqueuePositionJ\x04\b\r\x10\x0e*.\n" +
+	"\x0equeue_position\x18\x10 \x01(\rR\rqueuePosition\x12\x14\n" +
+	"\x05piece\x18\x11 \x01(\fR\x05piece\x12#\n" +
+	"\rprompt_tokens\x18\x12 \x01(\rR\fpromptTokensJ\x04\b\r\x10\x0e*.\n" +
 	"\x04Lane\x12\x0f\n" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +

@@ -514,7 +514,7 @@ func (s *server) frameOf(ctx context.Context, g *wire.Generate, fl *flight, ev d
 	f := &wire.Frame{RequestId: g.RequestId, RequestEpoch: g.RequestEpoch}
 	if !ev.Done {
 		f.SequenceNo, f.TokenId, f.Text = int32(ev.SequenceNo), int32(ev.TokenID), ev.Text
-		setLogprobs(f, ev)
+		s.setLogprobs(f, g, ev)
 		fl.sent.Store(int64(ev.SequenceNo))
 		return f
 	}
@@ -533,6 +533,7 @@ func (s *server) frameOf(ctx context.Context, g *wire.Generate, fl *flight, ev d
 func (s *server) finish(f *wire.Frame, ev decode.Event, cause error) {
 	f.FinishReason = string(ev.FinishReason)
 	f.ReusedPositions = uint32(ev.ReusedPositions)
+	f.PromptTokens = uint32(ev.PromptLen)
 	for _, k := range s.engine.BlockKeys(ev.PromptTokens) {
 		f.KvKeys = append(f.KvKeys, k[:])
 	}

@@ -114,10 +114,16 @@ func (s *server) structured(g *wire.Generate) (*decode.Structured, error) {
 	return &decode.Structured{Automaton: a, Optional: st.Optional}, nil
 }
 
-// setLogprobs copies an event's logprobs onto its frame.
-func setLogprobs(f *wire.Frame, ev decode.Event) {
-	f.Logprob = ev.Logprob
+// setLogprobs copies an event's logprobs onto its frame, with the
+// tokens' bytes in the model's vocabulary (which the frontend may not
+// know: a GGUF model's).
+func (s *server) setLogprobs(f *wire.Frame, g *wire.Generate, ev decode.Event) {
+	if !g.Logprobs {
+		return
+	}
+	tok := s.engine.Tokenizer
+	f.Logprob, f.Piece = ev.Logprob, tok.Piece(0, ev.TokenID)
 	for _, t := range ev.TopLogprobs {
-		f.TopLogprobs = append(f.TopLogprobs, &wire.TopLogprob{TokenId: int32(t.ID), Logprob: t.Logprob})
+		f.TopLogprobs = append(f.TopLogprobs, &wire.TopLogprob{TokenId: int32(t.ID), Logprob: t.Logprob, Piece: tok.Piece(0, t.ID)})
 	}
 }
