@@ -1,0 +1,179 @@
+package model
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
+)
+
+// ErrUnsupportedGGUF: a GGUF file the reference engine does not compute
+// (yet): another architecture, weight type or position encoding. The
+// llama.cpp engine may serve it.
+var ErrUnsupportedGGUF = errors.New("model: GGUF not supported by the reference engine")
+
+// LoadGGUF maps a llama-architecture GGUF file with F32 weights
+// read-only and computes on its weights in place (rotary embeddings in
+// llama.cpp's "normal" layout, adjacent pairs, as the reference engine's;
+// RMS-norm epsilon and RoPE base from the file; an absent output.weight
+// ties the classifier to the embedding). Anything else is
+// ErrUnsupportedGGUF, naming what.
+func LoadGGUF(path string) (*Model, error) {
+	gf, err := gguf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	c, err := ggufConfig(gf)
+	if err != nil {
+		return nil, err
+	}
+	tensors := map[string]gguf.Tensor{}
+	for _, t := range gf.Tensors {
+		tensors[t.Name] = t
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if cpu.IsBigEndian || gf.Size > math.MaxInt {
+		return nil, fmt.Errorf("%w: %s: a little-endian 64-bit host maps GGUF files", ErrUnsupportedGGUF, path)
+	}
+	data, err := mapFile(f, int(gf.Size), true)
+	if err != nil {
+		return nil, err
+	}
+	w, err := ggufWeights(c, data[gf.DataOffset:], tensors)
+	if err == nil {
+		var m *Model
+		if m, err = newModel(c, w, ""); err == nil {
+			return m, nil
+		}
+	}
+	unmapFile(data)
+	return nil, fmt.Errorf("%s: %w", path, err)
+}
+
+// ggufConfig is the shape a llama GGUF's metadata states.
+func ggufConfig(gf *gguf.File) (Config, error) {
+	arch := gf.Architecture()
+	if arch != "llama" {
+		return Config{}, fmt.Errorf("%w: architecture %q (the reference engine computes llama; serve it with the llama.cpp engine)", ErrUnsupportedGGUF, arch)
+	}
+	num := func(key string, def uint64) int {
+		v, ok := gf.Uint(arch + "." + key)
+		if !ok {
+			v = def
+		}
+		return int(min(v, math.MaxInt32))
+	}
+	fl := func(key string, def float64) float64 {
+		v, _ := gf.Get(arch + "." + key)
+		switch x := v.(type) {
+		case float32:
+			return float64(x)
+		case float64:
+			return x
+		}
+		return def
+	}
+	if s, ok := gf.String(arch + ".rope.scaling.type"); ok && s != "none" {
+		return Config{}, fmt.Errorf("%w: RoPE scaling %q", ErrUnsupportedGGUF, s)
+	}
+	emb, ok := tensorDims(gf, "token_embd.weight")
+	if !ok || len(emb) != 2 {
+		return Config{}, fmt.Errorf("%w: no 2-D token_embd.weight", ErrUnsupportedGGUF)
+	}
+	c := Config{Name: filepath.Base(gf.Path), Dim: num("embedding_length", 0), HiddenDim: num("feed_forward_length", 0), Layers: num("block_count", 0),
+		Heads: num("attention.head_count", 0), VocabSize: int(min(emb[1], math.MaxInt32)), ContextLen: num("context_length", 2048),
+		RopeTheta: fl("rope.freq_base", 10000), NormEps: float32(fl("attention.layer_norm_rms_epsilon", 1e-5))}
+	c.KVHeads = num("attention.head_count_kv", uint64(c.Heads))
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	if d := num("rope.dimension_count", uint64(c.HeadSize())); d != c.HeadSize() {
+		return Config{}, fmt.Errorf("%w: RoPE over %d of a head's %d dimensions", ErrUnsupportedGGUF, d, c.HeadSize())
+	}
+	return c, nil
+}
+
+func tensorDims(gf *gguf.File, name string) ([]uint64, bool) {
+	for _, t := range gf.Tensors {
+		if t.Name == name {
+			return t.Dims, true
+		}
+	}
+	return nil, false
+}
+
+// ggufWeights are c's weights over body, the file's data section: each
+// tensor F32, of the shape c says (ggml's dims: row length first).
+func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
+	used := map[string]bool{}
+	take := func(name string, rows, cols int) ([]float32, error) {
+		t, ok := tensors[name]
+		used[name] = true
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedGGUF, name)
+		case t.Type != gguf.F32:
+			return nil, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32 only)", ErrUnsupportedGGUF, name, t.Type)
+		case !sameDims(t.Dims, cols, rows):
+			return nil, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
+		}
+		n := rows * cols
+		if t.Offset+uint64(4*n) > uint64(len(body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(body)))+uintptr(t.Offset))%4 != 0 {
+			return nil, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
+		}
+		return unsafe.Slice((*float32)(unsafe.Pointer(&body[t.Offset])), n), nil
+	}
+	w := &Weights{Layers: make([]Layer, c.Layers)}
+	var err error
+	get := func(dst *[]float32, name string, rows, cols int) {
+		if err == nil {
+			*dst, err = take(name, rows, cols)
+		}
+	}
+	get(&w.Embedding, "token_embd.weight", c.VocabSize, c.Dim)
+	get(&w.FinalNorm, "output_norm.weight", 1, c.Dim)
+	if _, ok := tensors["output.weight"]; ok {
+		get(&w.Classifier, "output.weight", c.VocabSize, c.Dim)
+	} else {
+		w.Classifier = w.Embedding
+	}
+	for i := range w.Layers {
+		l, p := &w.Layers[i], fmt.Sprintf("blk.%d.", i)
+		get(&l.AttnNorm, p+"attn_norm.weight", 1, c.Dim)
+		get(&l.Wq, p+"attn_q.weight", c.Dim, c.Dim)
+		get(&l.Wk, p+"attn_k.weight", c.KVDim(), c.Dim)
+		get(&l.Wv, p+"attn_v.weight", c.KVDim(), c.Dim)
+		get(&l.Wo, p+"attn_output.weight", c.Dim, c.Dim)
+		get(&l.FFNNorm, p+"ffn_norm.weight", 1, c.Dim)
+		get(&l.W1, p+"ffn_gate.weight", c.HiddenDim, c.Dim)
+		get(&l.W2, p+"ffn_down.weight", c.Dim, c.HiddenDim)
+		get(&l.W3, p+"ffn_up.weight", c.HiddenDim, c.Dim)
+	}
+	for name := range tensors {
+		if err == nil && !used[name] {
+			// rope_freqs (Llama 3.1's RoPE scaling), biases…: computing
+			// without them would be another model.
+			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
+		}
+	}
+	return w, err
+}
+
+// sameDims says whether ggml dims d are [cols rows], or [cols] for a
+// vector (rows 1).
+func sameDims(d []uint64, cols, rows int) bool {
+	if rows == 1 && len(d) == 1 {
+		return d[0] == uint64(cols)
+	}
+	return len(d) == 2 && d[0] == uint64(cols) && d[1] == uint64(rows)
+}
