@@ -39,6 +39,10 @@ type Config struct {
 	ContextLen int
 	RopeTheta  float64
 	NormEps    float32
+	// RopeNeox rotates each head's (i, i+HeadSize/2) pairs (GPT-NeoX's
+	// layout: Qwen2, Hugging Face checkpoints) instead of its (2i, 2i+1)
+	// pairs (llama2.c's and llama.cpp's llama GGUFs).
+	RopeNeox bool
 }
 
 // HeadSize is the width of one attention head.

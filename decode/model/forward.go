@@ -230,6 +230,13 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 		matmul.Product{Out: ws.q, W: lw.Wq, M: qDim},
 		matmul.Product{Out: ws.k, W: lw.Wk, M: kvDim},
 		matmul.Product{Out: ws.v, W: lw.Wv, M: kvDim})
+	if lw.Bq != nil {
+		for t := range T {
+			addInto(ws.q[t*qDim:(t+1)*qDim], lw.Bq)
+			addInto(ws.k[t*kvDim:(t+1)*kvDim], lw.Bk)
+			addInto(ws.v[t*kvDim:(t+1)*kvDim], lw.Bv)
+		}
+	}
 	for t, inp := range in {
 		m.rope(ws.q[t*qDim:(t+1)*qDim], inp.Pos)
 		m.rope(ws.k[t*kvDim:(t+1)*kvDim], inp.Pos)
@@ -336,12 +343,24 @@ func rmsnorm(out, x, weight []float32, eps float32) {
 	}
 }
 
-// rope rotates each head's (2i, 2i+1) pairs by pos·θ^(-2i/HeadSize).
+// rope rotates each head's (2i, 2i+1) pairs — or (i, i+HeadSize/2)
+// with Config.RopeNeox — by pos·θ^(-2i/HeadSize).
 func (m *Model) rope(vec []float32, pos int) {
 	hs := m.Config.HeadSize()
 	half := hs / 2
 	cos := m.ropeCos[pos*half : (pos+1)*half]
 	sin := m.ropeSin[pos*half : (pos+1)*half]
+	if m.Config.RopeNeox {
+		for h := 0; h < len(vec); h += hs {
+			v := vec[h : h+hs]
+			for i := 0; i < half; i++ {
+				a, b := v[i], v[i+half]
+				v[i] = float32(a*cos[i]) - float32(b*sin[i])
+				v[i+half] = float32(a*sin[i]) + float32(b*cos[i])
+			}
+		}
+		return
+	}
 	for h := 0; h < len(vec); h += hs {
 		v := vec[h : h+hs]
 		for i := 0; i < half; i++ {

@@ -18,11 +18,12 @@ import (
 // llama.cpp engine may serve it.
 var ErrUnsupportedGGUF = errors.New("model: GGUF not supported by the reference engine")
 
-// LoadGGUF maps a llama-architecture GGUF file with F32 weights
-// read-only and computes on its weights in place (rotary embeddings in
-// llama.cpp's "normal" layout, adjacent pairs, as the reference engine's;
-// RMS-norm epsilon and RoPE base from the file; an absent output.weight
-// ties the classifier to the embedding). Anything else is
+// LoadGGUF maps a llama or qwen2 GGUF file with F32 weights read-only
+// and computes on its weights in place: rotary embeddings in the layout
+// llama.cpp gives the architecture (llama: adjacent pairs, as llama2.c;
+// qwen2: NeoX halves), qwen2's query, key and value biases, RMS-norm
+// epsilon and RoPE base from the file, the classifier tied to the
+// embedding when output.weight is absent. Anything else is
 // ErrUnsupportedGGUF, naming what.
 func LoadGGUF(path string) (*Model, error) {
 	gf, err := gguf.Open(path)
@@ -63,8 +64,8 @@ func LoadGGUF(path string) (*Model, error) {
 // ggufConfig is the shape a llama GGUF's metadata states.
 func ggufConfig(gf *gguf.File) (Config, error) {
 	arch := gf.Architecture()
-	if arch != "llama" {
-		return Config{}, fmt.Errorf("%w: architecture %q (the reference engine computes llama; serve it with the llama.cpp engine)", ErrUnsupportedGGUF, arch)
+	if arch != "llama" && arch != "qwen2" {
+		return Config{}, fmt.Errorf("%w: architecture %q (the reference engine computes llama and qwen2; serve it with the llama.cpp engine)", ErrUnsupportedGGUF, arch)
 	}
 	num := func(key string, def uint64) int {
 		v, ok := gf.Uint(arch + "." + key)
@@ -94,6 +95,7 @@ func ggufConfig(gf *gguf.File) (Config, error) {
 		Heads: num("attention.head_count", 0), VocabSize: int(min(emb[1], math.MaxInt32)), ContextLen: num("context_length", 2048),
 		RopeTheta: fl("rope.freq_base", 10000), NormEps: float32(fl("attention.layer_norm_rms_epsilon", 1e-5))}
 	c.KVHeads = num("attention.head_count_kv", uint64(c.Heads))
+	c.RopeNeox = arch == "qwen2"
 	if err := c.Validate(); err != nil {
 		return Config{}, err
 	}
@@ -115,6 +117,7 @@ func tensorDims(gf *gguf.File, name string) ([]uint64, bool) {
 // ggufWeights are c's weights over body, the file's data section: each
 // tensor F32, of the shape c says (ggml's dims: row length first).
 func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
+	biased := c.RopeNeox // qwen2
 	used := map[string]bool{}
 	take := func(name string, rows, cols int) ([]float32, error) {
 		t, ok := tensors[name]
@@ -158,6 +161,11 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 		get(&l.W1, p+"ffn_gate.weight", c.HiddenDim, c.Dim)
 		get(&l.W2, p+"ffn_down.weight", c.Dim, c.HiddenDim)
 		get(&l.W3, p+"ffn_up.weight", c.HiddenDim, c.Dim)
+		if biased {
+			get(&l.Bq, p+"attn_q.bias", 1, c.Dim)
+			get(&l.Bk, p+"attn_k.bias", 1, c.KVDim())
+			get(&l.Bv, p+"attn_v.bias", 1, c.KVDim())
+		}
 	}
 	for name := range tensors {
 		if err == nil && !used[name] {

@@ -52,6 +52,9 @@ func revision(c Config, w *Weights) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s;dim=%d;hidden=%d;layers=%d;heads=%d;kv_heads=%d;vocab=%d;ctx=%d;theta=%v;eps=%v;chunk=%d\x00",
 		EngineVersion, c.Dim, c.HiddenDim, c.Layers, c.Heads, c.KVHeads, c.VocabSize, c.ContextLen, c.RopeTheta, c.NormEps, revisionChunk)
+	if c.RopeNeox {
+		h.Write([]byte("rope=neox\x00"))
+	}
 	for i, p := range pieces {
 		if p.first {
 			h.Write([]byte(ts[p.tensor].name))

@@ -14,6 +14,9 @@ import (
 type Layer struct {
 	AttnNorm, Wq, Wk, Wv, Wo []float32
 	FFNNorm, W1, W2, W3      []float32
+	// Bq, Bk and Bv are the query, key and value biases (Qwen2); nil:
+	// none.
+	Bq, Bk, Bv []float32
 }
 
 // Weights are all tensors of a model.
@@ -44,6 +47,9 @@ func (w *Weights) tensors(c Config) []namedTensor {
 			namedTensor{p + "w2", l.W2, c.Dim * c.HiddenDim},
 			namedTensor{p + "w3", l.W3, c.HiddenDim * c.Dim},
 		)
+		if l.Bq != nil || l.Bk != nil || l.Bv != nil {
+			t = append(t, namedTensor{p + "bq", l.Bq, c.Dim}, namedTensor{p + "bk", l.Bk, c.KVDim()}, namedTensor{p + "bv", l.Bv, c.KVDim()})
+		}
 	}
 	t = append(t, namedTensor{"final_norm", w.FinalNorm, c.Dim}, namedTensor{"classifier", w.Classifier, c.VocabSize * c.Dim})
 	if w.OutputBias != nil {
