@@ -25,7 +25,14 @@ import (
 // by name.
 func TestReferenceEngineReadsGGUFAsLlamaCppDoes(t *testing.T) {
 	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2} {
-		t.Run(shape.Arch, func(t *testing.T) { crossCheck(t, llamacpptest.WriteModel(t, t.TempDir(), shape, 1), 128) })
+		t.Run(shape.Arch, func(t *testing.T) {
+			path := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
+			m, err := model.LoadGGUF(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crossCheck(t, path, m, 128)
+		})
 	}
 	shape := llamacpptest.Tiny
 	shape.Weights = gguf.Q8_0
@@ -34,13 +41,35 @@ func TestReferenceEngineReadsGGUFAsLlamaCppDoes(t *testing.T) {
 	}
 }
 
-// crossCheck decodes n greedy tokens of the GGUF at path on the
-// reference engine and on llama.cpp, and fails at the first that differs.
-func crossCheck(t *testing.T, path string, n int) {
-	m, err := model.LoadGGUF(path)
-	if err != nil {
-		t.Fatal(err)
+// TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF: the same weights as
+// a Hugging Face directory (safetensors, query and key rows in the
+// rotate-half layout the converter to GGUF permutes) compute on the
+// reference engine as llama.cpp computes the GGUF.
+func TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF(t *testing.T) {
+	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2} {
+		t.Run(shape.Arch, func(t *testing.T) {
+			path := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
+			g, err := model.LoadGGUF(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dir := t.TempDir()
+			if err := llamacpptest.WriteHF(dir, g, shape.Arch, shape.Arch == "llama"); err != nil {
+				t.Fatal(err)
+			}
+			m, err := model.LoadHF(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crossCheck(t, path, m, 128)
+		})
 	}
+}
+
+// crossCheck decodes n greedy tokens on m (the reference engine) and
+// checks each against llama.cpp's choice on the GGUF at path, fed m's
+// tokens: a clear choice must be the same.
+func crossCheck(t *testing.T, path string, m *model.Model, n int) {
 	lm, err := llamacpp.LoadModel(path, llamacpp.ModelParams{})
 	if err != nil {
 		t.Fatal(err)

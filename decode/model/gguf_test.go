@@ -1,7 +1,10 @@
 package model_test
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -48,5 +51,55 @@ func TestLoadGGUF(t *testing.T) {
 		if !errors.Is(err, model.ErrUnsupportedGGUF) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want ErrUnsupportedGGUF naming %s", name, err, c.want)
 		}
+	}
+}
+
+// TestLoadHF: a Hugging Face directory written from a GGUF's weights
+// loads with NeoX RoPE and the GGUF's revision; what the reference engine does not compute is
+// ErrUnsupportedHF naming it. (TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF,
+// tag llamacpp, checks the tokens against llama.cpp on the GGUF.)
+func TestLoadHF(t *testing.T) {
+	g, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.TinyQwen2, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(edit func(cfg map[string]any)) string {
+		dir := t.TempDir()
+		if err := llamacpptest.WriteHF(dir, g, "qwen2", false); err != nil {
+			t.Fatal(err)
+		}
+		if edit != nil {
+			raw, _ := os.ReadFile(filepath.Join(dir, "config.json"))
+			var cfg map[string]any
+			json.Unmarshal(raw, &cfg)
+			edit(cfg)
+			raw, _ = json.Marshal(cfg)
+			os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644)
+		}
+		return dir
+	}
+	m, err := model.LoadHF(write(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same function from either format: the same revision.
+	if !m.Config.RopeNeox || m.Config.Dim != 64 || m.W.Layers[0].Bq == nil || m.Revision != g.Revision {
+		t.Fatalf("config %+v, biases %v, revision %s (the GGUF's %s)", m.Config, m.W.Layers[0].Bq != nil, m.Revision, g.Revision)
+	}
+	for name, c := range map[string]struct {
+		edit func(map[string]any)
+		want string
+	}{
+		"gemma":    {func(c map[string]any) { c["model_type"] = "gemma" }, `model_type "gemma"`},
+		"scaling":  {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8} }, "rope_scaling"},
+		"as llama": {func(c map[string]any) { c["model_type"] = "llama" }, "self_attn.q_proj.bias has no place"},
+		"shape":    {func(c map[string]any) { c["intermediate_size"] = 256 }, "mlp.gate_proj.weight is [128 64], want [256 64]"},
+	} {
+		if _, err := model.LoadHF(write(c.edit)); !errors.Is(err, model.ErrUnsupportedHF) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrUnsupportedHF naming %s", name, err, c.want)
+		}
+	}
+	if _, err := model.LoadHF(t.TempDir()); !errors.Is(err, model.ErrUnsupportedHF) {
+		t.Errorf("an empty directory: %v", err)
 	}
 }

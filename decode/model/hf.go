@@ -1,0 +1,265 @@
+package model
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"unsafe"
+
+	"golang.org/x/sys/cpu"
+)
+
+// ErrUnsupportedHF: a Hugging Face model directory the reference engine
+// does not compute (yet), or a malformed one; the error names what.
+var ErrUnsupportedHF = errors.New("model: Hugging Face checkpoint not supported by the reference engine")
+
+// hfConfig is what config.json says that the reference engine reads.
+type hfConfig struct {
+	Architectures []string        `json:"architectures"`
+	ModelType     string          `json:"model_type"`
+	Hidden        int             `json:"hidden_size"`
+	Intermediate  int             `json:"intermediate_size"`
+	Layers        int             `json:"num_hidden_layers"`
+	Heads         int             `json:"num_attention_heads"`
+	KVHeads       int             `json:"num_key_value_heads"`
+	Vocab         int             `json:"vocab_size"`
+	MaxPositions  int             `json:"max_position_embeddings"`
+	RopeTheta     float64         `json:"rope_theta"`
+	NormEps       float64         `json:"rms_norm_eps"`
+	TieEmbeddings bool            `json:"tie_word_embeddings"`
+	RopeScaling   json.RawMessage `json:"rope_scaling"`
+	HeadDim       int             `json:"head_dim"`
+	SlidingWindow json.RawMessage `json:"use_sliding_window"`
+}
+
+// LoadHF maps a Hugging Face model directory — config.json and
+// model.safetensors, or the shards model.safetensors.index.json names —
+// of a llama or qwen2 model with F32 weights read-only, and computes on
+// them in place. Hugging Face keeps the query and key rows in the
+// rotate-half layout: the model rotates NeoX halves (Config.RopeNeox),
+// as llama.cpp's converter would otherwise permute them.
+func LoadHF(dir string) (*Model, error) {
+	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnsupportedHF, err)
+	}
+	var hc hfConfig
+	if err := json.Unmarshal(raw, &hc); err != nil {
+		return nil, fmt.Errorf("%w: %s/config.json: %v", ErrUnsupportedHF, dir, err)
+	}
+	c, err := hc.config(filepath.Base(dir))
+	if err != nil {
+		return nil, err
+	}
+	tensors, err := mapSafetensors(dir)
+	if err != nil {
+		return nil, err
+	}
+	w, err := hfWeights(c, hc, tensors)
+	if err == nil {
+		var m *Model
+		if m, err = newModel(c, w, ""); err == nil {
+			return m, nil
+		}
+	}
+	for _, f := range tensors.files {
+		unmapFile(f)
+	}
+	return nil, fmt.Errorf("%s: %w", dir, err)
+}
+
+func (hc hfConfig) config(name string) (Config, error) {
+	switch {
+	case hc.ModelType != "llama" && hc.ModelType != "qwen2":
+		return Config{}, fmt.Errorf("%w: model_type %q (llama and qwen2 are computed)", ErrUnsupportedHF, hc.ModelType)
+	case len(hc.RopeScaling) > 0 && string(hc.RopeScaling) != "null":
+		return Config{}, fmt.Errorf("%w: rope_scaling %s", ErrUnsupportedHF, hc.RopeScaling)
+	case hc.HeadDim != 0 && hc.Heads > 0 && hc.HeadDim != hc.Hidden/hc.Heads:
+		return Config{}, fmt.Errorf("%w: head_dim %d is not hidden_size/num_attention_heads", ErrUnsupportedHF, hc.HeadDim)
+	case string(hc.SlidingWindow) == "true":
+		return Config{}, fmt.Errorf("%w: use_sliding_window", ErrUnsupportedHF)
+	}
+	c := Config{Name: name, Dim: hc.Hidden, HiddenDim: hc.Intermediate, Layers: hc.Layers, Heads: hc.Heads, KVHeads: cmpOr(hc.KVHeads, hc.Heads),
+		VocabSize: hc.Vocab, ContextLen: cmpOr(hc.MaxPositions, 2048), RopeTheta: cmpOrF(hc.RopeTheta, 10000), NormEps: float32(cmpOrF(hc.NormEps, 1e-6)), RopeNeox: true}
+	return c, c.Validate()
+}
+
+func cmpOr(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+func cmpOrF(v, def float64) float64 {
+	if v == 0 {
+		return def
+	}
+	return v
+}
+
+// safetensors are the tensors of a directory's mapped safetensors files.
+type safetensors struct {
+	files  [][]byte
+	byName map[string]stTensor
+}
+
+type stTensor struct {
+	dtype string
+	shape []int
+	data  []byte
+}
+
+// mapSafetensors maps model.safetensors, or every shard the index names.
+func mapSafetensors(dir string) (*safetensors, error) {
+	names := []string{"model.safetensors"}
+	if raw, err := os.ReadFile(filepath.Join(dir, "model.safetensors.index.json")); err == nil {
+		var idx struct {
+			WeightMap map[string]string `json:"weight_map"`
+		}
+		if err := json.Unmarshal(raw, &idx); err != nil {
+			return nil, fmt.Errorf("%w: model.safetensors.index.json: %v", ErrUnsupportedHF, err)
+		}
+		names = names[:0]
+		for _, f := range idx.WeightMap {
+			if filepath.Base(f) != f {
+				return nil, fmt.Errorf("%w: the index names %q, outside the directory", ErrUnsupportedHF, f)
+			}
+			if !slices.Contains(names, f) {
+				names = append(names, f)
+			}
+		}
+		slices.Sort(names)
+	}
+	st := &safetensors{byName: map[string]stTensor{}}
+	for _, name := range names {
+		if err := st.add(filepath.Join(dir, name)); err != nil {
+			for _, f := range st.files {
+				unmapFile(f)
+			}
+			return nil, err
+		}
+	}
+	return st, nil
+}
+
+// add maps one safetensors file: an 8-byte little-endian header length,
+// a JSON header of {name: {dtype, shape, data_offsets}}, the data.
+func (st *safetensors) add(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrUnsupportedHF, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() < 8 || fi.Size() > math.MaxInt || cpu.IsBigEndian {
+		return fmt.Errorf("%w: %s: %d bytes", ErrUnsupportedHF, path, fi.Size())
+	}
+	data, err := mapFile(f, int(fi.Size()), true)
+	if err != nil {
+		return err
+	}
+	st.files = append(st.files, data)
+	n := binary.LittleEndian.Uint64(data)
+	if n > uint64(len(data)-8) {
+		return fmt.Errorf("%w: %s: a header of %d bytes in a file of %d", ErrUnsupportedHF, path, n, len(data))
+	}
+	var hdr map[string]json.RawMessage
+	if err := json.Unmarshal(data[8:8+n], &hdr); err != nil {
+		return fmt.Errorf("%w: %s: header: %v", ErrUnsupportedHF, path, err)
+	}
+	body := data[8+n:]
+	for name, raw := range hdr {
+		if name == "__metadata__" {
+			continue
+		}
+		var t struct {
+			Dtype   string   `json:"dtype"`
+			Shape   []int    `json:"shape"`
+			Offsets []uint64 `json:"data_offsets"`
+		}
+		if err := json.Unmarshal(raw, &t); err != nil || len(t.Offsets) != 2 || t.Offsets[0] > t.Offsets[1] || t.Offsets[1] > uint64(len(body)) {
+			return fmt.Errorf("%w: %s: tensor %s: bad entry %s", ErrUnsupportedHF, path, name, raw)
+		}
+		if _, dup := st.byName[name]; dup {
+			return fmt.Errorf("%w: tensor %s in two files", ErrUnsupportedHF, name)
+		}
+		st.byName[name] = stTensor{dtype: t.Dtype, shape: t.Shape, data: body[t.Offsets[0]:t.Offsets[1]]}
+	}
+	return nil
+}
+
+// hfWeights are c's weights from the tensors: each F32, of the shape c
+// says ([rows, cols]), every tensor placed.
+func hfWeights(c Config, hc hfConfig, st *safetensors) (*Weights, error) {
+	used := map[string]bool{}
+	var err error
+	get := func(dst *[]float32, name string, shape ...int) {
+		if err != nil {
+			return
+		}
+		t, ok := st.byName[name]
+		used[name] = true
+		n := 1
+		for _, d := range shape {
+			n *= d
+		}
+		switch {
+		case !ok:
+			err = fmt.Errorf("%w: tensor %s missing", ErrUnsupportedHF, name)
+		case t.dtype != "F32":
+			err = fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32 only)", ErrUnsupportedHF, name, t.dtype)
+		case !slices.Equal(t.shape, shape) || len(t.data) != 4*n:
+			err = fmt.Errorf("%w: tensor %s is %v, want %v", ErrUnsupportedHF, name, t.shape, shape)
+		case uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))%4 != 0:
+			err = fmt.Errorf("%w: tensor %s is not 4-byte aligned in its file", ErrUnsupportedHF, name)
+		default:
+			*dst = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(t.data))), n)
+		}
+	}
+	w := &Weights{Layers: make([]Layer, c.Layers)}
+	get(&w.Embedding, "model.embed_tokens.weight", c.VocabSize, c.Dim)
+	get(&w.FinalNorm, "model.norm.weight", c.Dim)
+	if _, ok := st.byName["lm_head.weight"]; ok || !hc.TieEmbeddings {
+		get(&w.Classifier, "lm_head.weight", c.VocabSize, c.Dim)
+	} else {
+		w.Classifier = w.Embedding
+	}
+	for i := range w.Layers {
+		l, p := &w.Layers[i], fmt.Sprintf("model.layers.%d.", i)
+		get(&l.AttnNorm, p+"input_layernorm.weight", c.Dim)
+		get(&l.Wq, p+"self_attn.q_proj.weight", c.Dim, c.Dim)
+		get(&l.Wk, p+"self_attn.k_proj.weight", c.KVDim(), c.Dim)
+		get(&l.Wv, p+"self_attn.v_proj.weight", c.KVDim(), c.Dim)
+		get(&l.Wo, p+"self_attn.o_proj.weight", c.Dim, c.Dim)
+		get(&l.FFNNorm, p+"post_attention_layernorm.weight", c.Dim)
+		get(&l.W1, p+"mlp.gate_proj.weight", c.HiddenDim, c.Dim)
+		get(&l.W2, p+"mlp.down_proj.weight", c.Dim, c.HiddenDim)
+		get(&l.W3, p+"mlp.up_proj.weight", c.HiddenDim, c.Dim)
+		if hc.ModelType == "qwen2" {
+			get(&l.Bq, p+"self_attn.q_proj.bias", c.Dim)
+			get(&l.Bk, p+"self_attn.k_proj.bias", c.KVDim())
+			get(&l.Bv, p+"self_attn.v_proj.bias", c.KVDim())
+		}
+	}
+	for name := range st.byName {
+		if err == nil && !used[name] && !isRotaryCache(name) {
+			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's %s", ErrUnsupportedHF, name, hc.ModelType)
+		}
+	}
+	return w, err
+}
+
+// isRotaryCache: older checkpoints store RoPE's inverse frequencies, which
+// the engine computes from rope_theta.
+func isRotaryCache(name string) bool {
+	return filepath.Ext(name) == ".inv_freq"
+}
