@@ -3,9 +3,11 @@ package model
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -167,7 +169,7 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 			get(&l.Bv, p+"attn_v.bias", 1, c.KVDim())
 		}
 	}
-	for name := range tensors {
+	for _, name := range slices.Sorted(maps.Keys(tensors)) { // the same error every time
 		if err == nil && !used[name] {
 			// rope_freqs (Llama 3.1's RoPE scaling), biases…: computing
 			// without them would be another model.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -250,7 +251,7 @@ func hfWeights(c Config, hc hfConfig, st *safetensors) (*Weights, error) {
 			get(&l.Bv, p+"self_attn.v_proj.bias", c.KVDim())
 		}
 	}
-	for name := range st.byName {
+	for _, name := range slices.Sorted(maps.Keys(st.byName)) { // the same error every time
 		if err == nil && !used[name] && !isRotaryCache(name) {
 			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's %s", ErrUnsupportedHF, name, hc.ModelType)
 		}

@@ -18,8 +18,8 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// maps says whether LoadLlama2C maps checkpoints on this host.
-var maps = runtime.GOOS == "linux" && !cpu.IsBigEndian
+// mapsHere says whether LoadLlama2C maps checkpoints on this host.
+var mapsHere = runtime.GOOS == "linux" && !cpu.IsBigEndian
 
 // writeCheckpoint writes tiny's weights (no output bias; the classifier
 // shared with the embedding or not) as a model.bin and returns its path,
@@ -103,7 +103,7 @@ func TestLoadLlama2CMapsAndMatchesTheReader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if maps {
+		if mapsHere {
 			for name, v := range map[string][]float32{"embedding": mapped.W.Embedding, "classifier": mapped.W.Classifier, "last w3": mapped.W.Layers[len(mapped.W.Layers)-1].W3} {
 				if !mappedFrom(t, v, path) {
 					t.Fatalf("shared=%v: %s is not in a mapping of %s", shared, name, path)
@@ -136,7 +136,7 @@ func TestLoadLlama2CMapsAndMatchesTheReader(t *testing.T) {
 // self-draft and a tensor-parallel shard leaves the file's bytes as they
 // were, and a write into a weight faults (the pages are read-only).
 func TestMappedCheckpointIsNotWritten(t *testing.T) {
-	if !maps {
+	if !mapsHere {
 		t.Skip("checkpoints are mapped on little-endian linux only; this host reads them")
 	}
 	path, data, _ := writeCheckpoint(t, false)

@@ -11,7 +11,7 @@ import (
 // hashes it and records the revision; the next load of the same file
 // takes the revision from the cache, unverified, and Verify confirms it.
 func TestRevisionCacheSkipsTheHashPass(t *testing.T) {
-	if !maps {
+	if !mapsHere {
 		t.Skip("checkpoints are not mapped on this host: no revision is cached")
 	}
 	path, _, want := writeCheckpoint(t, false)
@@ -39,7 +39,7 @@ func TestRevisionCacheSkipsTheHashPass(t *testing.T) {
 // changes the file's identity: the revision is computed again, not taken
 // from the cache.
 func TestRevisionCacheMissesAFileWrittenInPlace(t *testing.T) {
-	if !maps {
+	if !mapsHere {
 		t.Skip("checkpoints are not mapped on this host: no revision is cached")
 	}
 	path, data, want := writeCheckpoint(t, false)
@@ -70,7 +70,7 @@ func TestRevisionCacheMissesAFileWrittenInPlace(t *testing.T) {
 // a planted entry) is caught by Verify, typed, and forgotten: the next
 // load hashes the file again.
 func TestVerifyCatchesAWrongCachedRevision(t *testing.T) {
-	if !maps {
+	if !mapsHere {
 		t.Skip("checkpoints are not mapped on this host: no revision is cached")
 	}
 	path, _, want := writeCheckpoint(t, false)
