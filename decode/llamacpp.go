@@ -125,14 +125,9 @@ type llamaSnapshots struct {
 	skipped map[int]bool
 }
 
-// keptBuffer is the largest export or read buffer kept between uses:
-// larger states (long contexts of large models) pay the first touches
-// again rather than hold that much host memory for good.
-const keptBuffer = 64 << 20
-
-// shrink is b, or nil when it is larger than keptBuffer.
+// shrink is b, or nil when it is larger than llamacpp.KeptBuffer.
 func shrink(b []byte) []byte {
-	if cap(b) > keptBuffer {
+	if cap(b) > llamacpp.KeptBuffer {
 		return nil
 	}
 	return b

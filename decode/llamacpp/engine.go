@@ -340,7 +340,7 @@ func (e *Engine) CheckInvariance(a, b int, prompt []int32) (Invariance, error) {
 	}
 	same := func(x, y []float32) bool { return slices.Equal(bitsOf(x), bitsOf(y)) }
 	inv := Invariance{Batch: same(alone[0], batched[0]), Chunks: same(alone[0], chunked[len(chunked)-1]), Import: same(both[0], both[1])}
-	inv.Tokens = greedyOf(alone[0]) == greedyOf(batched[0]) && greedyOf(alone[0]) == greedyOf(chunked[len(chunked)-1]) && greedyOf(both[0]) == greedyOf(both[1])
+	inv.Tokens = Argmax(alone[0]) == Argmax(batched[0]) && Argmax(alone[0]) == Argmax(chunked[len(chunked)-1]) && Argmax(both[0]) == Argmax(both[1])
 	return inv, nil
 }
 
@@ -352,7 +352,9 @@ func bitsOf(v []float32) []uint32 {
 	return out
 }
 
-func greedyOf(v []float32) int {
+// Argmax is the greedy pick over logits v: the highest, lowest id on
+// ties (as Lifeline's sampler picks at temperature 0).
+func Argmax(v []float32) int {
 	best := 0
 	for i, f := range v {
 		if f > v[best] {

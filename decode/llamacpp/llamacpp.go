@@ -415,6 +415,12 @@ func (c *Context) Export(seq int32) ([]byte, error) {
 	return slices.Clone(state), nil
 }
 
+// KeptBuffer is the largest state buffer kept from one export or import
+// to the next: larger states (long contexts of large models) pay the
+// first touches of fresh memory again rather than hold that much host
+// memory for good.
+const KeptBuffer = 64 << 20
+
 // ExportInto is Export into *buf, grown when it is too small and kept
 // for the next: the state is a part of *buf, valid until its next use.
 // (A fresh buffer per export costs more than the export where first
@@ -474,7 +480,7 @@ func (c *Context) Import(seq int32, state []byte) error {
 		b = binary.LittleEndian.AppendUint32(b, 0)
 	}
 	n := C.llama_state_seq_set_data(c.c, (*C.uint8_t)(unsafe.Pointer(&b[0])), C.size_t(len(b)), C.llama_seq_id(seq))
-	if cap(c.importBuf) > 64<<20 {
+	if cap(c.importBuf) > KeptBuffer {
 		c.importBuf = nil // not held for good: a long context of a large model
 	}
 	if n == 0 {

@@ -98,7 +98,7 @@ func greedy(t *testing.T, c *Context, seq int32, prompt []int32, chunk, n int) [
 	}
 	out = append(out, l)
 	for range n {
-		tok := int32(argmax(l))
+		tok := int32(Argmax(l))
 		if err := c.Decode([]Input{{Seq: seq, Pos: pos, Token: tok, Logits: true}}); err != nil {
 			t.Fatal(err)
 		}
@@ -109,16 +109,6 @@ func greedy(t *testing.T, c *Context, seq int32, prompt []int32, chunk, n int) [
 		out = append(out, l)
 	}
 	return out
-}
-
-func argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 func sameBits(a, b [][]float32) (int, bool) {
@@ -181,7 +171,7 @@ func TestDeterminism(t *testing.T) {
 	got := [][]float32{l}
 	pos := [3]int32{int32(len(other)), int32(len(other) - 1), int32(len(prompt))}
 	for range 12 {
-		tok := int32(argmax(l))
+		tok := int32(Argmax(l))
 		batch := []Input{{Seq: 0, Pos: pos[0], Token: 7, Logits: true}, {Seq: 2, Pos: pos[2], Token: tok, Logits: true}, {Seq: 1, Pos: pos[1], Token: 9, Logits: true}}
 		if err := c.Decode(batch); err != nil {
 			t.Fatal(err)
@@ -231,7 +221,7 @@ func TestExportImport(t *testing.T) {
 	got := slices.Clone(head)
 	pos := int32(len(prompt) + 5)
 	for range 15 {
-		if err := b.Decode([]Input{{Seq: 2, Pos: pos, Token: int32(argmax(l)), Logits: true}}); err != nil {
+		if err := b.Decode([]Input{{Seq: 2, Pos: pos, Token: int32(Argmax(l)), Logits: true}}); err != nil {
 			t.Fatal(err)
 		}
 		pos++

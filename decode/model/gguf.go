@@ -32,13 +32,13 @@ func LoadGGUF(path string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := ggufConfig(gf)
-	if err != nil {
-		return nil, err
-	}
 	tensors := map[string]gguf.Tensor{}
 	for _, t := range gf.Tensors {
 		tensors[t.Name] = t
+	}
+	c, err := ggufConfig(gf, tensors)
+	if err != nil {
+		return nil, err
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -64,7 +64,7 @@ func LoadGGUF(path string) (*Model, error) {
 }
 
 // ggufConfig is the shape a llama GGUF's metadata states.
-func ggufConfig(gf *gguf.File) (Config, error) {
+func ggufConfig(gf *gguf.File, tensors map[string]gguf.Tensor) (Config, error) {
 	arch := gf.Architecture()
 	if arch != "llama" && arch != "qwen2" {
 		return Config{}, fmt.Errorf("%w: architecture %q (the reference engine computes llama and qwen2; serve it with the llama.cpp engine)", ErrUnsupportedGGUF, arch)
@@ -89,8 +89,8 @@ func ggufConfig(gf *gguf.File) (Config, error) {
 	if s, ok := gf.String(arch + ".rope.scaling.type"); ok && s != "none" {
 		return Config{}, fmt.Errorf("%w: RoPE scaling %q", ErrUnsupportedGGUF, s)
 	}
-	emb, ok := tensorDims(gf, "token_embd.weight")
-	if !ok || len(emb) != 2 {
+	emb := tensors["token_embd.weight"].Dims
+	if len(emb) != 2 {
 		return Config{}, fmt.Errorf("%w: no 2-D token_embd.weight", ErrUnsupportedGGUF)
 	}
 	c := Config{Name: filepath.Base(gf.Path), Dim: num("embedding_length", 0), HiddenDim: num("feed_forward_length", 0), Layers: num("block_count", 0),
@@ -105,15 +105,6 @@ func ggufConfig(gf *gguf.File) (Config, error) {
 		return Config{}, fmt.Errorf("%w: RoPE over %d of a head's %d dimensions", ErrUnsupportedGGUF, d, c.HeadSize())
 	}
 	return c, nil
-}
-
-func tensorDims(gf *gguf.File, name string) ([]uint64, bool) {
-	for _, t := range gf.Tensors {
-		if t.Name == name {
-			return t.Dims, true
-		}
-	}
-	return nil, false
 }
 
 // ggufWeights are c's weights over body, the file's data section: each

@@ -102,4 +102,19 @@ func TestLoadHF(t *testing.T) {
 	if _, err := model.LoadHF(t.TempDir()); !errors.Is(err, model.ErrUnsupportedHF) {
 		t.Errorf("an empty directory: %v", err)
 	}
+	// A cut or corrupted file: tensors past its end, a header length past
+	// the file, a header that is not JSON.
+	for name, corrupt := range map[string]func([]byte) []byte{
+		"cut":    func(b []byte) []byte { return b[:len(b)/2] },
+		"length": func(b []byte) []byte { b[7] = 0x7f; return b },
+		"header": func(b []byte) []byte { b[8] = '['; return b },
+	} {
+		dir := write(nil)
+		path := filepath.Join(dir, "model.safetensors")
+		b, _ := os.ReadFile(path)
+		os.WriteFile(path, corrupt(b), 0o644)
+		if _, err := model.LoadHF(dir); !errors.Is(err, model.ErrUnsupportedHF) {
+			t.Errorf("%s safetensors: %v, want ErrUnsupportedHF", name, err)
+		}
+	}
 }

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -85,23 +86,9 @@ func (hc hfConfig) config(name string) (Config, error) {
 	case string(hc.SlidingWindow) == "true":
 		return Config{}, fmt.Errorf("%w: use_sliding_window", ErrUnsupportedHF)
 	}
-	c := Config{Name: name, Dim: hc.Hidden, HiddenDim: hc.Intermediate, Layers: hc.Layers, Heads: hc.Heads, KVHeads: cmpOr(hc.KVHeads, hc.Heads),
-		VocabSize: hc.Vocab, ContextLen: cmpOr(hc.MaxPositions, 2048), RopeTheta: cmpOrF(hc.RopeTheta, 10000), NormEps: float32(cmpOrF(hc.NormEps, 1e-6)), RopeNeox: true}
+	c := Config{Name: name, Dim: hc.Hidden, HiddenDim: hc.Intermediate, Layers: hc.Layers, Heads: hc.Heads, KVHeads: cmp.Or(hc.KVHeads, hc.Heads),
+		VocabSize: hc.Vocab, ContextLen: cmp.Or(hc.MaxPositions, 2048), RopeTheta: cmp.Or(hc.RopeTheta, 10000), NormEps: float32(cmp.Or(hc.NormEps, 1e-6)), RopeNeox: true}
 	return c, c.Validate()
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
-}
-
-func cmpOrF(v, def float64) float64 {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // safetensors are the tensors of a directory's mapped safetensors files.

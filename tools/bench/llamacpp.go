@@ -181,7 +181,7 @@ func plainLoop(c *llamacpp.Context, m *llamacpp.Model, batch, prompt, out int) (
 				if logits, err = c.Logits(k, logits); err != nil {
 					return 0, err
 				}
-				next[x.Seq], k = int32(argmax(logits)), k+1
+				next[x.Seq], k = int32(llamacpp.Argmax(logits)), k+1
 			}
 			in = in[len(chunk):]
 		}
@@ -198,16 +198,6 @@ func plainLoop(c *llamacpp.Context, m *llamacpp.Model, batch, prompt, out int) (
 		c.Forget(int32(i), 0)
 	}
 	return float64(batch*out) / d.Seconds(), nil
-}
-
-func argmax(v []float32) int {
-	best := 0
-	for i, x := range v {
-		if x > v[best] {
-			best = i
-		}
-	}
-	return best
 }
 
 // lifelineRun is plainLoop's work as requests to Lifeline's engine: batch
