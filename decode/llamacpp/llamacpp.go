@@ -133,6 +133,9 @@ type ModelParams struct {
 	// GPULayers is how many layers go to the GPU backend (0: none); with
 	// no GPU backend loaded (LoadBackends), asking for any is ErrNoGPU.
 	GPULayers int
+	// VocabOnly loads the vocabulary and no weights (a file may have
+	// none): for tokenizing.
+	VocabOnly bool
 }
 
 // LoadModel loads the GGUF file at path (check it first with
@@ -144,6 +147,7 @@ func LoadModel(path string, p ModelParams) (*Model, error) {
 	}
 	mp := C.llama_model_default_params()
 	mp.n_gpu_layers = C.int32_t(p.GPULayers)
+	mp.vocab_only = C.bool(p.VocabOnly)
 	cpath := C.CString(path)
 	defer C.free(unsafe.Pointer(cpath))
 	m := C.llama_model_load_from_file(cpath, mp)

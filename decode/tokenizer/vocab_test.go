@@ -1,0 +1,152 @@
+package tokenizer_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
+	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
+	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+)
+
+func vocabOf(t *testing.T, arch string) *tokenizer.Vocab {
+	t.Helper()
+	f, err := gguf.Open(llamacpptest.WriteVocab(t, t.TempDir(), llamacpptest.VocabKVs(arch)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := tokenizer.FromGGUF(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// TestVocabRoundTrips: for a SentencePiece and a byte-level BPE
+// vocabulary, the pieces of a text's tokens spell the text (with
+// SentencePiece's leading space), special tokens written in it become
+// themselves, and a stream detokenizes to the same text.
+func TestVocabRoundTrips(t *testing.T) {
+	texts := []string{"Hello world", "the quick brown fox\n\n  jumps", "中文 🙂 é\u0301", "a<|im_end|>b", "x\ty  z   ", "<0x41>"}
+	for _, arch := range []string{"llama", "qwen2"} {
+		t.Run(arch, func(t *testing.T) {
+			v := vocabOf(t, arch)
+			for _, text := range texts {
+				ids, err := v.Encode(text)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []byte
+				for _, id := range ids {
+					got = append(got, v.Piece(-1, id)...)
+				}
+				want := text
+				if arch == "llama" {
+					want = " " + text
+				}
+				if arch == "qwen2" && strings.Contains(text, "<|im_end|>") {
+					want = strings.ReplaceAll(text, "<|im_end|>", "") // control tokens spell nothing
+					if !slices.ContainsFunc(ids, func(id int) bool { return slices.Contains(v.EndOfGeneration(), id) }) {
+						t.Errorf("%q: %v has no end-of-turn token", text, ids)
+					}
+				}
+				if string(got) != want {
+					t.Errorf("%q: ids %v spell %q", text, ids, got)
+				}
+				if d := tokenizer.Decode(v, ids); d != want {
+					t.Errorf("%q: streamed %q", text, d)
+				}
+			}
+		})
+	}
+}
+
+// TestVocabMergesAsLlamaCpp: on equal merge ranks (and equal scores) the
+// leftmost pair merges first; a pre-token that is itself a token is taken
+// whole only where the pre-tokenizer says so.
+func TestVocabMergesAsLlamaCpp(t *testing.T) {
+	bpe, err := tokenizer.NewVocab(tokenizer.Spec{Model: "gpt2", Pre: "default", Tokens: []string{"a", "aa", "b", "ab", "aab"},
+		Merges: []string{"a a", "a b"}, BOS: -1, EOS: -1, EOT: -1, Unknown: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := bpe.Encode("aaa"); !slices.Equal(ids, []int{1, 0}) {
+		t.Errorf("aaa: %v, want [aa a] = [1 0]", ids)
+	}
+	if ids, _ := bpe.Encode("aab"); !slices.Equal(ids, []int{1, 2}) {
+		t.Errorf("aab without ignore_merges: %v, want [aa b] = [1 2]", ids)
+	}
+	spm, err := tokenizer.NewVocab(tokenizer.Spec{Model: "llama", Tokens: []string{"<unk>", "▁", "a", "aa", "<0x62>"},
+		Scores: []float32{0, 1, 1, 2, 0}, Types: []int32{2, 1, 1, 1, 6}, BOS: -1, EOS: -1, EOT: -1, Unknown: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, _ := spm.Encode("aaab"); !slices.Equal(ids, []int{3, 2, 4}) {
+		t.Errorf("aaab: %v, want [aa a <0x62>] = [3 2 4]", ids)
+	}
+	if ids, _ := spm.Encode("a aa"); !slices.Equal(ids, []int{2, 1, 3}) {
+		t.Errorf("a aa: %v, want [a ▁ aa] = [2 1 3]", ids)
+	}
+	if _, err := spm.Encode("\xff"); !errors.Is(err, tokenizer.ErrInvalidUTF8) {
+		t.Errorf("invalid UTF-8: %v", err)
+	}
+}
+
+// TestVocabRefusesWhatItCannotEncode: each malformed or unsupported
+// vocabulary is refused by name, as ErrUnsupportedVocab.
+func TestVocabRefusesWhatItCannotEncode(t *testing.T) {
+	base := func() tokenizer.Spec {
+		return tokenizer.Spec{Model: "gpt2", Pre: "qwen2", Tokens: []string{"a", "b", "ab"}, Merges: []string{"a b"}, BOS: -1, EOS: -1, EOT: -1, Unknown: -1}
+	}
+	for _, c := range []struct {
+		name, want string
+		edit       func(*tokenizer.Spec)
+	}{
+		{"model", `tokenizer model "bert"`, func(s *tokenizer.Spec) { s.Model = "bert" }},
+		{"pre", `pre-tokenizer "tekken"`, func(s *tokenizer.Spec) { s.Pre = "tekken" }},
+		{"types", "2 token types for 3 tokens", func(s *tokenizer.Spec) { s.Types = []int32{1, 1} }},
+		{"scores", "0 scores for 3 SentencePiece tokens", func(s *tokenizer.Spec) { s.Model = "llama" }},
+		{"merge", `merge 0 ("ab")`, func(s *tokenizer.Spec) { s.Merges = []string{"ab"} }},
+		{"special id", "special token id 3 outside the 3 tokens", func(s *tokenizer.Spec) { s.EOS = 3 }},
+		{"empty", "0 tokens", func(s *tokenizer.Spec) { s.Tokens = nil }},
+	} {
+		s := base()
+		c.edit(&s)
+		_, err := tokenizer.NewVocab(s)
+		if !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrUnsupportedVocab naming %q", c.name, err, c.want)
+		}
+	}
+	kvs := llamacpptest.VocabKVs("qwen2")
+	for i := range kvs {
+		if kvs[i].Key == "tokenizer.ggml.token_type" {
+			kvs[i].Value = gguf.Strings([]string{"x"})
+		}
+	}
+	path := llamacpptest.WriteVocab(t, t.TempDir(), kvs)
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromGGUF(f); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "tokenizer.ggml.token_type[0] is a string") {
+		t.Errorf("string token types: %v", err)
+	}
+	empty := filepath.Join(t.TempDir(), "empty.gguf")
+	if out, err := os.Create(empty); err != nil {
+		t.Fatal(err)
+	} else if err := gguf.Write(out, []gguf.KV{{Key: "general.architecture", Value: "llama"}}, nil); err != nil {
+		t.Fatal(err)
+	} else {
+		out.Close()
+	}
+	if f, err = gguf.Open(empty); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromGGUF(f); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "no tokenizer.ggml.tokens") {
+		t.Errorf("no vocabulary: %v", err)
+	}
+}
