@@ -1,7 +1,9 @@
 package tokenizer
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
 )
@@ -78,4 +80,24 @@ func ggufArray[T any](f *gguf.File, key string, required bool) ([]T, error) {
 		out[i] = t
 	}
 	return out, nil
+}
+
+// GGUF is the vocabulary as GGUF's tokenizer.ggml.* metadata, as
+// llama.cpp's converter writes it: what FromGGUF reads back.
+func (v *Vocab) GGUF() []gguf.KV {
+	s := v.spec
+	kvs := []gguf.KV{{Key: "tokenizer.ggml.model", Value: s.Model}, {Key: "tokenizer.ggml.tokens", Value: gguf.Strings(s.Tokens)},
+		{Key: "tokenizer.ggml.token_type", Value: gguf.Int32s(v.types)}, {Key: "tokenizer.ggml.add_bos_token", Value: s.AddBOS}}
+	if s.Model == "gpt2" {
+		kvs = append(kvs, gguf.KV{Key: "tokenizer.ggml.pre", Value: cmp.Or(s.Pre, "default")}, gguf.KV{Key: "tokenizer.ggml.merges", Value: gguf.Strings(s.Merges)})
+	} else {
+		kvs = append(kvs, gguf.KV{Key: "tokenizer.ggml.scores", Value: gguf.Float32s(s.Scores)}, gguf.KV{Key: "tokenizer.ggml.add_space_prefix", Value: s.AddSpacePrefix})
+	}
+	for key, id := range map[string]int{"bos": s.BOS, "eos": s.EOS, "eot": s.EOT, "unknown": s.Unknown} {
+		if id >= 0 {
+			kvs = append(kvs, gguf.KV{Key: "tokenizer.ggml." + key + "_token_id", Value: uint32(id)})
+		}
+	}
+	slices.SortFunc(kvs, func(a, b gguf.KV) int { return cmp.Compare(a.Key, b.Key) })
+	return kvs
 }

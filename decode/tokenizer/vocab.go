@@ -71,6 +71,7 @@ type Vocab struct {
 	specials  []int // partitioned out of text, longest first
 	pieces    [][]byte
 	hash      string
+	spec      Spec
 }
 
 // NewVocab builds the vocabulary s states.
@@ -79,7 +80,7 @@ func NewVocab(s Spec) (*Vocab, error) {
 	if n == 0 || n > 1<<22 {
 		return nil, fmt.Errorf("%w: %d tokens", ErrUnsupportedVocab, n)
 	}
-	v := &Vocab{tokens: s.Tokens, types: s.Types, scores: s.Scores, ids: make(map[string]int, n),
+	v := &Vocab{spec: s, tokens: s.Tokens, types: s.Types, scores: s.Scores, ids: make(map[string]int, n),
 		spacePfx: s.AddSpacePrefix, addBOS: s.AddBOS, bos: s.BOS, eos: s.EOS, unk: s.Unknown}
 	if v.types == nil {
 		v.types = make([]int32, n)

@@ -3,9 +3,9 @@
 package tokenizer_test
 
 import (
-	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
@@ -13,42 +13,6 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
-
-// corpus is what the tokenizers are checked on: Unicode of several
-// scripts, whitespace runs, code, CJK, emoji (with joiners and
-// modifiers), contractions, numbers, special tokens in and around text,
-// and strings drawn at random from all of these.
-func corpus() []string {
-	c := []string{
-		"", " ", "  ", "\n", "\t", " \n\n  \t", "Hello world", " Hello world", "Hello  world   ", "hello\n\nworld\n",
-		"I'm sure you're right, they'll say it's what we'd've done. I'M SURE YOU'RE", "don't DON'T Don'T",
-		"1 12 123 1234 12345 1234567890 3.14159 -42 1e-5 0x1F ½ ² ١٢٣ ४२",
-		"func main() {\n\tfmt.Println(\"héllo, 世界\")\n\tx := []int{1, 2, 3} // comment\n}\n",
-		"def f(x):\n    return x**2  # square\n\n\nclass A:\n        pass",
-		`{"key": "value", "n": [1, 2.5, null], "nested": {"a": true}}`,
-		"https://example.com/path?q=1&r=two#frag <a href=\"x\">link</a>",
-		"中文测试：你好，世界！这是一个句子。日本語のテキストです。한국어 문장입니다.",
-		"Привет, мир! Ελληνικά κείμενα. עברית. العربية نص. हिन्दी पाठ। ภาษาไทย",
-		"emoji 🙂🚀👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️ 1️⃣",
-		"combining: e\u0301 a\u0308 n\u0303; zero-width: a\u200bb\u200dc; nbsp:\u00a0x; ideographic space:\u3000y",
-		"ALL CAPS WORDS and MiXeD CaSe and snake_case and camelCaseWords and kebab-case",
-		"tabs\tand\t\ttabs\r\nwindows\r\nlines   \n   \n",
-		"punctuation!!! ??? ... --- *** ### @@@ $$$ %%% ^^^ &&& ((())) [[]] {{}} <<>> ~~ || \\\\ //",
-		"<s>", "</s>", "<unk>", "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", "<|im_start|><|im_end|>",
-		"text<|endoftext|>more", " <|im_end|> spaced ", "<|im_", "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
-		"<0x41> <0xFF>", "▁already▁escaped", "a\x00b", "\u2028line\u2029para",
-	}
-	pool := []rune(strings.Join(c, "") + "    \n\n\t")
-	r := rand.New(rand.NewPCG(1, 2))
-	for range 200 {
-		var sb strings.Builder
-		for range 1 + r.IntN(60) {
-			sb.WriteRune(pool[r.IntN(len(pool))])
-		}
-		c = append(c, sb.String())
-	}
-	return c
-}
 
 // TestVocabEncodesAsLlamaCpp: on the same GGUF, the tokenizer's ids are
 // llama.cpp's for every string of the corpus, for SentencePiece and for
@@ -67,10 +31,34 @@ func TestVocabEncodesAsLlamaCpp(t *testing.T) {
 			{Key: "tokenizer.ggml.eos_token_id", Value: uint32(slices.Index(tokens, "<|eot_id|>"))},
 		}
 	}
+	hf := func(t *testing.T, h llamacpptest.HFTokenizer, model string) []gguf.KV {
+		dir := t.TempDir()
+		if err := llamacpptest.WriteHFTokenizer(dir, h); err != nil {
+			t.Fatal(err)
+		}
+		if model != "" {
+			raw, err := os.ReadFile(model)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "tokenizer.model"), raw, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		v, err := tokenizer.FromHF(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.GGUF()
+	}
+	no := false
 	cases := []struct {
 		name string
 		kvs  []gguf.KV
 	}{
+		{"hf-llama3.2-tokenizer.json", hf(t, llamacpptest.HFTokenizer{Tokens: tokens, Types: types, Merges: merges, Split: llamacpptest.Llama3Split,
+			BOS: "<|begin_of_text|>", EOS: "<|eot_id|>"}, "")},
+		{"hf-gemma2-tokenizer.model", hf(t, llamacpptest.HFTokenizer{BOS: "<bos>", EOS: "<eos>", AddBOS: &no}, llamacpptest.Gemma2TokenizerModel(t))},
 		{"spm-test-vocab", llamacpptest.VocabKVs("llama")},
 		{"bpe-qwen2-test-vocab", llamacpptest.VocabKVs("qwen2")},
 		{"bpe-llama3.2-llama-bpe", llama3("llama-bpe")},

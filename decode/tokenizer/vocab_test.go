@@ -150,3 +150,79 @@ func TestVocabRefusesWhatItCannotEncode(t *testing.T) {
 		t.Errorf("no vocabulary: %v", err)
 	}
 }
+
+// TestFromHFEncodesAsFromGGUF: the test vocabularies written as Hugging
+// Face files (tokenizer.json; tokenizer.model) encode the corpus as the
+// same vocabularies read from GGUF, with the same special tokens, and
+// carry the chat template.
+func TestFromHFEncodesAsFromGGUF(t *testing.T) {
+	for _, arch := range []string{"llama", "qwen2"} {
+		t.Run(arch, func(t *testing.T) {
+			g := vocabOf(t, arch)
+			dir := t.TempDir()
+			if err := llamacpptest.WriteHFTokenizer(dir, llamacpptest.HFTokenizerOf(arch)); err != nil {
+				t.Fatal(err)
+			}
+			h, err := tokenizer.FromHF(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.VocabSize() != g.VocabSize() || h.BOS() != g.BOS() || h.EOS() != g.EOS() || h.AddBOS() != g.AddBOS() || !slices.Equal(h.EndOfGeneration(), g.EndOfGeneration()) {
+				t.Fatalf("HF size/BOS/EOS/AddBOS/EOG %d/%d/%d/%t/%v, GGUF %d/%d/%d/%t/%v", h.VocabSize(), h.BOS(), h.EOS(), h.AddBOS(), h.EndOfGeneration(),
+					g.VocabSize(), g.BOS(), g.EOS(), g.AddBOS(), g.EndOfGeneration())
+			}
+			for _, text := range corpus() {
+				a, _ := h.Encode(text)
+				b, _ := g.Encode(text)
+				if !slices.Equal(a, b) {
+					t.Fatalf("%q: HF %v, GGUF %v", text, a, b)
+				}
+			}
+			if tmpl := tokenizer.ChatTemplateHF(dir); tmpl != llamacpptest.ChatML {
+				t.Errorf("chat template %q", tmpl)
+			}
+		})
+	}
+}
+
+// TestFromHFRefusesWhatItCannotEncode: a pre-tokenizer pattern it does
+// not know, a unigram SentencePiece model and a directory with neither
+// file are refused by name.
+func TestFromHFRefusesWhatItCannotEncode(t *testing.T) {
+	bpe := llamacpptest.HFTokenizerOf("qwen2")
+	bpe.Split = `\w+`
+	dir := t.TempDir()
+	if err := llamacpptest.WriteHFTokenizer(dir, bpe); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromHF(dir); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), `splits on "\\w+"`) {
+		t.Errorf("unknown split: %v", err)
+	}
+	spm := llamacpptest.HFTokenizerOf("llama")
+	dir = t.TempDir()
+	if err := llamacpptest.WriteHFTokenizer(dir, spm); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.model"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The trainer spec's model_type 2 (BPE) becomes 1 (unigram).
+	i := strings.LastIndex(string(raw), "\x12\x02\x18\x02")
+	raw[i+3] = 1
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.model"), raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromHF(dir); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "not a BPE SentencePiece model") {
+		t.Errorf("unigram: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.model"), raw[:len(raw)/2], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromHF(dir); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "tokenizer.model") {
+		t.Errorf("truncated tokenizer.model: %v", err)
+	}
+	if _, err := tokenizer.FromHF(t.TempDir()); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "neither a byte-level tokenizer.json nor") {
+		t.Errorf("empty directory: %v", err)
+	}
+}

@@ -31,6 +31,9 @@ func WriteHF(dir string, m *model.Model, typ string, fromLlamaGGUF bool) error {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), raw, 0o644); err != nil {
 		return err
 	}
+	if err := WriteHFTokenizer(dir, HFTokenizerOf(typ)); err != nil {
+		return err
+	}
 	type entry struct {
 		name  string
 		shape []int

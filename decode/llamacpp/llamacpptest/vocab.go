@@ -18,11 +18,7 @@ import (
 // appended as control tokens.
 func Llama32Vocab(t testing.TB) (tokens []string, types []int32, merges []string) {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama").Output()
-	if err != nil {
-		t.Fatalf("go list the ollama module: %v", err)
-	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), "tokenizer", "testdata", "llama3.2")
+	dir := filepath.Join(ollamaDir(t), "tokenizer", "testdata", "llama3.2")
 	raw, err := os.ReadFile(filepath.Join(dir, "encoder.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -53,6 +49,22 @@ func Llama32Vocab(t testing.TB) (tokens []string, types []int32, merges []string
 		t.Fatal(err)
 	}
 	return tokens, types, merges
+}
+
+// Gemma2TokenizerModel is the path of a real SentencePiece BPE model:
+// Gemma 2's tokenizer.model (256,000 pieces, byte fallback), from the
+// same test data.
+func Gemma2TokenizerModel(t testing.TB) string {
+	t.Helper()
+	return filepath.Join(ollamaDir(t), "tokenizer", "testdata", "gemma2", "tokenizer.model")
+}
+
+func ollamaDir(t testing.TB) string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/ollama/ollama").Output()
+	if err != nil {
+		t.Fatalf("go list the ollama module: %v", err)
+	}
+	return strings.TrimSpace(string(out))
 }
 
 // WriteVocab writes a GGUF that holds only a llama model's header and
