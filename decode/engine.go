@@ -4,6 +4,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -114,8 +115,10 @@ func (o *Options) Validate() error {
 		return badField("context", "%d", o.ContextLen)
 	case o.ModelPath == "" && o.Preset == "":
 		return badField("preset", "set a preset or a model path")
-	case o.ModelPath != "" && o.TokenizerPath == "":
-		return badField("tokenizer", "a llama2.c model needs its tokenizer.bin")
+	case o.ModelPath != "" && o.TokenizerPath == "" && ModelFormat(o.ModelPath) == FormatLlama2C:
+		return badField("tokenizer", "a llama2.c model needs its tokenizer.bin (a GGUF file or a Hugging Face directory holds its own)")
+	case o.TokenizerPath != "" && ModelFormat(o.ModelPath) != FormatLlama2C:
+		return badField("tokenizer", "%s holds its own vocabulary: no tokenizer file", o.ModelPath)
 	case o.BlockSize < 0 || o.BlockSize > 4096:
 		return badField("block_size", "%d (want 1..4096)", o.BlockSize)
 	case o.KVBlocks < 0:
@@ -188,10 +191,17 @@ func NewEngine(opts Options) (*Engine, error) {
 
 // newEngine is NewEngine without speculation.
 func newEngine(opts Options) (*Engine, error) {
-	m, tok, err := loadModel(opts)
+	var ck checkpoint
+	var err error
+	if opts.ModelPath != "" && ModelFormat(opts.ModelPath) != FormatLlama2C {
+		ck, err = loadCheckpoint(opts.ModelPath)
+	} else {
+		ck.m, ck.tok, err = loadModel(opts)
+	}
 	if err != nil {
 		return nil, err
 	}
+	m, tok := ck.m, ck.tok
 	loaded := m // a group's rank 0 computes with its shard of it
 	limits := opts.Limits
 	if limits == (sched.Limits{}) {
@@ -211,8 +221,9 @@ func newEngine(opts Options) (*Engine, error) {
 		}()
 	}
 	e, err := newEngineOn(opts, m, tok, limits, blocks)
-	if err == nil && opts.ServedName != "" {
-		e.info.name = opts.ServedName
+	if err == nil {
+		e.info.name = cmp.Or(opts.ServedName, ck.name, e.info.name)
+		e.chat = goChatTemplate(ck.chat)
 	}
 	if err == nil && opts.ContextLen > 0 {
 		e.info.contextLen = min(e.info.contextLen, opts.ContextLen)

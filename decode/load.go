@@ -2,11 +2,104 @@ package decode
 
 import (
 	"fmt"
+	"io"
 	"os"
+	"path/filepath"
+
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
+
+// Checkpoint formats ModelFormat names.
+const (
+	FormatLlama2C = "llama2c"
+	FormatGGUF    = "gguf"
+	FormatHF      = "hf"
+)
+
+// ModelFormat names the format of the checkpoint at path: a Hugging Face
+// directory (config.json), a GGUF file (its magic), or else a llama2.c
+// model.bin.
+func ModelFormat(path string) string {
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return FormatHF
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return FormatLlama2C
+	}
+	defer f.Close()
+	var magic [4]byte
+	if _, err := io.ReadFull(f, magic[:]); err == nil && string(magic[:]) == "GGUF" {
+		return FormatGGUF
+	}
+	return FormatLlama2C
+}
+
+// CheckModel says whether the reference engine serves the GGUF file or
+// Hugging Face directory at path, from its headers: the architecture,
+// shapes, weight types and vocabulary. The error names what it does not
+// compute; the llama.cpp engine may serve it.
+func CheckModel(path string) error {
+	switch ModelFormat(path) {
+	case FormatGGUF:
+		f, err := gguf.Open(path)
+		if err != nil {
+			return err
+		}
+		if err := model.CheckGGUF(f); err != nil {
+			return err
+		}
+		_, err = tokenizer.FromGGUF(f)
+		return err
+	case FormatHF:
+		if err := model.CheckHF(path); err != nil {
+			return err
+		}
+		_, err := tokenizer.FromHF(path)
+		return err
+	}
+	return badField("model", "%s is neither a GGUF file nor a Hugging Face directory (a llama2.c model.bin needs --tokenizer)", path)
+}
+
+// checkpoint is a loaded model with its vocabulary and chat template.
+type checkpoint struct {
+	m    *model.Model
+	tok  tokenizer.Tokenizer
+	chat string
+	name string
+}
+
+// loadCheckpoint loads a GGUF file or a Hugging Face directory with the
+// vocabulary and chat template it holds.
+func loadCheckpoint(path string) (checkpoint, error) {
+	var c checkpoint
+	var err error
+	switch ModelFormat(path) {
+	case FormatGGUF:
+		var f *gguf.File
+		if f, err = gguf.Open(path); err != nil {
+			return c, err
+		}
+		var v *tokenizer.Vocab
+		if v, err = tokenizer.FromGGUF(f); err != nil {
+			return c, fmt.Errorf("%s: %w", path, err)
+		}
+		c.tok, c.name = v, GGUFName(path)
+		c.chat, _ = f.String("tokenizer.chat_template")
+		c.m, err = model.LoadGGUF(path)
+	case FormatHF:
+		var v *tokenizer.Vocab
+		if v, err = tokenizer.FromHF(path); err != nil {
+			return c, fmt.Errorf("%s: %w", path, err)
+		}
+		c.tok, c.name, c.chat = v, filepath.Base(filepath.Clean(path)), tokenizer.ChatTemplateHF(path)
+		c.m, err = model.LoadHF(path)
+	}
+	return c, err
+}
 
 // loadModel loads opts' model and tokenizer.
 func loadModel(opts Options) (*model.Model, tokenizer.Tokenizer, error) {

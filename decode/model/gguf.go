@@ -63,6 +63,24 @@ func LoadGGUF(path string) (*Model, error) {
 	return nil, fmt.Errorf("%s: %w", path, err)
 }
 
+// CheckGGUF says whether LoadGGUF would compute gf's model, from its
+// header alone: the architecture, shape and every tensor's type and
+// place (not the weights' values, which LoadGGUF hashes and checks).
+func CheckGGUF(gf *gguf.File) error {
+	tensors := map[string]gguf.Tensor{}
+	for _, t := range gf.Tensors {
+		tensors[t.Name] = t
+	}
+	c, err := ggufConfig(gf, tensors)
+	if err == nil {
+		_, err = ggufWeights(c, nil, tensors)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", gf.Path, err)
+	}
+	return nil
+}
+
 // ggufConfig is the shape a llama GGUF's metadata states.
 func ggufConfig(gf *gguf.File, tensors map[string]gguf.Tensor) (Config, error) {
 	arch := gf.Architecture()
@@ -124,6 +142,9 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 			return nil, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
 		}
 		n := rows * cols
+		if body == nil {
+			return nil, nil // CheckGGUF: the directory only
+		}
 		if t.Offset+uint64(4*n) > uint64(len(body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(body)))+uintptr(t.Offset))%4 != 0 {
 			return nil, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
 		}

@@ -45,7 +45,17 @@ type hfConfig struct {
 // them in place. Hugging Face keeps the query and key rows in the
 // rotate-half layout: the model rotates NeoX halves (Config.RopeNeox),
 // as llama.cpp's converter would otherwise permute them.
-func LoadHF(dir string) (*Model, error) {
+func LoadHF(dir string) (*Model, error) { return loadHF(dir, false) }
+
+// CheckHF says whether LoadHF would compute dir's model: its
+// configuration and every tensor's type and shape (not the weights'
+// values, which LoadHF hashes and checks).
+func CheckHF(dir string) error {
+	_, err := loadHF(dir, true)
+	return err
+}
+
+func loadHF(dir string, checkOnly bool) (*Model, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnsupportedHF, err)
@@ -63,6 +73,12 @@ func LoadHF(dir string) (*Model, error) {
 		return nil, err
 	}
 	w, err := hfWeights(c, hc, tensors)
+	if err == nil && checkOnly {
+		for _, f := range tensors.files {
+			unmapFile(f)
+		}
+		return nil, nil
+	}
 	if err == nil {
 		var m *Model
 		if m, err = newModel(c, w, ""); err == nil {

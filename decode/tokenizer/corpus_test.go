@@ -40,4 +40,3 @@ func corpus() []string {
 	}
 	return c
 }
-
