@@ -77,7 +77,7 @@ func TestGPUFieldIsLlamaCpps(t *testing.T) {
 		spec InstanceSpec
 		want string
 	}{
-		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, GPU: &bad}, "instances[0].model"},
+		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, GPU: &bad}, "instances[0].gpu: pins a GPU for engine"},
 		{InstanceSpec{Role: "decode", Engine: "llamacpp", Model: "/m.gguf", Count: 1, GPU: &bad}, "instances[0].gpu"},
 	} {
 		o := Options{NodeID: "n1", Instances: []InstanceSpec{c.spec}}

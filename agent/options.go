@@ -46,12 +46,13 @@ func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Durat
 // InstanceSpec asks for Count instances of one role and model.
 type InstanceSpec struct {
 	Role string `json:"role"`
-	// Engine is "lifeline" (the default: the reference engine on Preset's
-	// synthetic weights) or "llamacpp": Model is then a GGUF file served
-	// by llama.cpp (a lifeline built with the llamacpp tag), as
-	// ServedName (default: the file's base name without .gguf), its
+	// Engine is "lifeline" (the default: the reference engine, on Preset's
+	// synthetic weights or on Model, a GGUF file or a Hugging Face
+	// directory it computes) or "llamacpp": Model is then a GGUF file
+	// served by llama.cpp (a lifeline built with the llamacpp tag), its
 	// context capped at ContextLen (0: at most 4,096), GPULayers layers
-	// on the GPU (a CUDA build).
+	// on the GPU (a CUDA build). A model is served as ServedName
+	// (default: the file's base name without .gguf, or the directory's).
 	Engine     string `json:"engine,omitempty"`
 	Model      string `json:"model,omitempty"`
 	ServedName string `json:"served_model_name,omitempty"`
@@ -91,10 +92,10 @@ func (s InstanceSpec) ranks() int { return max(s.TP, 1) }
 // llamaCpp says whether s is served by llama.cpp.
 func (s InstanceSpec) llamaCpp() bool { return s.Engine == decode.EngineLlamaCpp }
 
-// label names s's model in its instance ids: the preset, or the GGUF
-// model's served name cut to 24 letters, digits, '.', '_' and '-'.
+// label names s's model in its instance ids: the preset, or the model's
+// served name cut to 24 letters, digits, '.', '_' and '-'.
 func (s InstanceSpec) label() string {
-	if !s.llamaCpp() {
+	if s.Model == "" {
 		return s.Preset
 	}
 	name := s.ServedName
@@ -322,8 +323,14 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 		switch {
 		case in.Role != "decode" && in.Role != "prefill" && in.Role != "both":
 			return bad(fmt.Sprintf("instances[%d].role", i), "%q (decode, prefill or both)", in.Role)
-		case in.Model != "" || in.GPULayers != 0 || in.GPU != nil:
-			return bad(fmt.Sprintf("instances[%d].model", i), "a model file (and gpu, gpu_layers) is served by engine %q: the reference engine runs a preset on the CPU", decode.EngineLlamaCpp)
+		case in.GPU != nil:
+			return bad(fmt.Sprintf("instances[%d].gpu", i), "pins a GPU for engine %q: the reference engine computes on the CPU", decode.EngineLlamaCpp)
+		case in.GPULayers != 0:
+			return bad(fmt.Sprintf("instances[%d].gpu_layers", i), "layers on the GPU are engine %q's: the reference engine computes on the CPU", decode.EngineLlamaCpp)
+		case in.Model != "":
+			if err := o.validateModelFile(i, in, bad); err != nil {
+				return err
+			}
 		case in.Preset != "tiny" && in.Preset != "small":
 			return bad(fmt.Sprintf("instances[%d].preset", i), "%q (tiny or small)", in.Preset)
 		case in.Count < 0 || in.Count > 64:
@@ -344,6 +351,31 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 		if cfg, err := model.PresetConfig(in.Preset); err == nil && in.TP > 1 && cfg.SplitsInto(in.TP) != nil {
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%v", cfg.SplitsInto(in.TP))
 		}
+	}
+	return nil
+}
+
+// validateModelFile checks instance spec i of the reference engine with
+// a model file: a checkpoint the engine does not compute is refused here
+// by name (llama.cpp may serve it), never a worker's crash loop.
+func (o *Options) validateModelFile(i int, in InstanceSpec, bad func(field, format string, args ...any) error) error {
+	at := fmt.Sprintf("instances[%d]", i)
+	switch {
+	case in.Preset != "" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0:
+		return bad(at+".preset", "preset, tp and draft settings do not go with a model file")
+	case in.Role != "decode" && in.Role != "both":
+		return bad(at+".role", "%q: an instance of a model file decodes (decode or both)", in.Role)
+	case in.Count < 0 || in.Count > 64:
+		return bad(at+".count", "%d (0..64)", in.Count)
+	case in.MaxRunning < 0 || in.MaxQueued < 0 || in.Threads < 0 || in.ContextLen < 0:
+		return bad(at+".max_running", "max_running, max_queued, threads and context must not be negative")
+	case len(instanceID(o.NodeID, in, 63)) > 63:
+		return bad(at+".served_model_name", "instance ids %q would be over 63 characters: a shorter served_model_name or node_id", instanceID(o.NodeID, in, 0))
+	case !filepath.IsAbs(in.Model):
+		return bad(at+".model", "%q: an absolute path (workers start in another directory)", in.Model)
+	}
+	if err := decode.CheckModel(in.Model); err != nil {
+		return bad(at+".model", "%v (engine %q may serve it)", err, decode.EngineLlamaCpp)
 	}
 	return nil
 }

@@ -95,7 +95,7 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
 		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK,
 		AgentSocket: a.opts.Socket, OrphanTimeout: time.Duration(a.opts.WorkerOrphanTimeout)}
-	if sp := inst.spec; sp.llamaCpp() {
+	if sp := inst.spec; sp.Model != "" {
 		args.Engine, args.ModelPath, args.ServedName = sp.Engine, sp.Model, sp.ServedName
 		args.ContextLen, args.Threads, args.GPULayers = sp.ContextLen, sp.Threads, sp.GPULayers
 		args.RevisionCache = filepath.Join(a.opts.DataDir, "revisions")

@@ -67,10 +67,10 @@ func CheckGGUF(path string) (string, error) {
 	return f.Summary(), nil
 }
 
-// GGUFName is the model id a GGUF file is served under by default: its
-// base name without .gguf.
+// GGUFName is the model id a GGUF file or a Hugging Face directory is
+// served under by default: its base name without .gguf.
 func GGUFName(path string) string {
-	return strings.TrimSuffix(filepath.Base(path), ".gguf")
+	return strings.TrimSuffix(filepath.Base(filepath.Clean(path)), ".gguf")
 }
 
 // addsBOS says whether prompts under tok start with BOS (a vocabulary

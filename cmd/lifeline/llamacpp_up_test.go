@@ -183,18 +183,3 @@ func llamaCppGreedy(t *testing.T, path, prompt string, n int) []int {
 	}
 	return out
 }
-
-// lifelineField is a number of the final chunk's "lifeline" object.
-func lifelineField(end map[string]any, name string) float64 {
-	l, _ := end["lifeline"].(map[string]any)
-	v, _ := l[name].(float64)
-	return v
-}
-
-func tokenIDs(toks []clustertest.Token) []int {
-	var out []int
-	for _, t := range toks {
-		out = append(out, t.TokenID)
-	}
-	return out
-}

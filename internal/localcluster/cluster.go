@@ -42,14 +42,18 @@ type Options struct {
 	// TP, above 1, runs every decode instance as a tensor-parallel group
 	// of TP worker processes.
 	TP int
-	// Engine "llamacpp" serves the GGUF file Model through llama.cpp (a
-	// lifeline built with the llamacpp tag) instead of Preset, under
-	// ServedName (default: the file's base name without .gguf), with
-	// Threads compute threads per worker (0: every CPU) and its context
-	// capped at ContextLen (0: at most 4,096), GPULayers layers on the
-	// GPU (the CUDA backend of make llamacpp-cuda, loaded from
-	// LIFELINE_GGML_BACKENDS).
+	// Model, a GGUF file or a Hugging Face directory, is served instead
+	// of Preset, under ServedName (default: the file's base name without
+	// .gguf, or the directory's), its context capped at ContextLen. Engine
+	// "lifeline" computes it with the reference engine, "llamacpp"
+	// through llama.cpp (a lifeline built with the llamacpp tag; context
+	// at most 4,096 by default, GPULayers layers on the GPU with the CUDA
+	// backend of make llamacpp-cuda, loaded from LIFELINE_GGML_BACKENDS);
+	// "" picks the reference engine when it computes the file and says
+	// why not otherwise (EngineNote). Threads: compute threads per
+	// worker (0: every CPU).
 	Engine     string
+	EngineNote string
 	Model      string
 	ServedName string
 	Threads    int
@@ -57,11 +61,11 @@ type Options struct {
 	GPULayers  int
 }
 
-// ModelID is the model clients ask for: the preset, or the GGUF
-// model's served name.
+// ModelID is the model clients ask for: the preset, or the model's
+// served name.
 func (o *Options) ModelID() string {
 	switch {
-	case o.Engine != decode.EngineLlamaCpp:
+	case o.Model == "":
 		return o.Preset
 	case o.ServedName != "":
 		return o.ServedName
@@ -71,43 +75,69 @@ func (o *Options) ModelID() string {
 
 // instance is the spec of each node's decode instance.
 func (o *Options) instance() agent.InstanceSpec {
-	if o.Engine == decode.EngineLlamaCpp {
+	if o.Model != "" {
 		return agent.InstanceSpec{Role: "decode", Engine: o.Engine, Model: o.Model, ServedName: o.ServedName,
 			Count: 1, Threads: o.Threads, ContextLen: o.ContextLen, GPULayers: o.GPULayers}
 	}
 	return agent.InstanceSpec{Role: "decode", Preset: o.Preset, Count: 1, TP: o.TP, Threads: o.Threads}
 }
 
-// validateModel checks the model options: a GGUF file is checked here,
-// before anything starts, and made absolute (the agents run elsewhere).
+// validateModel checks the model options: a model file is checked here,
+// before anything starts, made absolute (the agents run elsewhere) and
+// given an engine when none was asked for.
 func (o *Options) validateModel() error {
 	switch {
 	case o.Engine != "" && o.Engine != decode.EngineLifeline && o.Engine != decode.EngineLlamaCpp:
 		return fmt.Errorf("up: engine: %q (%s or %s)", o.Engine, decode.EngineLifeline, decode.EngineLlamaCpp)
 	case o.Threads < 0 || o.ContextLen < 0 || o.GPULayers < 0:
 		return fmt.Errorf("up: threads %d, context %d, gpu layers %d: none may be negative", o.Threads, o.ContextLen, o.GPULayers)
-	case o.Engine != decode.EngineLlamaCpp:
-		if o.Model != "" || o.GPULayers != 0 {
-			return fmt.Errorf("up: model, gpu-layers: a GGUF file is served with --engine %s", decode.EngineLlamaCpp)
+	case o.Model == "" && o.Engine == decode.EngineLlamaCpp:
+		return fmt.Errorf("up: model: --engine %s serves a GGUF file: --model PATH", decode.EngineLlamaCpp)
+	case o.Model == "":
+		if o.GPULayers != 0 {
+			return fmt.Errorf("up: gpu-layers: layers of a GGUF file served with --engine %s", decode.EngineLlamaCpp)
 		}
 		if o.Preset != "tiny" && o.Preset != "small" {
 			return fmt.Errorf("up: preset: %q (tiny or small)", o.Preset)
 		}
+		o.Engine = decode.EngineLifeline
 		return nil
-	case o.Model == "":
-		return fmt.Errorf("up: model: --engine %s serves a GGUF file: --model PATH", decode.EngineLlamaCpp)
 	case o.Prefill > 0 || o.TP > 1:
-		return fmt.Errorf("up: prefill and tp are the reference engine's, not %s's", decode.EngineLlamaCpp)
+		return fmt.Errorf("up: prefill and tp run on a preset, not on a model file")
 	}
 	abs, err := filepath.Abs(o.Model)
 	if err != nil {
 		return fmt.Errorf("up: model: %w", err)
 	}
 	o.Model = abs
+	goErr := decode.CheckModel(o.Model)
+	switch {
+	case o.Engine == "" && goErr == nil && o.GPULayers == 0:
+		o.Engine = decode.EngineLifeline
+	case o.Engine == "":
+		why := fmt.Sprintf("%v", goErr)
+		if goErr == nil {
+			why = fmt.Sprintf("--gpu-layers %d asks for llama.cpp's GPU backend", o.GPULayers)
+		}
+		o.Engine, o.EngineNote = decode.EngineLlamaCpp, "served by llama.cpp, not Lifeline's engine: "+why
+	case o.Engine == decode.EngineLifeline && goErr != nil:
+		return fmt.Errorf("up: model: %w (--engine %s may serve it)", goErr, decode.EngineLlamaCpp)
+	case o.Engine == decode.EngineLifeline && o.GPULayers != 0:
+		return fmt.Errorf("up: gpu-layers: --engine %s computes on the CPU", decode.EngineLifeline)
+	}
+	if o.Engine == decode.EngineLifeline {
+		return nil
+	}
 	if _, err := decode.CheckGGUF(o.Model); err != nil {
+		if o.EngineNote != "" {
+			return fmt.Errorf("up: model: neither engine serves it: Lifeline's: %v; llama.cpp: %w", goErr, err)
+		}
 		return fmt.Errorf("up: model: %w", err)
 	}
 	if !gguf.Linked && o.Binary == "" {
+		if o.EngineNote != "" {
+			return fmt.Errorf("up: model: Lifeline's engine does not serve it (%v), and %w", goErr, decode.ErrNoLlamaCpp)
+		}
 		return fmt.Errorf("up: engine: %w", decode.ErrNoLlamaCpp)
 	}
 	return nil

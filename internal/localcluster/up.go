@@ -388,8 +388,15 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	}
 	u.mu.Unlock()
 	url := urls[0]
-	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), model %s, etcd %s (mutual TLS), logs in %s\n\n",
+	fmt.Fprintf(out, "Lifeline is up: %d node(s), %d prefill instance(s), %d frontend(s), model %s, etcd %s (mutual TLS), logs in %s\n",
 		opts.Nodes, opts.Prefill, len(urls), opts.ModelID(), strings.Join(u.env.Endpoints, ","), u.log.Name())
+	if opts.Model != "" {
+		fmt.Fprintf(out, "  %s: engine %s\n", opts.Model, opts.Engine)
+	}
+	if opts.EngineNote != "" {
+		fmt.Fprintf(out, "  (%s)\n", opts.EngineNote)
+	}
+	fmt.Fprintln(out)
 	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
 	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.ModelID())
 	for _, n := range u.nodes {
