@@ -17,8 +17,9 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
-// checkpoints writes the test models as GGUF files and as Hugging Face
-// directories: llama (SentencePiece) and qwen2 (byte-level BPE).
+// checkpoints writes the test models as GGUF files (F32, and F16, BF16
+// and Q8_0 matrices) and as Hugging Face directories (F32, BF16): llama
+// (SentencePiece) and qwen2 (byte-level BPE).
 func checkpoints(t *testing.T) map[string]string {
 	t.Helper()
 	out := map[string]string{}
@@ -29,19 +30,27 @@ func checkpoints(t *testing.T) map[string]string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dir := filepath.Join(t.TempDir(), "hf-"+shape.Arch)
-		if err := llamacpptest.WriteHF(mkdir(t, dir), g, shape.Arch, shape.Arch == "llama"); err != nil {
-			t.Fatal(err)
+		for _, dtype := range []string{"F32", "BF16"} {
+			dir := filepath.Join(t.TempDir(), "hf-"+shape.Arch+"-"+dtype)
+			if err := llamacpptest.WriteHFAs(mkdir(t, dir), g, shape.Arch, shape.Arch == "llama", dtype); err != nil {
+				t.Fatal(err)
+			}
+			out[filepath.Base(dir)] = dir
 		}
-		out["hf-"+shape.Arch] = dir
+		for _, typ := range []gguf.TensorType{gguf.F16, gguf.BF16, gguf.Q8_0} {
+			typed := shape
+			typed.Weights = typ
+			out["gguf-"+shape.Arch+"-"+typ.String()] = llamacpptest.WriteModel(t, t.TempDir(), typed, 3)
+		}
 	}
 	return out
 }
 
 // TestCheckpointsServeBitExact: a GGUF file or a Hugging Face directory
-// given as ModelPath is served by the reference engine with the
-// vocabulary and chat template it holds, under its own name, and keeps
-// the engine's promise: a continuation from any split point reproduces
+// given as ModelPath, with weights of every type the engine reads, is
+// served by the reference engine with the vocabulary and chat template
+// it holds, under its own name, and keeps the engine's promise: a
+// continuation from any split point, batched with the others, reproduces
 // the uninterrupted run's tokens, text and logits bit for bit.
 func TestCheckpointsServeBitExact(t *testing.T) {
 	for name, path := range checkpoints(t) {
@@ -112,10 +121,10 @@ func TestCheckpointsServeBitExact(t *testing.T) {
 // is no checkpoint are refused by name before anything loads.
 func TestCheckpointRefusals(t *testing.T) {
 	shape := llamacpptest.Tiny
-	shape.Weights = gguf.Q8_0
-	q8 := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
-	if err := CheckModel(q8); !errors.Is(err, model.ErrUnsupportedGGUF) || !strings.Contains(err.Error(), "Q8_0") {
-		t.Errorf("Q8_0 file: %v", err)
+	shape.Weights = gguf.Q4_0
+	q4 := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
+	if err := CheckModel(q4); !errors.Is(err, model.ErrUnsupportedGGUF) || !strings.Contains(err.Error(), "Q4_0") {
+		t.Errorf("Q4_0 file: %v", err)
 	}
 	f32 := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.Tiny, 1)
 	o := Options{ModelPath: f32, TokenizerPath: "/x/tokenizer.bin"}

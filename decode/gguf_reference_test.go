@@ -35,11 +35,37 @@ func TestReferenceEngineReadsGGUFAsLlamaCppDoes(t *testing.T) {
 		})
 	}
 	shape := llamacpptest.Tiny
-	shape.Weights = gguf.Q8_0
+	shape.Weights = gguf.Q4_0
 	if _, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), shape, 1)); !errors.Is(err, model.ErrUnsupportedGGUF) {
-		t.Fatalf("a Q8_0 file: %v, want ErrUnsupportedGGUF", err)
+		t.Fatalf("a Q4_0 file: %v, want ErrUnsupportedGGUF", err)
 	}
 }
+
+// TestReferenceEngineOnTypedGGUFsAgainstLlamaCpp reports, for F16, BF16
+// and Q8_0 files, where the reference engine's greedy tokens first part
+// from llama.cpp's on the same file and the largest logit difference:
+// the reference engine computes in float32 on the decoded weights,
+// llama.cpp rounds the activations to the weights' type (F16, BF16,
+// Q8_0) before its dot products, so near-ties may go either way. A clear
+// choice made otherwise fails, as for F32.
+func TestReferenceEngineOnTypedGGUFsAgainstLlamaCpp(t *testing.T) {
+	for _, typ := range []gguf.TensorType{gguf.F16, gguf.BF16, gguf.Q8_0} {
+		t.Run(typ.String(), func(t *testing.T) {
+			shape := llamacpptest.Small
+			shape.Weights = typ
+			path := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
+			m, err := model.LoadGGUF(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			crossCheckWithin(t, path, m, 128, typedTieMargin)
+		})
+	}
+}
+
+// typedTieMargin is crossCheck's tieMargin for files whose activations
+// llama.cpp rounds to F16, BF16 or Q8_0.
+const typedTieMargin = 0.25
 
 // TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF: the same weights as
 // a Hugging Face directory (safetensors, query and key rows in the
@@ -70,6 +96,13 @@ func TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF(t *testing.T) {
 // checks each against llama.cpp's choice on the GGUF at path, fed m's
 // tokens: a clear choice must be the same.
 func crossCheck(t *testing.T, path string, m *model.Model, n int) {
+	t.Helper()
+	crossCheckWithin(t, path, m, n, tieMargin)
+}
+
+// crossCheckWithin is crossCheck with logits margin apart counted as a
+// near-tie.
+func crossCheckWithin(t *testing.T, path string, m *model.Model, n int, margin float32) {
 	lm, err := llamacpp.LoadModel(path, llamacpp.ModelParams{})
 	if err != nil {
 		t.Fatal(err)
@@ -121,8 +154,8 @@ func crossCheck(t *testing.T, path string, m *model.Model, n int) {
 		if int(want) != ours {
 			// Two sums of another order may rank a near-tie otherwise;
 			// a clear choice must be the same.
-			if margin := logits[want] - logits[ours]; margin > tieMargin {
-				t.Fatalf("token %d: the reference engine %d, llama.cpp %d, %.3g apart (largest logit difference so far %.3g)", i, ours, want, margin, worst)
+			if apart := logits[want] - logits[ours]; apart > margin {
+				t.Fatalf("token %d: the reference engine %d, llama.cpp %d, %.3g apart (largest logit difference so far %.3g)", i, ours, want, apart, worst)
 			}
 			ties++
 			if firstTie < 0 {
@@ -133,7 +166,7 @@ func crossCheck(t *testing.T, path string, m *model.Model, n int) {
 		// forcing), so that every position is compared.
 		in = []llamacpp.Input{{Pos: int32(len(prompt) + i), Token: int32(ours), Logits: true}}
 	}
-	t.Logf("%s: %d greedy tokens, %d near-ties ranked otherwise (first at %d); largest logit difference %.3g", m.Config.Name, n, ties, firstTie, worst)
+	t.Logf("%s: %d greedy tokens, %d near-ties ranked otherwise (first divergence at %d); largest logit difference %.3g", m.Config.Name, n, ties, firstTie, worst)
 }
 
 // tieMargin is how far apart two logits may be and still be ranked

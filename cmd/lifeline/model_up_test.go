@@ -199,9 +199,9 @@ func TestModelFileCheckedAtConfigTime(t *testing.T) {
 	if err := llamacpptest.WriteHF(hf, g, "llama", true); err != nil {
 		t.Fatal(err)
 	}
-	q8shape := llamacpptest.Tiny
-	q8shape.Weights = gguf.Q8_0
-	q8 := llamacpptest.WriteModel(t, t.TempDir(), q8shape, 1)
+	q4shape := llamacpptest.Tiny
+	q4shape.Weights = gguf.Q4_0
+	q4 := llamacpptest.WriteModel(t, t.TempDir(), q4shape, 1)
 	ca := clustertest.CADir(t)
 	certs := clustertest.Issue(t, ca, "agent", "a")
 	check := func(engine, model, role string) (string, error) {
@@ -217,7 +217,7 @@ func TestModelFileCheckedAtConfigTime(t *testing.T) {
 	for _, c := range []struct{ engine, model, role, want string }{
 		{"", good, "decode", "config OK"},
 		{"lifeline", hf, "both", "config OK"},
-		{"lifeline", q8, "decode", `Q8_0 (the reference engine reads F32 only) (engine "llamacpp" may serve it)`},
+		{"lifeline", q4, "decode", `is Q4_0 (the reference engine reads F32, and F16, BF16 or Q8_0 matrices) (engine "llamacpp" may serve it)`},
 		{"", "relative.gguf", "decode", "an absolute path"},
 		{"", good, "prefill", "instances[0].role"},
 	} {
@@ -227,15 +227,15 @@ func TestModelFileCheckedAtConfigTime(t *testing.T) {
 		}
 	}
 	data := filepath.Join(t.TempDir(), "up")
-	args := []string{"up", "--data-dir", data, "--model", q8, "--listen", proctest.FreeTCPAddr(t)}
-	want := []string{"Lifeline's engine does not serve it", "Q8_0", "built without llama.cpp"}
+	args := []string{"up", "--data-dir", data, "--model", q4, "--listen", proctest.FreeTCPAddr(t)}
+	want := []string{"Lifeline's engine does not serve it", "Q4_0", "built without llama.cpp"}
 	if gguf.Linked { // it would be served by llama.cpp: ask for the reference engine
-		args, want = append(args, "--engine", "lifeline"), []string{"Q8_0", `--engine llamacpp may serve it`}
+		args, want = append(args, "--engine", "lifeline"), []string{"Q4_0", `--engine llamacpp may serve it`}
 	}
 	out, errOut, err := proctest.Run(t, args...)
 	for _, w := range want {
 		if err == nil || !strings.Contains(errOut, w) || strings.Contains(out, "URL") {
-			t.Errorf("up --model %s: %v %q %q, want it refused saying %q", q8, err, out, errOut, w)
+			t.Errorf("up --model %s: %v %q %q, want it refused saying %q", q4, err, out, errOut, w)
 		}
 	}
 	if _, err := os.Stat(data); err == nil {

@@ -56,6 +56,12 @@ func init() {
 		if hasAVX512 {
 			active.dot8x3 = dot8x3AVX512
 		}
+		switch {
+		case hasAVX512 && cpu.X86.HasF16C:
+			active.typed = avx512Typed
+		case cpu.X86.HasF16C:
+			active.typed = avx2Typed
+		}
 	}
 }
 

@@ -68,6 +68,8 @@ var genericKernels = kernels{
 	expSum:   expSumGeneric,
 	divMax:   divMaxGeneric,
 	axpyRows: axpyRowsGeneric,
+
+	typed: genericTyped,
 }
 
 func sumGeneric(p *float32, n32 uintptr) float32 {

@@ -34,6 +34,8 @@ type kernels struct {
 	axpyRows func(dst, a, v *float32, vstride, rows, n8 uintptr)
 	// sum reads 32 floats per step: the read-bandwidth baseline.
 	sum func(p *float32, n32 uintptr) float32
+	// typed decodes rows of the weight types other than F32.
+	typed typedKernels
 }
 
 var active = genericKernels
@@ -192,8 +194,10 @@ func MatMul(out, x []float32, T int, w []float32, m, n int) {
 // elementwise work on them.
 type Product struct {
 	Out, W []float32
-	M      int
-	Then   func(r0, r1 int)
+	// Typed, when W is nil, is the weight matrix in another type.
+	Typed Matrix
+	M     int
+	Then  func(r0, r1 int)
 }
 
 // MatMuls computes every product of x (T rows of n) in one parallel call:
@@ -208,7 +212,11 @@ func MatMuls(x []float32, T, n int, prods ...Product) {
 	macs, chunks := 0, make([]int, len(prods))
 	for _, p := range prods {
 		_ = p.Out[T*p.M-1]
-		_ = p.W[p.M*n-1]
+		if p.W != nil {
+			_ = p.W[p.M*n-1]
+		} else if err := p.Typed.Check(p.M, n); err != nil {
+			panic(err)
+		}
 		macs += T * p.M * n
 	}
 	workers := runtime.GOMAXPROCS(0)
@@ -226,7 +234,13 @@ func MatMuls(x []float32, T, n int, prods ...Product) {
 			if r0 == r1 {
 				continue
 			}
-			matmulRows(p.Out, x, T, p.W, p.M, n, r0, r1)
+			if p.W != nil {
+				matmulRows(p.Out, x, T, p.W, p.M, n, r0, r1)
+			} else if p.Typed.Type == F32 {
+				matmulRows(p.Out, x, T, p.Typed.F32, p.M, n, r0, r1)
+			} else {
+				typedRows(p.Out, p.M, x, T, p.Typed, n, r0, r1)
+			}
 			if p.Then != nil {
 				p.Then(r0, r1)
 			}

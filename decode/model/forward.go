@@ -156,7 +156,7 @@ func (m *Model) Forward(ws *Workspace, store kvcache.Store, in []Input) error {
 	ws.reserve(m, len(in))
 	dim := m.Config.Dim
 	for t, inp := range in {
-		copy(ws.x[t*dim:(t+1)*dim], m.W.Embedding[inp.Token*dim:(inp.Token+1)*dim])
+		m.W.embedding(ws.x[t*dim:(t+1)*dim], inp.Token, dim)
 	}
 	for l := range m.W.Layers {
 		if err := m.attentionBlock(ws, store, layout, in, l); err != nil {
@@ -226,10 +226,11 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 	for t := 0; t < T; t++ {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.AttnNorm, c.NormEps)
 	}
+	mats := lw.matrices()
 	matmul.MatMuls(xb[:T*dim], T, dim,
-		matmul.Product{Out: ws.q, W: lw.Wq, M: qDim},
-		matmul.Product{Out: ws.k, W: lw.Wk, M: kvDim},
-		matmul.Product{Out: ws.v, W: lw.Wv, M: kvDim})
+		matmul.Product{Out: ws.q, Typed: mats.Wq, M: qDim},
+		matmul.Product{Out: ws.k, Typed: mats.Wk, M: kvDim},
+		matmul.Product{Out: ws.v, Typed: mats.Wv, M: kvDim})
 	if lw.Bq != nil {
 		for t := range T {
 			addInto(ws.q[t*qDim:(t+1)*qDim], lw.Bq)
@@ -249,7 +250,7 @@ func (m *Model) attentionBlock(ws *Workspace, store kvcache.Store, layout kvcach
 		copy(blk[layout.ValueOffset(l, slot)+base:][:kvDim], ws.v[t*kvDim:(t+1)*kvDim])
 	}
 	m.attention(ws, store, in, l)
-	matmul.MatMul(xb, ws.att, T, lw.Wo, dim, qDim)
+	matmul.MatMulOf(xb, ws.att, T, mats.Wo, dim, qDim)
 	if err := m.sum(xb[:T*dim]); err != nil {
 		return err
 	}
@@ -268,15 +269,16 @@ func (m *Model) feedForward(ws *Workspace, l, T int) error {
 		rmsnorm(xb[t*dim:(t+1)*dim], x[t*dim:(t+1)*dim], lw.FFNNorm, c.NormEps)
 	}
 	hb, hb2 := ws.hb[:T*hidden], ws.hb2[:T*hidden]
+	mats := lw.matrices()
 	matmul.MatMuls(xb[:T*dim], T, dim,
-		matmul.Product{Out: hb, W: lw.W1, M: hidden},
-		matmul.Product{Out: hb2, W: lw.W3, M: hidden, Then: func(r0, r1 int) {
+		matmul.Product{Out: hb, Typed: mats.W1, M: hidden},
+		matmul.Product{Out: hb2, Typed: mats.W3, M: hidden, Then: func(r0, r1 int) {
 			// The gate of rows the same goroutine just computed of both.
 			for t := 0; t < T; t++ {
 				swiglu(hb[t*hidden+r0:t*hidden+r1], hb2[t*hidden+r0:t*hidden+r1])
 			}
 		}})
-	matmul.MatMul(xb, ws.hb, T, lw.W2, dim, hidden)
+	matmul.MatMulOf(xb, ws.hb, T, mats.W2, dim, hidden)
 	if err := m.sum(xb[:T*dim]); err != nil {
 		return err
 	}
@@ -307,7 +309,7 @@ func (m *Model) outputHead(ws *Workspace, in []Input) {
 			j++
 		}
 	}
-	matmul.MatMul(ws.logitsOut, ws.logitsIn, nl, m.W.Classifier, c.VocabSize, dim)
+	matmul.MatMulOf(ws.logitsOut, ws.logitsIn, nl, m.W.classifier(), c.VocabSize, dim)
 	j = 0
 	for _, inp := range in {
 		if inp.Logits == nil {

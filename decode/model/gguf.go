@@ -3,6 +3,7 @@ package model
 import (
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 	"maps"
 	"math"
 	"os"
@@ -125,60 +126,81 @@ func ggufConfig(gf *gguf.File, tensors map[string]gguf.Tensor) (Config, error) {
 	return c, nil
 }
 
-// ggufWeights are c's weights over body, the file's data section: each
-// tensor F32, of the shape c says (ggml's dims: row length first).
+// ggufTypes are the GGUF tensor types of the matrices the engine
+// computes on in place.
+var ggufTypes = map[gguf.TensorType]matmul.Type{gguf.F32: matmul.F32, gguf.F16: matmul.F16, gguf.BF16: matmul.BF16, gguf.Q8_0: matmul.Q8_0}
+
+// ggufWeights are c's weights over body, the file's data section (nil:
+// only the directory is checked): matrices F32, F16, BF16 or Q8_0 used in
+// place, vectors F32, each of the shape c says (ggml's dims: row length
+// first).
 func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
 	biased := c.RopeNeox // qwen2
 	used := map[string]bool{}
-	take := func(name string, rows, cols int) ([]float32, error) {
+	typed := false
+	take := func(name string, rows, cols int, matrix bool) (matmul.Matrix, error) {
 		t, ok := tensors[name]
 		used[name] = true
+		mt, known := ggufTypes[t.Type]
 		switch {
 		case !ok:
-			return nil, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedGGUF, name)
-		case t.Type != gguf.F32:
-			return nil, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32 only)", ErrUnsupportedGGUF, name, t.Type)
+			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedGGUF, name)
+		case !known || (!matrix && mt != matmul.F32) || (mt == matmul.Q8_0 && cols%32 != 0):
+			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, and F16, BF16 or Q8_0 matrices)", ErrUnsupportedGGUF, name, t.Type)
 		case !sameDims(t.Dims, cols, rows):
-			return nil, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
+			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
 		}
-		n := rows * cols
+		typed = typed || mt != matmul.F32
+		size := uint64(rows * mt.RowBytes(cols))
 		if body == nil {
-			return nil, nil // CheckGGUF: the directory only
+			return matmul.Matrix{Type: mt}, nil // CheckGGUF: the directory only
 		}
-		if t.Offset+uint64(4*n) > uint64(len(body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(body)))+uintptr(t.Offset))%4 != 0 {
-			return nil, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
+		if t.Offset+size > uint64(len(body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(body)))+uintptr(t.Offset))%4 != 0 {
+			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
 		}
-		return unsafe.Slice((*float32)(unsafe.Pointer(&body[t.Offset])), n), nil
+		raw := body[t.Offset : t.Offset+size : t.Offset+size]
+		if mt == matmul.F32 {
+			return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), rows*cols)), nil
+		}
+		return matmul.Matrix{Type: mt, Raw: raw}, nil
+	}
+	var err error
+	vec := func(dst *[]float32, name string, n int) {
+		if err == nil {
+			var m matmul.Matrix
+			m, err = take(name, 1, n, false)
+			*dst = m.F32
+		}
+	}
+	mat := func(dst *matmul.Matrix, name string, rows, cols int) {
+		if err == nil {
+			*dst, err = take(name, rows, cols, true)
+		}
 	}
 	w := &Weights{Layers: make([]Layer, c.Layers)}
-	var err error
-	get := func(dst *[]float32, name string, rows, cols int) {
-		if err == nil {
-			*dst, err = take(name, rows, cols)
-		}
-	}
-	get(&w.Embedding, "token_embd.weight", c.VocabSize, c.Dim)
-	get(&w.FinalNorm, "output_norm.weight", 1, c.Dim)
+	var emb, cls matmul.Matrix
+	mat(&emb, "token_embd.weight", c.VocabSize, c.Dim)
+	vec(&w.FinalNorm, "output_norm.weight", c.Dim)
+	cls = emb
 	if _, ok := tensors["output.weight"]; ok {
-		get(&w.Classifier, "output.weight", c.VocabSize, c.Dim)
-	} else {
-		w.Classifier = w.Embedding
+		mat(&cls, "output.weight", c.VocabSize, c.Dim)
 	}
+	mats := make([]TypedLayer, c.Layers)
 	for i := range w.Layers {
-		l, p := &w.Layers[i], fmt.Sprintf("blk.%d.", i)
-		get(&l.AttnNorm, p+"attn_norm.weight", 1, c.Dim)
-		get(&l.Wq, p+"attn_q.weight", c.Dim, c.Dim)
-		get(&l.Wk, p+"attn_k.weight", c.KVDim(), c.Dim)
-		get(&l.Wv, p+"attn_v.weight", c.KVDim(), c.Dim)
-		get(&l.Wo, p+"attn_output.weight", c.Dim, c.Dim)
-		get(&l.FFNNorm, p+"ffn_norm.weight", 1, c.Dim)
-		get(&l.W1, p+"ffn_gate.weight", c.HiddenDim, c.Dim)
-		get(&l.W2, p+"ffn_down.weight", c.Dim, c.HiddenDim)
-		get(&l.W3, p+"ffn_up.weight", c.HiddenDim, c.Dim)
+		l, tl, p := &w.Layers[i], &mats[i], fmt.Sprintf("blk.%d.", i)
+		vec(&l.AttnNorm, p+"attn_norm.weight", c.Dim)
+		mat(&tl.Wq, p+"attn_q.weight", c.Dim, c.Dim)
+		mat(&tl.Wk, p+"attn_k.weight", c.KVDim(), c.Dim)
+		mat(&tl.Wv, p+"attn_v.weight", c.KVDim(), c.Dim)
+		mat(&tl.Wo, p+"attn_output.weight", c.Dim, c.Dim)
+		vec(&l.FFNNorm, p+"ffn_norm.weight", c.Dim)
+		mat(&tl.W1, p+"ffn_gate.weight", c.HiddenDim, c.Dim)
+		mat(&tl.W2, p+"ffn_down.weight", c.Dim, c.HiddenDim)
+		mat(&tl.W3, p+"ffn_up.weight", c.HiddenDim, c.Dim)
 		if biased {
-			get(&l.Bq, p+"attn_q.bias", 1, c.Dim)
-			get(&l.Bk, p+"attn_k.bias", 1, c.KVDim())
-			get(&l.Bv, p+"attn_v.bias", 1, c.KVDim())
+			vec(&l.Bq, p+"attn_q.bias", c.Dim)
+			vec(&l.Bk, p+"attn_k.bias", c.KVDim())
+			vec(&l.Bv, p+"attn_v.bias", c.KVDim())
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(tensors)) { // the same error every time
@@ -188,7 +210,30 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
 		}
 	}
+	w.placeMatrices(emb, cls, mats, typed)
 	return w, err
+}
+
+// placeMatrices puts matrices read from a file where the engine reads
+// them: all float32 in the float32 fields, or, when any is of another
+// type, each layer's in Layer.Typed and the embedding and classifier in
+// the typed fields unless float32.
+func (w *Weights) placeMatrices(emb, cls matmul.Matrix, mats []TypedLayer, typed bool) {
+	w.Embedding, w.Classifier = emb.F32, cls.F32
+	if emb.Type != matmul.F32 {
+		w.TypedEmbedding = emb
+	}
+	if cls.Type != matmul.F32 {
+		w.TypedClassifier = cls
+	}
+	for i := range w.Layers {
+		l, tl := &w.Layers[i], mats[i]
+		if typed {
+			l.Typed = &tl
+			continue
+		}
+		l.Wq, l.Wk, l.Wv, l.Wo, l.W1, l.W2, l.W3 = tl.Wq.F32, tl.Wk.F32, tl.Wv.F32, tl.Wo.F32, tl.W1.F32, tl.W2.F32, tl.W3.F32
+	}
 }
 
 // sameDims says whether ggml dims d are [cols rows], or [cols] for a

@@ -13,7 +13,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/model"
 )
 
-// TestLoadGGUF: an F32 llama or qwen2 GGUF maps with the shape its metadata says;
+// TestLoadGGUF: an F32 llama or qwen2 GGUF maps with the shape its
+// metadata says, F16, BF16 and Q8_0 matrices mapped as they are;
 // what the reference engine does not compute — another architecture,
 // another weight type, a tensor missing — is ErrUnsupportedGGUF naming
 // it. (TestReferenceEngineReadsGGUFAsLlamaCppDoes, tag llamacpp, checks
@@ -33,8 +34,19 @@ func TestLoadGGUF(t *testing.T) {
 	if l := m.W.Layers[1]; !m.Config.RopeNeox || len(l.Bq) != 64 || len(l.Bk) != 32 || len(l.Bv) != 32 {
 		t.Fatalf("qwen2: neox %v, biases %d %d %d", m.Config.RopeNeox, len(l.Bq), len(l.Bk), len(l.Bv))
 	}
-	q8 := llamacpptest.Tiny
-	q8.Weights = gguf.Q8_0
+	for _, typ := range []gguf.TensorType{gguf.F16, gguf.BF16, gguf.Q8_0} {
+		shape := llamacpptest.TinyQwen2
+		shape.Weights = typ
+		m, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), shape, 1))
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+		if l := m.W.Layers[1]; l.Typed == nil || l.Typed.W2.Type.String() != typ.String() || l.Wq != nil || m.W.TypedEmbedding.Type.String() != typ.String() {
+			t.Fatalf("%s: layer matrices %+v, embedding %s", typ, l.Typed, m.W.TypedEmbedding.Type)
+		}
+	}
+	q4 := llamacpptest.Tiny
+	q4.Weights = gguf.Q4_0
 	gemma := llamacpptest.Tiny
 	gemma.Arch = "gemma"
 	missing := llamacpptest.Tiny
@@ -44,7 +56,7 @@ func TestLoadGGUF(t *testing.T) {
 		want  string
 	}{
 		"gemma": {gemma, `architecture "gemma"`},
-		"q8_0":  {q8, "is Q8_0"},
+		"q4_0":  {q4, "is Q4_0"},
 		"hole":  {missing, "blk.1.ffn_up.weight missing"},
 	} {
 		_, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), c.shape, 1))
@@ -85,6 +97,15 @@ func TestLoadHF(t *testing.T) {
 	// The same function from either format: the same revision.
 	if !m.Config.RopeNeox || m.Config.Dim != 64 || m.W.Layers[0].Bq == nil || m.Revision != g.Revision {
 		t.Fatalf("config %+v, biases %v, revision %s (the GGUF's %s)", m.Config, m.W.Layers[0].Bq != nil, m.Revision, g.Revision)
+	}
+	bf := t.TempDir()
+	if err := llamacpptest.WriteHFAs(bf, g, "qwen2", false, "BF16"); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := model.LoadHF(bf); err != nil {
+		t.Fatal(err)
+	} else if l := m.W.Layers[0]; l.Typed == nil || l.Typed.Wq.Type.String() != "BF16" || len(l.AttnNorm) != 64 || len(l.Bq) != 64 || m.Revision == g.Revision {
+		t.Fatalf("a BF16 directory: matrices %+v, norm %d, bias %d values, revision %s (the F32 one's %s)", l.Typed, len(l.AttnNorm), len(l.Bq), m.Revision, g.Revision)
 	}
 	for name, c := range map[string]struct {
 		edit func(map[string]any)

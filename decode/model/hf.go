@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 )
 
 // ErrUnsupportedHF: a Hugging Face model directory the reference engine
@@ -201,57 +203,78 @@ func (st *safetensors) add(path string) error {
 	return nil
 }
 
-// hfWeights are c's weights from the tensors: each F32, of the shape c
-// says ([rows, cols]), every tensor placed.
+// hfTypes are the safetensors dtypes the engine reads.
+var hfTypes = map[string]matmul.Type{"F32": matmul.F32, "F16": matmul.F16, "BF16": matmul.BF16}
+
+// hfWeights are c's weights from the tensors, each of the shape c says
+// ([rows, cols]), every tensor placed: matrices F32, F16 or BF16 used in
+// place; vectors (norms, biases) F32 in place or decoded to float32.
 func hfWeights(c Config, hc hfConfig, st *safetensors) (*Weights, error) {
 	used := map[string]bool{}
+	typed := false
 	var err error
-	get := func(dst *[]float32, name string, shape ...int) {
+	take := func(name string, rows, cols int) matmul.Matrix {
 		if err != nil {
-			return
+			return matmul.Matrix{}
 		}
 		t, ok := st.byName[name]
 		used[name] = true
-		n := 1
-		for _, d := range shape {
-			n *= d
-		}
+		mt, known := hfTypes[t.dtype]
 		switch {
 		case !ok:
 			err = fmt.Errorf("%w: tensor %s missing", ErrUnsupportedHF, name)
-		case t.dtype != "F32":
-			err = fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32 only)", ErrUnsupportedHF, name, t.dtype)
-		case !slices.Equal(t.shape, shape) || len(t.data) != 4*n:
-			err = fmt.Errorf("%w: tensor %s is %v, want %v", ErrUnsupportedHF, name, t.shape, shape)
-		case uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))%4 != 0:
+		case !known:
+			err = fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, F16 and BF16)", ErrUnsupportedHF, name, t.dtype)
+		case !slices.Equal(t.shape, []int{rows, cols}) && !(rows == 1 && slices.Equal(t.shape, []int{cols})) || len(t.data) != rows*mt.RowBytes(cols):
+			want := []int{rows, cols}
+			if rows == 1 {
+				want = want[1:]
+			}
+			err = fmt.Errorf("%w: tensor %s is %v, want %v", ErrUnsupportedHF, name, t.shape, want)
+		case uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))%4 != 0 && mt == matmul.F32:
 			err = fmt.Errorf("%w: tensor %s is not 4-byte aligned in its file", ErrUnsupportedHF, name)
+		case mt == matmul.F32:
+			return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(t.data))), rows*cols))
 		default:
-			*dst = unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(t.data))), n)
+			return matmul.Matrix{Type: mt, Raw: t.data}
+		}
+		return matmul.Matrix{}
+	}
+	mat := func(dst *matmul.Matrix, name string, rows, cols int) {
+		*dst = take(name, rows, cols)
+		typed = typed || dst.Type != matmul.F32
+	}
+	vec := func(dst *[]float32, name string, n int) {
+		m := take(name, 1, n)
+		if *dst = m.F32; m.Raw != nil {
+			*dst = make([]float32, n)
+			m.DecodeRows(*dst, n, 0, 1)
 		}
 	}
 	w := &Weights{Layers: make([]Layer, c.Layers)}
-	get(&w.Embedding, "model.embed_tokens.weight", c.VocabSize, c.Dim)
-	get(&w.FinalNorm, "model.norm.weight", c.Dim)
+	var emb, cls matmul.Matrix
+	mat(&emb, "model.embed_tokens.weight", c.VocabSize, c.Dim)
+	vec(&w.FinalNorm, "model.norm.weight", c.Dim)
+	cls = emb
 	if _, ok := st.byName["lm_head.weight"]; ok || !hc.TieEmbeddings {
-		get(&w.Classifier, "lm_head.weight", c.VocabSize, c.Dim)
-	} else {
-		w.Classifier = w.Embedding
+		mat(&cls, "lm_head.weight", c.VocabSize, c.Dim)
 	}
+	mats := make([]TypedLayer, c.Layers)
 	for i := range w.Layers {
-		l, p := &w.Layers[i], fmt.Sprintf("model.layers.%d.", i)
-		get(&l.AttnNorm, p+"input_layernorm.weight", c.Dim)
-		get(&l.Wq, p+"self_attn.q_proj.weight", c.Dim, c.Dim)
-		get(&l.Wk, p+"self_attn.k_proj.weight", c.KVDim(), c.Dim)
-		get(&l.Wv, p+"self_attn.v_proj.weight", c.KVDim(), c.Dim)
-		get(&l.Wo, p+"self_attn.o_proj.weight", c.Dim, c.Dim)
-		get(&l.FFNNorm, p+"post_attention_layernorm.weight", c.Dim)
-		get(&l.W1, p+"mlp.gate_proj.weight", c.HiddenDim, c.Dim)
-		get(&l.W2, p+"mlp.down_proj.weight", c.Dim, c.HiddenDim)
-		get(&l.W3, p+"mlp.up_proj.weight", c.HiddenDim, c.Dim)
+		l, tl, p := &w.Layers[i], &mats[i], fmt.Sprintf("model.layers.%d.", i)
+		vec(&l.AttnNorm, p+"input_layernorm.weight", c.Dim)
+		mat(&tl.Wq, p+"self_attn.q_proj.weight", c.Dim, c.Dim)
+		mat(&tl.Wk, p+"self_attn.k_proj.weight", c.KVDim(), c.Dim)
+		mat(&tl.Wv, p+"self_attn.v_proj.weight", c.KVDim(), c.Dim)
+		mat(&tl.Wo, p+"self_attn.o_proj.weight", c.Dim, c.Dim)
+		vec(&l.FFNNorm, p+"post_attention_layernorm.weight", c.Dim)
+		mat(&tl.W1, p+"mlp.gate_proj.weight", c.HiddenDim, c.Dim)
+		mat(&tl.W2, p+"mlp.down_proj.weight", c.Dim, c.HiddenDim)
+		mat(&tl.W3, p+"mlp.up_proj.weight", c.HiddenDim, c.Dim)
 		if hc.ModelType == "qwen2" {
-			get(&l.Bq, p+"self_attn.q_proj.bias", c.Dim)
-			get(&l.Bk, p+"self_attn.k_proj.bias", c.KVDim())
-			get(&l.Bv, p+"self_attn.v_proj.bias", c.KVDim())
+			vec(&l.Bq, p+"self_attn.q_proj.bias", c.Dim)
+			vec(&l.Bk, p+"self_attn.k_proj.bias", c.KVDim())
+			vec(&l.Bv, p+"self_attn.v_proj.bias", c.KVDim())
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(st.byName)) { // the same error every time
@@ -259,6 +282,7 @@ func hfWeights(c Config, hc hfConfig, st *safetensors) (*Weights, error) {
 			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's %s", ErrUnsupportedHF, name, hc.ModelType)
 		}
 	}
+	w.placeMatrices(emb, cls, mats, typed)
 	return w, err
 }
 

@@ -268,6 +268,9 @@ func WriteLlama2C(out io.Writer, m *Model) error {
 	if m.W.OutputBias != nil {
 		return fmt.Errorf("model: llama2.c format cannot hold an output bias")
 	}
+	if m.W.Typed() {
+		return fmt.Errorf("model: llama2.c format holds F32 weights only")
+	}
 	c := m.Config
 	shared := &m.W.Classifier[0] == &m.W.Embedding[0]
 	vocab := int32(c.VocabSize)

@@ -13,6 +13,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
+
+	"github.com/lifeline-llm/lifeline/decode/matmul"
 )
 
 // revisionChunk is the number of values hashed as one piece of a tensor:
@@ -31,20 +33,25 @@ const revisionChunk = 1 << 18
 // read from memory once, not once per check.
 func revision(c Config, w *Weights) (string, error) {
 	ts := w.tensors(c)
-	data := make([][]float32, len(ts))
-	for i, t := range ts {
-		data[i] = t.data
-	}
-	pieces := chunks(data, revisionChunk)
+	pieces := chunks(ts, revisionChunk)
 	sums := make([][sha256.Size]byte, len(pieces))
 	var bad atomic.Int64
 	bad.Store(-1)
 	forEachChunk(pieces, func(i int, buf []byte) {
-		if !finite(pieces[i].data) {
-			bad.CompareAndSwap(-1, int64(pieces[i].tensor))
+		p := pieces[i]
+		if p.raw != nil || p.typ != matmul.F32 {
+			if !finiteTyped(p.typ, p.raw) {
+				bad.CompareAndSwap(-1, int64(p.tensor))
+				return
+			}
+			sums[i] = sha256.Sum256(p.raw)
 			return
 		}
-		sums[i] = sha256.Sum256(float32Bytes(pieces[i].data, buf))
+		if !finite(p.data) {
+			bad.CompareAndSwap(-1, int64(p.tensor))
+			return
+		}
+		sums[i] = sha256.Sum256(float32Bytes(p.data, buf))
 	})
 	if t := bad.Load(); t >= 0 {
 		return "", fmt.Errorf("%w in %s", ErrNonFinite, ts[t].name)
@@ -58,6 +65,9 @@ func revision(c Config, w *Weights) (string, error) {
 	for i, p := range pieces {
 		if p.first {
 			h.Write([]byte(ts[p.tensor].name))
+			if p.typ != matmul.F32 { // F32 tensors hash as they always have
+				h.Write([]byte(":" + p.typ.String()))
+			}
 		}
 		h.Write(sums[i][:])
 	}
@@ -68,23 +78,65 @@ func revision(c Config, w *Weights) (string, error) {
 // infinity among its weights.
 var ErrNonFinite = errors.New("model: non-finite weight")
 
-// chunk is at most n consecutive values of one tensor.
+// chunk is at most n consecutive values of one tensor: float32 data, or
+// the bytes of a typed matrix (whole Q8_0 blocks).
 type chunk struct {
 	tensor int
 	first  bool // the tensor's first chunk (an empty tensor has one, empty)
 	data   []float32
+	raw    []byte
+	typ    matmul.Type
 }
 
-// chunks cuts every tensor into pieces of at most n values.
-func chunks(tensors [][]float32, n int) []chunk {
+// chunks cuts every tensor into pieces of at most n values (typed ones
+// into pieces of at most 4n bytes).
+func chunks(tensors []namedTensor, n int) []chunk {
 	var out []chunk
-	for t, v := range tensors {
+	for t, nt := range tensors {
+		if raw := nt.typed.Raw; raw != nil {
+			step := 4 * n
+			if nt.typed.Type == matmul.Q8_0 {
+				step = step / 34 * 34
+			}
+			out = append(out, chunk{tensor: t, first: true, raw: raw[:min(step, len(raw))], typ: nt.typed.Type})
+			for i := step; i < len(raw); i += step {
+				out = append(out, chunk{tensor: t, raw: raw[i:min(i+step, len(raw))], typ: nt.typed.Type})
+			}
+			continue
+		}
+		v := nt.data
 		out = append(out, chunk{tensor: t, first: true, data: v[:min(n, len(v))]})
 		for i := n; i < len(v); i += n {
 			out = append(out, chunk{tensor: t, data: v[i:min(i+n, len(v))]})
 		}
 	}
 	return out
+}
+
+// finiteTyped says whether every value of raw, of type t, is finite:
+// no half or bfloat16 (a Q8_0 block's scale) with an all-ones exponent.
+func finiteTyped(t matmul.Type, raw []byte) bool {
+	switch t {
+	case matmul.F16:
+		for i := 1; i < len(raw); i += 2 {
+			if raw[i]&0x7c == 0x7c {
+				return false
+			}
+		}
+	case matmul.BF16:
+		for i := 0; i+1 < len(raw); i += 2 {
+			if raw[i+1]&0x7f == 0x7f && raw[i]&0x80 != 0 {
+				return false
+			}
+		}
+	case matmul.Q8_0:
+		for i := 1; i < len(raw); i += 34 {
+			if raw[i]&0x7c == 0x7c {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // forEachChunk calls fn for every chunk, on up to GOMAXPROCS goroutines;

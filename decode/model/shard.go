@@ -42,6 +42,8 @@ func (m *Model) Shard(rank, tp int, reduce func([]float32) error) (*Model, error
 		return nil, fmt.Errorf("model: tp %d needs an all-reduce", tp)
 	case len(m.W.Layers) > 0 && m.W.Layers[0].Bq != nil:
 		return nil, fmt.Errorf("model: tensor-parallel groups of a model with attention biases are not built")
+	case m.W.Typed():
+		return nil, fmt.Errorf("model: tensor-parallel groups of a model with F16, BF16 or Q8_0 weights are not built")
 	}
 	s := *m
 	s.tp, s.rank, s.reduce = tp, rank, reduce

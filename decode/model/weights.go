@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/lifeline-llm/lifeline/decode/matmul"
+
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
@@ -17,6 +19,21 @@ type Layer struct {
 	// Bq, Bk and Bv are the query, key and value biases (Qwen2); nil:
 	// none.
 	Bq, Bk, Bv []float32
+	// Typed, when set, holds the layer's matrices in a weight type other
+	// than F32 (F16, BF16, Q8_0, from a file); the float32 matrices above
+	// are then nil. Norms and biases stay float32.
+	Typed *TypedLayer
+}
+
+// TypedLayer is a layer's matrices in a weight type other than F32.
+type TypedLayer struct{ Wq, Wk, Wv, Wo, W1, W2, W3 matmul.Matrix }
+
+// matrices are l's matrices, typed or not.
+func (l *Layer) matrices() TypedLayer {
+	if l.Typed != nil {
+		return *l.Typed
+	}
+	return TypedLayer{matmul.Of(l.Wq), matmul.Of(l.Wk), matmul.Of(l.Wv), matmul.Of(l.Wo), matmul.Of(l.W1), matmul.Of(l.W2), matmul.Of(l.W3)}
 }
 
 // Weights are all tensors of a model.
@@ -27,41 +44,88 @@ type Weights struct {
 	Classifier []float32 // VocabSize×Dim; may alias Embedding
 	// OutputBias, when set, is added to the logits (VocabSize).
 	OutputBias []float32
+	// TypedEmbedding and TypedClassifier, when their data is set, are the
+	// embedding and classifier in another weight type (Embedding and
+	// Classifier are then nil).
+	TypedEmbedding, TypedClassifier matmul.Matrix
 }
 
-// tensors lists every tensor with its name and expected length, in a fixed
-// order used by the revision hash and the checkpoint writer.
+// Typed says whether any of w's matrices is in a type other than F32.
+func (w *Weights) Typed() bool {
+	return w.TypedEmbedding.Raw != nil || w.TypedClassifier.Raw != nil || (len(w.Layers) > 0 && w.Layers[0].Typed != nil)
+}
+
+// embedding is token's row of the embedding, written to dst.
+func (w *Weights) embedding(dst []float32, token, dim int) {
+	if w.Embedding != nil {
+		copy(dst, w.Embedding[token*dim:(token+1)*dim])
+		return
+	}
+	w.TypedEmbedding.DecodeRows(dst, dim, token, token+1)
+}
+
+// classifier is the output matrix, typed or not.
+func (w *Weights) classifier() matmul.Matrix {
+	if w.Classifier != nil {
+		return matmul.Of(w.Classifier)
+	}
+	return w.TypedClassifier
+}
+
+// tensors lists every tensor with its name and expected shape, in a
+// fixed order used by the revision hash and the checkpoint writer.
 func (w *Weights) tensors(c Config) []namedTensor {
-	t := []namedTensor{{"embedding", w.Embedding, c.VocabSize * c.Dim}}
+	mat := func(name string, f []float32, typed *matmul.Matrix, rows, cols int) namedTensor {
+		t := namedTensor{name: name, data: f, rows: rows, cols: cols}
+		switch {
+		case f != nil || typed == nil:
+		case typed.Type == matmul.F32:
+			t.data = typed.F32
+		default:
+			t.typed = *typed
+		}
+		return t
+	}
+	vec := func(name string, f []float32, n int) namedTensor {
+		return namedTensor{name: name, data: f, rows: 1, cols: n}
+	}
+	t := []namedTensor{mat("embedding", w.Embedding, &w.TypedEmbedding, c.VocabSize, c.Dim)}
 	for i := range w.Layers {
 		l := &w.Layers[i]
 		p := fmt.Sprintf("layers.%d.", i)
+		tl := l.Typed
+		if tl == nil {
+			tl = &TypedLayer{}
+		}
 		t = append(t,
-			namedTensor{p + "attn_norm", l.AttnNorm, c.Dim},
-			namedTensor{p + "wq", l.Wq, c.Dim * c.Dim},
-			namedTensor{p + "wk", l.Wk, c.KVDim() * c.Dim},
-			namedTensor{p + "wv", l.Wv, c.KVDim() * c.Dim},
-			namedTensor{p + "wo", l.Wo, c.Dim * c.Dim},
-			namedTensor{p + "ffn_norm", l.FFNNorm, c.Dim},
-			namedTensor{p + "w1", l.W1, c.HiddenDim * c.Dim},
-			namedTensor{p + "w2", l.W2, c.Dim * c.HiddenDim},
-			namedTensor{p + "w3", l.W3, c.HiddenDim * c.Dim},
+			vec(p+"attn_norm", l.AttnNorm, c.Dim),
+			mat(p+"wq", l.Wq, &tl.Wq, c.Dim, c.Dim),
+			mat(p+"wk", l.Wk, &tl.Wk, c.KVDim(), c.Dim),
+			mat(p+"wv", l.Wv, &tl.Wv, c.KVDim(), c.Dim),
+			mat(p+"wo", l.Wo, &tl.Wo, c.Dim, c.Dim),
+			vec(p+"ffn_norm", l.FFNNorm, c.Dim),
+			mat(p+"w1", l.W1, &tl.W1, c.HiddenDim, c.Dim),
+			mat(p+"w2", l.W2, &tl.W2, c.Dim, c.HiddenDim),
+			mat(p+"w3", l.W3, &tl.W3, c.HiddenDim, c.Dim),
 		)
 		if l.Bq != nil || l.Bk != nil || l.Bv != nil {
-			t = append(t, namedTensor{p + "bq", l.Bq, c.Dim}, namedTensor{p + "bk", l.Bk, c.KVDim()}, namedTensor{p + "bv", l.Bv, c.KVDim()})
+			t = append(t, vec(p+"bq", l.Bq, c.Dim), vec(p+"bk", l.Bk, c.KVDim()), vec(p+"bv", l.Bv, c.KVDim()))
 		}
 	}
-	t = append(t, namedTensor{"final_norm", w.FinalNorm, c.Dim}, namedTensor{"classifier", w.Classifier, c.VocabSize * c.Dim})
+	t = append(t, vec("final_norm", w.FinalNorm, c.Dim), mat("classifier", w.Classifier, &w.TypedClassifier, c.VocabSize, c.Dim))
 	if w.OutputBias != nil {
-		t = append(t, namedTensor{"output_bias", w.OutputBias, c.VocabSize})
+		t = append(t, vec("output_bias", w.OutputBias, c.VocabSize))
 	}
 	return t
 }
 
+// namedTensor is a float32 tensor (data) or a typed matrix (typed.Raw
+// set) of rows×cols values.
 type namedTensor struct {
-	name string
-	data []float32
-	want int
+	name       string
+	data       []float32
+	typed      matmul.Matrix
+	rows, cols int
 }
 
 func (w *Weights) check(c Config) error {
@@ -69,8 +133,14 @@ func (w *Weights) check(c Config) error {
 		return fmt.Errorf("%w: %d layers of weights for %d layers", ErrBadConfig, len(w.Layers), c.Layers)
 	}
 	for _, t := range w.tensors(c) {
-		if len(t.data) != t.want {
-			return fmt.Errorf("%w: tensor %s has %d values, want %d", ErrBadConfig, t.name, len(t.data), t.want)
+		if t.typed.Raw != nil {
+			if err := t.typed.Check(t.rows, t.cols); err != nil {
+				return fmt.Errorf("%w: tensor %s: %v", ErrBadConfig, t.name, err)
+			}
+			continue
+		}
+		if len(t.data) != t.rows*t.cols {
+			return fmt.Errorf("%w: tensor %s has %d values, want %d", ErrBadConfig, t.name, len(t.data), t.rows*t.cols)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 
+	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/model"
 )
 
@@ -19,11 +20,17 @@ import (
 // layout (its converter permutes them), so with fromLlamaGGUF the rows
 // are put back as Hugging Face has them.
 func WriteHF(dir string, m *model.Model, typ string, fromLlamaGGUF bool) error {
+	return WriteHFAs(dir, m, typ, fromLlamaGGUF, "F32")
+}
+
+// WriteHFAs is WriteHF with every tensor stored as dtype: "F32", "F16"
+// or "BF16" (rounded to nearest even), as real checkpoints are.
+func WriteHFAs(dir string, m *model.Model, typ string, fromLlamaGGUF bool, dtype string) error {
 	c := m.Config
 	cfg := map[string]any{"architectures": []string{"X"}, "model_type": typ, "hidden_size": c.Dim, "intermediate_size": c.HiddenDim,
 		"num_hidden_layers": c.Layers, "num_attention_heads": c.Heads, "num_key_value_heads": c.KVHeads, "vocab_size": c.VocabSize,
 		"max_position_embeddings": c.ContextLen, "rope_theta": c.RopeTheta, "rms_norm_eps": c.NormEps, "tie_word_embeddings": false,
-		"torch_dtype": "float32"}
+		"torch_dtype": map[string]string{"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return err
@@ -72,10 +79,17 @@ func WriteHF(dir string, m *model.Model, typ string, fromLlamaGGUF bool) error {
 	var body []byte
 	for _, e := range es {
 		start := len(body)
-		for _, v := range e.data {
-			body = binary.LittleEndian.AppendUint32(body, math.Float32bits(v))
+		switch dtype {
+		case "F16":
+			body = append(body, encode(gguf.F16, e.data)...)
+		case "BF16":
+			body = append(body, encode(gguf.BF16, e.data)...)
+		default:
+			for _, v := range e.data {
+				body = binary.LittleEndian.AppendUint32(body, math.Float32bits(v))
+			}
 		}
-		hdr[e.name] = map[string]any{"dtype": "F32", "shape": e.shape, "data_offsets": []int{start, len(body)}}
+		hdr[e.name] = map[string]any{"dtype": dtype, "shape": e.shape, "data_offsets": []int{start, len(body)}}
 	}
 	h, err := json.Marshal(hdr)
 	if err != nil {

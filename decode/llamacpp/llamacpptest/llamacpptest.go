@@ -27,8 +27,8 @@ type Shape struct {
 	// Without names a tensor left out: a file whose header is sound and
 	// that llama.cpp refuses to load.
 	Without string
-	// Weights is the type of the matrices (F32 when zero; F16 or Q8_0);
-	// norms stay F32, as converters write them.
+	// Weights is the type of the matrices (F32 when zero; F16, BF16,
+	// Q8_0 or Q4_0); norms stay F32, as converters write them.
 	Weights                               gguf.TensorType
 	embd, layers, heads, kvHeads, ff, ctx int
 }
@@ -241,6 +241,36 @@ func encode(t gguf.TensorType, vs []float32) []byte {
 		out := make([]byte, 2*len(vs))
 		for i, v := range vs {
 			binary.LittleEndian.PutUint16(out[2*i:], half(v))
+		}
+		return out
+	case gguf.BF16:
+		out := make([]byte, 2*len(vs))
+		for i, v := range vs {
+			b := math.Float32bits(v)
+			b += 0x7fff + (b>>16)&1 // round to nearest even
+			binary.LittleEndian.PutUint16(out[2*i:], uint16(b>>16))
+		}
+		return out
+	case gguf.Q4_0:
+		out := make([]byte, 0, len(vs)/32*18)
+		for b := 0; b+32 <= len(vs); b += 32 {
+			amax, m := float32(0), float32(0)
+			for _, v := range vs[b : b+32] {
+				if a := float32(math.Abs(float64(v))); a > amax {
+					amax, m = a, v
+				}
+			}
+			d := m / -8
+			out = binary.LittleEndian.AppendUint16(out, half(d))
+			q := func(v float32) byte {
+				if d == 0 {
+					return 8
+				}
+				return byte(min(15, max(0, int(math.Round(float64(v/d)))+8)))
+			}
+			for j := range 16 {
+				out = append(out, q(vs[b+j])|q(vs[b+16+j])<<4)
+			}
 		}
 		return out
 	case gguf.Q8_0:
