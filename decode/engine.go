@@ -243,7 +243,7 @@ func newEngine(opts Options) (*Engine, error) {
 // newEngineOn is the engine of m over its KV store: the node's arena when
 // opts.KVSocket is set, else private memory.
 func newEngineOn(opts Options, m *model.Model, tok tokenizer.Tokenizer, limits sched.Limits, blocks int) (*Engine, error) {
-	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
+	bs := cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize)
 	if opts.KVSocket == "" {
 		store, err := kvcache.NewMemStore(m.KVLayout(bs), blocks)
 		if err != nil {
@@ -279,7 +279,7 @@ func kvBlocks(opts Options, m *model.Model, limits sched.Limits) int {
 	if opts.KVBlocks > 0 {
 		return opts.KVBlocks
 	}
-	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
+	bs := cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize)
 	perSeq := (min(m.Config.ContextLen, 1024) + bs - 1) / bs
 	return perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
 }
@@ -291,13 +291,6 @@ func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layou
 		Layout: layout.String(), DType: layout.DType, RopeTheta: m.Config.RopeTheta,
 		BlockSize: layout.BlockSize, NumericsID: model.NumericsIDFor(m.TP()),
 	}
-}
-
-func cmpOr(v, def int) int {
-	if v == 0 {
-		return def
-	}
-	return v
 }
 
 // NewEngineWith starts an engine on a loaded model and a given KV store.

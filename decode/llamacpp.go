@@ -3,6 +3,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -36,7 +37,7 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctxLen := min(m.TrainContext(), cmpOr(opts.ContextLen, DefaultLlamaCppContext))
+	ctxLen := min(m.TrainContext(), cmp.Or(opts.ContextLen, DefaultLlamaCppContext))
 	limits := opts.Limits
 	if limits == (sched.Limits{}) {
 		limits = DefaultLlamaCppLimits
@@ -47,7 +48,7 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 		return nil, err
 	}
 	closeAll := func() error { eng.Close(); m.Close(); return nil }
-	bs := cmpOr(opts.BlockSize, kvcache.DefaultBlockSize)
+	bs := cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize)
 	store, err := kvcache.NewMemStore(kvcache.NewLayout(1, 1, bs), limits.Slots()*((ctxLen+bs-1)/bs))
 	if err != nil {
 		closeAll()

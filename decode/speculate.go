@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"cmp"
 	"fmt"
 
 	"github.com/lifeline-llm/lifeline/decode/model"
@@ -45,7 +46,7 @@ func (e *Engine) speculate(opts Options) error {
 	if err != nil {
 		return badField("draft", "%v", err)
 	}
-	k := cmpOr(opts.DraftK, DefaultDraftK)
+	k := cmp.Or(opts.DraftK, DefaultDraftK)
 	if err := e.sched.Speculate(sched.Speculation{Draft: draft, K: k}); err != nil {
 		return fmt.Errorf("decode: speculation: %w", err)
 	}

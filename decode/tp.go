@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 
@@ -86,7 +87,7 @@ func RunFollower(ctx context.Context, opts Options, ready func()) error {
 	defer g.Close()
 	stop := context.AfterFunc(ctx, g.Abort)
 	defer stop()
-	layout := shard.KVLayout(cmpOr(opts.BlockSize, kvcache.DefaultBlockSize))
+	layout := shard.KVLayout(cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize))
 	var store kvcache.Store
 	if opts.KVArena != "" {
 		v, verr := kv.NewView(opts.KVArena, layout, kvBlocks(opts, m, limits))
