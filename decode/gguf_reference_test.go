@@ -24,8 +24,8 @@ import (
 // logit difference are logged. A file of another weight type is refused
 // by name.
 func TestReferenceEngineReadsGGUFAsLlamaCppDoes(t *testing.T) {
-	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2} {
-		t.Run(shape.Arch, func(t *testing.T) {
+	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2, llama3Rope()} {
+		t.Run(shape.Arch+map[bool]string{true: "-llama3-rope"}[shape.Llama3Rope], func(t *testing.T) {
 			path := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
 			m, err := model.LoadGGUF(path)
 			if err != nil {
@@ -72,8 +72,8 @@ const typedTieMargin = 0.25
 // rotate-half layout the converter to GGUF permutes) compute on the
 // reference engine as llama.cpp computes the GGUF.
 func TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF(t *testing.T) {
-	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2} {
-		t.Run(shape.Arch, func(t *testing.T) {
+	for _, shape := range []llamacpptest.Shape{llamacpptest.Small, llamacpptest.TinyQwen2, llama3Rope()} {
+		t.Run(shape.Arch+map[bool]string{true: "-llama3-rope"}[shape.Llama3Rope], func(t *testing.T) {
 			path := llamacpptest.WriteModel(t, t.TempDir(), shape, 1)
 			g, err := model.LoadGGUF(path)
 			if err != nil {
@@ -90,6 +90,14 @@ func TestReferenceEngineReadsHFAsLlamaCppReadsItsGGUF(t *testing.T) {
 			crossCheck(t, path, m, 128)
 		})
 	}
+}
+
+// llama3Rope is the small shape with Llama 3's RoPE frequency scaling
+// (a rope_freqs tensor; rope_scaling in its Hugging Face directory).
+func llama3Rope() llamacpptest.Shape {
+	s := llamacpptest.Small
+	s.Llama3Rope = true
+	return s
 }
 
 // crossCheck decodes n greedy tokens on m (the reference engine) and

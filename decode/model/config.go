@@ -12,6 +12,8 @@ package model
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
@@ -43,6 +45,10 @@ type Config struct {
 	// layout: Qwen2, Hugging Face checkpoints) instead of its (2i, 2i+1)
 	// pairs (llama2.c's and llama.cpp's llama GGUFs).
 	RopeNeox bool
+	// RopeFreqFactors, when set (HeadSize/2 values), divide each pair's
+	// rotation frequency: Llama 3's RoPE frequency scaling, as a GGUF's
+	// rope_freqs tensor or config.json's rope_scaling states it.
+	RopeFreqFactors []float32
 }
 
 // HeadSize is the width of one attention head.
@@ -73,6 +79,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: head size %d is odd (RoPE rotates pairs)", ErrBadConfig, c.HeadSize())
 	case c.KVHeads <= 0 || c.Heads%c.KVHeads != 0:
 		return fmt.Errorf("%w: kv_heads %d does not divide heads %d", ErrBadConfig, c.KVHeads, c.Heads)
+	case c.RopeFreqFactors != nil && len(c.RopeFreqFactors) != c.HeadSize()/2:
+		return fmt.Errorf("%w: %d RoPE frequency factors for heads of %d", ErrBadConfig, len(c.RopeFreqFactors), c.HeadSize())
+	case slices.ContainsFunc(c.RopeFreqFactors, func(f float32) bool { return !(f > 0) || math.IsInf(float64(f), 0) }):
+		return fmt.Errorf("%w: a RoPE frequency factor is not a positive finite number", ErrBadConfig)
 	case c.VocabSize <= 0 || c.VocabSize > 1<<22:
 		return fmt.Errorf("%w: vocab_size %d", ErrBadConfig, c.VocabSize)
 	case c.ContextLen <= 0 || c.ContextLen > 1<<20:

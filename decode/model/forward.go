@@ -91,6 +91,9 @@ func newModel(c Config, w *Weights, known string) (*Model, error) {
 	for pos := 0; pos < c.ContextLen; pos++ {
 		for i := 0; i < half; i++ {
 			freq := 1 / math.Pow(c.RopeTheta, float64(2*i)/float64(c.HeadSize()))
+			if c.RopeFreqFactors != nil {
+				freq /= float64(c.RopeFreqFactors[i])
+			}
 			s, co := math.Sincos(float64(pos) * freq)
 			m.ropeCos[pos*half+i] = float32(co)
 			m.ropeSin[pos*half+i] = float32(s)

@@ -53,7 +53,7 @@ func LoadGGUF(path string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := ggufWeights(c, data[gf.DataOffset:], tensors)
+	w, err := ggufWeights(&c, data[gf.DataOffset:], tensors)
 	if err == nil {
 		var m *Model
 		if m, err = newModel(c, w, ""); err == nil {
@@ -74,7 +74,7 @@ func CheckGGUF(gf *gguf.File) error {
 	}
 	c, err := ggufConfig(gf, tensors)
 	if err == nil {
-		_, err = ggufWeights(c, nil, tensors)
+		_, err = ggufWeights(&c, nil, tensors)
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", gf.Path, err)
@@ -134,7 +134,8 @@ var ggufTypes = map[gguf.TensorType]matmul.Type{gguf.F32: matmul.F32, gguf.F16: 
 // only the directory is checked): matrices F32, F16, BF16 or Q8_0 used in
 // place, vectors F32, each of the shape c says (ggml's dims: row length
 // first).
-func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
+func ggufWeights(cp *Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
+	c := *cp
 	biased := c.RopeNeox // qwen2
 	used := map[string]bool{}
 	typed := false
@@ -185,6 +186,13 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 	if _, ok := tensors["output.weight"]; ok {
 		mat(&cls, "output.weight", c.VocabSize, c.Dim)
 	}
+	if _, ok := tensors["rope_freqs.weight"]; ok { // Llama 3.1's RoPE frequency scaling
+		var f []float32
+		vec(&f, "rope_freqs.weight", c.HeadSize()/2)
+		if f != nil {
+			cp.RopeFreqFactors = slices.Clone(f)
+		}
+	}
 	mats := make([]TypedLayer, c.Layers)
 	for i := range w.Layers {
 		l, tl, p := &w.Layers[i], &mats[i], fmt.Sprintf("blk.%d.", i)
@@ -205,7 +213,7 @@ func ggufWeights(c Config, body []byte, tensors map[string]gguf.Tensor) (*Weight
 	}
 	for _, name := range slices.Sorted(maps.Keys(tensors)) { // the same error every time
 		if err == nil && !used[name] {
-			// rope_freqs (Llama 3.1's RoPE scaling), biases…: computing
+			// Biases, another architecture's tensors…: computing
 			// without them would be another model.
 			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
 		}

@@ -3,6 +3,7 @@ package model_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -44,6 +45,37 @@ func TestLoadGGUF(t *testing.T) {
 		if l := m.W.Layers[1]; l.Typed == nil || l.Typed.W2.Type.String() != typ.String() || l.Wq != nil || m.W.TypedEmbedding.Type.String() != typ.String() {
 			t.Fatalf("%s: layer matrices %+v, embedding %s", typ, l.Typed, m.W.TypedEmbedding.Type)
 		}
+	}
+	rope := llamacpptest.Tiny
+	rope.Llama3Rope = true
+	rm, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), rope, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := llamacpptest.Llama3Scaling.Factors(16)
+	if f := rm.Config.RopeFreqFactors; len(f) != 8 || f[0] != 1 || f[7] != 8 || fmt.Sprint(f) != fmt.Sprint(want) {
+		t.Fatalf("rope_freqs: %v, want %v (1 for the shortest wavelengths, 8 for the longest)", f, want)
+	}
+	hfDir := t.TempDir()
+	if err := llamacpptest.WriteHF(hfDir, rm, "llama", true); err != nil {
+		t.Fatal(err)
+	}
+	if hm, err := model.LoadHF(hfDir); err != nil || fmt.Sprint(hm.Config.RopeFreqFactors) != fmt.Sprint(want) {
+		t.Fatalf("rope_scaling from config.json: %v, %v; want %v", hm, err, want)
+	}
+	// Mistral is llama with a sliding window: within it, plain attention.
+	raw, _ := os.ReadFile(filepath.Join(hfDir, "config.json"))
+	var cfg map[string]any
+	json.Unmarshal(raw, &cfg)
+	cfg["model_type"], cfg["sliding_window"] = "mistral", 100
+	raw, _ = json.Marshal(cfg)
+	os.WriteFile(filepath.Join(hfDir, "config.json"), raw, 0o644)
+	mm, err := model.LoadHF(hfDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mm.Config.ContextLen != 100 {
+		t.Fatalf("mistral with a window of 100: context %d", mm.Config.ContextLen)
 	}
 	q4 := llamacpptest.Tiny
 	q4.Weights = gguf.Q4_0
@@ -112,7 +144,8 @@ func TestLoadHF(t *testing.T) {
 		want string
 	}{
 		"gemma":    {func(c map[string]any) { c["model_type"] = "gemma" }, `model_type "gemma"`},
-		"scaling":  {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8} }, "rope_scaling"},
+		"scaling":  {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 8} }, `rope_scaling of type "yarn"`},
+		"llama3":   {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8} }, "rope_scaling"},
 		"as llama": {func(c map[string]any) { c["model_type"] = "llama" }, "model.layers.0.self_attn.k_proj.bias has no place"},
 		"shape":    {func(c map[string]any) { c["intermediate_size"] = 256 }, "mlp.gate_proj.weight is [128 64], want [256 64]"},
 	} {

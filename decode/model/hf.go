@@ -39,6 +39,49 @@ type hfConfig struct {
 	RopeScaling   json.RawMessage `json:"rope_scaling"`
 	HeadDim       int             `json:"head_dim"`
 	SlidingWindow json.RawMessage `json:"use_sliding_window"`
+	Window        int             `json:"sliding_window"`
+}
+
+// hfRopeScaling is config.json's rope_scaling of type llama3.
+type hfRopeScaling struct {
+	RopeType       string  `json:"rope_type"`
+	Type           string  `json:"type"`
+	Factor         float64 `json:"factor"`
+	LowFreqFactor  float64 `json:"low_freq_factor"`
+	HighFreqFactor float64 `json:"high_freq_factor"`
+	OriginalMax    float64 `json:"original_max_position_embeddings"`
+}
+
+func (r hfRopeScaling) factors(theta float64, headSize int) ([]float32, error) {
+	if cmp.Or(r.RopeType, r.Type) != "llama3" {
+		return nil, fmt.Errorf("%w: rope_scaling of type %q (llama3's is computed)", ErrUnsupportedHF, cmp.Or(r.RopeType, r.Type))
+	}
+	if !(r.Factor > 0 && r.LowFreqFactor > 0 && r.HighFreqFactor > r.LowFreqFactor && r.OriginalMax > 0) {
+		return nil, fmt.Errorf("%w: rope_scaling %+v", ErrUnsupportedHF, r)
+	}
+	return Llama3RopeFactors(theta, headSize, r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.OriginalMax), nil
+}
+
+// Llama3RopeFactors are Llama 3's per-pair frequency divisors, as
+// llama.cpp's converter computes them into a GGUF's rope_freqs from
+// rope_scaling: long wavelengths slowed by factor, short ones kept, the
+// band between interpolated.
+func Llama3RopeFactors(theta float64, headSize int, factor, low, high, originalMax float64) []float32 {
+	lowWave, highWave := originalMax/low, originalMax/high
+	out := make([]float32, headSize/2)
+	for i := range out {
+		wave := 2 * math.Pi * math.Pow(theta, float64(2*i)/float64(headSize))
+		switch {
+		case wave < highWave:
+			out[i] = 1
+		case wave > lowWave:
+			out[i] = float32(factor)
+		default:
+			smooth := (originalMax/wave - low) / (high - low)
+			out[i] = float32(1 / ((1-smooth)/factor + smooth))
+		}
+	}
+	return out
 }
 
 // LoadHF maps a Hugging Face model directory — config.json and
@@ -95,10 +138,8 @@ func loadHF(dir string, checkOnly bool) (*Model, error) {
 
 func (hc hfConfig) config(name string) (Config, error) {
 	switch {
-	case hc.ModelType != "llama" && hc.ModelType != "qwen2":
-		return Config{}, fmt.Errorf("%w: model_type %q (llama and qwen2 are computed)", ErrUnsupportedHF, hc.ModelType)
-	case len(hc.RopeScaling) > 0 && string(hc.RopeScaling) != "null":
-		return Config{}, fmt.Errorf("%w: rope_scaling %s", ErrUnsupportedHF, hc.RopeScaling)
+	case hc.ModelType != "llama" && hc.ModelType != "qwen2" && hc.ModelType != "mistral":
+		return Config{}, fmt.Errorf("%w: model_type %q (llama, mistral and qwen2 are computed)", ErrUnsupportedHF, hc.ModelType)
 	case hc.HeadDim != 0 && hc.Heads > 0 && hc.HeadDim != hc.Hidden/hc.Heads:
 		return Config{}, fmt.Errorf("%w: head_dim %d is not hidden_size/num_attention_heads", ErrUnsupportedHF, hc.HeadDim)
 	case string(hc.SlidingWindow) == "true":
@@ -106,6 +147,22 @@ func (hc hfConfig) config(name string) (Config, error) {
 	}
 	c := Config{Name: name, Dim: hc.Hidden, HiddenDim: hc.Intermediate, Layers: hc.Layers, Heads: hc.Heads, KVHeads: cmp.Or(hc.KVHeads, hc.Heads),
 		VocabSize: hc.Vocab, ContextLen: cmp.Or(hc.MaxPositions, 2048), RopeTheta: cmp.Or(hc.RopeTheta, 10000), NormEps: float32(cmp.Or(hc.NormEps, 1e-6)), RopeNeox: true}
+	if hc.ModelType == "mistral" && hc.Window > 0 {
+		// Within its sliding window, attention is plain attention.
+		c.ContextLen = min(c.ContextLen, hc.Window)
+	}
+	if len(hc.RopeScaling) > 0 && string(hc.RopeScaling) != "null" {
+		var rs hfRopeScaling
+		if err := json.Unmarshal(hc.RopeScaling, &rs); err != nil {
+			return Config{}, fmt.Errorf("%w: rope_scaling %s: %v", ErrUnsupportedHF, hc.RopeScaling, err)
+		}
+		if c.Heads > 0 {
+			var err error
+			if c.RopeFreqFactors, err = rs.factors(c.RopeTheta, c.Dim/c.Heads); err != nil {
+				return Config{}, err
+			}
+		}
+	}
 	return c, c.Validate()
 }
 

@@ -62,6 +62,9 @@ func revision(c Config, w *Weights) (string, error) {
 	if c.RopeNeox {
 		h.Write([]byte("rope=neox\x00"))
 	}
+	if c.RopeFreqFactors != nil {
+		fmt.Fprintf(h, "rope_freq_factors=%v\x00", c.RopeFreqFactors)
+	}
 	for i, p := range pieces {
 		if p.first {
 			h.Write([]byte(ts[p.tensor].name))

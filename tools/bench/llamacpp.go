@@ -83,7 +83,10 @@ func runLlamaCppBench() error {
 		}
 		fmt.Println()
 	}
-	return runLlamaMigrationBench(paths[0])
+	if err := runLlamaMigrationBench(paths[0]); err != nil {
+		return err
+	}
+	return goEngineOn(names, paths)
 }
 
 // measureLlama measures one GGUF: a plain context and a Lifeline engine

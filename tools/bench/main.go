@@ -23,7 +23,7 @@ func main() {
 	minRatio := flag.Float64("min-batch-ratio", 6, "required batch-16/batch-1 decode throughput on small")
 	minStream := flag.Float64("min-stream", 0.9, "required batch-1 decode weight bandwidth, as a fraction of a read-only stream over as many bytes")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams or llamacpp (built with -tags llamacpp)")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams, llamacpp or goengine (the last two built with -tags llamacpp)")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -60,6 +60,8 @@ func main() {
 		err = runStreamsBench()
 	case "llamacpp":
 		err = runLlamaCppBench()
+	case "goengine":
+		err = runGoEngineBench()
 	case "engine", "":
 		err = run(*tokens, *minRatio, *minStream)
 		if err == nil && *only == "" {
@@ -102,7 +104,7 @@ func main() {
 			err = runStreamsBench()
 		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams or llamacpp", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams, llamacpp or goengine", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -8,3 +8,8 @@ import "errors"
 func runLlamaCppBench() error {
 	return errors.New("-only llamacpp: this bench was built without llama.cpp; run it with go run -tags llamacpp ./tools/bench -only llamacpp")
 }
+
+// runGoEngineBench compares with llama.cpp: it needs the binding too.
+func runGoEngineBench() error {
+	return errors.New("-only goengine: this bench was built without llama.cpp; run it with go run -tags llamacpp ./tools/bench -only goengine")
+}

@@ -134,7 +134,7 @@ func runStartupBench() error {
 	}
 	fmt.Printf("\nGoal: a worker restarted on its checkpoint is ready to prefill ≤ 2× one read of the file (%.1f ms ≤ %.1f ms): %s. The read baseline reads into a preallocated buffer; a first start also hashes the file (%.1f ms: SHA-256 at %.1f GB/s per core).\n\n",
 		ms(restart), ms(2*read), verdict, ms(ready), float64(st.Size())/float64(med(func(f startupFigures) time.Duration { return f.hash })))
-	return nil
+	return runGGUFStartupBench()
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }

@@ -31,6 +31,9 @@ func WriteHFAs(dir string, m *model.Model, typ string, fromLlamaGGUF bool, dtype
 		"num_hidden_layers": c.Layers, "num_attention_heads": c.Heads, "num_key_value_heads": c.KVHeads, "vocab_size": c.VocabSize,
 		"max_position_embeddings": c.ContextLen, "rope_theta": c.RopeTheta, "rms_norm_eps": c.NormEps, "tie_word_embeddings": false,
 		"torch_dtype": map[string]string{"F32": "float32", "F16": "float16", "BF16": "bfloat16"}[dtype]}
+	if c.RopeFreqFactors != nil {
+		cfg["rope_scaling"] = Llama3Scaling.JSON() // the scaling the test models are written with
+	}
 	raw, err := json.Marshal(cfg)
 	if err != nil {
 		return err

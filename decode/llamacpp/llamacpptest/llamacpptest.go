@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
+	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 )
 
@@ -29,7 +30,10 @@ type Shape struct {
 	Without string
 	// Weights is the type of the matrices (F32 when zero; F16, BF16,
 	// Q8_0 or Q4_0); norms stay F32, as converters write them.
-	Weights                               gguf.TensorType
+	Weights gguf.TensorType
+	// Llama3Rope writes Llama 3's RoPE frequency scaling (Llama3Scaling)
+	// as a rope_freqs tensor.
+	Llama3Rope                            bool
 	embd, layers, heads, kvHeads, ff, ctx int
 }
 
@@ -220,6 +224,10 @@ func Write(dir string, s Shape, seed uint64) (string, error) {
 			ts = append(ts, tensor(p+"attn_q.bias", 0.1, s.embd), tensor(p+"attn_k.bias", 0.1, kvDim), tensor(p+"attn_v.bias", 0.1, kvDim))
 		}
 	}
+	if s.Llama3Rope {
+		f := Llama3Scaling.Factors(s.embd / s.heads)
+		ts = append(ts, gguf.TensorData{Tensor: gguf.Tensor{Name: "rope_freqs.weight", Dims: []uint64{uint64(len(f))}, Type: gguf.F32}, Data: encode(gguf.F32, f)})
+	}
 	ts = slices.DeleteFunc(ts, func(d gguf.TensorData) bool { return d.Name == s.Without })
 	path := filepath.Join(dir, "lifeline-test-"+a+".gguf")
 	f, err := os.Create(path)
@@ -317,4 +325,30 @@ func half(v float32) uint16 {
 		h++ // may carry into the exponent: still the nearest half
 	}
 	return sign | uint16(h)
+}
+
+// ShapeOf is a model shape of the given sizes, matrices of type weights.
+func ShapeOf(arch string, embd, layers, heads, kvHeads, ff, ctx int, weights gguf.TensorType) Shape {
+	return Shape{Arch: arch, Weights: weights, embd: embd, layers: layers, heads: heads, kvHeads: kvHeads, ff: ff, ctx: ctx}
+}
+
+// RopeScaling is config.json's rope_scaling of type llama3.
+type RopeScaling struct {
+	Factor, Low, High, OriginalMax float64
+}
+
+// Llama3Scaling is the scaling the test models get: Llama 3.1's factors
+// over an original context of 64 positions, so that the bands differ
+// within a test's contexts.
+var Llama3Scaling = RopeScaling{Factor: 8, Low: 1, High: 4, OriginalMax: 64}
+
+// Factors are the rope_freqs values of s for heads of headSize.
+func (s RopeScaling) Factors(headSize int) []float32 {
+	return model.Llama3RopeFactors(10000, headSize, s.Factor, s.Low, s.High, s.OriginalMax)
+}
+
+// JSON is s as config.json writes it.
+func (s RopeScaling) JSON() map[string]any {
+	return map[string]any{"rope_type": "llama3", "factor": s.Factor, "low_freq_factor": s.Low, "high_freq_factor": s.High,
+		"original_max_position_embeddings": s.OriginalMax}
 }
