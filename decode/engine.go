@@ -194,7 +194,7 @@ func newEngine(opts Options) (*Engine, error) {
 	var ck checkpoint
 	var err error
 	if opts.ModelPath != "" && ModelFormat(opts.ModelPath) != FormatLlama2C {
-		ck, err = loadCheckpoint(opts.ModelPath)
+		ck, err = loadCheckpoint(opts.ModelPath, model.RevisionCache{Dir: opts.RevisionCache})
 	} else {
 		ck.m, ck.tok, err = loadModel(opts)
 	}

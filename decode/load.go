@@ -73,8 +73,8 @@ type checkpoint struct {
 }
 
 // loadCheckpoint loads a GGUF file or a Hugging Face directory with the
-// vocabulary and chat template it holds.
-func loadCheckpoint(path string) (checkpoint, error) {
+// vocabulary and chat template it holds; rc keeps its revision.
+func loadCheckpoint(path string, rc model.RevisionCache) (checkpoint, error) {
 	var c checkpoint
 	var err error
 	switch ModelFormat(path) {
@@ -89,14 +89,14 @@ func loadCheckpoint(path string) (checkpoint, error) {
 		}
 		c.tok, c.name = v, GGUFName(path)
 		c.chat, _ = f.String("tokenizer.chat_template")
-		c.m, err = model.LoadGGUF(path)
+		c.m, err = model.LoadGGUFCached(path, rc)
 	case FormatHF:
 		var v *tokenizer.Vocab
 		if v, err = tokenizer.FromHF(path); err != nil {
 			return c, fmt.Errorf("%s: %w", path, err)
 		}
 		c.tok, c.name, c.chat = v, filepath.Base(filepath.Clean(path)), tokenizer.ChatTemplateHF(path)
-		c.m, err = model.LoadHF(path)
+		c.m, err = model.LoadHFCached(path, rc)
 	}
 	return c, err
 }

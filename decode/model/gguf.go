@@ -28,7 +28,12 @@ var ErrUnsupportedGGUF = errors.New("model: GGUF not supported by the reference 
 // epsilon and RoPE base from the file, the classifier tied to the
 // embedding when output.weight is absent. Anything else is
 // ErrUnsupportedGGUF, naming what.
-func LoadGGUF(path string) (*Model, error) {
+func LoadGGUF(path string) (*Model, error) { return LoadGGUFCached(path, RevisionCache{}) }
+
+// LoadGGUFCached is LoadGGUF with the revision taken from rc when the
+// file was hashed before (the hash pass then runs in Model.Verify), else
+// computed and kept there.
+func LoadGGUFCached(path string, rc RevisionCache) (*Model, error) {
 	gf, err := gguf.Open(path)
 	if err != nil {
 		return nil, err
@@ -53,10 +58,14 @@ func LoadGGUF(path string) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
+	key := ""
+	if st, err := f.Stat(); err == nil && fileIdentity(st) != "" {
+		key = "gguf;" + fileIdentity(st)
+	}
 	w, err := ggufWeights(&c, data[gf.DataOffset:], tensors)
 	if err == nil {
 		var m *Model
-		if m, err = newModel(c, w, ""); err == nil {
+		if m, err = newCached(c, w, rc, key); err == nil {
 			return m, nil
 		}
 	}

@@ -172,3 +172,36 @@ func TestLoadHF(t *testing.T) {
 		}
 	}
 }
+
+// TestGGUFAndHFRevisionsCached: a GGUF file or a Hugging Face directory
+// loaded a second time with the same revision cache is ready without the
+// hash pass (Unverified, the same revision), and Verify then finds its
+// weights the ones the revision names.
+func TestGGUFAndHFRevisionsCached(t *testing.T) {
+	path := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.TinyQwen2, 1)
+	g, err := model.LoadGGUF(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := llamacpptest.WriteHFAs(dir, g, "qwen2", false, "BF16"); err != nil {
+		t.Fatal(err)
+	}
+	for name, load := range map[string]func(model.RevisionCache) (*model.Model, error){
+		"gguf": func(rc model.RevisionCache) (*model.Model, error) { return model.LoadGGUFCached(path, rc) },
+		"hf":   func(rc model.RevisionCache) (*model.Model, error) { return model.LoadHFCached(dir, rc) },
+	} {
+		rc := model.RevisionCache{Dir: t.TempDir()}
+		first, err := load(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := load(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Unverified() || !again.Unverified() || again.Revision != first.Revision || again.Verify() != nil {
+			t.Errorf("%s: first unverified %t, again %t, revisions %s / %s", name, first.Unverified(), again.Unverified(), first.Revision, again.Revision)
+		}
+	}
+}

@@ -90,17 +90,22 @@ func Llama3RopeFactors(theta float64, headSize int, factor, low, high, originalM
 // them in place. Hugging Face keeps the query and key rows in the
 // rotate-half layout: the model rotates NeoX halves (Config.RopeNeox),
 // as llama.cpp's converter would otherwise permute them.
-func LoadHF(dir string) (*Model, error) { return loadHF(dir, false) }
+func LoadHF(dir string) (*Model, error) { return loadHF(dir, false, RevisionCache{}) }
+
+// LoadHFCached is LoadHF with the revision taken from rc when the
+// directory's config.json and weight files were hashed before (the hash
+// pass then runs in Model.Verify), else computed and kept there.
+func LoadHFCached(dir string, rc RevisionCache) (*Model, error) { return loadHF(dir, false, rc) }
 
 // CheckHF says whether LoadHF would compute dir's model: its
 // configuration and every tensor's type and shape (not the weights'
 // values, which LoadHF hashes and checks).
 func CheckHF(dir string) error {
-	_, err := loadHF(dir, true)
+	_, err := loadHF(dir, true, RevisionCache{})
 	return err
 }
 
-func loadHF(dir string, checkOnly bool) (*Model, error) {
+func loadHF(dir string, checkOnly bool, rc RevisionCache) (*Model, error) {
 	raw, err := os.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnsupportedHF, err)
@@ -126,7 +131,7 @@ func loadHF(dir string, checkOnly bool) (*Model, error) {
 	}
 	if err == nil {
 		var m *Model
-		if m, err = newModel(c, w, ""); err == nil {
+		if m, err = newCached(c, w, rc, hfIdentity(dir, tensors.names)); err == nil {
 			return m, nil
 		}
 	}
@@ -166,8 +171,23 @@ func (hc hfConfig) config(name string) (Config, error) {
 	return c, c.Validate()
 }
 
+// hfIdentity is the identity of a directory's config.json and weight
+// files ("" when one has none).
+func hfIdentity(dir string, names []string) string {
+	id := "hf"
+	for _, n := range append([]string{"config.json"}, names...) {
+		st, err := os.Stat(filepath.Join(dir, n))
+		if err != nil || fileIdentity(st) == "" {
+			return ""
+		}
+		id += ";" + n + "=" + fileIdentity(st)
+	}
+	return id
+}
+
 // safetensors are the tensors of a directory's mapped safetensors files.
 type safetensors struct {
+	names  []string
 	files  [][]byte
 	byName map[string]stTensor
 }
@@ -199,7 +219,7 @@ func mapSafetensors(dir string) (*safetensors, error) {
 		}
 		slices.Sort(names)
 	}
-	st := &safetensors{byName: map[string]stTensor{}}
+	st := &safetensors{names: names, byName: map[string]stTensor{}}
 	for _, name := range names {
 		if err := st.add(filepath.Join(dir, name)); err != nil {
 			for _, f := range st.files {

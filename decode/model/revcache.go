@@ -136,3 +136,20 @@ func FileRevision(path string, rc RevisionCache) (string, error) {
 	rc.store(key, rev)
 	return rev, nil
 }
+
+// newCached is newModel with the revision of the checkpoint of identity
+// key taken from rc when it is there (the model then Verifies later),
+// else computed and kept there.
+func newCached(c Config, w *Weights, rc RevisionCache, key string) (*Model, error) {
+	known, _ := rc.lookup(key)
+	m, err := newModel(c, w, known)
+	if err != nil {
+		return nil, err
+	}
+	if known != "" {
+		m.unverified = &unverified{cache: rc, key: key}
+	} else {
+		rc.store(key, m.Revision)
+	}
+	return m, nil
+}

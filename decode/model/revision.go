@@ -116,22 +116,34 @@ func chunks(tensors []namedTensor, n int) []chunk {
 	return out
 }
 
+// finite16 says whether no 16-bit value of raw has every bit of the
+// exponent mask exp set, four values at a time: a lane of (v&exp)^exp is
+// zero exactly for such a value, and the borrow trick finds a zero lane.
+func finite16(raw []byte, exp uint64) bool {
+	mask := exp * 0x0001000100010001
+	i := 0
+	for ; i+8 <= len(raw); i += 8 {
+		y := binary.LittleEndian.Uint64(raw[i:]) & mask ^ mask
+		if (y-0x0001000100010001)&^y&0x8000800080008000 != 0 {
+			return false
+		}
+	}
+	for ; i+1 < len(raw); i += 2 {
+		if uint64(binary.LittleEndian.Uint16(raw[i:]))&exp == exp {
+			return false
+		}
+	}
+	return true
+}
+
 // finiteTyped says whether every value of raw, of type t, is finite:
 // no half or bfloat16 (a Q8_0 block's scale) with an all-ones exponent.
 func finiteTyped(t matmul.Type, raw []byte) bool {
 	switch t {
 	case matmul.F16:
-		for i := 1; i < len(raw); i += 2 {
-			if raw[i]&0x7c == 0x7c {
-				return false
-			}
-		}
+		return finite16(raw, 0x7c00)
 	case matmul.BF16:
-		for i := 0; i+1 < len(raw); i += 2 {
-			if raw[i+1]&0x7f == 0x7f && raw[i]&0x80 != 0 {
-				return false
-			}
-		}
+		return finite16(raw, 0x7f80)
 	case matmul.Q8_0:
 		for i := 1; i < len(raw); i += 34 {
 			if raw[i]&0x7c == 0x7c {
