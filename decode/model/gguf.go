@@ -146,34 +146,8 @@ var ggufTypes = map[gguf.TensorType]matmul.Type{gguf.F32: matmul.F32, gguf.F16: 
 func ggufWeights(cp *Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
 	c := *cp
 	biased := c.RopeNeox // qwen2
-	used := map[string]bool{}
-	typed := false
-	take := func(name string, rows, cols int, matrix bool) (matmul.Matrix, error) {
-		t, ok := tensors[name]
-		used[name] = true
-		mt, known := ggufTypes[t.Type]
-		switch {
-		case !ok:
-			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedGGUF, name)
-		case !known || (!matrix && mt != matmul.F32) || (mt == matmul.Q8_0 && cols%32 != 0):
-			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, and F16, BF16 or Q8_0 matrices)", ErrUnsupportedGGUF, name, t.Type)
-		case !sameDims(t.Dims, cols, rows):
-			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
-		}
-		typed = typed || mt != matmul.F32
-		size := uint64(rows * mt.RowBytes(cols))
-		if body == nil {
-			return matmul.Matrix{Type: mt}, nil // CheckGGUF: the directory only
-		}
-		if t.Offset+size > uint64(len(body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(body)))+uintptr(t.Offset))%4 != 0 {
-			return matmul.Matrix{}, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
-		}
-		raw := body[t.Offset : t.Offset+size : t.Offset+size]
-		if mt == matmul.F32 {
-			return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), rows*cols)), nil
-		}
-		return matmul.Matrix{Type: mt, Raw: raw}, nil
-	}
+	r := &ggufTensors{body: body, tensors: tensors, used: map[string]bool{}}
+	take, used := r.take, r.used
 	var err error
 	vec := func(dst *[]float32, name string, n int) {
 		if err == nil {
@@ -227,8 +201,47 @@ func ggufWeights(cp *Config, body []byte, tensors map[string]gguf.Tensor) (*Weig
 			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
 		}
 	}
-	w.placeMatrices(emb, cls, mats, typed)
+	w.placeMatrices(emb, cls, mats, r.typed)
 	return w, err
+}
+
+// ggufTensors hands out a file's tensors over its data section body
+// (nil: only the directory is checked), noting which were used and
+// whether any matrix is of a type other than F32.
+type ggufTensors struct {
+	body    []byte
+	tensors map[string]gguf.Tensor
+	used    map[string]bool
+	typed   bool
+}
+
+// take is tensor name as rows×cols values: F32, or for a matrix F16,
+// BF16 or Q8_0, in place.
+func (r *ggufTensors) take(name string, rows, cols int, matrix bool) (matmul.Matrix, error) {
+	t, ok := r.tensors[name]
+	r.used[name] = true
+	mt, known := ggufTypes[t.Type]
+	switch {
+	case !ok:
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedGGUF, name)
+	case !known || (!matrix && mt != matmul.F32) || (mt == matmul.Q8_0 && cols%32 != 0):
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, and F16, BF16 or Q8_0 matrices)", ErrUnsupportedGGUF, name, t.Type)
+	case !sameDims(t.Dims, cols, rows):
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
+	}
+	r.typed = r.typed || mt != matmul.F32
+	size := uint64(rows * mt.RowBytes(cols))
+	if r.body == nil {
+		return matmul.Matrix{Type: mt}, nil // CheckGGUF: the directory only
+	}
+	if t.Offset+size > uint64(len(r.body)) || (uintptr(unsafe.Pointer(unsafe.SliceData(r.body)))+uintptr(t.Offset))%4 != 0 {
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s lies outside the file or unaligned", ErrUnsupportedGGUF, name)
+	}
+	raw := r.body[t.Offset : t.Offset+size : t.Offset+size]
+	if mt == matmul.F32 {
+		return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), rows*cols)), nil
+	}
+	return matmul.Matrix{Type: mt, Raw: raw}, nil
 }
 
 // placeMatrices puts matrices read from a file where the engine reads

@@ -123,7 +123,7 @@ func finite16(raw []byte, exp uint64) bool {
 	mask := exp * 0x0001000100010001
 	i := 0
 	for ; i+8 <= len(raw); i += 8 {
-		y := binary.LittleEndian.Uint64(raw[i:]) & mask ^ mask
+		y := binary.LittleEndian.Uint64(raw[i:])&mask ^ mask
 		if (y-0x0001000100010001)&^y&0x8000800080008000 != 0 {
 			return false
 		}
