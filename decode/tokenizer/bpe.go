@@ -188,12 +188,7 @@ func (v *Vocab) mergeBPE(w string, out []int) []int {
 		if l.n == 0 || r.n == 0 || l.n+r.n != len(b.text) || w[l.at:l.at+l.n+r.n] != b.text {
 			continue
 		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
-		}
+		merge(syms, b.left, b.right)
 		try(l.prev, b.left)
 		try(b.left, l.next)
 	}

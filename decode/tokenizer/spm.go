@@ -47,6 +47,17 @@ func (b *bigrams) Pop() any {
 	return x
 }
 
+// merge joins symbol right into its left neighbour left.
+func merge(syms []symbol, left, right int) {
+	l, r := &syms[left], &syms[right]
+	l.n += r.n
+	r.n = 0
+	l.next = r.next
+	if r.next >= 0 {
+		syms[r.next].prev = left
+	}
+}
+
 // charSymbols splits text into one symbol per UTF-8 character (by its
 // first byte's length, as llama.cpp does).
 func charSymbols(text string) []symbol {
@@ -100,12 +111,7 @@ func (v *Vocab) encodeSPM(text string, out []int) []int {
 		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
 			continue
 		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
-		}
+		merge(syms, b.left, b.right)
 		try(l.prev, b.left)
 		try(b.left, l.next)
 	}

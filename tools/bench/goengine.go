@@ -88,35 +88,25 @@ func measureGoEngine(path string) (goEngineFigures, error) {
 	}
 	defer e.Close()
 	fmt.Printf("- %s on the reference engine: numerics `%s`, continuation %s\n", filepath.Base(filepath.Dir(path)), e.NumericsID(), e.Continuation())
-	runs := [3]struct{ batch, prompt, out int }{{1, 16, llamaTokens}, {16, 16, llamaTokens}, {1, llamaPrefill, 1}}
-	var plain, goEng, ratios [3][]float64
-	var scale []float64
-	for round := range llamaPairs {
-		for k, r := range runs {
-			var p, g float64
-			for i := range 2 {
-				c := c1
-				if r.batch > 1 {
-					c = c16
-				}
-				if (i+round)%2 == 0 {
-					p, err = plainLoop(c, m, r.batch, r.prompt, r.out)
-				} else {
-					g, err = lifelineRun(e, r.batch, r.prompt, r.out)
-				}
-				if err != nil {
-					return f, err
-				}
-			}
-			if k == 2 {
-				p, g = p*llamaPrefill, g*llamaPrefill
-			}
-			plain[k], goEng[k], ratios[k] = append(plain[k], p), append(goEng[k], g), append(ratios[k], g/p)
+	plain, goEng, err := paired(func(batch, prompt, out int) (float64, error) {
+		if batch > 1 {
+			return plainLoop(c16, m, batch, prompt, out)
 		}
-		scale = append(scale, goEng[1][round]/goEng[0][round])
+		return plainLoop(c1, m, batch, prompt, out)
+	}, func(batch, prompt, out int) (float64, error) { return lifelineRun(e, batch, prompt, out) })
+	if err != nil {
+		return f, err
 	}
-	for k := range runs {
-		f.plain[k], f.goEng[k], f.ratio[k] = median(plain[k]), median(goEng[k]), median(ratios[k])
+	var scale []float64
+	for k := range benchRuns {
+		ratios := make([]float64, len(plain[k]))
+		for i := range ratios {
+			ratios[i] = goEng[k][i] / plain[k][i]
+			if k == 1 {
+				scale = append(scale, goEng[1][i]/goEng[0][i])
+			}
+		}
+		f.plain[k], f.goEng[k], f.ratio[k] = median(plain[k]), median(goEng[k]), median(ratios)
 	}
 	f.b16OverB1 = median(scale)
 	return f, nil

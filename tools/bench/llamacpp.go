@@ -109,36 +109,50 @@ func measureLlama(path string) (llamaFigures, error) {
 	}
 	defer e.Close()
 	fmt.Printf("- %s: numerics `%s`, continuation %s\n", filepath.Base(filepath.Dir(path)), e.NumericsID(), e.Continuation())
-	runs := [3]struct {
-		batch, prompt, out int
-	}{{1, 16, llamaTokens}, {16, 16, llamaTokens}, {1, llamaPrefill, 1}}
-	var plain, life, ratios [3][]float64
-	for round := range llamaPairs {
-		for k, r := range runs {
-			// Each goes first in every other pair: what runs second
-			// meets a warmer (or hotter) machine.
-			var p, l float64
-			var err error
-			for i := range 2 {
-				if (i+round)%2 == 0 {
-					p, err = plainLoop(c, m, r.batch, r.prompt, r.out)
-				} else {
-					l, err = lifelineRun(e, r.batch, r.prompt, r.out)
-				}
-				if err != nil {
-					return f, err
-				}
-			}
-			if k == 2 { // prefill: prompt tokens per second
-				p, l = p*llamaPrefill, l*llamaPrefill
-			}
-			plain[k], life[k], ratios[k] = append(plain[k], p), append(life[k], l), append(ratios[k], l/p)
-		}
+	plain, life, err := paired(func(batch, prompt, out int) (float64, error) { return plainLoop(c, m, batch, prompt, out) },
+		func(batch, prompt, out int) (float64, error) { return lifelineRun(e, batch, prompt, out) })
+	if err != nil {
+		return f, err
 	}
-	for k := range runs {
-		f.plain[k], f.life[k], f.ratio[k] = median(plain[k]), median(life[k]), median(ratios[k])
+	for k := range benchRuns {
+		ratios := make([]float64, len(plain[k]))
+		for i := range ratios {
+			ratios[i] = life[k][i] / plain[k][i]
+		}
+		f.plain[k], f.life[k], f.ratio[k] = median(plain[k]), median(life[k]), median(ratios)
 	}
 	return f, nil
+}
+
+// benchRuns are what the llama.cpp benches measure: batch 1, batch 16
+// (sequences, prompt tokens, output tokens each) and a prefill.
+var benchRuns = [3]struct{ batch, prompt, out int }{{1, 16, llamaTokens}, {16, 16, llamaTokens}, {1, llamaPrefill, 1}}
+
+// paired measures a and b on every benchRun, llamaPairs times back to
+// back, each going first in every other pair (what runs second meets a
+// warmer, or hotter, machine): throughputs per run and pair, output
+// tokens per second (prompt tokens for the prefill).
+func paired(a, b func(batch, prompt, out int) (float64, error)) (as, bs [3][]float64, err error) {
+	for round := range llamaPairs {
+		for k, r := range benchRuns {
+			var x, y float64
+			for i := range 2 {
+				if (i+round)%2 == 0 {
+					x, err = a(r.batch, r.prompt, r.out)
+				} else {
+					y, err = b(r.batch, r.prompt, r.out)
+				}
+				if err != nil {
+					return as, bs, err
+				}
+			}
+			if k == 2 {
+				x, y = x*llamaPrefill, y*llamaPrefill
+			}
+			as[k], bs[k] = append(as[k], x), append(bs[k], y)
+		}
+	}
+	return as, bs, nil
 }
 
 // benchPrompt is sequence i's prompt of n token ids (none special).
