@@ -137,6 +137,25 @@ func TestCheckpointRefusals(t *testing.T) {
 	if err := CheckModel(t.TempDir()); !errors.Is(err, model.ErrUnsupportedHF) {
 		t.Errorf("empty directory: %v", err)
 	}
+	// An embedding with rows past the last token (Qwen2.5's): the
+	// vocabulary is padded to it, as llama.cpp's converter pads it.
+	g, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.TinyQwen2, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := llamacpptest.WriteHF(dir, g, "qwen2", false); err != nil {
+		t.Fatal(err)
+	}
+	h := llamacpptest.HFTokenizerOf("qwen2")
+	h.Tokens, h.Types = h.Tokens[:len(h.Tokens)-1], h.Types[:len(h.Types)-1] // <|im_end|> gone: a row without a token
+	h.EOS = "<|endoftext|>"
+	if err := llamacpptest.WriteHFTokenizer(dir, h); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckModel(dir); err != nil {
+		t.Errorf("a vocabulary one token short of the embedding: %v", err)
+	}
 }
 
 func mkdir(t *testing.T, dir string) string {

@@ -43,25 +43,34 @@ func ModelFormat(path string) string {
 // shapes, weight types and vocabulary. The error names what it does not
 // compute; the llama.cpp engine may serve it.
 func CheckModel(path string) error {
+	var c model.Config
+	var v *tokenizer.Vocab
+	var err error
 	switch ModelFormat(path) {
 	case FormatGGUF:
-		f, err := gguf.Open(path)
-		if err != nil {
+		var f *gguf.File
+		if f, err = gguf.Open(path); err != nil {
 			return err
 		}
-		if err := model.CheckGGUF(f); err != nil {
+		if c, err = model.CheckGGUF(f); err != nil {
 			return err
 		}
-		_, err = tokenizer.FromGGUF(f)
-		return err
+		v, err = tokenizer.FromGGUF(f)
 	case FormatHF:
-		if err := model.CheckHF(path); err != nil {
+		if c, err = model.CheckHF(path); err != nil {
 			return err
 		}
-		_, err := tokenizer.FromHF(path)
-		return err
+		v, err = tokenizer.FromHF(path)
+	default:
+		return badField("model", "%s is neither a GGUF file nor a Hugging Face directory (a llama2.c model.bin needs --tokenizer)", path)
 	}
-	return badField("model", "%s is neither a GGUF file nor a Hugging Face directory (a llama2.c model.bin needs --tokenizer)", path)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if v.VocabSize() != c.VocabSize {
+		return fmt.Errorf("%s: %w: the vocabulary has %d tokens, the model's embedding %d", path, tokenizer.ErrUnsupportedVocab, v.VocabSize(), c.VocabSize)
+	}
+	return nil
 }
 
 // checkpoint is a loaded model with its vocabulary and chat template.

@@ -28,6 +28,8 @@ var avx2Kernels = kernels{
 	expSum:   expSumAVX2,
 	divMax:   divMaxAVX2,
 	axpyRows: axpyRowsAVX2,
+
+	typed: genericTyped, // the F16C decoders where the CPU has F16C (init)
 }
 
 //go:noescape

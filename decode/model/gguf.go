@@ -73,10 +73,10 @@ func LoadGGUFCached(path string, rc RevisionCache) (*Model, error) {
 	return nil, fmt.Errorf("%s: %w", path, err)
 }
 
-// CheckGGUF says whether LoadGGUF would compute gf's model, from its
-// header alone: the architecture, shape and every tensor's type and
+// CheckGGUF says whether LoadGGUF would compute gf's model, and its
+// shape, from its header alone: the architecture, shape and every tensor's type and
 // place (not the weights' values, which LoadGGUF hashes and checks).
-func CheckGGUF(gf *gguf.File) error {
+func CheckGGUF(gf *gguf.File) (Config, error) {
 	tensors := map[string]gguf.Tensor{}
 	for _, t := range gf.Tensors {
 		tensors[t.Name] = t
@@ -86,9 +86,9 @@ func CheckGGUF(gf *gguf.File) error {
 		_, err = ggufWeights(&c, nil, tensors)
 	}
 	if err != nil {
-		return fmt.Errorf("%s: %w", gf.Path, err)
+		return c, fmt.Errorf("%s: %w", gf.Path, err)
 	}
-	return nil
+	return c, nil
 }
 
 // ggufConfig is the shape a llama GGUF's metadata states.

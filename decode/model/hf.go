@@ -97,12 +97,16 @@ func LoadHF(dir string) (*Model, error) { return loadHF(dir, false, RevisionCach
 // pass then runs in Model.Verify), else computed and kept there.
 func LoadHFCached(dir string, rc RevisionCache) (*Model, error) { return loadHF(dir, false, rc) }
 
-// CheckHF says whether LoadHF would compute dir's model: its
+// CheckHF says whether LoadHF would compute dir's model, and its shape:
+// its
 // configuration and every tensor's type and shape (not the weights'
 // values, which LoadHF hashes and checks).
-func CheckHF(dir string) error {
-	_, err := loadHF(dir, true, RevisionCache{})
-	return err
+func CheckHF(dir string) (Config, error) {
+	m, err := loadHF(dir, true, RevisionCache{})
+	if err != nil {
+		return Config{}, err
+	}
+	return m.Config, nil
 }
 
 func loadHF(dir string, checkOnly bool, rc RevisionCache) (*Model, error) {
@@ -127,7 +131,7 @@ func loadHF(dir string, checkOnly bool, rc RevisionCache) (*Model, error) {
 		for _, f := range tensors.files {
 			unmapFile(f)
 		}
-		return nil, nil
+		return &Model{Config: c}, nil
 	}
 	if err == nil {
 		var m *Model

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -85,6 +86,20 @@ func FromHF(dir string) (*Vocab, error) {
 	}
 	if cfg.AddBOS != nil {
 		s.AddBOS = *cfg.AddBOS
+	}
+	var model struct {
+		VocabSize int `json:"vocab_size"`
+	}
+	if err := readJSON(filepath.Join(dir, "config.json"), &model, false); err != nil {
+		return nil, err
+	}
+	// The embedding may have rows past the last token (Qwen2.5: 151,936
+	// for 151,665): llama.cpp's converter pads the vocabulary to them.
+	for i := len(s.Tokens); i < min(model.VocabSize, maxTokens); i++ {
+		s.Tokens, s.Types = append(s.Tokens, fmt.Sprintf("[PAD%d]", i)), append(s.Types, TypeUnused)
+		if s.Scores != nil {
+			s.Scores = append(s.Scores, -1000)
+		}
 	}
 	return NewVocab(s)
 }
@@ -191,10 +206,10 @@ func byteLevelSpec(tj hfTokenizer) (Spec, error) {
 	}
 	n := len(tj.Model.Vocab)
 	for _, a := range tj.AddedTokens {
+		if a.ID < 0 || a.ID >= maxTokens {
+			return s, fmt.Errorf("%w: added token %q has id %d (0..%d)", ErrUnsupportedVocab, a.Content, a.ID, maxTokens-1)
+		}
 		n = max(n, a.ID+1)
-	}
-	if n > 1<<22 {
-		return s, fmt.Errorf("%w: token ids up to %d", ErrUnsupportedVocab, n)
 	}
 	s.Tokens, s.Types = make([]string, n), make([]int32, n)
 	for i := range s.Tokens {
@@ -207,17 +222,28 @@ func byteLevelSpec(tj hfTokenizer) (Spec, error) {
 		s.Tokens[id], s.Types[id] = tok, TypeNormal
 	}
 	for _, a := range tj.AddedTokens {
-		if a.ID < 0 {
-			return s, fmt.Errorf("%w: added token %q has id %d", ErrUnsupportedVocab, a.Content, a.ID)
-		}
-		s.Tokens[a.ID], s.Types[a.ID] = a.Content, TypeUserDefined
-		if a.Special {
-			s.Types[a.ID] = TypeControl
+		s.Tokens[a.ID], s.Types[a.ID] = a.Content, addedType(a.Content, a.Special)
+		if s.Types[a.ID] == TypeUserDefined {
+			s.Tokens[a.ID] = strings.ReplaceAll(a.Content, "▁", " ") // as the converter writes it
 		}
 	}
 	var err error
 	s.Merges, err = hfMerges(tj.Model.Merges)
 	return s, err
+}
+
+// addedType is an added token's type as llama.cpp's converter gives it:
+// control when tokenizer.json says special or when it looks special
+// ("<|…|>", "<｜…｜>", "<unused…>", "<pad>", "<mask>"), else user-defined.
+func addedType(text string, special bool) int32 {
+	looks := slices.Contains([]string{"<pad>", "<mask>", "<2mass>", "[@BOS@]"}, text) ||
+		strings.HasPrefix(text, "<|") && strings.HasSuffix(text, "|>") ||
+		strings.HasPrefix(text, "<｜") && strings.HasSuffix(text, "｜>") ||
+		strings.HasPrefix(text, "<unused") && strings.HasSuffix(text, ">")
+	if special || looks {
+		return TypeControl
+	}
+	return TypeUserDefined
 }
 
 // hfMerges reads merges as "a b" strings or as ["a", "b"] pairs.
@@ -262,8 +288,13 @@ func sentencePieceSpec(dir string, tj hfTokenizer) (Spec, error) {
 				}
 				return nil
 			})
-			if typ < TypeNormal || typ > TypeByte {
+			switch {
+			case typ < TypeNormal || typ > TypeByte:
 				return fmt.Errorf("piece %d (%q) has type %d", len(s.Tokens), piece, typ)
+			case len(s.Tokens) >= maxTokens:
+				return fmt.Errorf("over %d pieces", maxTokens)
+			case typ == TypeUserDefined:
+				typ = TypeNormal // the converter writes user-defined pieces as normal ones
 			}
 			s.Tokens, s.Scores, s.Types = append(s.Tokens, piece), append(s.Scores, score), append(s.Types, typ)
 			return err
@@ -296,19 +327,16 @@ func sentencePieceSpec(dir string, tj hfTokenizer) (Spec, error) {
 		}
 	}
 	for _, a := range tj.AddedTokens {
+		if a.ID < 0 || a.ID >= maxTokens {
+			return s, fmt.Errorf("%w: added token %q has id %d (0..%d)", ErrUnsupportedVocab, a.Content, a.ID, maxTokens-1)
+		}
 		if a.ID >= len(s.Tokens) {
-			if a.ID > 1<<22 {
-				return s, fmt.Errorf("%w: added token %q has id %d", ErrUnsupportedVocab, a.Content, a.ID)
-			}
 			for len(s.Tokens) <= a.ID {
 				s.Tokens, s.Scores, s.Types = append(s.Tokens, fmt.Sprintf("[PAD%d]", len(s.Tokens))), append(s.Scores, -1000), append(s.Types, TypeUnused)
 			}
 		}
-		if a.ID >= 0 && s.Types[a.ID] != TypeControl {
-			s.Tokens[a.ID], s.Types[a.ID], s.Scores[a.ID] = a.Content, TypeUserDefined, -1000
-			if a.Special {
-				s.Types[a.ID] = TypeControl
-			}
+		if s.Types[a.ID] != TypeControl {
+			s.Tokens[a.ID], s.Types[a.ID], s.Scores[a.ID] = a.Content, addedType(a.Content, a.Special), -1000
 		}
 	}
 	return s, nil

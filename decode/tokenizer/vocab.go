@@ -74,10 +74,18 @@ type Vocab struct {
 	spec      Spec
 }
 
+// Bounds on a vocabulary: real ones have tokens of a few hundred bytes
+// at most, and spell a few MB in all.
+const (
+	maxTokens     = 1 << 22
+	maxTokenBytes = 4096
+	maxPieceBytes = 64 << 20
+)
+
 // NewVocab builds the vocabulary s states.
 func NewVocab(s Spec) (*Vocab, error) {
 	n := len(s.Tokens)
-	if n == 0 || n > 1<<22 {
+	if n == 0 || n > maxTokens {
 		return nil, fmt.Errorf("%w: %d tokens", ErrUnsupportedVocab, n)
 	}
 	v := &Vocab{spec: s, tokens: s.Tokens, types: s.Types, scores: s.Scores, ids: make(map[string]int, n),
@@ -121,20 +129,42 @@ func NewVocab(s Spec) (*Vocab, error) {
 	}
 	slices.SortStableFunc(v.specials, func(a, b int) int { return cmp.Compare(len(v.tokens[b]), len(v.tokens[a])) })
 	v.pieces = make([][]byte, n)
+	total := 0
 	for id := range v.pieces {
+		if len(v.tokens[id]) > maxTokenBytes {
+			return nil, fmt.Errorf("%w: token %d is %d bytes long (at most %d)", ErrUnsupportedVocab, id, len(v.tokens[id]), maxTokenBytes)
+		}
 		v.pieces[id] = v.piece(id)
+		if total += len(v.pieces[id]); total > maxPieceBytes {
+			return nil, fmt.Errorf("%w: the tokens spell over %d bytes", ErrUnsupportedVocab, maxPieceBytes)
+		}
 	}
 	v.hash = v.computeHash(s)
 	return v, nil
 }
 
-// eogNames are the end-of-turn tokens llama.cpp recognises by their text;
-// it types them as control tokens whatever the file says.
-var eogNames = []string{"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-	"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}
+// eogNames are the end-of-turn tokens llama.cpp recognises by their text,
+// fimEOGNames its fill-in-the-middle padding, repository and file
+// separators, which end generation too; fimNames are the other
+// fill-in-the-middle tokens. It types them all as control tokens
+// whatever the file says.
+var (
+	eogNames = []string{"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
+		"<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>"}
+	fimEOGNames = []string{"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>",
+		"<REPO>", "<reponame>", "<|file_sep|>"}
+	fimNames = []string{"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>",
+		"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>",
+		"<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>"}
+)
 
 func (v *Vocab) markEndOfGeneration(eot int) {
-	for _, name := range eogNames {
+	for _, name := range fimNames {
+		if id, ok := v.ids[name]; ok {
+			v.types[id] = TypeControl
+		}
+	}
+	for _, name := range slices.Concat(eogNames, fimEOGNames) {
 		if id, ok := v.ids[name]; ok {
 			v.types[id] = TypeControl
 			v.eog = append(v.eog, id)

@@ -2,6 +2,7 @@ package tokenizer_test
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -224,5 +225,68 @@ func TestFromHFRefusesWhatItCannotEncode(t *testing.T) {
 	}
 	if _, err := tokenizer.FromHF(t.TempDir()); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "neither a byte-level tokenizer.json nor") {
 		t.Errorf("empty directory: %v", err)
+	}
+}
+
+// TestHostileVocabulariesRefused: an added token id past any vocabulary,
+// a token of megabytes, and tokens that together spell gigabytes are
+// refused by name, before memory is spent on them.
+func TestHostileVocabulariesRefused(t *testing.T) {
+	dir := t.TempDir()
+	h := llamacpptest.HFTokenizerOf("qwen2")
+	if err := llamacpptest.WriteHFTokenizer(dir, h); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	huge := strings.Replace(string(raw), `"added_tokens":[`, `"added_tokens":[{"id":9223372036854775807,"content":"x","special":true},`, 1)
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), []byte(huge), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenizer.FromHF(dir); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "has id 9223372036854775807") {
+		t.Errorf("an added id of 2^63-1: %v", err)
+	}
+	long := tokenizer.Spec{Model: "gpt2", Pre: "qwen2", Tokens: []string{"a", strings.Repeat("中", 3000)}, Merges: []string{}, BOS: -1, EOS: -1, EOT: -1, Unknown: -1}
+	if _, err := tokenizer.NewVocab(long); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "token 1 is 9000 bytes long") {
+		t.Errorf("a token of 9000 bytes: %v", err)
+	}
+	many := tokenizer.Spec{Model: "gpt2", Pre: "qwen2", Merges: []string{}, BOS: -1, EOS: -1, EOT: -1, Unknown: -1}
+	for i := range 20 { // each spells ~5 MB: llama.cpp writes the token again per unknown rune
+		many.Tokens = append(many.Tokens, fmt.Sprintf("%d%s", i, strings.Repeat("中", 1300)))
+	}
+	if _, err := tokenizer.NewVocab(many); !errors.Is(err, tokenizer.ErrUnsupportedVocab) || !strings.Contains(err.Error(), "spell over") {
+		t.Errorf("tokens spelling gigabytes: %v", err)
+	}
+}
+
+// TestSpecialTokensTypedAsLlamaCppTypesThem: fill-in-the-middle padding,
+// repository and file separators end generation, the other
+// fill-in-the-middle tokens are control tokens, and an added token that
+// looks special is one even when tokenizer.json says otherwise.
+func TestSpecialTokensTypedAsLlamaCppTypesThem(t *testing.T) {
+	v, err := tokenizer.NewVocab(tokenizer.Spec{Model: "gpt2", Pre: "qwen2", Tokens: []string{"a", "<|fim_pad|>", "<|file_sep|>", "<|fim_prefix|>", "<|im_end|>"},
+		Merges: []string{}, BOS: -1, EOS: 4, EOT: -1, Unknown: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.EndOfGeneration(); !slices.Equal(got, []int{1, 2, 4}) || !v.IsSpecial(3) || len(v.Piece(-1, 3)) != 0 {
+		t.Errorf("end of generation %v (want [1 2 4]); <|fim_prefix|> special %t, spells %q", got, v.IsSpecial(3), v.Piece(-1, 3))
+	}
+	dir := t.TempDir()
+	h := llamacpptest.HFTokenizerOf("qwen2")
+	h.Tokens = append(slices.Clone(h.Tokens), "<|tool_call|>", "▁hello")
+	h.Types = append(slices.Clone(h.Types), 4, 4) // added, not special
+	if err := llamacpptest.WriteHFTokenizer(dir, h); err != nil {
+		t.Fatal(err)
+	}
+	hv, err := tokenizer.FromHF(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := hv.VocabSize()
+	if !hv.IsSpecial(n-2) || len(hv.Piece(-1, n-2)) != 0 || string(hv.Piece(-1, n-1)) != " hello" {
+		t.Errorf("<|tool_call|> special %t (spells %q); ▁hello spells %q", hv.IsSpecial(n-2), hv.Piece(-1, n-2), hv.Piece(-1, n-1))
 	}
 }
