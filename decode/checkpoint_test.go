@@ -18,7 +18,7 @@ import (
 )
 
 // checkpoints writes the test models as GGUF files (F32, and F16, BF16
-// and Q8_0 matrices) and as Hugging Face directories (F32, BF16): llama
+// and Q8_0 matrices) and as Hugging Face directories (F32, F16, BF16): llama
 // (SentencePiece) and qwen2 (byte-level BPE).
 func checkpoints(t *testing.T) map[string]string {
 	t.Helper()
@@ -30,7 +30,7 @@ func checkpoints(t *testing.T) map[string]string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, dtype := range []string{"F32", "BF16"} {
+		for _, dtype := range []string{"F32", "F16", "BF16"} {
 			dir := filepath.Join(t.TempDir(), "hf-"+shape.Arch+"-"+dtype)
 			if err := llamacpptest.WriteHFAs(mkdir(t, dir), g, shape.Arch, shape.Arch == "llama", dtype); err != nil {
 				t.Fatal(err)
