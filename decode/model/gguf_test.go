@@ -145,7 +145,7 @@ func TestLoadHF(t *testing.T) {
 	}{
 		"gemma":    {func(c map[string]any) { c["model_type"] = "gemma" }, `model_type "gemma"`},
 		"scaling":  {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "yarn", "factor": 8} }, `rope_scaling of type "yarn"`},
-		"llama3":   {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": 8} }, "rope_scaling"},
+		"llama3":   {func(c map[string]any) { c["rope_scaling"] = map[string]any{"rope_type": "llama3", "factor": -8} }, "rope_scaling"},
 		"as llama": {func(c map[string]any) { c["model_type"] = "llama" }, "model.layers.0.self_attn.k_proj.bias has no place"},
 		"shape":    {func(c map[string]any) { c["intermediate_size"] = 256 }, "mlp.gate_proj.weight is [128 64], want [256 64]"},
 	} {

@@ -56,29 +56,34 @@ func (r hfRopeScaling) factors(theta float64, headSize int) ([]float32, error) {
 	if cmp.Or(r.RopeType, r.Type) != "llama3" {
 		return nil, fmt.Errorf("%w: rope_scaling of type %q (llama3's is computed)", ErrUnsupportedHF, cmp.Or(r.RopeType, r.Type))
 	}
-	if !(r.Factor > 0 && r.LowFreqFactor > 0 && r.HighFreqFactor > r.LowFreqFactor && r.OriginalMax > 0) {
+	// The converter's defaults for what config.json leaves out.
+	factor, low, high, orig := cmp.Or(r.Factor, 8), cmp.Or(r.LowFreqFactor, 1), cmp.Or(r.HighFreqFactor, 4), cmp.Or(r.OriginalMax, 8192)
+	if !(factor > 0 && low > 0 && high > low && orig > 0) {
 		return nil, fmt.Errorf("%w: rope_scaling %+v", ErrUnsupportedHF, r)
 	}
-	return Llama3RopeFactors(theta, headSize, r.Factor, r.LowFreqFactor, r.HighFreqFactor, r.OriginalMax), nil
+	return Llama3RopeFactors(theta, headSize, factor, low, high, orig), nil
 }
 
-// Llama3RopeFactors are Llama 3's per-pair frequency divisors, as
+// Llama3RopeFactors are Llama 3's per-pair frequency divisors as
 // llama.cpp's converter computes them into a GGUF's rope_freqs from
-// rope_scaling: long wavelengths slowed by factor, short ones kept, the
-// band between interpolated.
+// rope_scaling — long wavelengths slowed by factor, short ones kept, the
+// band between interpolated — step by step in float32 as its torch code
+// does, so that a directory and its converted GGUF rotate alike.
 func Llama3RopeFactors(theta float64, headSize int, factor, low, high, originalMax float64) []float32 {
-	lowWave, highWave := originalMax/low, originalMax/high
+	lowWave, highWave := float32(originalMax/low), float32(originalMax/high)
 	out := make([]float32, headSize/2)
 	for i := range out {
-		wave := 2 * math.Pi * math.Pow(theta, float64(2*i)/float64(headSize))
+		e := float32(2*i) / float32(headSize)
+		freq := 1 / float32(math.Pow(float64(float32(theta)), float64(e)))
+		wave := float32(2*math.Pi) / freq
 		switch {
 		case wave < highWave:
 			out[i] = 1
 		case wave > lowWave:
 			out[i] = float32(factor)
 		default:
-			smooth := (originalMax/wave - low) / (high - low)
-			out[i] = float32(1 / ((1-smooth)/factor + smooth))
+			smooth := (float32(originalMax)/wave - float32(low)) / float32(high-low)
+			out[i] = 1 / ((1-smooth)/float32(factor) + smooth)
 		}
 	}
 	return out
