@@ -79,7 +79,9 @@ func TestAgentEndpointsRefuseWrongRoles(t *testing.T) {
 	}
 	proctest.WaitFor(t, 10*time.Second, "both refusals logged", func() (bool, string) {
 		log := n.Log.String()
-		return strings.Contains(log, "worker "+id+": refused a connection: pki: peer presented agent:n2; this endpoint accepts frontend, agent of node n1") &&
+		refused := `"msg":"refused a connection","instance_id":"` + id + `"`
+		return strings.Contains(log, refused) &&
+			strings.Contains(log, "pki: peer presented agent:n2; this endpoint accepts frontend, agent of node n1") &&
 			strings.Contains(log, "peer presented worker:n2/n2-decode-tiny-0; this endpoint accepts agent, frontend, worker of node n1"), log
 	})
 	// etcd: n1's agent certificate cannot touch n2's keys.

@@ -47,7 +47,11 @@ func TestWorkerArgvRoundTrip(t *testing.T) {
 			if err := cmd.Execute(); err != nil {
 				t.Fatalf("lifeline worker %q: %v", tc.args.Argv(), err)
 			}
-			if got == nil || !reflect.DeepEqual(*got, tc.want) {
+			if got == nil || got.Log == nil {
+				t.Fatalf("lifeline worker %q: options %+v, no log", tc.args.Argv(), got)
+			}
+			got.Log = nil // the command's logger: JSON lines to stderr
+			if !reflect.DeepEqual(*got, tc.want) {
 				t.Errorf("lifeline worker %q:\n got %+v\nwant %+v", tc.args.Argv(), got, tc.want)
 			}
 		})

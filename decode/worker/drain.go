@@ -3,8 +3,6 @@ package worker
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 	"sync/atomic"
 	"time"
 
@@ -79,8 +77,8 @@ func (s *server) decideDrain(deadline time.Time) {
 		}
 		remaining := f.maxTokens - int(f.sent.Load())
 		decision := sched.DecideDrain(remaining, step, now, deadline)
-		fmt.Fprintf(os.Stderr, "worker %s: drain: %s: %d tokens left at %v a step, deadline in %v: %s\n",
-			s.opts.InstanceID, f.id, remaining, step, deadline.Sub(now).Round(time.Millisecond), decision)
+		s.opts.Log.Info("drain", "request_id", f.id, "tokens_left", remaining, "step", step,
+			"deadline_in", deadline.Sub(now).Round(time.Millisecond), "decision", decision)
 		switch decision {
 		case sched.DrainMoveNow:
 			f.ended, f.kept = true, false

@@ -2,8 +2,6 @@ package worker
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode"
@@ -37,9 +35,9 @@ func (s *server) pullPrefix(ctx context.Context, g *wire.Generate, req decode.Re
 		reply, err := s.kv.Pull(ctx, s.opts.KVTransfer, &transferpb.Pull{Binding: b, Keys: blockid.KeyBytes(keys), Sources: g.KvSources})
 		switch {
 		case err != nil:
-			fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s failed: %v\n", s.opts.InstanceID, len(keys), g.RequestId, err)
+			s.opts.Log.Warn("pull failed", "blocks", len(keys), "request_id", g.RequestId, "err", err)
 		case reply.Error != "":
-			fmt.Fprintf(os.Stderr, "worker %s: pull of %d blocks for %s: %s (local %d)\n", s.opts.InstanceID, len(keys), g.RequestId, reply.Error, reply.Local)
+			s.opts.Log.Warn("pull refused", "blocks", len(keys), "request_id", g.RequestId, "reason", reply.Error, "local", reply.Local)
 		case reply.Local+reply.Pulled > 0:
 			return
 		}

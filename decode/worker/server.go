@@ -6,11 +6,13 @@ package worker
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"net"
 	"runtime/metrics"
@@ -66,6 +68,9 @@ type Options struct {
 	// (a soft limit: the collector works harder near it); 0:
 	// DefaultMemoryHeadroom, below 0: no bound.
 	MemoryHeadroom int64
+	// Log receives what the worker has to say that no client is told
+	// (refused peers, failed pulls, drain decisions); nil: nothing.
+	Log *slog.Logger
 }
 
 // Validate names the first bad field.
@@ -107,6 +112,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	if err := opts.Validate(); err != nil {
 		return err
 	}
+	opts.Log = cmp.Or(opts.Log, slog.New(slog.DiscardHandler))
 	tlsConf, err := serverTLS(opts)
 	if err != nil {
 		return err

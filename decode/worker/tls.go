@@ -3,7 +3,6 @@ package worker
 import (
 	"crypto/tls"
 	"fmt"
-	"os"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 )
@@ -14,7 +13,7 @@ import (
 // this endpoint does not serve.
 func serverTLS(opts Options) (*tls.Config, error) {
 	conf, self, err := workerclient.ServerTLS(opts.CertDir, func(err error) {
-		fmt.Fprintf(os.Stderr, "worker %s: refused a connection: %v\n", opts.InstanceID, err)
+		opts.Log.Warn("refused a connection", "err", err)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("worker: certs: %w", err)
