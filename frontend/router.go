@@ -360,7 +360,8 @@ func (rt *Router) ReadyModels() []string {
 func (rt *Router) Pick(model, revision, preferNumerics string, exclude map[string]bool, now time.Time) (Instance, error) {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	return rt.pick(model, revision, preferNumerics, ExcludeAll(exclude), now, func(in Instance) bool { return in.Role != "prefill" }, nil)
+	return rt.pick(pickQuery{model: model, revision: revision, preferNumerics: preferNumerics, exclude: ExcludeAll(exclude), now: now,
+		role: func(in Instance) bool { return in.Role != "prefill" }})
 }
 
 // Exclusion lists the endpoints a request failed on: each instance id up
@@ -445,7 +446,8 @@ func (rt *Router) PickCachedBelow(model, revision, preferNumerics string, exclud
 	used := false
 	score := rt.cacheScore(keysFor, now, func(in Instance, n int) { used, cached[in.ID] = true, n })
 	role := func(in Instance) bool { return in.Role != "prefill" }
-	in, err := rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, below, priority, fresh)
+	in, err := rt.pick(pickQuery{model: model, revision: revision, preferNumerics: preferNumerics, exclude: exclude, now: now,
+		role: role, score: score, below: below, priority: priority, fresh: fresh})
 	return in, cached[in.ID], used, err
 }
 
@@ -460,7 +462,8 @@ func (rt *Router) PickPrefill(model, revision, numerics string, exclude Exclusio
 	if keysFor != nil {
 		score = rt.cacheScore(keysFor, now, func(Instance, int) {})
 	}
-	return rt.pick(model, revision, numerics, exclude, now, func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics }, score)
+	return rt.pick(pickQuery{model: model, revision: revision, preferNumerics: numerics, exclude: exclude, now: now,
+		role: func(in Instance) bool { return in.Role == "prefill" && in.NumericsID == numerics }, score: score})
 }
 
 // cacheScore scores an instance by its node's cached prefix positions
@@ -520,15 +523,26 @@ func (rt *Router) KVSources(first []string, skip string) []string {
 	return out
 }
 
-// pick runs under rt.mu.
-func (rt *Router) pick(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int) (Instance, error) {
-	return rt.pickBelow(model, revision, preferNumerics, exclude, now, role, score, 0, "", false)
+// pickQuery is what a pick chooses among and by: ready instances of
+// model (and revision, when set) that role accepts and exclude does not
+// exclude, with fewer than below of this frontend's open streams (0:
+// any) and, when fresh, below their capacity for priority; those of
+// preferNumerics first, then by score (higher first), then by load.
+type pickQuery struct {
+	model, revision, preferNumerics string
+	exclude                         Exclusion
+	now                             time.Time
+	role                            func(Instance) bool
+	score                           func(Instance) int
+	below                           int
+	priority                        string
+	fresh                           bool
 }
 
-// pickBelow is pick among instances with fewer than below open streams
-// of this frontend (0: any), and below their capacity when fresh; it runs
-// under rt.mu.
-func (rt *Router) pickBelow(model, revision, preferNumerics string, exclude Exclusion, now time.Time, role func(Instance) bool, score func(Instance) int, below int, priority string, fresh bool) (Instance, error) {
+// pick chooses by q; it runs under rt.mu.
+func (rt *Router) pick(q pickQuery) (Instance, error) {
+	model, revision, preferNumerics, exclude, now := q.model, q.revision, q.preferNumerics, q.exclude, q.now
+	role, score, below, priority, fresh := q.role, q.score, q.below, q.priority, q.fresh
 	var cands []Instance
 	full := false
 	for _, in := range rt.instances {
