@@ -22,9 +22,10 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 )
 
-// colorSchema keeps a structured answer short enough to end within
-// max_tokens: an array of enums and a boolean.
-const colorSchema = `{"type":"object","properties":{"colors":{"type":"array","items":{"type":"string","enum":["red","green","blue"]},"maxItems":8},` +
+// colorSchema keeps a structured answer within max_tokens and long
+// enough (10 to 12 colours, some 40 tokens) for a kill to land mid-stream:
+// an array of enums and a boolean.
+const colorSchema = `{"type":"object","properties":{"colors":{"type":"array","items":{"type":"string","enum":["red","green","blue"]},"minItems":10,"maxItems":12},` +
 	`"ok":{"type":"boolean"}},"required":["colors","ok"]}`
 
 // TestUpServesAHFDirectoryOnTheReferenceEngine: `lifeline up --model DIR`
@@ -104,7 +105,10 @@ func TestUpServesAHFDirectoryOnTheReferenceEngine(t *testing.T) {
 		p := chat("Pick a color", 120)
 		want := sdkChat(t, c, p, nil, rf)
 		checkValue(t, want.text)
-		each, killed := kill(min(want.tokens/2, 8))
+		if want.tokens < 30 {
+			t.Fatalf("a value of %d tokens: too short for a kill to land mid-stream", want.tokens)
+		}
+		each, killed := kill(8)
 		got := sdkChat(t, c, p, each, rf)
 		if *killed == "" || len(got.instances) < 2 || got.text != want.text {
 			t.Fatalf("killed %q, instances %v: %q, want %q", *killed, got.instances, got.text, want.text)
