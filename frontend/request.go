@@ -45,8 +45,12 @@ func (s State) running() bool {
 	return s == Admitted || s == Prefilling || s == Transferring || s == Decoding || s == Migrating
 }
 
-// ErrorType is the stable `type` of an OpenAI-shaped error body.
+// ErrorType is the stable `type` of an OpenAI-shaped error body. It is
+// an error itself, so that errors.Is(err, ErrOverloaded) asks whether a
+// request ended with that type.
 type ErrorType string
+
+func (t ErrorType) Error() string { return string(t) }
 
 const (
 	ErrInvalidRequest     ErrorType = "invalid_request_error"
@@ -68,8 +72,12 @@ type RequestError struct {
 
 func (e *RequestError) Error() string { return string(e.Type) + ": " + e.Message }
 
-// Is makes errors.Is match on the type.
+// Is makes errors.Is match on the type: a target that is an ErrorType,
+// or another *RequestError of the same type.
 func (e *RequestError) Is(target error) bool {
+	if t, ok := target.(ErrorType); ok {
+		return t == e.Type
+	}
 	var t *RequestError
 	return errors.As(target, &t) && t.Type == e.Type
 }

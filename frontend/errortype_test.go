@@ -1,0 +1,24 @@
+package frontend
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// TestErrorTypesWorkWithErrorsIs: a request's terminal error matches
+// its type with errors.Is, wrapped or not, and no other type; the type
+// prints as the string clients see.
+func TestErrorTypesWorkWithErrorsIs(t *testing.T) {
+	err := fmt.Errorf("route: %w", &RequestError{Type: ErrOverloaded, Message: "every instance is at its limit"})
+	switch {
+	case !errors.Is(err, ErrOverloaded):
+		t.Errorf("errors.Is(%v, ErrOverloaded) is false", err)
+	case errors.Is(err, ErrNoCapacity):
+		t.Errorf("errors.Is(%v, ErrNoCapacity) is true", err)
+	case !errors.Is(err, &RequestError{Type: ErrOverloaded}):
+		t.Errorf("a *RequestError of the same type no longer matches")
+	case fmt.Sprintf("%v %s %q", ErrOverloaded, ErrOverloaded, ErrOverloaded) != `overloaded overloaded "overloaded"`:
+		t.Errorf("ErrOverloaded prints as %v", ErrOverloaded)
+	}
+}
