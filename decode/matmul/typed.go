@@ -92,8 +92,12 @@ func (w Matrix) DecodeRows(dst []float32, n, r0, r1 int) {
 }
 
 // typedKernels decode len(dst) values (a multiple of 32 for q8).
+// dotRowQ8, where the kernel set has it, dots x with rows Q8_0 rows of
+// blocks blocks each, decoding in registers with the bits of q8 and
+// dotRow (nil: none).
 type typedKernels struct {
 	f16, bf16, q8 func(dst []float32, src []byte)
+	dotRowQ8      func(x *float32, w *byte, rowBytes, blocks, rows uintptr, out *float32)
 }
 
 var genericTyped = typedKernels{f16: f16Generic, bf16: bf16Generic, q8: q8Generic}
@@ -155,6 +159,15 @@ var tiles = sync.Pool{New: func() any { return new([]float32) }}
 // w: a tile of rows decoded, then reduced for every token by the float32
 // kernels, then the next tile.
 func typedRows(out []float32, ostride int, x []float32, T int, w Matrix, n, r0, r1 int) {
+	if k := active.typed.dotRowQ8; k != nil && w.Type == Q8_0 && T < 4 && n >= 32 {
+		// Fewer tokens than a tile: each reads the rows itself, decoded
+		// in registers, with the same bits as a decoded tile's DotRows.
+		rb := Q8_0.RowBytes(n)
+		for t := range T {
+			k(&x[t*n], &w.Raw[r0*rb], uintptr(rb), uintptr(n/32), uintptr(r1-r0), &out[t*ostride+r0])
+		}
+		return
+	}
 	rows := max(3, tileFloats/n/3*3)
 	buf := tiles.Get().(*[]float32)
 	defer tiles.Put(buf)

@@ -17,6 +17,9 @@ func bf16AVX2(dst *float32, src *byte, n8 uintptr)
 func q8AVX2(dst *float32, src *byte, blocks uintptr)
 
 //go:noescape
+func dotRowQ8AVX2(x *float32, w *byte, rowBytes, blocks, rows uintptr, out *float32)
+
+//go:noescape
 func f16AVX512(dst *float32, src *byte, n16 uintptr)
 
 //go:noescape
@@ -39,13 +42,15 @@ func wide(step, inBytes int, asm func(*float32, *byte, uintptr), rest func([]flo
 }
 
 var avx2Typed = typedKernels{
-	f16:  wide(8, 16, f16AVX2, f16Generic),
-	bf16: wide(8, 16, bf16AVX2, bf16Generic),
-	q8:   wide(32, 34, q8AVX2, q8Generic),
+	f16:      wide(8, 16, f16AVX2, f16Generic),
+	bf16:     wide(8, 16, bf16AVX2, bf16Generic),
+	q8:       wide(32, 34, q8AVX2, q8Generic),
+	dotRowQ8: dotRowQ8AVX2,
 }
 
 var avx512Typed = typedKernels{
-	f16:  wide(16, 32, f16AVX512, f16Generic),
-	bf16: wide(16, 32, bf16AVX512, bf16Generic),
-	q8:   wide(32, 34, q8AVX512, q8Generic),
+	f16:      wide(16, 32, f16AVX512, f16Generic),
+	bf16:     wide(16, 32, bf16AVX512, bf16Generic),
+	q8:       wide(32, 34, q8AVX512, q8Generic),
+	dotRowQ8: dotRowQ8AVX2,
 }

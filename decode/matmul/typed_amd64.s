@@ -2,6 +2,8 @@
 
 #include "textflag.h"
 
+#include "hsum_amd64.h"
+
 // func f16AVX2(dst *float32, src *byte, n8 uintptr)
 TEXT ·f16AVX2(SB), NOSPLIT, $0-24
 	MOVQ dst+0(FP), DI
@@ -122,5 +124,65 @@ q8loop512:
 	ADDQ           $128, DI
 	DECQ           CX
 	JNZ            q8loop512
+	VZEROUPPER
+	RET
+
+// func dotRowQ8AVX2(x *float32, w *byte, rowBytes uintptr, blocks uintptr, rows uintptr, out *float32)
+//
+// rows Q8_0 rows of blocks blocks each, rowBytes apart, dotted with x:
+// each weight decoded in a register exactly as q8AVX2 decodes it, then
+// fed to dotRowAVX2's one accumulator in its order and folded by HSUM8,
+// so the sums are the decoded rows' dotRowAVX2 sums, bit for bit,
+// without writing the decoded rows to memory. blocks > 0.
+TEXT ·dotRowQ8AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ rowBytes+16(FP), R9
+	MOVQ blocks+24(FP), R11
+	MOVQ rows+32(FP), R10
+	MOVQ out+40(FP), DX
+	TESTQ R10, R10
+	JZ   q8rowdone
+
+q8row:
+	VXORPS Y4, Y4, Y4
+	MOVQ DI, R8
+	MOVQ SI, BX
+	MOVQ R11, CX
+
+q8blk:
+	MOVWLZX      (R8), AX
+	VMOVD        AX, X7
+	VCVTPH2PS    X7, X7
+	VBROADCASTSS X7, Y7
+	VPMOVSXBD    2(R8), Y0
+	VCVTDQ2PS    Y0, Y0
+	VMULPS       Y7, Y0, Y0
+	VFMADD231PS  (BX), Y0, Y4
+	VPMOVSXBD    10(R8), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y7, Y1, Y1
+	VFMADD231PS  32(BX), Y1, Y4
+	VPMOVSXBD    18(R8), Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y7, Y2, Y2
+	VFMADD231PS  64(BX), Y2, Y4
+	VPMOVSXBD    26(R8), Y3
+	VCVTDQ2PS    Y3, Y3
+	VMULPS       Y7, Y3, Y3
+	VFMADD231PS  96(BX), Y3, Y4
+	ADDQ         $34, R8
+	ADDQ         $128, BX
+	DECQ         CX
+	JNZ          q8blk
+
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	ADDQ   $4, DX
+	ADDQ   R9, DI
+	DECQ   R10
+	JNZ    q8row
+
+q8rowdone:
 	VZEROUPPER
 	RET
