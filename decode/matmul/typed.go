@@ -94,10 +94,12 @@ func (w Matrix) DecodeRows(dst []float32, n, r0, r1 int) {
 // typedKernels decode len(dst) values (a multiple of 32 for q8).
 // dotRowQ8, where the kernel set has it, dots x with rows Q8_0 rows of
 // blocks blocks each, decoding in registers with the bits of q8 and
-// dotRow (nil: none).
+// dotRow (nil: none); dotRow16 the same for F16 and BF16 rows of 8·n8
+// values.
 type typedKernels struct {
 	f16, bf16, q8 func(dst []float32, src []byte)
 	dotRowQ8      func(x *float32, w *byte, rowBytes, blocks, rows uintptr, out *float32)
+	dotRow16      [2]func(x *float32, w *byte, rowBytes, n8, rows uintptr, out *float32)
 }
 
 var genericTyped = typedKernels{f16: f16Generic, bf16: bf16Generic, q8: q8Generic}
@@ -159,12 +161,12 @@ var tiles = sync.Pool{New: func() any { return new([]float32) }}
 // w: a tile of rows decoded, then reduced for every token by the float32
 // kernels, then the next tile.
 func typedRows(out []float32, ostride int, x []float32, T int, w Matrix, n, r0, r1 int) {
-	if k := active.typed.dotRowQ8; k != nil && w.Type == Q8_0 && T < 4 && n >= 32 {
+	if k, steps := fusedRow(w.Type, n); k != nil && T < 4 {
 		// Fewer tokens than a tile: each reads the rows itself, decoded
 		// in registers, with the same bits as a decoded tile's DotRows.
-		rb := Q8_0.RowBytes(n)
+		rb := w.Type.RowBytes(n)
 		for t := range T {
-			k(&x[t*n], &w.Raw[r0*rb], uintptr(rb), uintptr(n/32), uintptr(r1-r0), &out[t*ostride+r0])
+			k(&x[t*n], &w.Raw[r0*rb], uintptr(rb), uintptr(steps), uintptr(r1-r0), &out[t*ostride+r0])
 		}
 		return
 	}
@@ -180,6 +182,20 @@ func typedRows(out []float32, ostride int, x []float32, T int, w Matrix, n, r0, 
 		w.DecodeRows(tile, n, r, e)
 		stridedRows(out[r:], ostride, x, n, T, tile, n, n, 0, e-r)
 	}
+}
+
+// fusedRow is the kernel set's row-by-row dot product over rows of type
+// t, n values each, decoding in registers, and its step count (nil when
+// there is none, or n has a tail the kernels do not take).
+func fusedRow(t Type, n int) (func(x *float32, w *byte, rowBytes, steps, rows uintptr, out *float32), int) {
+	k := active.typed
+	switch {
+	case t == Q8_0 && n >= 32:
+		return k.dotRowQ8, n / 32
+	case (t == F16 || t == BF16) && n >= 8 && n%8 == 0:
+		return k.dotRow16[t-F16], n / 8
+	}
+	return nil, 0
 }
 
 // MatMulOf is MatMul for a weight matrix of any type: out[t*m+j] = Dot(x

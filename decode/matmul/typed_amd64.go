@@ -20,6 +20,12 @@ func q8AVX2(dst *float32, src *byte, blocks uintptr)
 func dotRowQ8AVX2(x *float32, w *byte, rowBytes, blocks, rows uintptr, out *float32)
 
 //go:noescape
+func dotRowF16AVX2(x *float32, w *byte, rowBytes, n8, rows uintptr, out *float32)
+
+//go:noescape
+func dotRowBF16AVX2(x *float32, w *byte, rowBytes, n8, rows uintptr, out *float32)
+
+//go:noescape
 func f16AVX512(dst *float32, src *byte, n16 uintptr)
 
 //go:noescape
@@ -46,6 +52,7 @@ var avx2Typed = typedKernels{
 	bf16:     wide(8, 16, bf16AVX2, bf16Generic),
 	q8:       wide(32, 34, q8AVX2, q8Generic),
 	dotRowQ8: dotRowQ8AVX2,
+	dotRow16: [2]func(x *float32, w *byte, rowBytes, n8, rows uintptr, out *float32){dotRowF16AVX2, dotRowBF16AVX2},
 }
 
 var avx512Typed = typedKernels{
@@ -53,4 +60,5 @@ var avx512Typed = typedKernels{
 	bf16:     wide(16, 32, bf16AVX512, bf16Generic),
 	q8:       wide(32, 34, q8AVX512, q8Generic),
 	dotRowQ8: dotRowQ8AVX2,
+	dotRow16: [2]func(x *float32, w *byte, rowBytes, n8, rows uintptr, out *float32){dotRowF16AVX2, dotRowBF16AVX2},
 }

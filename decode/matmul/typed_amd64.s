@@ -186,3 +186,82 @@ q8blk:
 q8rowdone:
 	VZEROUPPER
 	RET
+
+// func dotRowF16AVX2(x *float32, w *byte, rowBytes uintptr, n8 uintptr, rows uintptr, out *float32)
+//
+// dotRowQ8AVX2 for rows of halves: 8 converted (VCVTPH2PS, as f16AVX2)
+// and fed to the accumulator a step. n8 > 0.
+TEXT ·dotRowF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ rowBytes+16(FP), R9
+	MOVQ n8+24(FP), R11
+	MOVQ rows+32(FP), R10
+	MOVQ out+40(FP), DX
+	TESTQ R10, R10
+	JZ   f16rowdone
+
+f16row:
+	VXORPS Y4, Y4, Y4
+	MOVQ DI, R8
+	MOVQ SI, BX
+	MOVQ R11, CX
+
+f16step:
+	VCVTPH2PS   (R8), Y0
+	VFMADD231PS (BX), Y0, Y4
+	ADDQ        $16, R8
+	ADDQ        $32, BX
+	DECQ        CX
+	JNZ         f16step
+
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	ADDQ   $4, DX
+	ADDQ   R9, DI
+	DECQ   R10
+	JNZ    f16row
+
+f16rowdone:
+	VZEROUPPER
+	RET
+
+// func dotRowBF16AVX2(x *float32, w *byte, rowBytes uintptr, n8 uintptr, rows uintptr, out *float32)
+//
+// dotRowF16AVX2 for bfloat16 rows (widened by a 16-bit shift, as
+// bf16AVX2). n8 > 0.
+TEXT ·dotRowBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), SI
+	MOVQ w+8(FP), DI
+	MOVQ rowBytes+16(FP), R9
+	MOVQ n8+24(FP), R11
+	MOVQ rows+32(FP), R10
+	MOVQ out+40(FP), DX
+	TESTQ R10, R10
+	JZ   bf16rowdone
+
+bf16row:
+	VXORPS Y4, Y4, Y4
+	MOVQ DI, R8
+	MOVQ SI, BX
+	MOVQ R11, CX
+
+bf16step:
+	VPMOVZXWD   (R8), Y0
+	VPSLLD      $16, Y0, Y0
+	VFMADD231PS (BX), Y0, Y4
+	ADDQ        $16, R8
+	ADDQ        $32, BX
+	DECQ        CX
+	JNZ         bf16step
+
+	HSUM8(Y4, X4, X0)
+	VMOVSS X4, 0(DX)
+	ADDQ   $4, DX
+	ADDQ   R9, DI
+	DECQ   R10
+	JNZ    bf16row
+
+bf16rowdone:
+	VZEROUPPER
+	RET
