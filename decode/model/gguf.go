@@ -145,74 +145,45 @@ var ggufTypes = map[gguf.TensorType]matmul.Type{gguf.F32: matmul.F32, gguf.F16: 
 // first).
 func ggufWeights(cp *Config, body []byte, tensors map[string]gguf.Tensor) (*Weights, error) {
 	c := *cp
-	biased := c.RopeNeox // qwen2
 	r := &ggufTensors{body: body, tensors: tensors, used: map[string]bool{}}
-	take, used := r.take, r.used
-	var err error
-	vec := func(dst *[]float32, name string, n int) {
-		if err == nil {
-			var m matmul.Matrix
-			m, err = take(name, 1, n, false)
-			*dst = m.F32
-		}
-	}
-	mat := func(dst *matmul.Matrix, name string, rows, cols int) {
-		if err == nil {
-			*dst, err = take(name, rows, cols, true)
-		}
-	}
-	w := &Weights{Layers: make([]Layer, c.Layers)}
-	var emb, cls matmul.Matrix
-	mat(&emb, "token_embd.weight", c.VocabSize, c.Dim)
-	vec(&w.FinalNorm, "output_norm.weight", c.Dim)
-	cls = emb
-	if _, ok := tensors["output.weight"]; ok {
-		mat(&cls, "output.weight", c.VocabSize, c.Dim)
-	}
 	if _, ok := tensors["rope_freqs.weight"]; ok { // Llama 3.1's RoPE frequency scaling
-		var f []float32
-		vec(&f, "rope_freqs.weight", c.HeadSize()/2)
-		if f != nil {
-			cp.RopeFreqFactors = slices.Clone(f)
+		f, err := r.take("rope_freqs.weight", 1, c.HeadSize()/2, false)
+		if err != nil {
+			return nil, err
 		}
+		cp.RopeFreqFactors = slices.Clone(f.F32)
 	}
-	mats := make([]TypedLayer, c.Layers)
-	for i := range w.Layers {
-		l, tl, p := &w.Layers[i], &mats[i], fmt.Sprintf("blk.%d.", i)
-		vec(&l.AttnNorm, p+"attn_norm.weight", c.Dim)
-		mat(&tl.Wq, p+"attn_q.weight", c.Dim, c.Dim)
-		mat(&tl.Wk, p+"attn_k.weight", c.KVDim(), c.Dim)
-		mat(&tl.Wv, p+"attn_v.weight", c.KVDim(), c.Dim)
-		mat(&tl.Wo, p+"attn_output.weight", c.Dim, c.Dim)
-		vec(&l.FFNNorm, p+"ffn_norm.weight", c.Dim)
-		mat(&tl.W1, p+"ffn_gate.weight", c.HiddenDim, c.Dim)
-		mat(&tl.W2, p+"ffn_down.weight", c.Dim, c.HiddenDim)
-		mat(&tl.W3, p+"ffn_up.weight", c.HiddenDim, c.Dim)
-		if biased {
-			vec(&l.Bq, p+"attn_q.bias", c.Dim)
-			vec(&l.Bk, p+"attn_k.bias", c.KVDim())
-			vec(&l.Bv, p+"attn_v.bias", c.KVDim())
-		}
+	names := ggufNames
+	if _, ok := tensors["output.weight"]; !ok {
+		names.classifier = ""
 	}
-	for _, name := range slices.Sorted(maps.Keys(tensors)) { // the same error every time
-		if err == nil && !used[name] {
-			// Biases, another architecture's tensors…: computing
-			// without them would be another model.
-			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
-		}
+	if !c.RopeNeox { // llama: no biases (qwen2 has them)
+		names.bq, names.bk, names.bv = "", "", ""
 	}
-	w.placeMatrices(emb, cls, mats, r.typed)
-	return w, err
+	w, err := assembleWeights(c, r, names)
+	if err != nil {
+		return nil, err
+	}
+	if name := unplaced(slices.Sorted(maps.Keys(tensors)), r.used); name != "" {
+		// Biases, another architecture's tensors…: computing without them
+		// would be another model.
+		return nil, fmt.Errorf("%w: tensor %s has no place in the reference engine's llama", ErrUnsupportedGGUF, name)
+	}
+	return w, nil
 }
 
+// ggufNames are llama.cpp's tensor names.
+var ggufNames = tensorNames{embedding: "token_embd.weight", finalNorm: "output_norm.weight", classifier: "output.weight",
+	layer: func(i int) string { return fmt.Sprintf("blk.%d.", i) }, attnNorm: "attn_norm.weight", q: "attn_q.weight", k: "attn_k.weight",
+	v: "attn_v.weight", o: "attn_output.weight", ffnNorm: "ffn_norm.weight", gate: "ffn_gate.weight", down: "ffn_down.weight", up: "ffn_up.weight",
+	bq: "attn_q.bias", bk: "attn_k.bias", bv: "attn_v.bias"}
+
 // ggufTensors hands out a file's tensors over its data section body
-// (nil: only the directory is checked), noting which were used and
-// whether any matrix is of a type other than F32.
+// (nil: only the directory is checked), noting which were used.
 type ggufTensors struct {
 	body    []byte
 	tensors map[string]gguf.Tensor
 	used    map[string]bool
-	typed   bool
 }
 
 // take is tensor name as rows×cols values: F32, or for a matrix F16,
@@ -229,7 +200,6 @@ func (r *ggufTensors) take(name string, rows, cols int, matrix bool) (matmul.Mat
 	case !sameDims(t.Dims, cols, rows):
 		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %v, want [%d %d]", ErrUnsupportedGGUF, name, t.Dims, cols, rows)
 	}
-	r.typed = r.typed || mt != matmul.F32
 	size := uint64(rows * mt.RowBytes(cols))
 	if r.body == nil {
 		return matmul.Matrix{Type: mt}, nil // CheckGGUF: the directory only
@@ -242,28 +212,6 @@ func (r *ggufTensors) take(name string, rows, cols int, matrix bool) (matmul.Mat
 		return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(&raw[0])), rows*cols)), nil
 	}
 	return matmul.Matrix{Type: mt, Raw: raw}, nil
-}
-
-// placeMatrices puts matrices read from a file where the engine reads
-// them: all float32 in the float32 fields, or, when any is of another
-// type, each layer's in Layer.Typed and the embedding and classifier in
-// the typed fields unless float32.
-func (w *Weights) placeMatrices(emb, cls matmul.Matrix, mats []TypedLayer, typed bool) {
-	w.Embedding, w.Classifier = emb.F32, cls.F32
-	if emb.Type != matmul.F32 {
-		w.TypedEmbedding = emb
-	}
-	if cls.Type != matmul.F32 {
-		w.TypedClassifier = cls
-	}
-	for i := range w.Layers {
-		l, tl := &w.Layers[i], mats[i]
-		if typed {
-			l.Typed = &tl
-			continue
-		}
-		l.Wq, l.Wk, l.Wv, l.Wo, l.W1, l.W2, l.W3 = tl.Wq.F32, tl.Wk.F32, tl.Wv.F32, tl.Wo.F32, tl.W1.F32, tl.W2.F32, tl.W3.F32
-	}
 }
 
 // sameDims says whether ggml dims d are [cols rows], or [cols] for a

@@ -296,80 +296,62 @@ var hfTypes = map[string]matmul.Type{"F32": matmul.F32, "F16": matmul.F16, "BF16
 // ([rows, cols]), every tensor placed: matrices F32, F16 or BF16 used in
 // place; vectors (norms, biases) F32 in place or decoded to float32.
 func hfWeights(c Config, hc hfConfig, st *safetensors) (*Weights, error) {
+	names := hfNames
+	if _, ok := st.byName["lm_head.weight"]; !ok && hc.TieEmbeddings {
+		names.classifier = ""
+	}
+	if hc.ModelType != "qwen2" {
+		names.bq, names.bk, names.bv = "", "", ""
+	}
 	used := map[string]bool{}
-	typed := false
-	var err error
-	take := func(name string, rows, cols int) matmul.Matrix {
-		if err != nil {
-			return matmul.Matrix{}
-		}
-		t, ok := st.byName[name]
-		used[name] = true
-		mt, known := hfTypes[t.dtype]
-		switch {
-		case !ok:
-			err = fmt.Errorf("%w: tensor %s missing", ErrUnsupportedHF, name)
-		case !known:
-			err = fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, F16 and BF16)", ErrUnsupportedHF, name, t.dtype)
-		case !slices.Equal(t.shape, []int{rows, cols}) && !(rows == 1 && slices.Equal(t.shape, []int{cols})) || len(t.data) != rows*mt.RowBytes(cols):
-			want := []int{rows, cols}
-			if rows == 1 {
-				want = want[1:]
-			}
-			err = fmt.Errorf("%w: tensor %s is %v, want %v", ErrUnsupportedHF, name, t.shape, want)
-		case uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))%4 != 0 && mt == matmul.F32:
-			err = fmt.Errorf("%w: tensor %s is not 4-byte aligned in its file", ErrUnsupportedHF, name)
-		case mt == matmul.F32:
-			return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(t.data))), rows*cols))
-		default:
-			return matmul.Matrix{Type: mt, Raw: t.data}
-		}
-		return matmul.Matrix{}
+	w, err := assembleWeights(c, hfTensors{st, used}, names)
+	if err != nil {
+		return nil, err
 	}
-	mat := func(dst *matmul.Matrix, name string, rows, cols int) {
-		*dst = take(name, rows, cols)
-		typed = typed || dst.Type != matmul.F32
-	}
-	vec := func(dst *[]float32, name string, n int) {
-		m := take(name, 1, n)
-		if *dst = m.F32; m.Raw != nil {
-			*dst = make([]float32, n)
-			m.DecodeRows(*dst, n, 0, 1)
+	for _, name := range slices.Sorted(maps.Keys(st.byName)) {
+		if !isRotaryCache(name) && !used[name] {
+			return nil, fmt.Errorf("%w: tensor %s has no place in the reference engine's %s", ErrUnsupportedHF, name, hc.ModelType)
 		}
 	}
-	w := &Weights{Layers: make([]Layer, c.Layers)}
-	var emb, cls matmul.Matrix
-	mat(&emb, "model.embed_tokens.weight", c.VocabSize, c.Dim)
-	vec(&w.FinalNorm, "model.norm.weight", c.Dim)
-	cls = emb
-	if _, ok := st.byName["lm_head.weight"]; ok || !hc.TieEmbeddings {
-		mat(&cls, "lm_head.weight", c.VocabSize, c.Dim)
+	return w, nil
+}
+
+// hfNames are Hugging Face's tensor names.
+var hfNames = tensorNames{embedding: "model.embed_tokens.weight", finalNorm: "model.norm.weight", classifier: "lm_head.weight",
+	layer: func(i int) string { return fmt.Sprintf("model.layers.%d.", i) }, attnNorm: "input_layernorm.weight",
+	q: "self_attn.q_proj.weight", k: "self_attn.k_proj.weight", v: "self_attn.v_proj.weight", o: "self_attn.o_proj.weight",
+	ffnNorm: "post_attention_layernorm.weight", gate: "mlp.gate_proj.weight", down: "mlp.down_proj.weight", up: "mlp.up_proj.weight",
+	bq: "self_attn.q_proj.bias", bk: "self_attn.k_proj.bias", bv: "self_attn.v_proj.bias"}
+
+// hfTensors hands out a directory's tensors, noting which were used.
+type hfTensors struct {
+	st   *safetensors
+	used map[string]bool
+}
+
+// take is tensor name as rows×cols values ([rows, cols], or [cols] for
+// a vector) of a dtype the engine reads, in place.
+func (h hfTensors) take(name string, rows, cols int, _ bool) (matmul.Matrix, error) {
+	t, ok := h.st.byName[name]
+	h.used[name] = true
+	mt, known := hfTypes[t.dtype]
+	want := []int{rows, cols}
+	if rows == 1 {
+		want = want[1:]
 	}
-	mats := make([]TypedLayer, c.Layers)
-	for i := range w.Layers {
-		l, tl, p := &w.Layers[i], &mats[i], fmt.Sprintf("model.layers.%d.", i)
-		vec(&l.AttnNorm, p+"input_layernorm.weight", c.Dim)
-		mat(&tl.Wq, p+"self_attn.q_proj.weight", c.Dim, c.Dim)
-		mat(&tl.Wk, p+"self_attn.k_proj.weight", c.KVDim(), c.Dim)
-		mat(&tl.Wv, p+"self_attn.v_proj.weight", c.KVDim(), c.Dim)
-		mat(&tl.Wo, p+"self_attn.o_proj.weight", c.Dim, c.Dim)
-		vec(&l.FFNNorm, p+"post_attention_layernorm.weight", c.Dim)
-		mat(&tl.W1, p+"mlp.gate_proj.weight", c.HiddenDim, c.Dim)
-		mat(&tl.W2, p+"mlp.down_proj.weight", c.Dim, c.HiddenDim)
-		mat(&tl.W3, p+"mlp.up_proj.weight", c.HiddenDim, c.Dim)
-		if hc.ModelType == "qwen2" {
-			vec(&l.Bq, p+"self_attn.q_proj.bias", c.Dim)
-			vec(&l.Bk, p+"self_attn.k_proj.bias", c.KVDim())
-			vec(&l.Bv, p+"self_attn.v_proj.bias", c.KVDim())
-		}
+	switch {
+	case !ok:
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s missing", ErrUnsupportedHF, name)
+	case !known:
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %s (the reference engine reads F32, F16 and BF16)", ErrUnsupportedHF, name, t.dtype)
+	case !slices.Equal(t.shape, want) && !slices.Equal(t.shape, []int{rows, cols}) || len(t.data) != rows*mt.RowBytes(cols):
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is %v, want %v", ErrUnsupportedHF, name, t.shape, want)
+	case mt != matmul.F32:
+		return matmul.Matrix{Type: mt, Raw: t.data}, nil
+	case uintptr(unsafe.Pointer(unsafe.SliceData(t.data)))%4 != 0:
+		return matmul.Matrix{}, fmt.Errorf("%w: tensor %s is not 4-byte aligned in its file", ErrUnsupportedHF, name)
 	}
-	for _, name := range slices.Sorted(maps.Keys(st.byName)) { // the same error every time
-		if err == nil && !used[name] && !isRotaryCache(name) {
-			err = fmt.Errorf("%w: tensor %s has no place in the reference engine's %s", ErrUnsupportedHF, name, hc.ModelType)
-		}
-	}
-	w.placeMatrices(emb, cls, mats, typed)
-	return w, err
+	return matmul.Of(unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(t.data))), rows*cols)), nil
 }
 
 // isRotaryCache: older checkpoints store RoPE's inverse frequencies, which
