@@ -176,7 +176,8 @@ func TestLoadHF(t *testing.T) {
 // TestGGUFAndHFRevisionsCached: a GGUF file or a Hugging Face directory
 // loaded a second time with the same revision cache is ready without the
 // hash pass (Unverified, the same revision), and Verify then finds its
-// weights the ones the revision names.
+// weights the ones the revision names; an entry corrupted on disk is
+// caught by Verify and forgotten.
 func TestGGUFAndHFRevisionsCached(t *testing.T) {
 	path := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.TinyQwen2, 1)
 	g, err := model.LoadGGUF(path)
@@ -202,6 +203,26 @@ func TestGGUFAndHFRevisionsCached(t *testing.T) {
 		}
 		if first.Unverified() || !again.Unverified() || again.Revision != first.Revision || again.Verify() != nil {
 			t.Errorf("%s: first unverified %t, again %t, revisions %s / %s", name, first.Unverified(), again.Unverified(), first.Revision, again.Revision)
+		}
+		// A cache entry that lies (written over on disk): the model loads
+		// on its word, Verify finds the weights are not the ones it names
+		// and forgets it, and the next load hashes again.
+		entries, _ := filepath.Glob(filepath.Join(rc.Dir, "*.rev"))
+		if len(entries) != 1 {
+			t.Fatalf("%s: cache entries %v", name, entries)
+		}
+		if err := os.WriteFile(entries[0], []byte(strings.Repeat("0", 32)+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		lied, err := load(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lied.Verify(); !lied.Unverified() || !errors.Is(err, model.ErrRevisionChanged) {
+			t.Errorf("%s: a cached revision that lies: unverified %t, Verify %v", name, lied.Unverified(), err)
+		}
+		if after, err := load(rc); err != nil || after.Unverified() || after.Revision != first.Revision {
+			t.Errorf("%s: after the lie was found: %v, unverified %t", name, err, after != nil && after.Unverified())
 		}
 	}
 }
