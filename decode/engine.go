@@ -18,7 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 )
 
 // ErrInvalidRequest matches every *RequestError.
@@ -143,7 +143,7 @@ type Engine struct {
 	Tokenizer tokenizer.Tokenizer
 	Store     kvcache.Store
 	// Cache is the shared-arena store when Options.KVSocket is set.
-	Cache *kv.Cache
+	Cache *kvclient.Cache
 	// WeightsChanged receives the error of the background hash pass of a
 	// model whose revision came from Options.RevisionCache, if its
 	// weights are not the ones that revision names (or not finite): the
@@ -251,12 +251,12 @@ func newEngineOn(opts Options, m *model.Model, tok tokenizer.Tokenizer, limits s
 		}
 		return NewEngineWith(m, tok, store, limits)
 	}
-	client, err := kv.Dial(context.Background(), opts.KVSocket, kv.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
+	client, err := kvclient.Dial(context.Background(), opts.KVSocket, kvclient.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
 	if err != nil {
 		return nil, err
 	}
 	layout := m.KVLayout(bs)
-	cache, err := kv.NewCache(client, layout, BlockIdentity(m, tok, layout), blocks)
+	cache, err := kvclient.NewCache(client, layout, BlockIdentity(m, tok, layout), blocks)
 	if err != nil {
 		client.Close()
 		return nil, err
@@ -285,8 +285,8 @@ func kvBlocks(opts Options, m *model.Model, limits sched.Limits) int {
 }
 
 // BlockIdentity is the identity of the KV blocks this engine computes.
-func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layout) kv.Identity {
-	return kv.Identity{
+func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layout) kvclient.Identity {
+	return kvclient.Identity{
 		Model: m.Config.Name, ModelRevision: m.Revision, TokenizerHash: tok.Hash(),
 		Layout: layout.String(), DType: layout.DType, RopeTheta: m.Config.RopeTheta,
 		BlockSize: layout.BlockSize, NumericsID: model.NumericsIDFor(m.TP()),
@@ -477,7 +477,7 @@ func (e *Engine) prepare(r *Request) (prompt []int, err error) {
 // ChainKeys returns the identity keys of the full blocks of prompt ‖
 // prefix that a request would reuse (all but the last position), or nil
 // when the engine does not share its KV.
-func (e *Engine) ChainKeys(r Request) ([]kv.BlockKey, error) {
+func (e *Engine) ChainKeys(r Request) ([]kvclient.BlockKey, error) {
 	if e.Cache == nil {
 		return nil, nil
 	}
@@ -492,7 +492,7 @@ func (e *Engine) ChainKeys(r Request) ([]kv.BlockKey, error) {
 
 // BlockKeys are the identity keys of the full blocks of tokens (BOS
 // included), or nil when the engine does not share its KV.
-func (e *Engine) BlockKeys(tokens []int) []kv.BlockKey {
+func (e *Engine) BlockKeys(tokens []int) []kvclient.BlockKey {
 	if e.Cache == nil {
 		return nil
 	}

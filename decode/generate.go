@@ -9,7 +9,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 )
 
 // GenerateOptions are the flags of `lifeline engine generate`.
@@ -29,10 +29,10 @@ type GenerateOptions struct {
 
 // RunStats is what --stats prints after a generation.
 type RunStats struct {
-	Generated       int            `json:"generated"`
-	ReusedPositions int            `json:"reused_positions"`
-	FinishReason    string         `json:"finish_reason"`
-	Cache           *kv.CacheStats `json:"cache,omitempty"`
+	Generated       int                  `json:"generated"`
+	ReusedPositions int                  `json:"reused_positions"`
+	FinishReason    string               `json:"finish_reason"`
+	Cache           *kvclient.CacheStats `json:"cache,omitempty"`
 }
 
 // TokenLine is the JSON object printed per generated token. FinishReason is

@@ -16,7 +16,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/llamacpp"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 )
 
 func init() { newLlamaCppEngine = openLlamaCpp }
@@ -68,7 +68,7 @@ func openLlamaCpp(opts Options) (*Engine, error) {
 	var se sched.Engine = eng
 	var snaps *llamaSnapshots
 	if opts.KVSocket != "" {
-		if snaps, err = openLlamaSnapshots(opts, eng, kv.Identity{Model: info.name, ModelRevision: rev, TokenizerHash: tok.Hash(),
+		if snaps, err = openLlamaSnapshots(opts, eng, kvclient.Identity{Model: info.name, ModelRevision: rev, TokenizerHash: tok.Hash(),
 			Layout: llamaStateLayout, DType: "f16", BlockSize: sched.SnapshotEvery, NumericsID: info.numerics}, limits.Slots()-1); err != nil {
 			closeAll()
 			return nil, err
@@ -112,7 +112,7 @@ const llamaStateLayout = "llamacpp-sequence-state/v1"
 type llamaSnapshots struct {
 	*llamacpp.Engine
 	*snapshots
-	client *kv.Client
+	client *kvclient.Client
 	// stateBase + statePerPosition·n is the size of a state of n
 	// positions.
 	stateBase, statePerPosition int
@@ -159,12 +159,12 @@ func (l *llamaSnapshots) Forward(store kvcache.Store, in []model.Input) error {
 
 // openLlamaSnapshots connects eng to the node's arena as opts' writer;
 // spare is a slot the state's size is measured on.
-func openLlamaSnapshots(opts Options, eng *llamacpp.Engine, id kv.Identity, spare int) (*llamaSnapshots, error) {
+func openLlamaSnapshots(opts Options, eng *llamacpp.Engine, id kvclient.Identity, spare int) (*llamaSnapshots, error) {
 	base, per, err := eng.StateSize(spare)
 	if err != nil {
 		return nil, err
 	}
-	client, err := kv.Dial(context.Background(), opts.KVSocket, kv.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
+	client, err := kvclient.Dial(context.Background(), opts.KVSocket, kvclient.Writer{Instance: opts.InstanceID, Gen: opts.Generation})
 	if err != nil {
 		return nil, err
 	}
@@ -271,6 +271,6 @@ func chatTemplate(tmpl string) func([]ChatMessage) (string, error) {
 	}
 }
 
-func (l *llamaSnapshots) pullChains(tokens []int) [][]kv.BlockKey {
+func (l *llamaSnapshots) pullChains(tokens []int) [][]kvclient.BlockKey {
 	return l.chains(tokens, l.stateBytes)
 }

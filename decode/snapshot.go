@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -29,9 +29,9 @@ import (
 // length, the positions the state holds (k or more: it was exported when
 // a step ended past k; a restore drops the rest).
 type snapshots struct {
-	client  *kv.Client
+	client  *kvclient.Client
 	arena   *shm.Arena
-	id      kv.Identity
+	id      kvclient.Identity
 	payload int
 	// readBuf is kept from one load to the next (the scheduler's step
 	// loads: one at a time).
@@ -39,7 +39,7 @@ type snapshots struct {
 
 	mu sync.Mutex
 	// held are each slot's latest snapshot's blocks, leased.
-	held  map[int][]kv.Ref
+	held  map[int][]kvclient.Ref
 	stats SnapshotStats
 }
 
@@ -67,7 +67,7 @@ type snapshotter interface {
 	Stats() SnapshotStats
 	// pullChains are the key chains a migrated request of tokens would
 	// restore from, longest first.
-	pullChains(tokens []int) [][]kv.BlockKey
+	pullChains(tokens []int) [][]kvclient.BlockKey
 }
 
 // SnapshotStats are the engine's snapshot counts (zero without).
@@ -83,7 +83,7 @@ func (e *Engine) SnapshotStats() SnapshotStats {
 // full blocks of prompt ‖ prefix (the reference engine sharing its KV),
 // or the snapshots of its longest saved prefixes (llama.cpp); none when
 // the engine does not share its KV.
-func (e *Engine) PullChains(r Request) ([][]kv.BlockKey, error) {
+func (e *Engine) PullChains(r Request) ([][]kvclient.BlockKey, error) {
 	if e.Cache == nil && e.snaps == nil {
 		return nil, nil
 	}
@@ -96,13 +96,13 @@ func (e *Engine) PullChains(r Request) ([][]kv.BlockKey, error) {
 		return e.snaps.pullChains(tokens), nil
 	}
 	id := e.Cache.Identity()
-	return [][]kv.BlockKey{id.Chain(tokens, (len(tokens)-1)/id.BlockSize)}, nil
+	return [][]kvclient.BlockKey{id.Chain(tokens, (len(tokens)-1)/id.BlockSize)}, nil
 }
 
 // errNoSnapshot: no saved prefix of the tokens.
 var errNoSnapshot = errors.New("decode: no snapshot")
 
-func newSnapshots(client *kv.Client, id kv.Identity) (*snapshots, error) {
+func newSnapshots(client *kvclient.Client, id kvclient.Identity) (*snapshots, error) {
 	arena, err := shm.OpenWorker(client.ArenaPath())
 	if err != nil {
 		return nil, err
@@ -111,14 +111,14 @@ func newSnapshots(client *kv.Client, id kv.Identity) (*snapshots, error) {
 		arena.Close()
 		return nil, fmt.Errorf("decode: arena blocks of %d bytes cannot hold snapshots", client.PayloadSize())
 	}
-	return &snapshots{client: client, arena: arena, id: id, payload: client.PayloadSize(), held: map[int][]kv.Ref{}}, nil
+	return &snapshots{client: client, arena: arena, id: id, payload: client.PayloadSize(), held: map[int][]kvclient.Ref{}}, nil
 }
 
 // chunkKeys are the keys of the first n blocks of the snapshot of the
 // first k tokens.
-func (s *snapshots) chunkKeys(tokens []int, k, n int) []kv.BlockKey {
+func (s *snapshots) chunkKeys(tokens []int, k, n int) []kvclient.BlockKey {
 	chain := s.id.Chain(tokens[:k], -1)
-	keys := make([]kv.BlockKey, n)
+	keys := make([]kvclient.BlockKey, n)
 	parent := chain[len(chain)-1]
 	for i := range keys {
 		keys[i] = s.id.Key(parent, []int{-1})
@@ -156,7 +156,7 @@ func (s *snapshots) save(slot int, tokens []int, state []byte, began time.Time) 
 	if err != nil {
 		return s.saveFailed(err)
 	}
-	batch := make([]kv.BatchBlock, n)
+	batch := make([]kvclient.BatchBlock, n)
 	for i, r := range refs {
 		// Straight from the export into the arena: header ‖ state, cut
 		// in blocks.
@@ -168,7 +168,7 @@ func (s *snapshots) save(slot int, tokens []int, state []byte, began time.Time) 
 		}
 		copy(part[c:], state[max(0, off-snapshotHeader):])
 		r.PayloadLen, r.Checksum = uint32(len(part)), shm.Checksum(part)
-		batch[i] = kv.BatchBlock{Ref: r, Key: keys[i]}
+		batch[i] = kvclient.BatchBlock{Ref: r, Key: keys[i]}
 		if i > 0 {
 			batch[i].Parent = keys[i-1]
 		}
@@ -180,7 +180,7 @@ func (s *snapshots) save(slot int, tokens []int, state []byte, began time.Time) 
 		}
 		return s.saveFailed(err)
 	}
-	var published []kv.Ref
+	var published []kvclient.Ref
 	var failed error
 	for i, e := range res.Errs {
 		if e != nil {
@@ -196,7 +196,7 @@ func (s *snapshots) save(slot int, tokens []int, state []byte, began time.Time) 
 		for _, r := range published {
 			s.client.Release(ctx, r)
 		}
-		if errors.Is(failed, kv.ErrDuplicate) {
+		if errors.Is(failed, kvclient.ErrDuplicate) {
 			return nil
 		}
 		return s.saveFailed(failed)
@@ -282,8 +282,8 @@ func (s *snapshots) load(tokens []int) ([]byte, int, error) {
 
 // read reads the snapshot of the first k tokens whose first block is
 // leased as first, verifying every block, and lets the leases go.
-func (s *snapshots) read(ctx context.Context, tokens []int, k int, first kv.Ref) ([]byte, error) {
-	refs := []kv.Ref{first}
+func (s *snapshots) read(ctx context.Context, tokens []int, k int, first kvclient.Ref) ([]byte, error) {
+	refs := []kvclient.Ref{first}
 	defer func() {
 		for _, r := range refs {
 			s.client.Release(ctx, r)
@@ -326,7 +326,7 @@ func (s *snapshots) read(ctx context.Context, tokens []int, k int, first kv.Ref)
 }
 
 // verified is r's payload, checked against what the owner recorded.
-func (s *snapshots) verified(r kv.Ref) ([]byte, error) {
+func (s *snapshots) verified(r kvclient.Ref) ([]byte, error) {
 	slot := int(r.Slot)
 	if int(r.PayloadLen) > s.payload || s.arena.Gen(slot) != r.Gen || s.arena.State(slot) != shm.SlotPublished {
 		return nil, fmt.Errorf("decode: snapshot block in slot %d changed", slot)
@@ -344,8 +344,8 @@ func (s *snapshots) verified(r kv.Ref) ([]byte, error) {
 // stateBytes(k) bytes for k positions: what its worker asks its node to
 // pull from where the request ran before (a source has a prefix of each
 // chain: the snapshot's blocks, fewer than the bound).
-func (s *snapshots) chains(tokens []int, stateBytes func(k int) int) [][]kv.BlockKey {
-	var out [][]kv.BlockKey
+func (s *snapshots) chains(tokens []int, stateBytes func(k int) int) [][]kvclient.BlockKey {
+	var out [][]kvclient.BlockKey
 	// The last position is computed (its logits pick the next token).
 	for _, k := range candidates(len(tokens) - 1) {
 		out = append(out, s.chunkKeys(tokens, k, s.blocksFor(stateBytes(k))))

@@ -9,7 +9,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 )
 
 // A tensor-parallel group is TP processes of one instance: rank 0 is the
@@ -90,7 +90,7 @@ func RunFollower(ctx context.Context, opts Options, ready func()) error {
 	layout := shard.KVLayout(cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize))
 	var store kvcache.Store
 	if opts.KVArena != "" {
-		v, verr := kv.NewView(opts.KVArena, layout, kvBlocks(opts, m, limits))
+		v, verr := kvclient.NewView(opts.KVArena, layout, kvBlocks(opts, m, limits))
 		if verr == nil {
 			defer v.Close()
 		}

@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"net"
 	"path/filepath"
 	"sync"
@@ -155,7 +156,7 @@ func waitFreed(t *testing.T, o *Owner, slot uint32, why string) {
 // freed, and the block it still holds moves to the new session intact.
 func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 	o, sock := serveOwner(t, 8, 600*time.Millisecond)
-	c, err := Dial(context.Background(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
-	c, err := Dial(context.Background(), p.sock, Writer{"w", 1})
+	c, err := kvclient.Dial(context.Background(), p.sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +241,7 @@ func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
 	const ttl = 600 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
-	c, err := Dial(context.Background(), p.sock, Writer{"w", 1})
+	c, err := kvclient.Dial(context.Background(), p.sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,23 +10,6 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 )
 
-// BatchBlock is one block of a PublishBatch: a slot the session wrote
-// (Ref.Slot, Gen and PayloadLen; the owner computes the checksum) and the
-// key it is published under.
-type BatchBlock struct {
-	Ref    Ref
-	Key    BlockKey
-	Parent BlockKey
-}
-
-// BatchResult is what a PublishBatch did: per block, the published ref
-// (its checksum set) where Errs[i] is nil; and the slots it allocated.
-type BatchResult struct {
-	Published []Ref
-	Errs      []error
-	Allocated []Ref
-}
-
 // PublishBatch seals and publishes blocks the session wrote, and allocates
 // up to allocate fresh WRITING slots for it, with one manifest batch
 // write: a writer's step of finished blocks and its pool refill cost one

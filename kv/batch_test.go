@@ -3,6 +3,7 @@ package kv
 import (
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"testing"
 	"time"
 
@@ -13,13 +14,13 @@ import (
 
 // writeBlocks allocates n blocks from cache, fills each with a pattern of
 // its own, and returns them as a step would hand them to PublishBlocks.
-func writeBlocks(t *testing.T, cache *Cache, tokens []int, n int) []kvcache.FullBlock {
+func writeBlocks(t *testing.T, cache *kvclient.Cache, tokens []int, n int) []kvcache.FullBlock {
 	t.Helper()
 	var full []kvcache.FullBlock
 	var ids []kvcache.BlockID
 	for b := 0; b < n; b++ {
 		id, err := cache.Alloc()
-		if err != nil || id >= privateBase {
+		if err != nil || id >= kvclient.PrivateBase {
 			t.Fatalf("alloc %d: %v (id %d)", b, err, id)
 		}
 		blk := cache.Block(id)
@@ -54,7 +55,7 @@ func TestPublishBlocksOneBatchAllReadable(t *testing.T) {
 	}
 	o.mu.Lock() // the sweeper runs
 	for _, f := range full {
-		sum := shm.Checksum(w.payload(f.ID))
+		sum := shm.Checksum(w.Arena().Payload(int(f.ID))[:cacheLayout.BlockBytes()])
 		if got := o.slots[f.ID].checksum; got != sum || o.slots[f.ID].state != Published {
 			o.mu.Unlock()
 			t.Fatalf("block %d: owner checksum %08x state %s, payload %08x", f.ID, got, o.slots[f.ID].state, sum)
@@ -88,8 +89,8 @@ func TestPublishBlocksPerBlockResults(t *testing.T) {
 		t.Fatalf("second writer %+v: want its 3 duplicates refused and 3 new blocks published", st)
 	}
 	for i, f := range full {
-		if b.blocks[f.ID].shared != (i >= 3) {
-			t.Fatalf("block %d shared %v", i, b.blocks[f.ID].shared)
+		if b.Shared(f.ID) != (i >= 3) {
+			t.Fatalf("block %d shared %v", i, b.Shared(f.ID))
 		}
 	}
 	r, _ := newTestCache(t, sock, "reader")
@@ -106,8 +107,8 @@ func TestPublishBatchOwnerRefusesPerBlock(t *testing.T) {
 	env := newOwnerEnv(t, 16)
 	o := env.open(t)
 	defer o.Close()
-	sid, _, _, _ := o.Hello(Writer{"w", 1}, nil, nil)
-	other, _, _, _ := o.Hello(Writer{"x", 1}, nil, nil)
+	sid, _, _, _ := o.Hello(Writer{Instance: "w", Gen: 1}, nil, nil)
+	other, _, _, _ := o.Hello(Writer{Instance: "x", Gen: 1}, nil, nil)
 	refs, err := o.Allocate(sid, 5)
 	if err != nil {
 		t.Fatal(err)
@@ -158,12 +159,12 @@ func TestPublishBatchOwnerRefusesPerBlock(t *testing.T) {
 // everything else: nothing leaks.
 func TestCachePoolReturnedOnClose(t *testing.T) {
 	o, sock := serveOwner(t, 64, 3*time.Second)
-	c, err := Dial(t.Context(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 32)
+	cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 32)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,12 +199,12 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 // ahead; the next request's allocation takes a pool again.
 func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 	o, sock := serveOwner(t, 64, 3*time.Second)
-	c, err := Dial(t.Context(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 32)
+	cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 32)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -235,11 +236,11 @@ func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 // every slot, pool included.
 func TestCachePoolReclaimedWhenWriterDies(t *testing.T) {
 	o, sock := serveOwner(t, 64, 300*time.Millisecond)
-	c, err := Dial(t.Context(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 32)
+	cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 32)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,5 +255,5 @@ func TestCachePoolReclaimedWhenWriterDies(t *testing.T) {
 		st := o.Stats()
 		return st.SlotsInUse == 0 && st.Sessions == 0, fmt.Sprintf("%+v", st)
 	})
-	cache.arena.Close()
+	cache.Arena().Close()
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"net"
 	"path/filepath"
 	"sync"
@@ -84,7 +85,7 @@ func stallConn(c net.Conn, stalled chan<- *kvpb.Request) {
 // long before its round-trip timeout.
 func TestClientCallHoldsNoLockAndHonoursCtx(t *testing.T) {
 	sock, stalled := stallingOwner(t)
-	c, err := Dial(context.Background(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

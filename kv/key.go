@@ -1,7 +1,9 @@
-// Package kv keeps the manifests of KV blocks named by kv/blockid: the
-// block state machine, manifests in Badger, leases, the sweeper, the prefix
-// index, and the service that lets worker processes use the node's
-// shared-memory arena through its owner.
+// Package kv is the owner of a node's KV arena: the manifests of KV blocks
+// named by kv/blockid in Badger, the block state machine, leases, the
+// sweeper, crash recovery, the prefix index, and the service that lets
+// worker processes use the node's shared-memory arena. Its clients —
+// workers, the transfer engine's readers, operators — are in
+// kv/kvclient, which never links this package.
 //
 // KV is derived state. Losing a block costs a recompute; reusing a block
 // that belongs to another request, model revision or generation silently
@@ -9,31 +11,58 @@
 package kv
 
 import (
-	"fmt"
-
 	"github.com/lifeline-llm/lifeline/kv/blockid"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
+	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
-// BlockKey and Identity are the block names of kv/blockid, aliased because
+// The vocabulary the owner shares with its clients, named here because
 // the owner's code speaks of little else.
 type (
-	BlockKey = blockid.BlockKey
-	Identity = blockid.Identity
+	BlockKey    = blockid.BlockKey
+	Identity    = blockid.Identity
+	Writer      = kvclient.Writer
+	Ref         = kvclient.Ref
+	BatchBlock  = kvclient.BatchBlock
+	BatchResult = kvclient.BatchResult
+	RemoteError = kvclient.RemoteError
 )
 
-// DecodeKeys decodes wire keys: each exactly 32 bytes, or empty for the
-// zero key where zero is allowed (a first block's parent). A chain of
-// block keys allows no zero key.
+// The owner's errors, matched with errors.Is on either side of the socket.
+var (
+	ErrStaleRef          = kvclient.ErrStaleRef
+	ErrNotOwner          = kvclient.ErrNotOwner
+	ErrChecksum          = kvclient.ErrChecksum
+	ErrDuplicate         = kvclient.ErrDuplicate
+	ErrNoFreeSlots       = kvclient.ErrNoFreeSlots
+	ErrLeased            = kvclient.ErrLeased
+	ErrUnknownSession    = kvclient.ErrUnknownSession
+	ErrIllegalTransition = kvclient.ErrIllegalTransition
+	ErrBadRequest        = kvclient.ErrBadRequest
+)
+
+// DecodeKeys decodes wire keys (see kvclient.DecodeKeys).
 func DecodeKeys(raw [][]byte, allowZero bool) ([]BlockKey, error) {
-	keys := make([]BlockKey, len(raw))
-	for i, b := range raw {
-		if len(b) != len(keys[i]) && !(allowZero && len(b) == 0) {
-			return nil, fmt.Errorf("%w: key %d has %d bytes", ErrBadRequest, i, len(b))
-		}
-		copy(keys[i][:], b)
-		if !allowZero && keys[i].IsZero() {
-			return nil, fmt.Errorf("%w: key %d is zero", ErrBadRequest, i)
-		}
+	return kvclient.DecodeKeys(raw, allowZero)
+}
+
+func codeOf(err error) kvpb.Code      { return kvclient.CodeOf(err) }
+func toPB(r Ref) *kvpb.Ref            { return kvclient.RefToPB(r) }
+func fromPB(r *kvpb.Ref) Ref          { return kvclient.RefFromPB(r) }
+func refsToPB(rs []Ref) []*kvpb.Ref   { return kvclient.RefsToPB(rs) }
+func refsFromPB(rs []*kvpb.Ref) []Ref { return kvclient.RefsFromPB(rs) }
+
+func keyFromBytes(b []byte) (BlockKey, error) {
+	keys, err := DecodeKeys([][]byte{b}, true)
+	if err != nil {
+		return BlockKey{}, err
 	}
-	return keys, nil
+	return keys[0], nil
+}
+
+func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
+	if ks == nil {
+		return nil, nil
+	}
+	return DecodeKeys(ks.Keys, true)
 }

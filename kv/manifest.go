@@ -26,9 +26,6 @@ const (
 	Aborted   = shm.SlotAborted
 )
 
-// ErrIllegalTransition is returned for a state change the machine forbids.
-var ErrIllegalTransition = errors.New("kv: illegal state transition")
-
 var legal = map[[2]State]bool{
 	{Free, Allocated}:    true,
 	{Allocated, Writing}: true,

@@ -16,43 +16,6 @@ import (
 // length in one byte).
 const MaxInstanceID = 255
 
-var (
-	// ErrStaleRef is returned for a (slot, generation) reference whose slot
-	// has been reused since: the block it named is gone.
-	ErrStaleRef = errors.New("kv: stale block reference")
-	// ErrNotOwner is returned when a session changes a block it does not write.
-	ErrNotOwner = errors.New("kv: block belongs to another writer")
-	// ErrChecksum is returned when a payload does not match its checksum.
-	ErrChecksum = errors.New("kv: payload checksum mismatch")
-	// ErrDuplicate is returned when publishing a key that is already published.
-	ErrDuplicate = errors.New("kv: block key already published")
-	// ErrNoFreeSlots is returned when every slot is in use or leased.
-	ErrNoFreeSlots = errors.New("kv: no free slots")
-	// ErrLeased is returned by Delete for a block that holds a live lease.
-	ErrLeased = errors.New("kv: block is leased")
-	// ErrUnknownSession is returned for a session that expired or never existed.
-	ErrUnknownSession = errors.New("kv: unknown or expired session")
-	// ErrBadRequest is wrapped by errors about malformed arguments.
-	ErrBadRequest = errors.New("kv: bad request")
-)
-
-// Writer is a worker instance at one generation.
-type Writer struct {
-	Instance string
-	Gen      uint64
-}
-
-func (w Writer) String() string { return fmt.Sprintf("%s@%d", w.Instance, w.Gen) }
-
-// Ref names one block: a slot at one generation. Checksum and PayloadLen
-// let a reader verify the bytes it maps.
-type Ref struct {
-	Slot       uint32
-	Gen        uint64
-	Checksum   uint32
-	PayloadLen uint32
-}
-
 // SessionID names a connected writer's session; leases and WRITING blocks
 // belong to a session and die with it.
 type SessionID uint64

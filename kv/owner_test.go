@@ -88,7 +88,7 @@ func writeBlock(t testing.TB, o *Owner, sid SessionID, key, parent BlockKey, fil
 
 func hello(t testing.TB, o *Owner, inst string, gen uint64) SessionID {
 	t.Helper()
-	sid, _, _, err := o.Hello(Writer{inst, gen}, nil, nil)
+	sid, _, _, err := o.Hello(Writer{Instance: inst, Gen: gen}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,10 +337,10 @@ func TestWriterDeadReclaimsAtOnce(t *testing.T) {
 	sid := hello(t, o, "decode-3", 7)
 	o.Allocate(sid, 2)
 	writeBlock(t, o, sid, BlockKey{1}, BlockKey{}, 1, false)
-	if n := o.WriterDead(Writer{"decode-3", 6}); n != 0 {
+	if n := o.WriterDead(Writer{Instance: "decode-3", Gen: 6}); n != 0 {
 		t.Fatalf("an older generation's death reclaimed %d blocks", n)
 	}
-	if n := o.WriterDead(Writer{"decode-3", 7}); n != 3 {
+	if n := o.WriterDead(Writer{Instance: "decode-3", Gen: 7}); n != 3 {
 		t.Fatalf("reclaimed %d, want 3", n)
 	}
 	if st := o.Stats(); st.SlotsInUse != 0 {
@@ -368,7 +368,7 @@ func TestRestartVerifiesPublished(t *testing.T) {
 		t.Fatal("restart kept the wrong blocks readable")
 	}
 	// The sealed block's writer re-attaches within the grace and publishes.
-	sid2, ok, _, err := o.Hello(Writer{"w", 1}, []Ref{sealed, {Slot: good.Slot, Gen: good.Gen}}, nil)
+	sid2, ok, _, err := o.Hello(Writer{Instance: "w", Gen: 1}, []Ref{sealed, {Slot: good.Slot, Gen: good.Gen}}, nil)
 	if err != nil || !ok[0] || ok[1] {
 		t.Fatalf("re-attach: %v %v", ok, err)
 	}
@@ -431,7 +431,7 @@ func TestRetriedPublishKeepsLease(t *testing.T) {
 	if err := o.Publish(old, r); err != nil { // applied, reply lost
 		t.Fatal(err)
 	}
-	fresh, _, leased, err := o.Hello(Writer{"w", 1}, nil, nil)
+	fresh, _, leased, err := o.Hello(Writer{Instance: "w", Gen: 1}, nil, nil)
 	if err != nil || len(leased) != 0 {
 		t.Fatal(err)
 	}
@@ -578,10 +578,10 @@ func TestLongInstanceIDs(t *testing.T) {
 	if err != nil || h.WriterInstance != shm.HeaderInstanceID(long) || len(h.WriterInstance) > shm.MaxInstanceID {
 		t.Fatalf("header %+v %v", h, err)
 	}
-	if n := o.WriterDead(Writer{long, 9}); n != 1 {
+	if n := o.WriterDead(Writer{Instance: long, Gen: 9}); n != 1 {
 		t.Fatalf("writer-dead with the long id reclaimed %d", n)
 	}
-	if _, _, _, err := o.Hello(Writer{strings.Repeat("x", 300), 1}, nil, nil); !errors.Is(err, ErrBadRequest) {
+	if _, _, _, err := o.Hello(Writer{Instance: strings.Repeat("x", 300), Gen: 1}, nil, nil); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("300-byte id: %v", err)
 	}
 }
@@ -675,7 +675,7 @@ func TestSweeperFencesWritersFirst(t *testing.T) {
 	if res := o.Sweep(); res.SessionsExpired != 0 || res.OrphansReclaimed != 0 {
 		t.Fatalf("a writer that could not be fenced lost its slots: %+v", res)
 	}
-	if st := o.Stats(); st.SlotsInUse != 3 || st.Sessions != 1 || len(fenced) != 1 || fenced[0] != (Writer{"stuck", 4}) {
+	if st := o.Stats(); st.SlotsInUse != 3 || st.Sessions != 1 || len(fenced) != 1 || fenced[0] != (Writer{Instance: "stuck", Gen: 4}) {
 		t.Fatalf("after an unfenced sweep: %+v, fenced %v", st, fenced)
 	}
 	// A new writer gets other slots, never the stuck writer's.

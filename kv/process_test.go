@@ -17,6 +17,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 	"github.com/lifeline-llm/lifeline/shm"
 )
@@ -79,7 +80,7 @@ func (n *kvNode) startOwner(t *testing.T, env ...string) {
 
 func (n *kvNode) stats(t *testing.T) *kvpb.Stats {
 	t.Helper()
-	st, err := kv.NewAdminClient(n.socket).Stats(t.Context())
+	st, err := kvclient.NewAdminClient(n.socket).Stats(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +150,7 @@ func kill9(t *testing.T, cmd *exec.Cmd) {
 
 func readable(t *testing.T, n *kvNode) int {
 	t.Helper()
-	c, err := kv.NewAdminClient(n.socket).Lookup(t.Context(), promptKeys(t))
+	c, err := kvclient.NewAdminClient(n.socket).Lookup(t.Context(), promptKeys(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +161,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 	t.Parallel()
 	n := newKVNode(t, 30*time.Second) // long TTL: only the death report can reclaim
 	before := n.stats(t)
-	w := n.startPausedWriter(t, "decode-1", kv.FailBeforeSeal)
+	w := n.startPausedWriter(t, "decode-1", kvclient.FailBeforeSeal)
 	st := n.stats(t)
 	writing := int(st.ByState["WRITING"])
 	if writing == 0 || st.ByState["PUBLISHED"] != 0 {
@@ -171,7 +172,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 		t.Fatalf("%d blocks of a killed writer are readable", got)
 	}
 	// The agent reports the death: everything comes back at once.
-	reclaimed, err := kv.NewAdminClient(n.socket).WriterDead(t.Context(), kv.Writer{Instance: "decode-1", Gen: 1})
+	reclaimed, err := kvclient.NewAdminClient(n.socket).WriterDead(t.Context(), kv.Writer{Instance: "decode-1", Gen: 1})
 	if err != nil || reclaimed != writing {
 		t.Fatalf("writer-dead reclaimed %d of %d: %v", reclaimed, writing, err)
 	}
@@ -186,7 +187,7 @@ func TestKVWriterKilledWhileWriting(t *testing.T) {
 // checksums and publishes them in one operation), and dies there.
 func TestKVWriterKilledBetweenSealAndPublish(t *testing.T) {
 	n := newKVNode(t, 1*time.Second) // serial: a 1 s lease leaves no room for a loaded machine
-	w := n.startPausedWriter(t, "decode-2", kv.FailBeforePublish)
+	w := n.startPausedWriter(t, "decode-2", kvclient.FailBeforePublish)
 	batch := len(promptKeysTokens(t)) / 16 // the prefill step's full blocks
 	if st := n.stats(t); st.ByState["SEALED"] != 0 || st.ByState["PUBLISHED"] != 0 || int(st.ByState["WRITING"]) < batch {
 		t.Fatalf("paused before publish: %v; want the batch's %d blocks still WRITING", st, batch)
@@ -315,7 +316,7 @@ func publishedSlotOf(t *testing.T, n *kvNode, i int) int {
 	}
 	defer a.Close()
 	// Ask the owner by acquiring as a throwaway writer.
-	c, err := kv.Dial(t.Context(), n.socket, kv.Writer{Instance: "probe", Gen: 1})
+	c, err := kvclient.Dial(t.Context(), n.socket, kv.Writer{Instance: "probe", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +340,7 @@ func TestKVOwnerKilledAndRestarted(t *testing.T) {
 	n := newKVNode(t, 1*time.Second) // serial: a 1 s lease leaves no room for a loaded machine
 	first := runGenerate(t, n.generateArgs("decode-a")...)
 	published := int(n.stats(t).ByState["PUBLISHED"])
-	paused := n.startPausedWriter(t, "decode-p", kv.FailBeforeSeal)
+	paused := n.startPausedWriter(t, "decode-p", kvclient.FailBeforeSeal)
 	writing := int(n.stats(t).ByState["WRITING"])
 	// Corrupt block 1 only now: the paused writer would have caught it.
 	corrupt := publishedSlotOf(t, n, 1)

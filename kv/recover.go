@@ -204,7 +204,7 @@ func (o *Owner) restore(i uint32, m Manifest, published bool) error {
 		o.stats.RecoveredAtStart++
 		o.byKey[m.Key] = i
 	}
-	o.slots[i] = slot{gen: m.SlotGen, state: m.State, key: m.Key, parent: m.Parent, writer: Writer{m.WriterInstance, m.WriterGen},
+	o.slots[i] = slot{gen: m.SlotGen, state: m.State, key: m.Key, parent: m.Parent, writer: Writer{Instance: m.WriterInstance, Gen: m.WriterGen},
 		payloadLen: m.PayloadLen, checksum: m.Checksum, lastUsed: m.Updated}
 	return o.setHeader(i)
 }

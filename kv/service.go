@@ -14,90 +14,6 @@ import (
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
-var codeErrors = []struct {
-	code kvpb.Code
-	err  error
-}{
-	{kvpb.Code_STALE_REF, ErrStaleRef},
-	{kvpb.Code_NOT_OWNER, ErrNotOwner},
-	{kvpb.Code_CHECKSUM, ErrChecksum},
-	{kvpb.Code_DUPLICATE, ErrDuplicate},
-	{kvpb.Code_NO_FREE_SLOTS, ErrNoFreeSlots},
-	{kvpb.Code_LEASED, ErrLeased},
-	{kvpb.Code_UNKNOWN_SESSION, ErrUnknownSession},
-	{kvpb.Code_ILLEGAL_TRANSITION, ErrIllegalTransition},
-	{kvpb.Code_BAD_REQUEST, ErrBadRequest},
-}
-
-func codeOf(err error) kvpb.Code {
-	for _, c := range codeErrors {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
-	}
-	return kvpb.Code_INTERNAL
-}
-
-// RemoteError is an error the owner returned; it matches the owner's
-// sentinel errors with errors.Is.
-type RemoteError struct {
-	Code    kvpb.Code
-	Message string
-}
-
-func (e *RemoteError) Error() string { return "kv: owner: " + e.Message }
-
-func (e *RemoteError) Is(target error) bool {
-	for _, c := range codeErrors {
-		if c.code == e.Code && c.err == target {
-			return true
-		}
-	}
-	return false
-}
-
-func toPB(r Ref) *kvpb.Ref {
-	return &kvpb.Ref{Slot: r.Slot, Gen: r.Gen, Checksum: r.Checksum, PayloadLen: r.PayloadLen}
-}
-
-func fromPB(r *kvpb.Ref) Ref {
-	if r == nil {
-		return Ref{}
-	}
-	return Ref{Slot: r.Slot, Gen: r.Gen, Checksum: r.Checksum, PayloadLen: r.PayloadLen}
-}
-
-func refsToPB(rs []Ref) []*kvpb.Ref {
-	var out []*kvpb.Ref
-	for _, r := range rs {
-		out = append(out, toPB(r))
-	}
-	return out
-}
-
-func refsFromPB(rs []*kvpb.Ref) []Ref {
-	out := make([]Ref, len(rs))
-	for i, r := range rs {
-		out[i] = fromPB(r)
-	}
-	return out
-}
-
-func keyFromBytes(b []byte) (BlockKey, error) {
-	keys, err := DecodeKeys([][]byte{b}, true)
-	if err != nil {
-		return BlockKey{}, err
-	}
-	return keys[0], nil
-}
-
-func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
-	if ks == nil {
-		return nil, nil
-	}
-	return DecodeKeys(ks.Keys, true)
-}
-
 // WaitServing waits until an owner accepts connections on socket, or ctx
 // ends.
 func WaitServing(ctx context.Context, socket string) error {
@@ -275,7 +191,7 @@ func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
 		}
 		resp.Dropped = dropped
 	case *kvpb.Request_WriterDead:
-		resp.Count = uint32(o.WriterDead(Writer{op.WriterDead.InstanceId, op.WriterDead.Generation}))
+		resp.Count = uint32(o.WriterDead(Writer{Instance: op.WriterDead.InstanceId, Gen: op.WriterDead.Generation}))
 	case *kvpb.Request_Sweep:
 		res := o.Sweep()
 		resp.Count = uint32(res.OrphansReclaimed + res.Evicted)
@@ -289,7 +205,7 @@ func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
 
 // handleHello opens the connection's session.
 func handleHello(o *Owner, sid *SessionID, h *kvpb.Hello, resp *kvpb.Response) error {
-	id, ownedOK, leasedOK, err := o.Hello(Writer{h.InstanceId, h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
+	id, ownedOK, leasedOK, err := o.Hello(Writer{Instance: h.InstanceId, Gen: h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"net"
 	"path/filepath"
 	"runtime"
@@ -52,13 +53,13 @@ func cacheIdentity() Identity {
 	return id
 }
 
-func newTestCache(t *testing.T, sock, instance string) (*Cache, *Client) {
+func newTestCache(t *testing.T, sock, instance string) (*kvclient.Cache, *kvclient.Client) {
 	t.Helper()
-	c, err := Dial(context.Background(), sock, Writer{instance, 1})
+	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: instance, Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 16)
+	cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 16)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +112,20 @@ func TestHandoffIsZeroCopy(t *testing.T) {
 	}
 	w.Block(ids[1])[5] = 1005
 	// Another identity misses.
-	other, oc := newTestCache(t, sock, "other")
-	other.identity.ModelRevision = "different"
+	oc, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "other", Gen: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherID := cacheIdentity()
+	otherID.ModelRevision = "different"
+	other, err := kvclient.NewCache(oc, cacheLayout, otherID, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { other.Close(); oc.Close() })
 	if ids := other.AcquirePrefix(tokens, 2); len(ids) != 0 {
 		t.Fatalf("different revision hit %d blocks", len(ids))
 	}
-	_ = oc
 	// Everything handed back on close: no leases left, blocks stay cached.
 	r.Close()
 	w.Close()
@@ -157,7 +166,7 @@ func TestProtocolAbuse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := newWire(c).roundTrip(context.Background(), allocReq(1), 5*time.Second); !errors.Is(err, ErrUnknownSession) {
+	if _, err := rawRoundTrip(c, allocReq(1)); !errors.Is(err, ErrUnknownSession) {
 		t.Fatalf("allocate before hello: %v", err)
 	}
 	c.Close()
@@ -171,16 +180,28 @@ func TestProtocolAbuse(t *testing.T) {
 		}
 		c.Close()
 	}
-	// A bad key length is a typed error.
-	client, err := Dial(context.Background(), sock, Writer{"w", 1})
+	// A bad key length is a typed error (sent raw: the client's Seal takes
+	// whole keys only).
+	raw, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := rawRoundTrip(raw, helloReq(Writer{Instance: "raw", Gen: 1})); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rawRoundTrip(raw, allocReq(1))
+	if err != nil || len(resp.Refs) != 1 {
+		t.Fatalf("raw allocate: %v %v", resp, err)
+	}
+	if _, err := rawRoundTrip(raw, sealReq(fromPB(resp.Refs[0]), []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
+		t.Fatalf("short key: %v", err)
+	}
+	client, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	refs, _ := client.Allocate(context.Background(), 1)
-	if _, err := client.call(context.Background(), sealReq(refs[0], []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
-		t.Fatalf("short key: %v", err)
-	}
 	if _, err := client.Allocate(context.Background(), 1<<20); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("huge allocation: %v", err)
 	}
@@ -203,7 +224,7 @@ func TestClientReattachesAfterOwnerRestart(t *testing.T) {
 		return o, func() { cancel(); <-done; o.Close() }
 	}
 	o, stop := start()
-	client, err := Dial(context.Background(), sock, Writer{"w", 3})
+	client, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +264,7 @@ func parentOf(ids []kvcache.BlockID) kvcache.BlockID {
 // no goroutines behind once everything is closed.
 func TestNoGoroutineLeak(t *testing.T) {
 	base := runtime.NumGoroutine()
-	var late *Client
+	var late *kvclient.Client
 	func() {
 		env := newOwnerEnv(t, 16)
 		env.opts.Now = nil
@@ -257,11 +278,11 @@ func TestNoGoroutineLeak(t *testing.T) {
 		defer func() { cancel(); <-done }()
 		waitServing(t, sock)
 		for i := 0; i < 5; i++ {
-			c, err := Dial(context.Background(), sock, Writer{"w", uint64(i)})
+			c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: uint64(i)})
 			if err != nil {
 				t.Fatal(err)
 			}
-			cache, err := NewCache(c, cacheLayout, cacheIdentity(), 4)
+			cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 4)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -272,7 +293,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		}
 		// One client is still connected when the server stops.
 		var err error
-		if late, err = Dial(context.Background(), sock, Writer{"late", 1}); err != nil {
+		if late, err = kvclient.Dial(context.Background(), sock, Writer{Instance: "late", Gen: 1}); err != nil {
 			t.Fatal(err)
 		}
 	}()
@@ -333,12 +354,12 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Serve(ctx, o, sock) }()
 	waitServing(t, sock)
-	c, err := Dial(context.Background(), sock, Writer{"w", 1})
+	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	cache, err := NewCache(c, cacheLayout, cacheIdentity(), 4)
+	cache, err := kvclient.NewCache(c, cacheLayout, cacheIdentity(), 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -362,7 +383,7 @@ func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
 	}
 	// With the owner away, new blocks come from private memory.
 	pid, err := cache.Alloc()
-	if err != nil || pid < privateBase || cache.Stats().Fallback != 1 {
+	if err != nil || pid < kvclient.PrivateBase || cache.Stats().Fallback != 1 {
 		t.Fatalf("fallback allocation: %v %v %+v", pid, err, cache.Stats())
 	}
 	if err := cache.Free(pid); err != nil {
@@ -395,7 +416,7 @@ func TestOnLostMayCallTheClient(t *testing.T) {
 		return func() { cancel(); <-done; o.Close() }
 	}
 	stop := serve(newOwnerEnv(t, 8))
-	client, err := Dial(context.Background(), sock, Writer{"w", 3})
+	client, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

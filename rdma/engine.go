@@ -1,9 +1,12 @@
-// Package rdma is the KV transfer engine: it moves published KV blocks
-// from one node's arena to another's under a transfer binding (see
-// transferpb.Binding). One Transport interface has two implementations:
-// QUIC between node agents (the default, tested here) and RDMA verbs
-// (build tag rdma; it compiles against libibverbs but these machines have
-// no RDMA hardware, so it has never run).
+// Package rdma is the whole KV transfer engine, whatever the wire: it
+// moves published KV blocks from one node's arena to another's under a
+// transfer binding (see transferpb.Binding). The name is the product's
+// (the design specifies it with RDMA), not the default transport: one
+// Transport interface has two implementations, QUIC between node agents
+// (the default, tested here) and RDMA verbs (build tag rdma; it compiles
+// against libibverbs but these machines have no RDMA hardware, so it has
+// never run). Workers never link it: they ask their agent for blocks
+// through rdma/transferclient.
 //
 // A destination stages every block it receives in WRITING slots of its own
 // arena, checks every byte against the source's checksum, and seals and

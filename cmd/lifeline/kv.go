@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 )
 
 func kvCmd() *cobra.Command {
@@ -38,7 +39,7 @@ func kvCmd() *cobra.Command {
 		Short: "Print slot counts by state and the owner's counters as JSON",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := kv.NewAdminClient(socket).Stats(cmd.Context())
+			st, err := kvclient.NewAdminClient(socket).Stats(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -51,7 +52,7 @@ func kvCmd() *cobra.Command {
 		Short: "Report a writer's death: reclaim its unpublished blocks and leases now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := kv.NewAdminClient(socket).WriterDead(cmd.Context(), w)
+			n, err := kvclient.NewAdminClient(socket).WriterDead(cmd.Context(), w)
 			if err != nil {
 				return err
 			}
@@ -66,7 +67,7 @@ func kvCmd() *cobra.Command {
 		Short: "Run one mark-and-sweep pass now",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			n, err := kv.NewAdminClient(socket).Sweep(cmd.Context())
+			n, err := kvclient.NewAdminClient(socket).Sweep(cmd.Context())
 			if err != nil {
 				return err
 			}

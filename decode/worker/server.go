@@ -30,7 +30,6 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/internal/frame"
-	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 )
 
@@ -136,7 +135,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		s.kv = rdma.NewQUIC(kvTLS)
+		s.kv = transferclient.NewDialer(kvTLS)
 		defer s.kv.Close()
 	}
 	s.generation.Store(opts.Generation)
@@ -190,7 +189,7 @@ type server struct {
 	// cannot prove it is routable.
 	generation atomic.Uint64
 	accepting  atomic.Bool
-	kv         *rdma.QUIC
+	kv         *transferclient.Dialer
 	// draining: the agent is draining the node; refusals say DRAINING.
 	draining atomic.Bool
 	// started counts generation requests taken (canaries excluded);

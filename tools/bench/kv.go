@@ -17,6 +17,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -83,12 +84,12 @@ func profilePublish(path string, m *model.Model, layout kvcache.Layout) error {
 		return err
 	}
 	defer node.stop()
-	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-profile", Gen: 1})
+	client, err := kvclient.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-profile", Gen: 1})
 	if err != nil {
 		return err
 	}
 	defer client.Close()
-	cache, err := kv.NewCache(client, layout, decode.BlockIdentity(m, tokenizer.NewBuiltin(), layout), steps*perStep+256)
+	cache, err := kvclient.NewCache(client, layout, decode.BlockIdentity(m, tokenizer.NewBuiltin(), layout), steps*perStep+256)
 	if err != nil {
 		return err
 	}
@@ -146,12 +147,12 @@ func runKVBench() error {
 	defer node.stop()
 
 	// Publish path through the socket, against a memcpy of the same block.
-	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench", Gen: 1})
+	client, err := kvclient.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench", Gen: 1})
 	if err != nil {
 		return err
 	}
 	defer client.Close()
-	cache, err := kv.NewCache(client, layout, decode.BlockIdentity(m, tok, layout), 1024)
+	cache, err := kvclient.NewCache(client, layout, decode.BlockIdentity(m, tok, layout), 1024)
 	if err != nil {
 		return err
 	}
@@ -207,12 +208,12 @@ func runKVBench() error {
 
 	// Zero-copy handoff: another cache (its own mapping, as another process
 	// would have) acquires 28 published blocks: 3.5 MiB it reads in place.
-	reader, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "reader", Gen: 1})
+	reader, err := kvclient.Dial(context.Background(), node.socket, kv.Writer{Instance: "reader", Gen: 1})
 	if err != nil {
 		return err
 	}
 	defer reader.Close()
-	rcache, err := kv.NewCache(reader, layout, decode.BlockIdentity(m, tok, layout), 1024)
+	rcache, err := kvclient.NewCache(reader, layout, decode.BlockIdentity(m, tok, layout), 1024)
 	if err != nil {
 		return err
 	}
@@ -277,13 +278,13 @@ func reuseVsRecompute(m *model.Model, tok tokenizer.Tokenizer, socket string) (r
 		prompt[i] = 300 + (i*7)%2000
 	}
 	run := func(instance string) (time.Duration, int, error) {
-		client, err := kv.Dial(context.Background(), socket, kv.Writer{Instance: instance, Gen: 1})
+		client, err := kvclient.Dial(context.Background(), socket, kv.Writer{Instance: instance, Gen: 1})
 		if err != nil {
 			return 0, 0, err
 		}
 		defer client.Close()
 		layout := m.KVLayout(kvcache.DefaultBlockSize)
-		cache, err := kv.NewCache(client, layout, decode.BlockIdentity(m, tok, layout), 64)
+		cache, err := kvclient.NewCache(client, layout, decode.BlockIdentity(m, tok, layout), 64)
 		if err != nil {
 			return 0, 0, err
 		}
@@ -382,7 +383,7 @@ const publishGoal = 5.0
 // 256- and a 448-token prefill), beside a memcpy of one block, in rounds
 // interleaved so that a noisy neighbour hits every figure alike; each
 // figure is its median round.
-func measurePublish(cache *kv.Cache, layout kvcache.Layout) (string, error) {
+func measurePublish(cache *kvclient.Cache, layout kvcache.Layout) (string, error) {
 	src := make([]float32, layout.BlockFloats())
 	dst := make([]float32, len(src))
 	for i := range src {
@@ -492,7 +493,7 @@ func kvMedian(v []float64) float64 {
 // (and stay cached: 8 rounds of 76 blocks and the 200 of runKVBench fit
 // the arena, so that no eviction lands in a figure). Tokens start at
 // *base, which moves past them: no key repeats.
-func publishSteps(cache *kv.Cache, src []float32, base *int, n, steps, perCall int) (wall, cpu time.Duration, err error) {
+func publishSteps(cache *kvclient.Cache, src []float32, base *int, n, steps, perCall int) (wall, cpu time.Duration, err error) {
 	var elapsed time.Duration
 	cpu0 := processCPU()
 	for s := 0; s < steps; s++ {

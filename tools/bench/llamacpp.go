@@ -16,6 +16,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/shm"
 )
 
@@ -438,7 +439,7 @@ func exportAfterPrefill(c *llamacpp.Context, m *llamacpp.Model, buf *[]byte) ([]
 // is after its first pass: a first write to a page of shared memory
 // costs more than the copy (as in runKVBench).
 func warmArena(node *kvNode) error {
-	client, err := kv.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-warm", Gen: 1})
+	client, err := kvclient.Dial(context.Background(), node.socket, kv.Writer{Instance: "bench-warm", Gen: 1})
 	if err != nil {
 		return err
 	}

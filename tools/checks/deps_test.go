@@ -32,7 +32,7 @@ type depRule struct {
 // Node-side machinery that a frontend, which runs on any machine and holds
 // no KV, must never link.
 var nodeMachinery = []string{
-	"agent", "ebpf/...", "shm/...", "kv", "rdma",
+	"agent", "ebpf/...", "shm/...", "kv", "kv/kvclient", "rdma",
 	"decode", "decode/model", "decode/sched", "decode/kvcache", "decode/matmul", "decode/worker",
 	"github.com/cilium/ebpf/...", "github.com/NVIDIA/go-nvml/...", "github.com/dgraph-io/badger/...",
 }
@@ -49,6 +49,8 @@ var depRules = []depRule{
 		Allow: []string{"agent/schema", "agent/controlapi", "kv/blockid", "decode/wire", "rdma/transferpb", "internal/frame", "internal/pki", "internal/private", "internal/quicdial"}},
 	{Why: "the engine and worker sit below the agent and the frontend",
 		From: []string{"decode/..."}, Deny: []string{"agent/...", "frontend/..."}},
+	{Why: "a worker links the KV client, never the arena's owner: no Badger in a worker",
+		From: []string{"decode/...", "kv/kvclient"}, Deny: []string{"kv", "rdma", "github.com/dgraph-io/badger/..."}},
 	{Why: "node libraries return errors to the agent; they never reach up into it",
 		From: []string{"kv/...", "ebpf/...", "rdma/...", "shm/..."}, Deny: []string{"agent/..."}},
 	{Why: "the arena knows slots, not blocks",
@@ -190,8 +192,9 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	}
 	dir := t.TempDir()
 	plant := map[string]string{
-		filepath.Join(root, "frontend", "zz_planted.go"): "package frontend\n\nimport _ \"" + module + "/agent\"\n",
-		filepath.Join(root, "shm", "zz_planted.go"):      "package shm\n\nimport _ \"" + module + "/kv/blockid\"\n",
+		filepath.Join(root, "frontend", "zz_planted.go"):         "package frontend\n\nimport _ \"" + module + "/agent\"\n",
+		filepath.Join(root, "shm", "zz_planted.go"):              "package shm\n\nimport _ \"" + module + "/kv/blockid\"\n",
+		filepath.Join(root, "decode", "sample", "zz_planted.go"): "package sample\n\nimport _ \"" + module + "/kv\"\n",
 	}
 	replace := map[string]string{}
 	for path, src := range plant {
@@ -210,6 +213,7 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	want := []string{
 		"frontend (the frontend runs on any machine and holds no KV: it reads contracts, never the node): frontend → agent",
 		"shm (the arena knows slots, not blocks): shm → kv/blockid",
+		"decode/sample (a worker links the KV client, never the arena's owner: no Badger in a worker): decode/sample → kv",
 	}
 	for _, w := range want {
 		if !slices.Contains(got, w) {
@@ -220,7 +224,7 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	// client tests' importers, cmd): every reported chain must pass
 	// through a planted edge.
 	for _, v := range got {
-		if !strings.Contains(v, "frontend → agent") && !strings.Contains(v, "shm → kv/blockid") {
+		if !strings.Contains(v, "frontend → agent") && !strings.Contains(v, "shm → kv/blockid") && !strings.Contains(v, "decode/sample → kv") {
 			t.Errorf("unexpected violation: %s", v)
 		}
 	}

@@ -1,4 +1,4 @@
-package kv
+package kvclient
 
 import (
 	"context"
@@ -153,10 +153,10 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 	owned, leased, expired := c.held()
 	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen}
 	for _, r := range owned {
-		hello.Owned = append(hello.Owned, toPB(r))
+		hello.Owned = append(hello.Owned, RefToPB(r))
 	}
 	for _, r := range leased {
-		hello.Leased = append(hello.Leased, toPB(r))
+		hello.Leased = append(hello.Leased, RefToPB(r))
 	}
 	sent := time.Now()
 	resp, err := w.roundTrip(ctx, &kvpb.Request{Op: &kvpb.Request_Hello{Hello: hello}}, c.rtt())
@@ -360,7 +360,7 @@ func (c *Client) Allocate(ctx context.Context, n int) ([]Ref, error) {
 	if err != nil {
 		return nil, err
 	}
-	refs := refsFromPB(resp.Refs)
+	refs := RefsFromPB(resp.Refs)
 	c.mu.Lock()
 	for _, r := range refs {
 		c.owned[r.Slot] = r
@@ -371,13 +371,13 @@ func (c *Client) Allocate(ctx context.Context, n int) ([]Ref, error) {
 
 // Seal records the block written in r's slot under key.
 func (c *Client) Seal(ctx context.Context, r Ref, key, parent BlockKey) error {
-	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: toPB(r), Key: key[:], Parent: parent[:]}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: RefToPB(r), Key: key[:], Parent: parent[:]}}})
 	return err
 }
 
 // Publish makes a sealed block readable; the client then holds a lease on it.
 func (c *Client) Publish(ctx context.Context, r Ref) error {
-	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Publish{Publish: &kvpb.Publish{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Publish{Publish: &kvpb.Publish{Ref: RefToPB(r)}}})
 	if err == nil {
 		c.mu.Lock()
 		delete(c.owned, r.Slot)
@@ -395,7 +395,7 @@ func (c *Client) Abort(ctx context.Context, r Ref) error {
 	delete(c.owned, r.Slot)
 	session := c.hello.GetSession()
 	c.mu.Unlock()
-	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Abort{Abort: &kvpb.Abort{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Abort{Abort: &kvpb.Abort{Ref: RefToPB(r)}}})
 	c.handedBack(session, err)
 	return err
 }
@@ -408,7 +408,7 @@ func (c *Client) Acquire(ctx context.Context, keys []BlockKey) ([]Ref, error) {
 	if err != nil {
 		return nil, err
 	}
-	refs := refsFromPB(resp.Refs)
+	refs := RefsFromPB(resp.Refs)
 	c.mu.Lock()
 	for _, r := range refs {
 		c.leased[r.Slot] = r
@@ -433,20 +433,20 @@ func (c *Client) Release(ctx context.Context, r Ref) error {
 	delete(c.leased, r.Slot)
 	session := c.hello.GetSession()
 	c.mu.Unlock()
-	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Release{Release: &kvpb.RefOnly{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Release{Release: &kvpb.RefOnly{Ref: RefToPB(r)}}})
 	c.handedBack(session, err)
 	return err
 }
 
 // Delete compare-and-deletes a published block.
 func (c *Client) Delete(ctx context.Context, r Ref) error {
-	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Delete{Delete: &kvpb.RefOnly{Ref: toPB(r)}}})
+	_, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_Delete{Delete: &kvpb.RefOnly{Ref: RefToPB(r)}}})
 	return err
 }
 
 // ReportCorrupt tells the owner a block did not verify.
 func (c *Client) ReportCorrupt(ctx context.Context, r Ref) (bool, error) {
-	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_ReportCorrupt{ReportCorrupt: &kvpb.RefOnly{Ref: toPB(r)}}})
+	resp, err := c.call(ctx, &kvpb.Request{Op: &kvpb.Request_ReportCorrupt{ReportCorrupt: &kvpb.RefOnly{Ref: RefToPB(r)}}})
 	if err != nil {
 		return false, err
 	}

@@ -1,4 +1,4 @@
-package kv
+package kvclient
 
 import (
 	"context"
@@ -96,8 +96,9 @@ func (c *Cache) ownerCtx() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), min(ownerCallTimeout, c.client.rtt()))
 }
 
-// privateBase offsets the ids of private fallback blocks past every slot.
-const privateBase kvcache.BlockID = 1 << 30
+// PrivateBase offsets the ids of private fallback blocks past every slot:
+// a block id at or above it is in the worker's own memory, not the arena.
+const PrivateBase kvcache.BlockID = 1 << 30
 
 // NewCache maps the owner's arena and serves at most capacity blocks from
 // it. The identity must describe the engine that computes the blocks.
@@ -151,10 +152,19 @@ func (c *Cache) Losses() uint64 {
 	return uint64(c.stats.Lost)
 }
 
+// Shared reports whether block id is published or acquired: read-only,
+// released (never reused) on Free.
+func (c *Cache) Shared(id kvcache.BlockID) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b, ok := c.blocks[id]
+	return ok && b.shared
+}
+
 // Valid reports whether a block is still ours to read and write. The
 // scheduler recomputes sequences holding a block that is not.
 func (c *Cache) Valid(id kvcache.BlockID) bool {
-	if id >= privateBase {
+	if id >= PrivateBase {
 		return true
 	}
 	c.mu.Lock()
@@ -228,7 +238,7 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 			return 0, perr
 		}
 		c.stats.Fallback++
-		return privateBase + id, nil
+		return PrivateBase + id, nil
 	}
 	id := kvcache.BlockID(r.Slot)
 	c.mu.Lock()
@@ -238,10 +248,10 @@ func (c *Cache) Alloc() (kvcache.BlockID, error) {
 }
 
 func (c *Cache) Free(id kvcache.BlockID) error {
-	if id >= privateBase {
+	if id >= PrivateBase {
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		return c.private.Free(id - privateBase)
+		return c.private.Free(id - PrivateBase)
 	}
 	c.mu.Lock()
 	b, ok := c.blocks[id]
@@ -282,8 +292,8 @@ func (c *Cache) Free(id kvcache.BlockID) error {
 }
 
 func (c *Cache) Block(id kvcache.BlockID) []float32 {
-	if id >= privateBase {
-		return c.private.Block(id - privateBase)
+	if id >= PrivateBase {
+		return c.private.Block(id - PrivateBase)
 	}
 	return c.arena.Float32s(int(id), c.layout.BlockFloats())
 }

@@ -1,4 +1,4 @@
-package kv
+package kvclient
 
 import (
 	"fmt"
@@ -50,8 +50,8 @@ func (v *View) Free(kvcache.BlockID) error { return fmt.Errorf("kv: a follower's
 // Block is block id's floats: its arena slot, or rank 0's private block's
 // mirror.
 func (v *View) Block(id kvcache.BlockID) []float32 {
-	if id >= privateBase {
-		return v.private.Block(id - privateBase)
+	if id >= PrivateBase {
+		return v.private.Block(id - PrivateBase)
 	}
 	return v.arena.Float32s(int(id), v.layout.BlockFloats())
 }

@@ -1,4 +1,4 @@
-package kv
+package kvclient
 
 import (
 	"errors"
@@ -80,7 +80,7 @@ func (c *Cache) planPublish(full []kvcache.FullBlock) []publishing {
 	defer c.mu.Unlock()
 	var plan []publishing
 	for _, f := range full {
-		if f.ID >= privateBase {
+		if f.ID >= PrivateBase {
 			continue // private fallback blocks are never shared
 		}
 		b, ok := c.blocks[f.ID]
