@@ -71,7 +71,7 @@ test:
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached
 # after) and the tests of the binding (build tag llamacpp).
 test-llamacpp:
-	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/ ./decode/llamacpp/... ./decode/gguf/ ./cmd/lifeline/ ./internal/proctest/ ./tools/bench/
+	CGO_ENABLED=1 $(GO) vet -tags llamacpp ./decode/ ./decode/llamacpp/... ./decode/gguf/ ./cmd/lifeline/ ./tests/proctest/ ./tools/bench/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m ./decode/llamacpp/... ./decode/gguf/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m -run 'LlamaCpp' ./decode/ ./decode/tokenizer/
 	CGO_ENABLED=1 $(GO) test -tags llamacpp -count=1 -timeout 20m -run 'LlamaCpp|GGUF' ./cmd/lifeline/

@@ -13,7 +13,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestDrainDeadlines: a drain request's durations, their defaults, and

@@ -25,14 +25,14 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/cgtest"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
+	"github.com/lifeline-llm/lifeline/tests/cgtest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestAgentDetectsWorkerKill: SIGKILL a worker. The agent's eBPF detector

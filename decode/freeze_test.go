@@ -11,9 +11,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/sched"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/shm"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // freezer sits between the worker and the arena owner and can freeze like

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/cgtest"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
+	"github.com/lifeline-llm/lifeline/tests/cgtest"
 )
 
 // helperLeaderExit: the main thread exits alone (SYS_EXIT, not

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestFrontendWaitsForRestartedWorkers: every decode worker of the node

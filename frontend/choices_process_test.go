@@ -13,7 +13,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/frontend"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // Several choices per request: each choice is a request of its own under

@@ -22,9 +22,9 @@ import (
 	"github.com/quic-go/quic-go/qlogwriter"
 
 	"github.com/lifeline-llm/lifeline/frontend/client"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // seededRequest is the stream the client tests compare against a

@@ -9,7 +9,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestOpenAISDKChoices: the official OpenAI Go SDK asks for n = 2, whole

@@ -14,7 +14,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestOpenAISDKConformance drives a real cluster (two decode workers) with

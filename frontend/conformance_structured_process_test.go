@@ -15,7 +15,7 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/lifeline-llm/lifeline/decode/grammar"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // personSchema is a schema of the grammar's subset: objects, strings,

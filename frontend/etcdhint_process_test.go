@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestFrontendStartErrorsSayWhatToDo: a frontend whose identity has no

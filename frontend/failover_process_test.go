@@ -24,8 +24,8 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // Frontend failover: every streamed request has a record in etcd, resume

@@ -8,7 +8,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/worker"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestMigrationOfAFinishedRequestFinishes: the decode worker serving a

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/pki/pkitest"
+	"github.com/lifeline-llm/lifeline/tests/pkitest"
 )
 
 // TestFrontendIDFromCertificate: with etcd over mutual TLS a frontend's

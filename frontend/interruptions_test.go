@@ -16,9 +16,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // streamed is what a client read of a stream: its tokens, the end

@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // limitsNode is one tiny decode worker, its canaries out of the way.

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/overload"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // limitedNode is one node with count small decode workers of maxRunning

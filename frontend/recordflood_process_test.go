@@ -14,8 +14,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestRecordFloodCannotFillEtcd: clients flooding streamed requests whose

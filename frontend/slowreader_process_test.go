@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/overload"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/internal/app/overload"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestSlowReaderIsCutAndResumes: a client (HTTP/2, a 64 KiB stream

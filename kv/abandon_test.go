@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // proxy forwards a unix socket to the owner's. Paused, it holds every

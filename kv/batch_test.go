@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/shm"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // writeBlocks allocates n blocks from cache, fills each with a pattern of

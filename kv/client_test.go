@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // stallingOwner answers hellos and keepalives and never answers anything

@@ -15,11 +15,11 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 	"github.com/lifeline-llm/lifeline/shm"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // These process tests run the real binaries: `lifeline kv serve` owns the

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/shm"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // serveOwner runs an owner with the real clock behind a socket.

@@ -18,12 +18,12 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/kv"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 	"github.com/lifeline-llm/lifeline/shm"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // node is one real arena owner (shared memory + Badger) with its transfer

@@ -12,9 +12,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestCertsCommands: `certs init` makes a private CA directory, `certs

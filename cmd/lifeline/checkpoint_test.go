@@ -13,8 +13,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestServeLlama2CCheckpoint writes a model.bin and tokenizer.bin the way

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/lifeline-llm/lifeline/internal/drill"
+	"github.com/lifeline-llm/lifeline/internal/app/drill"
 )
 
 // errDrillsFailed makes the command exit non-zero after its report.

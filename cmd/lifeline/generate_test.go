@@ -6,8 +6,8 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/frontend/client"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestGenerateFailsOver: lifeline generate with a dead first --url (nothing

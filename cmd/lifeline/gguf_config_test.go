@@ -9,8 +9,8 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/gguf"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestGGUFRefusedAtConfigTime: a GGUF instance whose file cannot be

@@ -11,7 +11,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/llamacpp"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
 	"github.com/lifeline-llm/lifeline/decode/sample"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestEngineGenerateThroughLlamaCpp: a lifeline built with llama.cpp

@@ -16,7 +16,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestUpServesAGGUFThroughLlamaCpp: `lifeline up --engine llamacpp`

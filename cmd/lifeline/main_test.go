@@ -7,7 +7,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lifeline-llm/lifeline/decode"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 func TestMain(m *testing.M) { proctest.Main(m) }

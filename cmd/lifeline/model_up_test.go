@@ -18,8 +18,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/grammar"
 	"github.com/lifeline-llm/lifeline/decode/llamacpp/llamacpptest"
 	"github.com/lifeline-llm/lifeline/decode/model"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // colorSchema keeps a structured answer within max_tokens and long

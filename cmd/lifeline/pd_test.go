@@ -22,11 +22,11 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/worker"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/rdma"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // pdPrompt is long enough for several full KV blocks of the tiny preset.

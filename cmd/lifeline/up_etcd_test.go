@@ -19,11 +19,11 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestUpHealsItsEtcd: under `lifeline up --etcd-members 3`, the etcd

@@ -12,8 +12,8 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // startWorker runs `lifeline worker` with a certificate of instance (on

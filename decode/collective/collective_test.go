@@ -3,7 +3,7 @@ package collective
 import (
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 	"math/rand/v2"
 	"os"
 	"os/exec"

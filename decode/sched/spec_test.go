@@ -15,7 +15,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/model"
 	"github.com/lifeline-llm/lifeline/decode/sample"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 var small = sync.OnceValue(func() *model.Model {

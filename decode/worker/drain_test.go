@@ -12,8 +12,8 @@ import (
 	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
 	"github.com/lifeline-llm/lifeline/internal/pki"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // startWorker runs a worker of the small preset (a long generation takes

@@ -3,7 +3,7 @@ package worker
 import (
 	"testing"
 
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // TestMain removes the binaries the process tests built.

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestWorkerStopDeliversFinish: a worker stopped (its SIGTERM) while a

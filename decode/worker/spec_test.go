@@ -10,7 +10,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestSpeculativeWorkerFramesEqualPlain: workers speculating with a tiny

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/grammar"
 	"github.com/lifeline-llm/lifeline/decode/wire"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // toolSchema is what a frontend compiles for two tools: exactly one call.

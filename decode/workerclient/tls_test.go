@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/pki/pkitest"
+	"github.com/lifeline-llm/lifeline/tests/pkitest"
 )
 
 // TestWorkerEndpointRoleChecks: a worker's endpoint accepts frontends and

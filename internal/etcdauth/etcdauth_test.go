@@ -18,7 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/pki/pkitest"
+	"github.com/lifeline-llm/lifeline/tests/pkitest"
 )
 
 // cluster is a locked-down embedded etcd with users for agents n1 and n2

@@ -11,7 +11,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // listen serves QUIC on 127.0.0.1 with fresh cluster certificates and

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/pki"
-	"github.com/lifeline-llm/lifeline/internal/pki/pkitest"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
+	"github.com/lifeline-llm/lifeline/tests/pkitest"
 )
 
 // TestTransferEndpointRoleChecks: an agent's transfer endpoint accepts

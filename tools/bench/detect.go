@@ -14,7 +14,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 )
 
 // runDetectionBench measures, for the eBPF and pidfd detectors, kill →

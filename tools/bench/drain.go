@@ -16,9 +16,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/binaries"
-	"github.com/lifeline-llm/lifeline/internal/localcluster/clustertest"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/tests/binaries"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // runDrainBench measures, on two small nodes behind a frontend, the time

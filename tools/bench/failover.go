@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/frontend/client"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 

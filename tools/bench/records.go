@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 )
 
 // recordsCost measures what the request records cost: streamed

@@ -15,9 +15,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/overload"
 	"github.com/lifeline-llm/lifeline/internal/debugsock"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
-	"github.com/lifeline-llm/lifeline/internal/overload"
 )
 
 // The frontend at scale: one frontend holding streamsOpen concurrent

@@ -12,7 +12,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 )
 
 // The faults a soak injects (SoakOptions.Faults), one per turn.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/drill"
+	"github.com/lifeline-llm/lifeline/internal/app/drill"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
 

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/drill"
+	"github.com/lifeline-llm/lifeline/internal/app/drill"
 	"github.com/lifeline-llm/lifeline/internal/netns"
-	"github.com/lifeline-llm/lifeline/internal/proctest"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 func TestMain(m *testing.M) { proctest.Main(m) }

@@ -21,9 +21,9 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/overload"
 	"github.com/lifeline-llm/lifeline/internal/netns"
-	"github.com/lifeline-llm/lifeline/internal/overload"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 )

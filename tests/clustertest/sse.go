@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 )
 
 // Token is one streamed token as a test sees it.

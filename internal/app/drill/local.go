@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/internal/app/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
-	"github.com/lifeline-llm/lifeline/internal/localcluster"
 	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/rdma"
 )

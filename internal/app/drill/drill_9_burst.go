@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/overload"
+	"github.com/lifeline-llm/lifeline/internal/app/overload"
 )
 
 // burstShape is drill 9's cluster: two decode workers on one node with

@@ -19,8 +19,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/internal/localcluster/binaries"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
+	"github.com/lifeline-llm/lifeline/tests/binaries"
 )
 
 var (
