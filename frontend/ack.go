@@ -143,6 +143,7 @@ func (a *acker) run(ctx context.Context) {
 
 // frontendKey keeps the frontend's record in etcd under its own lease.
 type frontendKey struct {
+	goes *owned // the server's
 	etcd *clientv3.Client
 	id   string
 	// lost is called when the lease is lost: the record went with it.
@@ -208,7 +209,7 @@ func (k *frontendKey) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
 		return 0, fmt.Errorf("frontend: keep the lease alive: %w", err)
 	}
 	k.lease, k.stopAlive = g.ID, stop
-	go func() {
+	k.goes.Go(func() {
 		for range alive {
 		}
 		stop()
@@ -228,7 +229,7 @@ func (k *frontendKey) leaseID(ctx context.Context) (clientv3.LeaseID, error) {
 		if mine && k.lost != nil {
 			k.lost()
 		}
-	}()
+	})
 	return g.ID, nil
 }
 

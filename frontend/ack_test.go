@@ -124,7 +124,14 @@ func TestFrontendKeyKeepsOneLease(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	k := &frontendKey{etcd: cli, id: "f1"}
+	var goes owned
+	defer func() {
+		cancel()
+		if left := goes.wait(5 * time.Second); left != 0 {
+			t.Errorf("%d keepalive goroutines outlived the context", left)
+		}
+	}()
+	k := &frontendKey{goes: &goes, etcd: cli, id: "f1"}
 	leases := func() []clientv3.LeaseID {
 		t.Helper()
 		r, err := cli.Leases(ctx)

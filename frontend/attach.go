@@ -60,7 +60,7 @@ func (x *run) attach(ctx context.Context) (attached, bool) {
 		})
 	}
 	all := make(chan struct{})
-	go func() { wg.Wait(); close(won); close(all) }()
+	x.s.goes.Go(func() { wg.Wait(); close(won); close(all) })
 	select {
 	case a, ok := <-won:
 		if !ok { // closed: every instance answered, none holds it
@@ -69,13 +69,13 @@ func (x *run) attach(ctx context.Context) (attached, bool) {
 		// The holder answered: the others are not waited for (a second
 		// holder cannot be; if one answers, it is let go).
 		cancel()
-		go func() {
+		x.s.goes.Go(func() {
 			<-all
 			for extra := range won {
 				extra.st.Cancel()
 				x.s.pool.release(extra.c)
 			}
-		}()
+		})
 		return a, true
 	case <-all:
 		a, ok := <-won
@@ -100,7 +100,7 @@ func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool)
 		err error
 	}
 	ch := make(chan answer, 1)
-	go func() { f, err := st.Next(); ch <- answer{f, err} }()
+	x.s.goes.Go(func() { f, err := st.Next(); ch <- answer{f, err} })
 	select {
 	case a := <-ch:
 		// The worker accepts with a frame of sequence 0 (no token, no
@@ -160,7 +160,8 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	x.s.track(x, x.on)
 	x.st.taken()
 	x.s.detachable(a.st, x.st, true)
-	go x.readFrames(sctx, a.c, a.st, x.r.Epoch, a.at, nil)
+	epoch := x.r.Epoch
+	x.s.goes.Go(func() { x.readFrames(sctx, a.c, a.st, epoch, a.at, nil) })
 	return acts
 }
 

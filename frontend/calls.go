@@ -232,7 +232,7 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 	// Announcements of either instance's death reach this run: the
 	// decode instance is chosen already, and may die while P works.
 	s.track(x, a.At.InstanceID, x.r.Endpoint.InstanceID)
-	go x.awaitHandOff(pctx, c, st, a.Epoch, kv)
+	s.goes.Go(func() { x.awaitHandOff(pctx, c, st, a.Epoch, kv) })
 	return nil
 }
 
@@ -293,7 +293,7 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 		SourceGeneration: a.KV.From.Generation, DestinationInstance: a.To.InstanceID, DestinationGeneration: a.To.Generation,
 		FirstBlock: 0, BlockCount: uint32(len(a.KV.Keys)), RequestEpoch: a.Epoch, TransferEpoch: a.TransferEpoch}
 	tctx := x.epochCtx(ctx, a.Epoch)
-	go func() {
+	s.goes.Go(func() {
 		// Past TransferTimeout the decode instance computes the prompt
 		// itself; the cancel also frees the pull's staged slots.
 		pctx, cancel := context.WithTimeoutCause(tctx, TransferTimeout, fmt.Errorf("no answer within %v", TransferTimeout))
@@ -310,7 +310,7 @@ func (x *run) transfer(ctx context.Context, a Transfer) {
 		if tctx.Err() == nil {
 			x.deliver(tctx, event{epoch: a.Epoch, transfer: res})
 		}
-	}()
+	})
 }
 
 // takeHold is the count of this request's stream on instance id: the
@@ -388,7 +388,8 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	if len(d.Prefix) > 0 && x.st.rec != nil {
 		// A continuation: its record learns the prefix, so a frontend
 		// taking over attaches to it (attach.go).
-		go s.recs.migrated(context.WithoutCancel(s.ctx), x.st, recordTokens(&x.r.Output, len(d.Prefix)))
+		tokens := recordTokens(&x.r.Output, len(d.Prefix))
+		s.goes.Go(func() { s.recs.migrated(context.WithoutCancel(s.ctx), x.st, tokens) })
 	}
 	x.on = d.To.InstanceID
 	x.nodeOf(x.on)
@@ -396,10 +397,10 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 	if g.DetachGraceMs > 0 {
 		s.detachable(st, x.st, true)
 	}
-	go func() {
+	s.goes.Go(func() {
 		defer closed()
 		x.readFrames(sctx, c, st, d.Epoch, d.To, nil)
-	}()
+	})
 	return nil
 }
 

@@ -80,7 +80,7 @@ func (s *Server) startGroup(body CompletionRequest, chat, resumable bool) *group
 	}
 	// Nobody may follow a resumable request: a choice that fails for
 	// good still ends the others.
-	go g.watchFailures(s.ctx)
+	s.goes.Go(func() { g.watchFailures(s.ctx) })
 	return g
 }
 

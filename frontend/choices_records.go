@@ -114,7 +114,7 @@ func (s *Server) assemble(w http.ResponseWriter, req *http.Request, id string, k
 		// Choices driven here now: one that fails for good cancels the
 		// others whether or not anyone follows the stream, as at the
 		// frontend that admitted them.
-		go g.watchFailures(s.ctx)
+		s.goes.Go(func() { g.watchFailures(s.ctx) })
 	}
 	return g, true
 }

@@ -20,13 +20,15 @@ type capListener struct {
 	net.Listener
 	max  int64
 	open atomic.Int64
-	// refuse answers a refused connection; nil closes it.
+	// refuse answers a refused connection, on a goroutine of goes; nil
+	// closes it.
 	refuse  func(net.Conn)
+	goes    *owned
 	refused func() // counts a refusal
 }
 
-func newCapListener(ln net.Listener, max int, cleartext bool, refused func()) *capListener {
-	l := &capListener{Listener: ln, max: int64(max), refused: refused}
+func newCapListener(ln net.Listener, goes *owned, max int, cleartext bool, refused func()) *capListener {
+	l := &capListener{Listener: ln, goes: goes, max: int64(max), refused: refused}
 	if cleartext {
 		l.refuse = refuseBusy
 	}
@@ -47,7 +49,7 @@ func (l *capListener) Accept() (net.Conn, error) {
 		l.open.Add(-1)
 		l.refused()
 		if l.refuse != nil {
-			go l.refuse(c) // never stall the accept loop on a client
+			l.goes.Go(func() { l.refuse(c) }) // never stall the accept loop on a client
 		} else {
 			c.Close()
 		}

@@ -28,7 +28,7 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 			r, err := s.loadKeyRing(gctx)
 			cancel()
 			if err == nil {
-				go s.watchKeyRing(ctx, r)
+				s.goes.Go(func() { s.watchKeyRing(ctx, r) })
 				break
 			}
 			if !time.Now().Before(deadline) {
@@ -46,7 +46,7 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 	if budget <= 0 {
 		budget = DefaultRecordBytesMax
 	}
-	s.recs = &records{etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL,
+	s.recs = &records{goes: &s.goes, etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL,
 		budget: newRecordBudget(budget, s.resumeWindow())}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_request_record_bytes_live",
 		Help: "Bytes of request records this frontend wrote that may still be live in etcd (bounded by --record-bytes-max)."},
@@ -58,6 +58,6 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 			s.checkRecord(rec)
 		}
 	}
-	go s.watchRequests(ctx, rev)
+	s.goes.Go(func() { s.watchRequests(ctx, rev) })
 	return nil
 }

@@ -76,7 +76,13 @@ func TestCapListenerRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	var refused atomic.Int64
-	ln := newCapListener(inner, 2, true, func() { refused.Add(1) })
+	var goes owned
+	t.Cleanup(func() {
+		if left := goes.wait(5 * time.Second); left != 0 {
+			t.Errorf("%d refusal goroutines still running", left)
+		}
+	})
+	ln := newCapListener(inner, &goes, 2, true, func() { refused.Add(1) })
 	defer ln.Close()
 	accepted := make(chan net.Conn, 8)
 	go func() {

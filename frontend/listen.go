@@ -67,8 +67,8 @@ func (s *Server) serveMetrics(ctx context.Context, ready io.Writer) error {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
-	go func() { <-ctx.Done(); srv.Close() }()
-	go srv.Serve(ln)
+	s.goes.Go(func() { <-ctx.Done(); srv.Close() })
+	s.goes.Go(func() { srv.Serve(ln) })
 	fmt.Fprintf(ready, "frontend: metrics on %s\n", ln.Addr())
 	return nil
 }
@@ -91,8 +91,8 @@ func (s *Server) serveDebug(ctx context.Context, ready io.Writer) error {
 	}
 	debugsock.Mount(mux, traces)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
-	go func() { <-ctx.Done(); srv.Close() }()
-	go srv.Serve(ln)
+	s.goes.Go(func() { <-ctx.Done(); srv.Close() })
+	s.goes.Go(func() { srv.Serve(ln) })
 	fmt.Fprintf(ready, "frontend: debug on %s\n", debugsock.Base(s.opts.DebugSocket))
 	return nil
 }
@@ -103,7 +103,7 @@ func (s *Server) capped(ln net.Listener, cleartext bool) net.Listener {
 	if s.limits.Off {
 		return ln
 	}
-	c := newCapListener(ln, s.limits.MaxConns, cleartext, s.metrics.connsRefused.Inc)
+	c := newCapListener(ln, &s.goes, s.limits.MaxConns, cleartext, s.metrics.connsRefused.Inc)
 	s.metrics.gaugeOpen(c.Open)
 	return c
 }
@@ -116,7 +116,7 @@ func (s *Server) serveCleartext(ctx context.Context, ln net.Listener, ready io.W
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	stopped := make(chan struct{})
-	go func() { <-ctx.Done(); shutdown(srv); close(stopped) }()
+	s.goes.Go(func() { <-ctx.Done(); shutdown(srv); close(stopped) })
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
 	if err := srv.Serve(s.capped(ln, true)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err
@@ -190,7 +190,7 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, udp net.PacketCo
 	}))
 	srv.TLSConfig = tcpTLS
 	stopped := make(chan struct{})
-	go func() {
+	s.goes.Go(func() {
 		defer close(stopped)
 		<-ctx.Done()
 		var wg sync.WaitGroup
@@ -203,8 +203,8 @@ func (s *Server) serveTLS(ctx context.Context, ln net.Listener, udp net.PacketCo
 		shutdown(srv)
 		wg.Wait()
 		udp.Close()
-	}()
-	go h3.Serve(udp)
+	})
+	s.goes.Go(func() { h3.Serve(udp) })
 	fmt.Fprintf(ready, "frontend: listening on %s\n", ln.Addr())
 	if err := srv.Serve(tls.NewListener(s.capped(ln, false), tcpTLS)); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return err

@@ -51,6 +51,7 @@ var errNoRecord = errors.New("frontend: no request record")
 
 // records writes and reads request records.
 type records struct {
+	goes   *owned // the server's
 	etcd   *clientv3.Client
 	window time.Duration
 	m      *metrics
@@ -212,7 +213,7 @@ func (rc *records) casLocked(ctx context.Context, rs *recordState, rec schema.Re
 	}
 	if !resp.Succeeded {
 		if rc.lost != nil {
-			go rc.lost(rec.ID)
+			rc.goes.Go(func() { rc.lost(rec.ID) })
 		}
 		return false, nil
 	}
@@ -281,14 +282,14 @@ func (rc *records) refresh(ctx context.Context, rs *recordState) {
 	if !due {
 		return
 	}
-	go func() {
+	rc.goes.Go(func() {
 		cctx, cancel := context.WithTimeout(ctx, takeoverTimeout)
 		defer cancel()
 		rc.cas(cctx, rs, rec, "refresh")
 		rs.mu.Lock()
 		rs.busy = false
 		rs.mu.Unlock()
-	}()
+	})
 }
 
 // complete writes a finished request's record: done, its end and output.

@@ -121,7 +121,7 @@ func (s *Server) watchFrom(ctx context.Context, rev int64) {
 		case <-ctx.Done():
 			return
 		case <-probe.C:
-			go s.probe(wctx)
+			s.goes.Go(func() { s.probe(wctx) })
 			continue
 		case wr, ok := <-insts:
 			if !ok || wr.Err() != nil {

@@ -343,7 +343,7 @@ func (x *run) finish() {
 	end := x.summary()
 	x.st.finish(x.r, end)
 	if x.st.rec != nil {
-		go x.s.recs.complete(context.WithoutCancel(x.s.ctx), x.st, x.r, end)
+		x.s.goes.Go(func() { x.s.recs.complete(context.WithoutCancel(x.s.ctx), x.st, x.r, end) })
 	}
 	x.s.forgetLater(x.st)
 }
@@ -510,7 +510,7 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action
 		// Another frontend attached to the sequence: it drives the
 		// request now, and this one's client resumes there.
 		if epoch == x.r.Epoch {
-			go func() { x.s.lostTo(x.st, x.takenOverBy(context.Background())) }()
+			x.s.goes.Go(func() { x.s.lostTo(x.st, x.takenOverBy(context.Background())) })
 		}
 		return nil
 	case e.Code == wire.Code_CANCELLED:

@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -85,6 +86,8 @@ type Options struct {
 
 // Server is one frontend replica.
 type Server struct {
+	// goes owns every goroutine the server starts; Run waits for them.
+	goes    owned
 	opts    Options
 	limits  Limits // opts.Limits with the defaults
 	slow    *slowWatch
@@ -242,15 +245,33 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": true})
 }
 
+// ShutdownWait bounds how long Run waits, once ctx is done and its
+// requests are detached, for the goroutines it started.
+const ShutdownWait = 5 * time.Second
+
+// ErrGoroutinesOutlived is in Run's error when goroutines it started were
+// still running ShutdownWait after the shutdown.
+var ErrGoroutinesOutlived = errors.New("frontend: goroutines outlived the shutdown")
+
 // Run serves until ctx is done. It writes "frontend: listening on ADDR"
 // to ready once it accepts connections.
-func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) error {
+//
+// It returns once every goroutine it started has returned (the requests
+// detached or handed over, record writes done): a frontend that stops
+// leaves nothing running. One still running ShutdownWait after the
+// shutdown is a bug, reported in the error as ErrGoroutinesOutlived.
+func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) (err error) {
 	s, err := newServer(opts, log)
 	if err != nil {
 		return err
 	}
 	defer s.close()
 	defer s.key.revoke() // before close: agents stop waiting for this one
+	defer func() {       // after the contexts below end, before etcd closes
+		if left := s.goes.wait(ShutdownWait); left != 0 {
+			err = errors.Join(err, fmt.Errorf("%w: %d still running %v after the shutdown", ErrGoroutinesOutlived, left, ShutdownWait))
+		}
+	}()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Requests run under their own context, ended once their worker
@@ -268,8 +289,8 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) e
 	if err != nil {
 		return fmt.Errorf("frontend: read the registry: %w", err)
 	}
-	go s.ack.run(ctx)
-	go s.watch(ctx, rev)
+	s.goes.Go(func() { s.ack.run(ctx) })
+	s.goes.Go(func() { s.watch(ctx, rev) })
 	ln, udp, err := listenAPI(s.opts.Listen, s.opts.TLS, net.Listen)
 	if err != nil {
 		return err
@@ -320,7 +341,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics(),
 		limits: opts.Limits.withDefaults()}
 	s.keys.maxAge = opts.ResumeTokenMaxAge
-	s.slow = &slowWatch{timeout: s.limits.writeTimeout(), m: s.metrics}
+	s.slow = &slowWatch{goes: &s.goes, timeout: s.limits.writeTimeout(), m: s.metrics}
 	if opts.Tracing != nil {
 		s.tracer = opts.Tracing.Tracer("github.com/lifeline-llm/lifeline/frontend")
 	}
@@ -350,7 +371,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	// Every line this frontend logs carries its id (a correlation field
 	// beside request_id and request_epoch).
 	s.log = s.log.With("frontend_id", s.opts.ID)
-	s.key = &frontendKey{etcd: s.etcd, id: s.opts.ID}
+	s.key = &frontendKey{goes: &s.goes, etcd: s.etcd, id: s.opts.ID}
 	s.ack = newAcker(s.key.put, ackEvery)
 	s.key.lost = s.ack.rewrite
 	return s, nil
@@ -455,12 +476,14 @@ func (s *Server) startAs(id string, body CompletionRequest, chat, resumable bool
 		// Written while the request is routed and prefilled; its tokens
 		// wait for it (at most recordTimeout).
 		st.rec = &recordState{stored: make(chan struct{})}
-		go s.recs.admit(s.ctx, st, s.recs.newRecord(st, deadline, now))
+		rec := s.recs.newRecord(st, deadline, now)
+		s.goes.Go(func() { s.recs.admit(s.ctx, st, rec) })
 	}
 	s.mu.Lock()
 	s.streams[id] = st
 	s.mu.Unlock()
-	go newRun(s, r, body, st).loop(rctx)
+	x := newRun(s, r, body, st)
+	s.goes.Go(func() { x.loop(rctx) })
 	return st
 }
 

@@ -28,6 +28,7 @@ import (
 
 // slowWatch is the frontend's writers under the write timeout.
 type slowWatch struct {
+	goes    *owned        // the server's
 	timeout time.Duration // 0: none
 	m       *metrics
 
@@ -61,7 +62,7 @@ func (sw *slowWatch) watch(w http.ResponseWriter) (http.ResponseWriter, func() (
 	sw.writers[d] = struct{}{}
 	if !sw.running {
 		sw.running = true
-		go sw.sweep()
+		sw.goes.Go(sw.sweep)
 	}
 	sw.mu.Unlock()
 	return d, func() bool {

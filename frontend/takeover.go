@@ -166,7 +166,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 		r := &Request{ID: rec.ID, State: Failed, Err: &RequestError{Type: ErrBadRequestRecord, Message: err.Error()}}
 		st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 		st.rec = rs
-		go s.recs.complete(context.WithoutCancel(s.ctx), st, r, sse.Lifeline{RequestID: rec.ID})
+		s.goes.Go(func() { s.recs.complete(context.WithoutCancel(s.ctx), st, r, sse.Lifeline{RequestID: rec.ID}) })
 		return nil, fmt.Errorf("request %s: %w", rec.ID, err)
 	}
 	now := time.Now()
@@ -185,7 +185,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 	s.mu.Unlock()
 	x := newRun(s, r, body, st)
 	x.takeover, x.prefix = true, rec.Prefix
-	go x.loop(rctx)
+	s.goes.Go(func() { x.loop(rctx) })
 	return st, nil
 }
 

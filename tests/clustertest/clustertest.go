@@ -266,12 +266,20 @@ func StartFrontendProc(t testing.TB, n *Node, extra ...string) *localcluster.Fro
 	t.Cleanup(func() {
 		f.Signal(syscall.SIGCONT)
 		f.Stop(10 * time.Second)
+		if strings.Contains(log.String(), FrontendLeak) {
+			t.Errorf("frontend %s %v: goroutines outlived its shutdown", f.URL, extra)
+		}
 		if t.Failed() {
 			t.Logf("frontend %s %v log:\n%s", f.URL, extra, logTail(log.String()))
 		}
 	})
 	return f
 }
+
+// FrontendLeak is what a frontend's log says when goroutines it started
+// outlived its shutdown (frontend.ErrGoroutinesOutlived): every frontend
+// a test starts is checked for it once stopped.
+const FrontendLeak = "goroutines outlived the shutdown"
 
 // logTail is the last 8,000 bytes of a process's log.
 func logTail(out string) string {
