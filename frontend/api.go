@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
 // CompletionRequest is a request as admitted: what parseRequest read from
@@ -191,7 +192,7 @@ func (b *CompletionRequest) validate() error {
 		return invalid("max_tokens", "%d is out of range: want an integer in [1, %d]", maxTokens, maxTokensBound)
 	case b.Prompt == "" && len(b.PromptTokens) == 0:
 		return invalid("prompt", "the prompt must not be empty")
-	case b.Priority != "" && b.Priority != PriorityInteractive && b.Priority != PriorityBatch:
+	case b.Priority != "" && b.Priority != route.PriorityInteractive && b.Priority != route.PriorityBatch:
 		return invalid("priority", "%q: want interactive or batch", b.Priority)
 	case b.TimeoutMs < 0 || b.TimeoutMs > maxTimeoutMs:
 		return invalid("timeout_ms", "%d: want 0 for none, at most a day", b.TimeoutMs)

@@ -11,6 +11,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
@@ -60,7 +61,7 @@ func (x *run) route(a Route) []Action {
 		// Only refusals before any token make a 429: a migration with
 		// tokens out (the 200 is sent) waits for capacity instead of
 		// ending the stream as overloaded.
-		overloaded := x.overloaded || errors.Is(err, ErrInstancesFull)
+		overloaded := x.overloaded || errors.Is(err, route.ErrInstancesFull)
 		return x.r.NoRoute(a.Epoch, overloaded && x.r.Received() == 0, time.Now())
 	}
 	x.obs.routed(cached, used)
@@ -88,7 +89,7 @@ func (x *run) route(a Route) []Action {
 // pickPrefill splits prefill from decode on d while nothing is generated
 // yet and a prefill instance with d's numerics is there — unless d's node
 // already holds the whole prompt (cached blocks of it).
-func (x *run) pickPrefill(d Instance, cached int, exclude Exclusion) (Endpoint, bool) {
+func (x *run) pickPrefill(d route.Instance, cached int, exclude route.Exclusion) (Endpoint, bool) {
 	keys := x.prefixKeys(d)
 	whole := len(keys) > 0 && cached >= len(keys)
 	if x.r.Received() > 0 || x.r.PrefillFailures >= MaxPrefillAttempts || whole {
@@ -105,7 +106,7 @@ func (x *run) pickPrefill(d Instance, cached int, exclude Exclusion) (Endpoint, 
 // identity, when this frontend tokenizes the way in does (the built-in
 // tokenizer); nil otherwise, and routing for in is by load only. The
 // router calls it under its lock.
-func (x *run) prefixKeys(in Instance) []blockid.BlockKey {
+func (x *run) prefixKeys(in route.Instance) []blockid.BlockKey {
 	id := in.KVIdentity
 	if id == nil || id.BlockSize <= 0 || id.TokenizerHash != tokenizer.NewBuiltin().Hash() {
 		return nil
@@ -196,7 +197,7 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 	g.Structured = b.Structured.wire()
 	g.Logprobs, g.TopLogprobs = b.Logprobs, int32(b.TopLogprobs)
 	g.Messages = wireMessages(b)
-	if b.Priority == PriorityBatch {
+	if b.Priority == route.PriorityBatch {
 		g.Lane = wire.Lane_BATCH
 	}
 	return g

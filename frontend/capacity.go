@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"fmt"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"time"
 )
 
@@ -36,13 +37,13 @@ func (r *Request) excludeEndpoint(at Endpoint) {
 }
 
 // Exclusion is the router's form of Route's exclusions.
-func (a Route) Exclusion() Exclusion { return exclusion(a.Exclude, a.Generations) }
+func (a Route) Exclusion() route.Exclusion { return exclusion(a.Exclude, a.Generations) }
 
 // Exclusion is the router's form of RoutePrefill's exclusions.
-func (a RoutePrefill) Exclusion() Exclusion { return exclusion(a.Exclude, a.Generations) }
+func (a RoutePrefill) Exclusion() route.Exclusion { return exclusion(a.Exclude, a.Generations) }
 
-func exclusion(ids map[string]bool, gens map[string]uint64) Exclusion {
-	e := ExcludeAll(ids)
+func exclusion(ids map[string]bool, gens map[string]uint64) route.Exclusion {
+	e := route.ExcludeAll(ids)
 	for id, g := range gens {
 		if _, ok := e[id]; ok {
 			e[id] = g

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
 
@@ -19,9 +20,9 @@ import (
 // it fails with no_capacity.
 func TestNoRouteWaitsForCapacity(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	aw, ok := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0))
-	if !ok || aw.Epoch != route.Epoch || !aw.Until.Equal(t0.Add(DefaultCapacityWait)) || r.State != Admitted {
+	rte, _ := has[Route](r.Start(t0))
+	aw, ok := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
+	if !ok || aw.Epoch != rte.Epoch || !aw.Until.Equal(t0.Add(DefaultCapacityWait)) || r.State != Admitted {
 		t.Fatalf("no route: %+v, state %s", aw, r.State)
 	}
 	again, ok := has[Route](r.CapacityChanged(aw.Epoch))
@@ -53,8 +54,8 @@ func TestNoRouteWaitsForCapacity(t *testing.T) {
 // zero CapacityWait fail at once; a cancel ends a wait.
 func TestNoRouteBounds(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, t0.Add(3*time.Second), DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	if aw, _ := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
+	rte, _ := has[Route](r.Start(t0))
+	if aw, _ := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
 		t.Fatalf("wait until %v, want the deadline", aw.Until)
 	}
 	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
@@ -62,22 +63,22 @@ func TestNoRouteBounds(t *testing.T) {
 	}
 
 	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ = has[Route](r.Start(t0))
-	if r.NoRoute(route.Epoch, true, t0); r.State != Failed || r.Err.Type != ErrOverloaded {
+	rte, _ = has[Route](r.Start(t0))
+	if r.NoRoute(rte.Epoch, true, t0); r.State != Failed || r.Err.Type != ErrOverloaded {
 		t.Fatalf("overloaded: %s %v", r.State, r.Err)
 	}
 
 	p := DefaultPolicy
 	p.CapacityWait = 0
 	r = NewRequest("r", []int{1}, 10, time.Time{}, p, t0)
-	route, _ = has[Route](r.Start(t0))
-	if r.NoRoute(route.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrNoCapacity {
+	rte, _ = has[Route](r.Start(t0))
+	if r.NoRoute(rte.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrNoCapacity {
 		t.Fatalf("no wait: %s %v", r.State, r.Err)
 	}
 
 	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ = has[Route](r.Start(t0))
-	aw, _ := has[AwaitCapacity](r.NoRoute(route.Epoch, false, t0))
+	rte, _ = has[Route](r.Start(t0))
+	aw, _ := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
 	r.Cancel()
 	if acts := r.CapacityChanged(aw.Epoch); len(acts) != 0 {
 		t.Fatalf("a cancelled wait routed: %v", acts)
@@ -91,19 +92,19 @@ func TestNoRouteBounds(t *testing.T) {
 // it, not their restarts at higher generations.
 func TestRestartIsNotExcluded(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	r.Routed(route.Epoch, Endpoint{"a", 4}, t0)
-	route, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
-	if !route.Exclude["a"] || route.Generations["a"] != 4 {
-		t.Fatalf("route %+v", route)
+	rte, _ := has[Route](r.Start(t0))
+	r.Routed(rte.Epoch, Endpoint{"a", 4}, t0)
+	rte, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+	if !rte.Exclude["a"] || rte.Generations["a"] != 4 {
+		t.Fatalf("route %+v", rte)
 	}
-	rt := NewRouter()
-	rt.Update(Instance{ID: "a", Generation: 4, Model: "m", Ready: true})
-	if _, _, _, err := rt.PickCached("m", "", "", route.Exclusion(), t0, func(Instance) []blockid.BlockKey { return nil }); err == nil {
+	rt := route.NewRouter()
+	rt.Update(route.Instance{ID: "a", Generation: 4, Model: "m", Ready: true})
+	if _, _, _, err := rt.PickCached("m", "", "", rte.Exclusion(), t0, func(route.Instance) []blockid.BlockKey { return nil }); err == nil {
 		t.Fatal("the failed endpoint picked again")
 	}
-	rt.Update(Instance{ID: "a", Generation: 5, Model: "m", Ready: true})
-	if in, _, _, err := rt.PickCached("m", "", "", route.Exclusion(), t0, func(Instance) []blockid.BlockKey { return nil }); err != nil || in.Generation != 5 {
+	rt.Update(route.Instance{ID: "a", Generation: 5, Model: "m", Ready: true})
+	if in, _, _, err := rt.PickCached("m", "", "", rte.Exclusion(), t0, func(route.Instance) []blockid.BlockKey { return nil }); err != nil || in.Generation != 5 {
 		t.Fatalf("the restart: %+v %v", in, err)
 	}
 	if _, err := rt.Pick("m", "", "", map[string]bool{"a": true}, t0); err == nil {
@@ -269,18 +270,18 @@ func TestDrainMigrationWithoutRoute(t *testing.T) {
 				return r.OnWorkerDraining(epoch, reason, now)
 			}
 		}
-		route, ok := has[Route](fail(r.Epoch, "node drains", true, t0))
+		rte, ok := has[Route](fail(r.Epoch, "node drains", true, t0))
 		if !ok || r.State != Migrating {
 			t.Fatalf("%s: no migration: state %s", c.name, r.State)
 		}
 		if c.routeFirst {
-			if _, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 1}, t0)); !ok {
+			if _, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{"b", 1}, t0)); !ok {
 				t.Fatalf("%s: the drain's migration was not dispatched", c.name)
 			}
 			r.OnFrame(frame(r, 2), t0)
-			route, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+			rte, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
 		}
-		acts := r.NoRoute(route.Epoch, c.overloaded, t0)
+		acts := r.NoRoute(rte.Epoch, c.overloaded, t0)
 		var got string
 		switch aw, waits := has[AwaitCapacity](acts); {
 		case waits && aw.Epoch == r.Epoch && r.State == Migrating:
@@ -306,11 +307,11 @@ func TestDrainMigrationRouted(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
 	start(t, r, "a")
 	r.OnFrame(frame(r, 1), t0)
-	route, _ := has[Route](r.OnWorkerDraining(r.Epoch, "node drains", t0))
-	if !route.Exclude["a"] {
-		t.Fatalf("the draining instance not excluded: %+v", route)
+	rte, _ := has[Route](r.OnWorkerDraining(r.Epoch, "node drains", t0))
+	if !rte.Exclude["a"] {
+		t.Fatalf("the draining instance not excluded: %+v", rte)
 	}
-	d, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 1}, t0))
+	d, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{"b", 1}, t0))
 	if !ok || d.To.InstanceID != "b" || len(d.Prefix) != 1 || r.Migrations != 1 || r.State != Prefilling {
 		t.Fatalf("routed drain migration: %+v, %d migrations, state %s", d, r.Migrations, r.State)
 	}
@@ -326,11 +327,11 @@ func TestWorkerDrainingErrorEndsTyped(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
 	start(t, r, "a")
 	x := &run{r: r}
-	route, ok := has[Route](x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_DRAINING, Message: "node drains", Retryable: true}, t0))
+	rte, ok := has[Route](x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_DRAINING, Message: "node drains", Retryable: true}, t0))
 	if !ok || x.drainFailure == "" {
 		t.Fatalf("DRAINING error: state %s, drain failure %q", r.State, x.drainFailure)
 	}
-	if r.NoRoute(route.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrDraining {
+	if r.NoRoute(rte.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrDraining {
 		t.Fatalf("no route after a DRAINING error: %s %v", r.State, r.Err)
 	}
 	w := httptest.NewRecorder()

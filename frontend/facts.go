@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -42,7 +43,7 @@ type responseFacts struct {
 
 // learn fills the stream's facts from instance id, if not done yet; the
 // router is nil in unit tests. Called under st.mu.
-func (st *stream) learn(rt *Router, id string) {
+func (st *stream) learn(rt *route.Router, id string) {
 	if st.facts.known || rt == nil || id == "" {
 		return
 	}

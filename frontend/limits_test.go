@@ -16,6 +16,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
 // TestResumeTokenLifetimeCapped: a token signed with a valid key but an
@@ -137,7 +138,7 @@ func TestCapListenerRefuses(t *testing.T) {
 // registered context is refused by bytes (no tokenizing) or by tokens,
 // naming the parameter; one that fits is kept encoded for the run.
 func TestPromptSizeCheckedAtAdmission(t *testing.T) {
-	s := &Server{router: NewRouter()}
+	s := &Server{router: route.NewRouter()}
 	body := func(prompt string, maxTokens int) CompletionRequest {
 		return CompletionRequest{Model: "m", Prompt: prompt, MaxTokens: &maxTokens}
 	}
@@ -145,7 +146,7 @@ func TestPromptSizeCheckedAtAdmission(t *testing.T) {
 	if err := s.checkPromptSize(&b, false); err != nil {
 		t.Fatalf("no registered context: %v", err) // the worker's to say
 	}
-	s.router.Update(Instance{ID: "i", Generation: 1, Model: "m", Ready: true, ContextLen: 512, TokenizerHash: tokenizer.NewBuiltin().Hash()})
+	s.router.Update(route.Instance{ID: "i", Generation: 1, Model: "m", Ready: true, ContextLen: 512, TokenizerHash: tokenizer.NewBuiltin().Hash()})
 	for _, c := range []struct {
 		name  string
 		b     CompletionRequest

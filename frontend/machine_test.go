@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"testing"
 	"time"
 )
@@ -25,11 +26,11 @@ func frame(r *Request, seq int) Frame {
 
 func start(t *testing.T, r *Request, to string) {
 	t.Helper()
-	route, ok := has[Route](r.Start(t0))
+	rte, ok := has[Route](r.Start(t0))
 	if !ok {
 		t.Fatal("Start did not ask for a route")
 	}
-	if _, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{to, 1}, t0)); !ok {
+	if _, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{to, 1}, t0)); !ok {
 		t.Fatal("Routed did not dispatch")
 	}
 }
@@ -49,15 +50,15 @@ func TestMigrationContinuesAfterReceived(t *testing.T) {
 	}
 	oldEpoch := r.Epoch
 	acts := r.OnWorkerFailed(r.Epoch, "stream reset", true, t0)
-	route, ok := has[Route](acts)
-	if !ok || r.State != Migrating || r.Epoch != oldEpoch+1 || !route.Exclude["a"] {
+	rte, ok := has[Route](acts)
+	if !ok || r.State != Migrating || r.Epoch != oldEpoch+1 || !rte.Exclude["a"] {
 		t.Fatalf("after the failure: %v, state %s, epoch %d", acts, r.State, r.Epoch)
 	}
 	// A late frame of the dead worker's epoch changes nothing.
 	if acts := r.OnFrame(Frame{From: old, Epoch: oldEpoch, SequenceNo: 128, TokenID: 999}, t0); len(acts) != 0 || r.StaleEpochFrames != 1 {
 		t.Fatalf("stale frame: %v", acts)
 	}
-	d, ok := has[Dispatch](r.Routed(route.Epoch, Endpoint{"b", 4}, t0))
+	d, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{"b", 4}, t0))
 	if !ok || len(d.Prefix) != 127 || d.Prefix[126] != 100+127 || d.Epoch != r.Epoch {
 		t.Fatalf("dispatch %+v", d)
 	}
@@ -96,11 +97,11 @@ func TestBudgetExhaustedFailsTyped(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
 	start(t, r, "a")
 	for i := 0; i < 3; i++ {
-		route, ok := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+		rte, ok := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
 		if !ok {
 			t.Fatalf("migration %d refused", i+1)
 		}
-		r.Routed(route.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
+		r.Routed(rte.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
 	}
 	acts := r.OnWorkerFailed(r.Epoch, "killed", true, t0)
 	if _, ok := has[Finish](acts); !ok || r.State != Failed || !errors.Is(r.Err, &RequestError{Type: ErrMigrationExhausted}) {
@@ -182,9 +183,9 @@ func TestGoneEndpointPrefillIsWaitedFor(t *testing.T) {
 func TestCancelBeatsLateMigration(t *testing.T) {
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
 	start(t, r, "a")
-	route, _ := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+	rte, _ := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
 	r.Cancel()
-	if acts := r.Routed(route.Epoch, Endpoint{"b", 1}, t0); len(acts) != 0 {
+	if acts := r.Routed(rte.Epoch, Endpoint{"b", 1}, t0); len(acts) != 0 {
 		t.Fatalf("migration completed after cancel: %v", acts)
 	}
 	r.CancelDone()
@@ -206,8 +207,8 @@ func TestNonRetryableFailsWithoutMigrating(t *testing.T) {
 }
 
 func TestRouterPrefersNumericsThenLoad(t *testing.T) {
-	rt := NewRouter()
-	for _, in := range []Instance{
+	rt := route.NewRouter()
+	for _, in := range []route.Instance{
 		{ID: "a", Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 5},
 		{ID: "b", Generation: 3, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1},
 		{ID: "c", Model: "m", ModelRevision: "r1", NumericsID: "generic", Ready: true, Outstanding: 0},
@@ -236,19 +237,19 @@ func TestRouterPrefersNumericsThenLoad(t *testing.T) {
 	}
 	// A restart is a new endpoint: not suppressed.
 	rt.Suppress("b", 3, t0.Add(7*time.Second))
-	rt.Update(Instance{ID: "b", Generation: 4, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1})
+	rt.Update(route.Instance{ID: "b", Generation: 4, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true, Outstanding: 1})
 	if got := pick(nil, t0.Add(8*time.Second)); got != "b" {
 		t.Fatalf("b restarted at generation 4 but picked %s", got)
 	}
 	if got := pick(map[string]bool{"a": true, "b": true}, t0); got != "c" {
 		t.Fatalf("only another numerics left: picked %s, want c", got)
 	}
-	if _, err := rt.Pick("m", "r1", "avx", map[string]bool{"a": true, "b": true, "c": true}, t0); !errors.Is(err, ErrNoInstance) {
+	if _, err := rt.Pick("m", "r1", "avx", map[string]bool{"a": true, "b": true, "c": true}, t0); !errors.Is(err, route.ErrNoInstance) {
 		t.Fatalf("nothing left: %v", err)
 	}
 	// An older generation's late registration does not replace a newer one.
-	rt.Update(Instance{ID: "b", Generation: 7, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true})
-	rt.Update(Instance{ID: "b", Generation: 6, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: false})
+	rt.Update(route.Instance{ID: "b", Generation: 7, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: true})
+	rt.Update(route.Instance{ID: "b", Generation: 6, Model: "m", ModelRevision: "r1", NumericsID: "avx", Ready: false})
 	if got := pick(nil, t0.Add(10*time.Second)); got != "b" {
 		t.Fatalf("stale registration won: picked %s", got)
 	}
@@ -260,14 +261,14 @@ func TestOverloadedReroutesWithoutSpendingBudget(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		prev, epoch := r.Endpoint.InstanceID, r.Epoch
 		acts := r.OnOverloaded(r.Epoch)
-		route, ok := has[Route](acts)
-		if !ok || !route.Exclude[prev] {
+		rte, ok := has[Route](acts)
+		if !ok || !rte.Exclude[prev] {
 			t.Fatal("an overloaded refusal did not re-route away from the busy instance")
 		}
 		if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch || cw.At.InstanceID != prev {
 			t.Fatalf("the refused epoch's calls are not ended: %v", acts)
 		}
-		r.Routed(route.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
+		r.Routed(rte.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
 	}
 	if r.Migrations != 0 || r.State != Prefilling {
 		t.Fatalf("after five refusals: %d migrations, state %s", r.Migrations, r.State)
@@ -285,8 +286,8 @@ func TestPrefillDecodeHandOff(t *testing.T) {
 	keys := [][]byte{make([]byte, 32)}
 	for _, sameNode := range []bool{false, true} {
 		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-		route, _ := has[Route](r.Start(t0))
-		pre, ok := has[Prefill](r.RoutedPD(route.Epoch, d, p, t0))
+		rte, _ := has[Route](r.Start(t0))
+		pre, ok := has[Prefill](r.RoutedPD(rte.Epoch, d, p, t0))
 		if !ok || pre.At != p || r.State != Prefilling {
 			t.Fatalf("routed P/D: %+v, state %s", pre, r.State)
 		}
@@ -321,8 +322,8 @@ func TestPrefillDecodeHandOff(t *testing.T) {
 func TestPrefillFailureRetriesThenRecomputes(t *testing.T) {
 	d, p1, p2 := Endpoint{"d", 3}, Endpoint{"p1", 5}, Endpoint{"p2", 1}
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	r.RoutedPD(route.Epoch, d, p1, t0)
+	rte, _ := has[Route](r.Start(t0))
+	r.RoutedPD(rte.Epoch, d, p1, t0)
 	// A failure report about an instance that is not the prefill one is stale.
 	if acts := r.OnPrefillFailed(r.Epoch, p2, "x"); len(acts) != 0 {
 		t.Fatalf("foreign failure: %v", acts)
@@ -346,8 +347,8 @@ func TestPrefillFailureRetriesThenRecomputes(t *testing.T) {
 func TestDecodeDiesDuringTransfer(t *testing.T) {
 	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	r.RoutedPD(route.Epoch, d, p, t0)
+	rte, _ := has[Route](r.Start(t0))
+	r.RoutedPD(rte.Epoch, d, p, t0)
 	tr, _ := has[Transfer](r.OnPrefilled(r.Epoch, KVRef{From: p, Node: "n2", Keys: [][]byte{make([]byte, 32)}}, false, t0))
 	old := r.Epoch
 	acts := r.OnWorkerFailed(r.Epoch, "decode killed", true, t0)
@@ -359,8 +360,8 @@ func TestDecodeDiesDuringTransfer(t *testing.T) {
 	}
 	// Cancel during a prefill cancels that epoch's calls.
 	r2 := NewRequest("r2", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ = has[Route](r2.Start(t0))
-	r2.RoutedPD(route.Epoch, d, p, t0)
+	rte, _ = has[Route](r2.Start(t0))
+	r2.RoutedPD(rte.Epoch, d, p, t0)
 	if cw, ok := has[CancelWorker](r2.Cancel()); !ok || cw.Epoch != 1 {
 		t.Fatal("cancel during prefill did not cancel the epoch")
 	}
@@ -375,8 +376,8 @@ func TestDecodeDiesDuringTransfer(t *testing.T) {
 func TestPrefillStallBlamesThePrefillInstance(t *testing.T) {
 	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
 	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	route, _ := has[Route](r.Start(t0))
-	r.RoutedPD(route.Epoch, d, p, t0)
+	rte, _ := has[Route](r.Start(t0))
+	r.RoutedPD(rte.Epoch, d, p, t0)
 	acts := r.Tick(t0.Add(DefaultPolicy.StallTimeout + time.Second))
 	if rp, ok := has[RoutePrefill](acts); !ok || !rp.Exclude["p"] || r.FailedInstances["d"] || r.Migrations != 0 || r.Endpoint != d {
 		t.Fatalf("stalled prefill: %v, failed %v, migrations %d", acts, r.FailedInstances, r.Migrations)
@@ -418,8 +419,8 @@ func TestPullOutcome(t *testing.T) {
 	d, p := Endpoint{"d", 3}, Endpoint{"p", 5}
 	transferring := func() (*Request, Transfer) {
 		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-		route, _ := has[Route](r.Start(t0))
-		r.RoutedPD(route.Epoch, d, p, t0)
+		rte, _ := has[Route](r.Start(t0))
+		r.RoutedPD(rte.Epoch, d, p, t0)
 		tr, ok := has[Transfer](r.OnPrefilled(r.Epoch, KVRef{From: p, Node: "n2", Keys: [][]byte{make([]byte, 32)}}, false, t0))
 		if !ok {
 			t.Fatal("no transfer")

@@ -10,6 +10,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -63,8 +64,8 @@ func (s *Server) sync(ctx context.Context) (int64, error) {
 		return 0, err
 	}
 	s.health.heard(time.Now(), true)
-	var all []Instance
-	var allNodes []Node
+	var all []route.Instance
+	var allNodes []route.Node
 	for _, kv := range nodes.Kvs {
 		if n, ok := decodeNode(kv.Value); ok {
 			allNodes = append(allNodes, n)
@@ -180,7 +181,7 @@ func (s *Server) applyInstances(evs []*clientv3.Event) {
 // registered follows a registration the router took: connections to the
 // instance's older generations are retired, and requests waiting for its
 // model are woken.
-func (s *Server) registered(in Instance) {
+func (s *Server) registered(in route.Instance) {
 	s.pool.retire(in.ID, in.Generation)
 	if in.Ready && !in.Draining {
 		s.capacity.signal(in.Model)
@@ -208,24 +209,24 @@ func (s *Server) applyFailures(evs []*clientv3.Event) {
 	}
 }
 
-func decodeNode(b []byte) (Node, bool) {
+func decodeNode(b []byte) (route.Node, bool) {
 	var r schema.NodeRecord
 	if json.Unmarshal(b, &r) != nil || r.Node == "" {
-		return Node{}, false
+		return route.Node{}, false
 	}
-	n := Node{Name: r.Node, KVAddr: r.KVAddr, Prefixes: make(map[string]bool, len(r.Prefixes)), Updated: time.Unix(0, r.UpdatedUnixNano)}
+	n := route.Node{Name: r.Node, KVAddr: r.KVAddr, Prefixes: make(map[string]bool, len(r.Prefixes)), Updated: time.Unix(0, r.UpdatedUnixNano)}
 	for _, p := range r.Prefixes {
 		n.Prefixes[p] = true
 	}
 	return n, true
 }
 
-func decodeRegistration(b []byte) (Instance, string, bool) {
+func decodeRegistration(b []byte) (route.Instance, string, bool) {
 	var r schema.Registration
 	if json.Unmarshal(b, &r) != nil || r.InstanceID == "" {
-		return Instance{}, "", false
+		return route.Instance{}, "", false
 	}
-	return Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
+	return route.Instance{ID: r.InstanceID, Generation: r.Generation, Model: r.Model, ModelRevision: r.ModelRevision, NumericsID: r.NumericsID,
 		Ready: r.Ready, Draining: r.Draining, Outstanding: r.Running + r.Queued, Role: r.Role, Node: r.Node, KVAddr: r.KVAddr, KVIdentity: r.KVIdentity,
 		ContextLen: r.ContextLen, TokenizerHash: r.TokenizerHash, Capacity: r.Capacity, BatchCapacity: r.BatchCapacity,
 		Continuation: r.Continuation}, r.Addr, true

@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -111,23 +112,13 @@ func (b *RetryBudget) Amplification() float64 {
 	return float64(a+b.again.Load()) / float64(a)
 }
 
-// Priorities of a request (the Lifeline-Priority header or the body's
-// priority field): interactive (the default) or batch. Each has its own
-// retry budget at a frontend, so that a batch flood's retries never spend
-// what interactive requests need; workers admit interactive requests
-// first and keep a share of their slots, KV blocks and queue for them.
-const (
-	PriorityInteractive = "interactive"
-	PriorityBatch       = "batch"
-)
-
 // retryBudgets are a frontend's buckets, one per priority, with their
 // series.
 type retryBudgets map[string]*RetryBudget
 
 func newRetryBudgets(reg *prometheus.Registry) retryBudgets {
 	b := retryBudgets{}
-	for _, p := range []string{PriorityInteractive, PriorityBatch} {
+	for _, p := range []string{route.PriorityInteractive, route.PriorityBatch} {
 		rb := NewRetryBudget(DefaultRetryBudget.Max, DefaultRetryBudget.Ratio)
 		b[p] = rb
 		l := prometheus.Labels{"priority": p}
@@ -137,9 +128,9 @@ func newRetryBudgets(reg *prometheus.Registry) retryBudgets {
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_retry_budget_tokens", ConstLabels: l,
 				Help: "Tokens left in the frontend's retry budget."}, rb.Tokens),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_attempts_total", ConstLabels: prometheus.Labels{"priority": p, "attempt": "first"},
-				Help: "Decode worker attempts of requests: their first, or a further one (re-route, migration)."}, func() float64 { return float64(rb.attempts.Load()) }),
+				Help: "Decode worker attempts of requests: their first, or a further one (re-rt, migration)."}, func() float64 { return float64(rb.attempts.Load()) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_attempts_total", ConstLabels: prometheus.Labels{"priority": p, "attempt": "retry"},
-				Help: "Decode worker attempts of requests: their first, or a further one (re-route, migration)."}, func() float64 { return float64(rb.again.Load()) }),
+				Help: "Decode worker attempts of requests: their first, or a further one (re-rt, migration)."}, func() float64 { return float64(rb.again.Load()) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_retries_total", ConstLabels: prometheus.Labels{"priority": p, "result": "spent"},
 				Help: "Retries on another worker (re-routes after overload, migrations), by whether the retry budget allowed them."}, func() float64 { return float64(rb.spent.Load()) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "lifeline_frontend_retries_total", ConstLabels: prometheus.Labels{"priority": p, "result": "refused"},
@@ -151,8 +142,8 @@ func newRetryBudgets(reg *prometheus.Registry) retryBudgets {
 
 // of is the budget of a request of priority p.
 func (b retryBudgets) of(p string) *RetryBudget {
-	if p == PriorityBatch {
-		return b[PriorityBatch]
+	if p == route.PriorityBatch {
+		return b[route.PriorityBatch]
 	}
-	return b[PriorityInteractive]
+	return b[route.PriorityInteractive]
 }

@@ -20,8 +20,8 @@ func TestRetryBudgetBoundsRetries(t *testing.T) {
 	overloadedTwice := func(id string) *Request {
 		r := NewRequest(id, []int{1}, 10, time.Time{}, p, t0)
 		start(t, r, "a")
-		route, _ := has[Route](r.OnOverloaded(r.Epoch))
-		r.Routed(route.Epoch, Endpoint{"b", 1}, t0)
+		rte, _ := has[Route](r.OnOverloaded(r.Epoch))
+		r.Routed(rte.Epoch, Endpoint{"b", 1}, t0)
 		return r
 	}
 	for i := range 2 {

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
@@ -106,7 +107,7 @@ type Server struct {
 	tracer  trace.Tracer
 	retries retryBudgets
 	// router has its own lock.
-	router *Router
+	router *route.Router
 
 	// pool holds the connections to workers; capacity wakes requests
 	// waiting for an instance; health is the registry watch's. Each has
@@ -337,7 +338,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	case opts.CapacityWait < 0:
 		opts.Policy.CapacityWait = 0
 	}
-	s := &Server{opts: opts, log: log, router: NewRouter(), addrs: map[string]string{},
+	s := &Server{opts: opts, log: log, router: route.NewRouter(), addrs: map[string]string{},
 		active: map[string]map[*run]struct{}{}, streams: map[string]*stream{}, detach: map[*workerclient.Stream]*stream{}, keys: newResumeKeys(opts.ResumeSecret), metrics: newMetrics(),
 		limits: opts.Limits.withDefaults()}
 	s.keys.maxAge = opts.ResumeTokenMaxAge

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -41,7 +42,7 @@ type stream struct {
 	created int64
 	// router tells the serving instance's facts (nil in unit tests);
 	// facts is what it told, under mu.
-	router *Router
+	router *route.Router
 	facts  responseFacts
 	// promptLen is the prompt's length in tokens as the run encoded it
 	// (0: not known), under mu.
@@ -340,7 +341,7 @@ func (st *stream) endSummary() sse.Lifeline {
 }
 
 // useRouter lets the stream learn its serving instance's facts.
-func (st *stream) useRouter(rt *Router) {
+func (st *stream) useRouter(rt *route.Router) {
 	st.mu.Lock()
 	if st.router == nil {
 		st.router = rt

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/route"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -34,7 +35,7 @@ func (s *Server) startTrace(r *Request, body CompletionRequest) *reqTrace {
 	t := &reqTrace{tracer: s.tracer, id: attribute.String("request_id", r.ID)}
 	t.ctx, t.root = s.tracer.Start(s.ctx, "lifeline.request", trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(t.id,
 		attribute.String("frontend_id", s.opts.ID), attribute.String("model", body.Model),
-		attribute.String("priority", priorityOf(body.Priority)), attribute.Int("max_tokens", r.MaxTokens),
+		attribute.String("priority", route.PriorityOf(body.Priority)), attribute.Int("max_tokens", r.MaxTokens),
 		attribute.Int("prompt_tokens", len(r.Prompt))))
 	return t
 }

@@ -1,4 +1,12 @@
-package frontend
+// Package route is the frontend's router: its view of the registered
+// instances (Update, Remove), the choice of an instance for a request
+// (Pick: model and numerics, prefix affinity, load, prefill/decode roles,
+// exclusions of instances and nodes that failed it) and the load view
+// under bursts (load.go). It does no I/O, starts no goroutine and reads
+// no clock (time is passed in); its lock makes it safe for concurrent
+// use. It imports only the standard library and contract leaves
+// (tools/checks holds it to that), so that it is tested alone.
+package route
 
 import (
 	"encoding/hex"

@@ -1,4 +1,4 @@
-package frontend
+package route
 
 import (
 	"crypto/sha256"
@@ -11,6 +11,9 @@ import (
 
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
+
+// t0 is the tests' epoch.
+var t0 = time.Unix(1_800_000_000, 0)
 
 func keyChain(n int) []blockid.BlockKey {
 	keys := make([]blockid.BlockKey, n)

@@ -1,4 +1,4 @@
-package frontend
+package route
 
 import (
 	"fmt"
@@ -50,15 +50,15 @@ func (rt *Router) Opened(id string) (closed func()) {
 func (rt *Router) Full(id, priority string, now time.Time) int {
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
-	rt.full[fullKey{id, priorityOf(priority)}] = now.Add(FullFor)
+	rt.full[fullKey{id, PriorityOf(priority)}] = now.Add(FullFor)
 	return max(1, rt.streams[id])
 }
 
 // fullKey is an instance full for requests of a priority.
 type fullKey struct{ id, priority string }
 
-// priorityOf names a request's priority ("" is interactive).
-func priorityOf(p string) string {
+// PriorityOf names a request's priority ("" is interactive).
+func PriorityOf(p string) string {
 	if p == PriorityBatch {
 		return p
 	}
@@ -72,7 +72,7 @@ func (rt *Router) fullLocked(in Instance, priority string, now time.Time) bool {
 		until, ok := rt.full[fullKey{in.ID, p}]
 		return ok && now.Before(until)
 	}
-	if priorityOf(priority) == PriorityBatch {
+	if PriorityOf(priority) == PriorityBatch {
 		return full(PriorityBatch) || full(PriorityInteractive)
 	}
 	return full(PriorityInteractive)
@@ -83,7 +83,7 @@ func (rt *Router) fullLocked(in Instance, priority string, now time.Time) bool {
 // would only be refused there.
 func (rt *Router) atCapacityLocked(in Instance, priority string) bool {
 	limit := in.Capacity
-	if priorityOf(priority) == PriorityBatch {
+	if PriorityOf(priority) == PriorityBatch {
 		limit = in.BatchCapacity
 	}
 	return limit > 0 && rt.streams[in.ID] >= limit
