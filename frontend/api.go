@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
@@ -206,24 +207,21 @@ func resumable(body CompletionRequest, req *http.Request) bool {
 	return body.StreamOptions.Resumable || req.Header.Get("Lifeline-Resumable") == "1"
 }
 
-// ErrDraining ends a request whose node drains when no other instance
-// serves its model: the node is going away, the client may retry (503,
-// Retry-After) once it or another is back.
-const ErrDraining ErrorType = "draining"
-
-func writeRequestError(w http.ResponseWriter, e *RequestError) { writeRequestErrorFor(w, e, nil) }
+func writeRequestError(w http.ResponseWriter, e *reqfsm.RequestError) {
+	writeRequestErrorFor(w, e, nil)
+}
 
 // writeRequestErrorFor answers a request that ended before streaming
 // anything; body (nil: unknown) names the parameter a worker's refusal is
 // about where the worker's field is not the client's.
-func writeRequestErrorFor(w http.ResponseWriter, e *RequestError, body *CompletionRequest) {
+func writeRequestErrorFor(w http.ResponseWriter, e *reqfsm.RequestError, body *CompletionRequest) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case ErrNoCapacity, ErrMigrationExhausted, ErrFrontendStopping, ErrTakeoverUnavailable, ErrDraining:
+	case reqfsm.ErrNoCapacity, reqfsm.ErrMigrationExhausted, reqfsm.ErrFrontendStopping, reqfsm.ErrTakeoverUnavailable, reqfsm.ErrDraining:
 		code = http.StatusServiceUnavailable
-	case ErrOverloaded, ErrRetryBudget:
+	case reqfsm.ErrOverloaded, reqfsm.ErrRetryBudget:
 		code = http.StatusTooManyRequests
-	case ErrInvalidRequest:
+	case reqfsm.ErrInvalidRequest:
 		// The worker refused the request (its context, its vocabulary):
 		// the same 400 as the frontend's own validation.
 		pe := workerParamError(e.Message)
@@ -232,11 +230,11 @@ func writeRequestErrorFor(w http.ResponseWriter, e *RequestError, body *Completi
 		}
 		writeParamError(w, pe)
 		return
-	case ErrDeadlineExceeded:
+	case reqfsm.ErrDeadlineExceeded:
 		code = http.StatusGatewayTimeout
-	case ErrCancelledType:
+	case reqfsm.ErrCancelledType:
 		code = 499
-	case ErrTakenOver:
+	case reqfsm.ErrTakenOver:
 		code = http.StatusConflict
 	}
 	writeError(w, code, e.Type, e.Message)
@@ -266,7 +264,7 @@ func workerParamError(msg string) *ParamError {
 
 // writeParamError answers a request refused for a parameter: a 400.
 func writeParamError(w http.ResponseWriter, e *ParamError) {
-	writeErrorBody(w, http.StatusBadRequest, ErrInvalidRequest, e.Code, e.Param, e.Message)
+	writeErrorBody(w, http.StatusBadRequest, reqfsm.ErrInvalidRequest, e.Code, e.Param, e.Message)
 }
 
 // writeBadRequest answers a request decodeCompletion refused.
@@ -276,7 +274,7 @@ func writeBadRequest(w http.ResponseWriter, err error) {
 		writeParamError(w, pe)
 		return
 	}
-	writeErrorBody(w, http.StatusBadRequest, ErrInvalidRequest, CodeInvalidValue, "", err.Error())
+	writeErrorBody(w, http.StatusBadRequest, reqfsm.ErrInvalidRequest, CodeInvalidValue, "", err.Error())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -288,17 +286,17 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // retryAfter is the Retry-After of the retryable refusals, in seconds:
 // an instance at its limit frees up soon; a model with no routable
 // instance has waited for one already.
-var retryAfter = map[ErrorType]string{ErrOverloaded: "1", ErrRetryBudget: "1", ErrNoCapacity: "2", ErrFrontendStopping: "1", ErrTakeoverUnavailable: "1", ErrDraining: "2"}
+var retryAfter = map[reqfsm.ErrorType]string{reqfsm.ErrOverloaded: "1", reqfsm.ErrRetryBudget: "1", reqfsm.ErrNoCapacity: "2", reqfsm.ErrFrontendStopping: "1", reqfsm.ErrTakeoverUnavailable: "1", reqfsm.ErrDraining: "2"}
 
 // writeError writes the OpenAI error shape with a stable type, which is
 // also its code; no parameter.
-func writeError(w http.ResponseWriter, code int, typ ErrorType, msg string) {
+func writeError(w http.ResponseWriter, code int, typ reqfsm.ErrorType, msg string) {
 	writeErrorBody(w, code, typ, string(typ), "", msg)
 }
 
 // writeErrorBody writes {"error": {"message", "type", "param", "code"}};
 // param is null when empty.
-func writeErrorBody(w http.ResponseWriter, status int, typ ErrorType, code, param, msg string) {
+func writeErrorBody(w http.ResponseWriter, status int, typ reqfsm.ErrorType, code, param, msg string) {
 	if s, ok := retryAfter[typ]; ok {
 		w.Header().Set("Retry-After", s)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 // A request with a record is detachable on its worker: when its frontend
@@ -36,7 +37,7 @@ func (x *run) detachGrace() uint32 {
 
 // attached is a worker stream an Attach opened and the worker accepted.
 type attached struct {
-	at Endpoint
+	at reqfsm.Endpoint
 	c  *pooled
 	st *workerclient.Stream
 }
@@ -54,7 +55,7 @@ func (x *run) attach(ctx context.Context) (attached, bool) {
 	var wg sync.WaitGroup
 	for _, in := range ins {
 		wg.Go(func() {
-			if a, ok := x.tryAttach(actx, ctx, Endpoint{in.ID, in.Generation}); ok {
+			if a, ok := x.tryAttach(actx, ctx, reqfsm.Endpoint{InstanceID: in.ID, Generation: in.Generation}); ok {
 				won <- a
 			}
 		})
@@ -85,7 +86,7 @@ func (x *run) attach(ctx context.Context) (attached, bool) {
 
 // tryAttach asks one instance for the request. The Attach's stream lives
 // under ctx (the epoch's); actx bounds the wait for its first answer.
-func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool) {
+func (x *run) tryAttach(actx, ctx context.Context, ep reqfsm.Endpoint) (attached, bool) {
 	c, err := x.s.client(actx, ep)
 	if err != nil {
 		return attached{}, false
@@ -123,7 +124,7 @@ func (x *run) tryAttach(actx, ctx context.Context, ep Endpoint) (attached, bool)
 // the same prompt, parameters and seed (by the determinism contract the
 // log refills bit-identically from sequence 1). Either way the resuming
 // client is served after its Last-Event-ID.
-func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
+func (x *run) takeoverStart(ctx context.Context, now time.Time) []reqfsm.Action {
 	// Not under the request's context: a request taken over only to be
 	// cancelled (a DELETE at this frontend) attaches first, so that the
 	// cancel reaches its worker's sequence. CancelWorker and the run's
@@ -135,7 +136,7 @@ func (x *run) takeoverStart(ctx context.Context, now time.Time) []Action {
 	// it too.
 	if len(x.prefix) > 0 {
 		addRecordTokens(&x.r.Output, x.prefix)
-		x.st.publish(x.r.Output.view())
+		x.st.publish(x.r.Output.View())
 		x.prefix = nil
 	}
 	a, ok := x.attach(sctx)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"io"
 	"mime"
 	"net"
@@ -137,7 +138,7 @@ func (s *Server) writeBodyError(w http.ResponseWriter, req *http.Request, e *Bod
 	if req.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
-	writeErrorBody(w, e.Status, ErrInvalidRequest, e.Code, "", e.Msg)
+	writeErrorBody(w, e.Status, reqfsm.ErrInvalidRequest, e.Code, "", e.Msg)
 }
 
 // admit reads, parses and checks a completion request: everything that

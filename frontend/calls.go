@@ -11,6 +11,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
@@ -42,7 +43,7 @@ func (x *run) tokenize() {
 	x.st.setPromptLen(len(x.promptTokens))
 }
 
-func (x *run) route(a Route) []Action {
+func (x *run) route(a reqfsm.Route) []reqfsm.Action {
 	rt := x.s.router
 	x.tokenize() // before the router's lock: a long prompt takes a while
 	prefer := ""
@@ -76,7 +77,7 @@ func (x *run) route(a Route) []Action {
 			x.obs.capacityFound(d)
 		}
 	}()
-	d := Endpoint{in.ID, in.Generation}
+	d := reqfsm.Endpoint{InstanceID: in.ID, Generation: in.Generation}
 	if p, ok := x.pickPrefill(in, cached, exclude); ok {
 		return x.r.RoutedPD(a.Epoch, d, p, time.Now())
 	}
@@ -89,17 +90,17 @@ func (x *run) route(a Route) []Action {
 // pickPrefill splits prefill from decode on d while nothing is generated
 // yet and a prefill instance with d's numerics is there — unless d's node
 // already holds the whole prompt (cached blocks of it).
-func (x *run) pickPrefill(d route.Instance, cached int, exclude route.Exclusion) (Endpoint, bool) {
+func (x *run) pickPrefill(d route.Instance, cached int, exclude route.Exclusion) (reqfsm.Endpoint, bool) {
 	keys := x.prefixKeys(d)
 	whole := len(keys) > 0 && cached >= len(keys)
-	if x.r.Received() > 0 || x.r.PrefillFailures >= MaxPrefillAttempts || whole {
-		return Endpoint{}, false
+	if x.r.Received() > 0 || x.r.PrefillFailures >= reqfsm.MaxPrefillAttempts || whole {
+		return reqfsm.Endpoint{}, false
 	}
 	p, err := x.s.router.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, exclude, time.Now(), x.prefixKeys)
 	if err != nil {
-		return Endpoint{}, false
+		return reqfsm.Endpoint{}, false
 	}
-	return Endpoint{p.ID, p.Generation}, true
+	return reqfsm.Endpoint{InstanceID: p.ID, Generation: p.Generation}, true
 }
 
 // prefixKeys are the block keys of prompt ‖ received tokens under in's KV
@@ -126,18 +127,18 @@ func (x *run) prefixKeys(in route.Instance) []blockid.BlockKey {
 	return keys
 }
 
-func (x *run) routePrefill(a RoutePrefill) []Action {
+func (x *run) routePrefill(a reqfsm.RoutePrefill) []reqfsm.Action {
 	rt := x.s.router
 	d, _ := rt.Instance(x.r.Endpoint.InstanceID)
 	p, err := rt.PickPrefill(x.body.Model, d.ModelRevision, d.NumericsID, a.Exclusion(), time.Now(), x.prefixKeys)
 	if err != nil {
 		x.obs.handOff("no_prefill")
 	}
-	return x.r.PrefillRouted(a.Epoch, Endpoint{p.ID, p.Generation}, err == nil, time.Now())
+	return x.r.PrefillRouted(a.Epoch, reqfsm.Endpoint{InstanceID: p.ID, Generation: p.Generation}, err == nil, time.Now())
 }
 
 // endPrefill cancels the prefill call to at, if one is open.
-func (x *run) endPrefill(at Endpoint) {
+func (x *run) endPrefill(at reqfsm.Endpoint) {
 	if cancel, ok := x.prefills[at]; ok {
 		cancel()
 		delete(x.prefills, at)
@@ -205,9 +206,9 @@ func (x *run) generateRequest(epoch uint64, prefix []int) *wire.Generate {
 
 // prefill sends the prompt to the prefill instance; its hand-off (or
 // failure) comes back as an event.
-func (x *run) prefill(ctx context.Context, a Prefill) []Action {
+func (x *run) prefill(ctx context.Context, a reqfsm.Prefill) []reqfsm.Action {
 	s, rt := x.s, x.s.router
-	failed := func(err error) []Action { return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error()) }
+	failed := func(err error) []reqfsm.Action { return x.r.OnPrefillFailed(a.Epoch, a.At, err.Error()) }
 	c, err := s.client(ctx, a.At)
 	if err != nil {
 		return failed(err)
@@ -229,7 +230,7 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 		return failed(err)
 	}
 	p, _ := rt.Instance(a.At.InstanceID)
-	kv := KVRef{From: a.At, Node: x.nodeOf(a.At.InstanceID), KVAddr: p.KVAddr}
+	kv := reqfsm.KVRef{From: a.At, Node: x.nodeOf(a.At.InstanceID), KVAddr: p.KVAddr}
 	// Announcements of either instance's death reach this run: the
 	// decode instance is chosen already, and may die while P works.
 	s.track(x, a.At.InstanceID, x.r.Endpoint.InstanceID)
@@ -239,7 +240,7 @@ func (x *run) prefill(ctx context.Context, a Prefill) []Action {
 
 // awaitHandOff reads a prefill stream to its hand-off (the keys of the
 // blocks published, completing kv) or failure, and delivers it.
-func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, kv KVRef) {
+func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, kv reqfsm.KVRef) {
 	defer x.s.pool.release(c)
 	res := &prefillResult{at: kv.From}
 	for {
@@ -274,7 +275,7 @@ func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stre
 // registration comes from an endpoint that was replaced, and ends the
 // stream. (A worker re-registered after a lost lease stamps its new
 // generation on the streams it keeps serving.)
-func (s *Server) fenced(ep Endpoint, f *wire.Frame) error {
+func (s *Server) fenced(ep reqfsm.Endpoint, f *wire.Frame) error {
 	if g := s.router.Generation(ep.InstanceID); f.Generation < g {
 		return fmt.Errorf("fenced: frame of %s at generation %d, registered at %d", ep.InstanceID, f.Generation, g)
 	}
@@ -286,7 +287,7 @@ const TransferTimeout = 5 * time.Second
 
 // transfer asks the decode instance's node to pull the prompt's blocks
 // from the prefill node; the answer comes back as an event.
-func (x *run) transfer(ctx context.Context, a Transfer) {
+func (x *run) transfer(ctx context.Context, a reqfsm.Transfer) {
 	s := x.s
 	d, _ := s.router.Instance(a.To.InstanceID)
 	sources := s.router.KVSources([]string{a.KV.Node}, d.Node)
@@ -333,7 +334,7 @@ func (x *run) releaseHold() {
 	}
 }
 
-func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
+func (x *run) dispatch(ctx context.Context, d reqfsm.Dispatch) []reqfsm.Action {
 	s, rt := x.s, x.s.router
 	x.r.Policy.Retries.Attempted(!x.dispatched)
 	x.dispatched = true
@@ -407,7 +408,7 @@ func (x *run) dispatch(ctx context.Context, d Dispatch) []Action {
 
 // readFrames delivers a decode stream's frames (first, if not nil, was
 // read already) until its finish, or its failure.
-func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to Endpoint, first *wire.Frame) {
+func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream, epoch uint64, to reqfsm.Endpoint, first *wire.Frame) {
 	defer x.s.pool.release(c)
 	defer x.s.detachable(st, nil, false)
 	for {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 )
@@ -19,33 +20,33 @@ import (
 // route ends the wait, and a later migration waits afresh; past the bound
 // it fails with no_capacity.
 func TestNoRouteWaitsForCapacity(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	rte, _ := has[Route](r.Start(t0))
-	aw, ok := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
-	if !ok || aw.Epoch != rte.Epoch || !aw.Until.Equal(t0.Add(DefaultCapacityWait)) || r.State != Admitted {
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
+	rte, _ := has[reqfsm.Route](r.Start(t0))
+	aw, ok := has[reqfsm.AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
+	if !ok || aw.Epoch != rte.Epoch || !aw.Until.Equal(t0.Add(reqfsm.DefaultCapacityWait)) || r.State != reqfsm.Admitted {
 		t.Fatalf("no route: %+v, state %s", aw, r.State)
 	}
-	again, ok := has[Route](r.CapacityChanged(aw.Epoch))
+	again, ok := has[reqfsm.Route](r.CapacityChanged(aw.Epoch))
 	if !ok || again.Epoch != r.Epoch {
 		t.Fatal("a registration did not route again")
 	}
 	// Woken for another model's instance: the bound does not move.
-	if aw, _ := has[AwaitCapacity](r.NoRoute(again.Epoch, false, t0.Add(5*time.Second))); !aw.Until.Equal(t0.Add(DefaultCapacityWait)) {
+	if aw, _ := has[reqfsm.AwaitCapacity](r.NoRoute(again.Epoch, false, t0.Add(5*time.Second))); !aw.Until.Equal(t0.Add(reqfsm.DefaultCapacityWait)) {
 		t.Fatalf("second wait until %v", aw.Until)
 	}
-	if _, ok := has[Dispatch](r.Routed(r.Epoch, Endpoint{"a", 1}, t0.Add(6*time.Second))); !ok || r.CapacityWaited != 6*time.Second {
+	if _, ok := has[reqfsm.Dispatch](r.Routed(r.Epoch, reqfsm.Endpoint{InstanceID: "a", Generation: 1}, t0.Add(6*time.Second))); !ok || r.CapacityWaited != 6*time.Second {
 		t.Fatalf("routed after the wait: waited %v", r.CapacityWaited)
 	}
 	if acts := r.CapacityChanged(r.Epoch); len(acts) != 0 {
 		t.Fatalf("a wake after the wait ended: %v", acts)
 	}
 	r.OnFrame(frame(r, 1), t0.Add(7*time.Second))
-	mig, _ := has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0.Add(10*time.Second)))
-	if aw, _ := has[AwaitCapacity](r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second))); !aw.Until.Equal(t0.Add(10*time.Second + DefaultCapacityWait)) {
+	mig, _ := has[reqfsm.Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0.Add(10*time.Second)))
+	if aw, _ := has[reqfsm.AwaitCapacity](r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second))); !aw.Until.Equal(t0.Add(10*time.Second + reqfsm.DefaultCapacityWait)) {
 		t.Fatalf("the migration's wait until %v", aw.Until)
 	}
-	acts := r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second+DefaultCapacityWait))
-	if _, ok := has[Finish](acts); !ok || r.State != Failed || r.Err.Type != ErrNoCapacity || r.Received() != 1 {
+	acts := r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second+reqfsm.DefaultCapacityWait))
+	if _, ok := has[reqfsm.Finish](acts); !ok || r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrNoCapacity || r.Received() != 1 {
 		t.Fatalf("past the bound: %v, state %s, err %v", acts, r.State, r.Err)
 	}
 }
@@ -53,37 +54,37 @@ func TestNoRouteWaitsForCapacity(t *testing.T) {
 // TestNoRouteBounds: the deadline bounds a wait; busy instances and a
 // zero CapacityWait fail at once; a cancel ends a wait.
 func TestNoRouteBounds(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, t0.Add(3*time.Second), DefaultPolicy, t0)
-	rte, _ := has[Route](r.Start(t0))
-	if aw, _ := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
+	r := reqfsm.NewRequest("r", []int{1}, 10, t0.Add(3*time.Second), reqfsm.DefaultPolicy, t0)
+	rte, _ := has[reqfsm.Route](r.Start(t0))
+	if aw, _ := has[reqfsm.AwaitCapacity](r.NoRoute(rte.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
 		t.Fatalf("wait until %v, want the deadline", aw.Until)
 	}
-	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrDeadlineExceeded {
 		t.Fatalf("deadline during the wait: %s %v", r.State, r.Err)
 	}
 
-	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	rte, _ = has[Route](r.Start(t0))
-	if r.NoRoute(rte.Epoch, true, t0); r.State != Failed || r.Err.Type != ErrOverloaded {
+	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
+	rte, _ = has[reqfsm.Route](r.Start(t0))
+	if r.NoRoute(rte.Epoch, true, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrOverloaded {
 		t.Fatalf("overloaded: %s %v", r.State, r.Err)
 	}
 
-	p := DefaultPolicy
+	p := reqfsm.DefaultPolicy
 	p.CapacityWait = 0
-	r = NewRequest("r", []int{1}, 10, time.Time{}, p, t0)
-	rte, _ = has[Route](r.Start(t0))
-	if r.NoRoute(rte.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrNoCapacity {
+	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, p, t0)
+	rte, _ = has[reqfsm.Route](r.Start(t0))
+	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrNoCapacity {
 		t.Fatalf("no wait: %s %v", r.State, r.Err)
 	}
 
-	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	rte, _ = has[Route](r.Start(t0))
-	aw, _ := has[AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
+	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
+	rte, _ = has[reqfsm.Route](r.Start(t0))
+	aw, _ := has[reqfsm.AwaitCapacity](r.NoRoute(rte.Epoch, false, t0))
 	r.Cancel()
 	if acts := r.CapacityChanged(aw.Epoch); len(acts) != 0 {
 		t.Fatalf("a cancelled wait routed: %v", acts)
 	}
-	if acts := r.NoRoute(aw.Epoch, false, t0.Add(time.Hour)); len(acts) != 0 || r.State != Cancelling {
+	if acts := r.NoRoute(aw.Epoch, false, t0.Add(time.Hour)); len(acts) != 0 || r.State != reqfsm.Cancelling {
 		t.Fatalf("a stale no-route acted: %v, state %s", acts, r.State)
 	}
 }
@@ -91,10 +92,10 @@ func TestNoRouteBounds(t *testing.T) {
 // TestRestartIsNotExcluded: a request excludes the endpoints that failed
 // it, not their restarts at higher generations.
 func TestRestartIsNotExcluded(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
-	rte, _ := has[Route](r.Start(t0))
-	r.Routed(rte.Epoch, Endpoint{"a", 4}, t0)
-	rte, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
+	rte, _ := has[reqfsm.Route](r.Start(t0))
+	r.Routed(rte.Epoch, reqfsm.Endpoint{InstanceID: "a", Generation: 4}, t0)
+	rte, _ = has[reqfsm.Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
 	if !rte.Exclude["a"] || rte.Generations["a"] != 4 {
 		t.Fatalf("route %+v", rte)
 	}
@@ -115,18 +116,18 @@ func TestRestartIsNotExcluded(t *testing.T) {
 // TestStopIsNotACancel: a request the frontend ends as it stops fails
 // with frontend_stopping; one the client cancelled first stays cancelled.
 func TestStopIsNotACancel(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
-	if _, ok := has[Finish](r.Stop()); !ok || r.State != Failed || r.Err.Type != ErrFrontendStopping {
+	if _, ok := has[reqfsm.Finish](r.Stop()); !ok || r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrFrontendStopping {
 		t.Fatalf("stop: %s %v", r.State, r.Err)
 	}
 	if acts := r.Stop(); len(acts) != 0 {
 		t.Fatal("a finished request stopped again")
 	}
-	r = NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	r.Cancel()
-	if r.Stop(); r.State != Cancelled || r.Err.Type != ErrCancelledType {
+	if r.Stop(); r.State != reqfsm.Cancelled || r.Err.Type != reqfsm.ErrCancelledType {
 		t.Fatalf("cancel then stop: %s %v", r.State, r.Err)
 	}
 }
@@ -138,21 +139,21 @@ func TestCancelCause(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		end  func(server context.CancelFunc, request context.CancelCauseFunc)
-		want ErrorType
+		want reqfsm.ErrorType
 	}{
-		{"DELETE", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientCancelled) }, ErrCancelledType},
-		{"disconnect", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientGone) }, ErrCancelledType},
-		{"not followed", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errNotFollowed) }, ErrCancelledType},
-		{"frontend stops", func(srv context.CancelFunc, _ context.CancelCauseFunc) { srv() }, ErrFrontendStopping},
+		{"DELETE", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientCancelled) }, reqfsm.ErrCancelledType},
+		{"disconnect", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientGone) }, reqfsm.ErrCancelledType},
+		{"not followed", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errNotFollowed) }, reqfsm.ErrCancelledType},
+		{"frontend stops", func(srv context.CancelFunc, _ context.CancelCauseFunc) { srv() }, reqfsm.ErrFrontendStopping},
 	} {
 		sctx, stop := context.WithCancel(context.Background())
 		rctx, cancel := context.WithCancelCause(sctx)
-		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 		start(t, r, "a")
 		x := &run{r: r}
 		c.end(stop, cancel)
 		acts := x.onCancel(rctx)
-		if _, ok := has[Finish](acts); !ok || r.Err == nil || r.Err.Type != c.want {
+		if _, ok := has[reqfsm.Finish](acts); !ok || r.Err == nil || r.Err.Type != c.want {
 			t.Errorf("%s: %v, err %v", c.name, acts, r.Err)
 		}
 		stop()
@@ -164,16 +165,16 @@ func TestCancelCause(t *testing.T) {
 // (it is stopping) is a worker failure to migrate from, not the end of
 // the request.
 func TestWorkerCancelMigrates(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	r.OnFrame(frame(r, 1), t0)
 	x := &run{r: r}
 	acts := x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_CANCELLED, Message: "sched: cancelled"}, t0)
-	if _, ok := has[Route](acts); !ok || r.State != Migrating || r.Err != nil {
+	if _, ok := has[reqfsm.Route](acts); !ok || r.State != reqfsm.Migrating || r.Err != nil {
 		t.Fatalf("worker cancel: %v, state %s, err %v", acts, r.State, r.Err)
 	}
 	x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "bad"}, t0)
-	if r.State != Failed || r.Err.Type != ErrInvalidRequest {
+	if r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrInvalidRequest {
 		t.Fatalf("a non-retryable error: %s %v", r.State, r.Err)
 	}
 }
@@ -229,13 +230,13 @@ func TestWatchHealth(t *testing.T) {
 // finish frame lost, leaves nothing to migrate: the request completes by
 // its length.
 func TestAllTokensInCompletes(t *testing.T) {
-	r := NewRequest("r", []int{1}, 3, time.Time{}, DefaultPolicy, t0)
+	r := reqfsm.NewRequest("r", []int{1}, 3, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	for seq := 1; seq <= 3; seq++ {
 		r.OnFrame(frame(r, seq), t0)
 	}
 	acts := r.OnWorkerFailed(r.Epoch, "connection closed", true, t0)
-	if _, ok := has[Finish](acts); !ok || r.State != Completed || r.FinishReason != "length" || r.Migrations != 0 || r.Err != nil {
+	if _, ok := has[reqfsm.Finish](acts); !ok || r.State != reqfsm.Completed || r.FinishReason != "length" || r.Migrations != 0 || r.Err != nil {
 		t.Fatalf("after every token: %v, state %s, finish %q, err %v", acts, r.State, r.FinishReason, r.Err)
 	}
 }
@@ -261,34 +262,34 @@ func TestDrainMigrationWithoutRoute(t *testing.T) {
 		{name: "drain, busy instances", drain: true, overloaded: true, want: "overloaded"},
 		{name: "drain routed, then another failure", drain: true, routeFirst: true, want: "await"},
 	} {
-		r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+		r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 		start(t, r, "a")
 		r.OnFrame(frame(r, 1), t0)
 		fail := r.OnWorkerFailed
 		if c.drain {
-			fail = func(epoch uint64, reason string, _ bool, now time.Time) []Action {
+			fail = func(epoch uint64, reason string, _ bool, now time.Time) []reqfsm.Action {
 				return r.OnWorkerDraining(epoch, reason, now)
 			}
 		}
-		rte, ok := has[Route](fail(r.Epoch, "node drains", true, t0))
-		if !ok || r.State != Migrating {
+		rte, ok := has[reqfsm.Route](fail(r.Epoch, "node drains", true, t0))
+		if !ok || r.State != reqfsm.Migrating {
 			t.Fatalf("%s: no migration: state %s", c.name, r.State)
 		}
 		if c.routeFirst {
-			if _, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{"b", 1}, t0)); !ok {
+			if _, ok := has[reqfsm.Dispatch](r.Routed(rte.Epoch, reqfsm.Endpoint{InstanceID: "b", Generation: 1}, t0)); !ok {
 				t.Fatalf("%s: the drain's migration was not dispatched", c.name)
 			}
 			r.OnFrame(frame(r, 2), t0)
-			rte, _ = has[Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
+			rte, _ = has[reqfsm.Route](r.OnWorkerFailed(r.Epoch, "killed", true, t0))
 		}
 		acts := r.NoRoute(rte.Epoch, c.overloaded, t0)
 		var got string
-		switch aw, waits := has[AwaitCapacity](acts); {
-		case waits && aw.Epoch == r.Epoch && r.State == Migrating:
+		switch aw, waits := has[reqfsm.AwaitCapacity](acts); {
+		case waits && aw.Epoch == r.Epoch && r.State == reqfsm.Migrating:
 			got = "await"
-		case r.State == Failed && r.Err != nil:
+		case r.State == reqfsm.Failed && r.Err != nil:
 			got = string(r.Err.Type)
-			if _, ok := has[Finish](acts); !ok {
+			if _, ok := has[reqfsm.Finish](acts); !ok {
 				t.Errorf("%s: failed without a Finish: %v", c.name, acts)
 			}
 		default:
@@ -304,15 +305,15 @@ func TestDrainMigrationWithoutRoute(t *testing.T) {
 // migrates there as any migration does, continuing after the received
 // tokens.
 func TestDrainMigrationRouted(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	r.OnFrame(frame(r, 1), t0)
-	rte, _ := has[Route](r.OnWorkerDraining(r.Epoch, "node drains", t0))
+	rte, _ := has[reqfsm.Route](r.OnWorkerDraining(r.Epoch, "node drains", t0))
 	if !rte.Exclude["a"] {
 		t.Fatalf("the draining instance not excluded: %+v", rte)
 	}
-	d, ok := has[Dispatch](r.Routed(rte.Epoch, Endpoint{"b", 1}, t0))
-	if !ok || d.To.InstanceID != "b" || len(d.Prefix) != 1 || r.Migrations != 1 || r.State != Prefilling {
+	d, ok := has[reqfsm.Dispatch](r.Routed(rte.Epoch, reqfsm.Endpoint{InstanceID: "b", Generation: 1}, t0))
+	if !ok || d.To.InstanceID != "b" || len(d.Prefix) != 1 || r.Migrations != 1 || r.State != reqfsm.Prefilling {
 		t.Fatalf("routed drain migration: %+v, %d migrations, state %s", d, r.Migrations, r.State)
 	}
 	if acts := r.OnWorkerDraining(r.Epoch-1, "stale", t0); len(acts) != 0 {
@@ -324,14 +325,14 @@ func TestDrainMigrationRouted(t *testing.T) {
 // worker error to the machine as the drain's: with no route the request
 // ends with draining, answered 503 with Retry-After.
 func TestWorkerDrainingErrorEndsTyped(t *testing.T) {
-	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	x := &run{r: r}
-	rte, ok := has[Route](x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_DRAINING, Message: "node drains", Retryable: true}, t0))
+	rte, ok := has[reqfsm.Route](x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_DRAINING, Message: "node drains", Retryable: true}, t0))
 	if !ok || x.drainFailure == "" {
 		t.Fatalf("DRAINING error: state %s, drain failure %q", r.State, x.drainFailure)
 	}
-	if r.NoRoute(rte.Epoch, false, t0); r.State != Failed || r.Err.Type != ErrDraining {
+	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrDraining {
 		t.Fatalf("no route after a DRAINING error: %s %v", r.State, r.Err)
 	}
 	w := httptest.NewRecorder()

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -101,8 +102,8 @@ func (g *group) watchFailures(ctx context.Context) {
 
 // states is each choice's finished request (nil while it runs) and the
 // signals of the running ones' next change.
-func (g *group) states() ([]*Request, []chan struct{}) {
-	rs := make([]*Request, len(g.children))
+func (g *group) states() ([]*reqfsm.Request, []chan struct{}) {
+	rs := make([]*reqfsm.Request, len(g.children))
 	var waits []chan struct{}
 	for i, st := range g.children {
 		done, r, changed := st.state()
@@ -119,19 +120,19 @@ func (g *group) states() ([]*Request, []chan struct{}) {
 // far: a choice's own error first, rather than the cancel it caused in
 // the others. failed reports one that ends every choice for good (not a
 // stopping frontend or a takeover: those go on elsewhere).
-func (g *group) failure(rs []*Request) (e *RequestError, failed bool) {
+func (g *group) failure(rs []*reqfsm.Request) (e *reqfsm.RequestError, failed bool) {
 	for _, r := range rs {
 		if r == nil || r.Err == nil {
 			continue
 		}
-		if e == nil || e.Type == ErrCancelledType && r.Err.Type != ErrCancelledType {
+		if e == nil || e.Type == reqfsm.ErrCancelledType && r.Err.Type != reqfsm.ErrCancelledType {
 			e = r.Err
 		}
 	}
 	if e == nil {
 		return nil, false
 	}
-	return e, e.Type != ErrFrontendStopping && e.Type != ErrTakenOver && e.Type != ErrCancelledType
+	return e, e.Type != reqfsm.ErrFrontendStopping && e.Type != reqfsm.ErrTakenOver && e.Type != reqfsm.ErrCancelledType
 }
 
 // cancel ends every choice with cause.
@@ -160,7 +161,7 @@ func waitAny(ctx context.Context, chans []chan struct{}) bool {
 
 // usage is the response's usage: the prompt counted once per prompt (as
 // OpenAI does, not once per choice), the completion tokens summed.
-func (g *group) usage(rs []*Request) *sse.Usage {
+func (g *group) usage(rs []*reqfsm.Request) *sse.Usage {
 	u := &sse.Usage{}
 	for _, r := range rs {
 		if r != nil {
@@ -179,9 +180,9 @@ func (g *group) usage(rs []*Request) *sse.Usage {
 }
 
 // serving is the instance that served r last.
-func serving(r *Request) string {
+func serving(r *reqfsm.Request) string {
 	if r.Output.Len() > 0 {
-		return r.Output.lastInstance()
+		return r.Output.LastInstance()
 	}
 	return r.Endpoint.InstanceID
 }
@@ -257,7 +258,7 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 		offsets[i] = -1
 	}
 	for {
-		rs := make([]*Request, len(g.children))
+		rs := make([]*reqfsm.Request, len(g.children))
 		var waits []chan struct{}
 		for i, st := range g.children {
 			toks, done, r, changed := st.snapshot()
@@ -305,9 +306,9 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 
 // writeError ends the response with a choice's error: taken_over names
 // the new owner and has no [DONE] (the stream goes on there).
-func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *RequestError) {
+func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *reqfsm.RequestError) {
 	ev := sse.Error{Message: e.Message, Type: string(e.Type)}
-	if e.Type == ErrTakenOver {
+	if e.Type == reqfsm.ErrTakenOver {
 		for _, st := range g.children {
 			if st.rec == nil {
 				continue
@@ -320,7 +321,7 @@ func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *RequestError
 		}
 	}
 	sw.WriteError(ev)
-	if e.Type != ErrTakenOver {
+	if e.Type != reqfsm.ErrTakenOver {
 		sw.WriteDone()
 	}
 	if flusher != nil {
@@ -330,7 +331,7 @@ func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *RequestError
 
 // writeEnd ends a response whose choices all finished: the usage chunk
 // if asked, then [DONE].
-func (g *group) writeEnd(sw *sse.Writer, flusher http.Flusher, rs []*Request) {
+func (g *group) writeEnd(sw *sse.Writer, flusher http.Flusher, rs []*reqfsm.Request) {
 	st := g.children[0]
 	if st.body.StreamOptions.IncludeUsage {
 		c := g.chunk(0, st.chunk("", nil, sse.Lifeline{}))
@@ -370,7 +371,7 @@ func (s *Server) writeWholeGroup(w http.ResponseWriter, req *http.Request, g *gr
 }
 
 // writeCompletion writes the finished choices as one response.
-func (g *group) writeCompletion(w http.ResponseWriter, rs []*Request) {
+func (g *group) writeCompletion(w http.ResponseWriter, rs []*reqfsm.Request) {
 	first := g.children[0]
 	choices := make([]map[string]any, len(rs))
 	ll := make([]wholeLifeline, len(rs))

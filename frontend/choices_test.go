@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -136,10 +137,10 @@ func choiceStream(parent string, i, count int) *stream {
 	return newStream(childID(parent, i), body, false, true, func(error) {})
 }
 
-func toks(from int, texts ...string) []Token {
-	out := make([]Token, len(texts))
+func toks(from int, texts ...string) []reqfsm.Token {
+	out := make([]reqfsm.Token, len(texts))
 	for i, s := range texts {
-		out[i] = Token{SequenceNo: from + i, ID: from + i, Text: s}
+		out[i] = reqfsm.Token{SequenceNo: from + i, ID: from + i, Text: s}
 	}
 	return out
 }
@@ -196,7 +197,7 @@ func TestGroupMultiplex(t *testing.T) {
 	g.children[1].append(toks(2, "Y", "Z"))
 	g.children[0].append(toks(3, "c"))
 	for i, st := range g.children {
-		st.finish(&Request{State: Completed, FinishReason: "length", Output: st.tokens.view()}, sse.Lifeline{RequestID: st.id})
+		st.finish(&reqfsm.Request{State: reqfsm.Completed, FinishReason: "length", Output: st.tokens.View()}, sse.Lifeline{RequestID: st.id})
 		_ = i
 	}
 	var full bytes.Buffer
@@ -254,11 +255,11 @@ func TestGroupMultiplexLive(t *testing.T) {
 			}
 		}
 	}
-	g.children[1].finish(&Request{State: Completed, FinishReason: "stop", Output: g.children[1].tokens}, sse.Lifeline{})
+	g.children[1].finish(&reqfsm.Request{State: reqfsm.Completed, FinishReason: "stop", Output: g.children[1].tokens}, sse.Lifeline{})
 	if c := next(); c.Choices[0].Index != 1 || c.Finish() != "stop" {
 		t.Fatalf("finish of choice 1: %+v", c)
 	}
-	g.children[0].finish(&Request{State: Completed, FinishReason: "length", Output: g.children[0].tokens}, sse.Lifeline{})
+	g.children[0].finish(&reqfsm.Request{State: reqfsm.Completed, FinishReason: "length", Output: g.children[0].tokens}, sse.Lifeline{})
 	if c := next(); c.Choices[0].Index != 0 || c.Finish() != "length" {
 		t.Fatalf("finish of choice 0: %+v", c)
 	}
@@ -278,18 +279,18 @@ func TestGroupFailure(t *testing.T) {
 	g := &group{id: "p-c2", children: []*stream{choiceStream("p-c2", 0, 2), choiceStream("p-c2", 1, 2)}}
 	g.children[0].cancel = func(err error) { cancelled = append(cancelled, err) }
 	g.children[0].append(toks(1, "a"))
-	g.children[1].finish(&Request{State: Failed, Err: &RequestError{Type: ErrMigrationExhausted, Message: "x"}}, sse.Lifeline{})
+	g.children[1].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted, Message: "x"}}, sse.Lifeline{})
 	var out bytes.Buffer
 	g.writeFrom(context.Background(), sse.NewWriter(&out), nil, make([]int, 2))
 	if !strings.Contains(out.String(), `"type":"migration_exhausted"`) || !strings.HasSuffix(out.String(), "data: [DONE]\n\n") ||
 		len(cancelled) != 1 || cancelled[0] != errSiblingFailed {
 		t.Fatalf("cancelled %v\n%s", cancelled, out.String())
 	}
-	rs := []*Request{{Err: &RequestError{Type: ErrCancelledType}}, {Err: &RequestError{Type: ErrMigrationExhausted}}}
-	if e, failed := g.failure(rs); !failed || e.Type != ErrMigrationExhausted {
+	rs := []*reqfsm.Request{{Err: &reqfsm.RequestError{Type: reqfsm.ErrCancelledType}}, {Err: &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted}}}
+	if e, failed := g.failure(rs); !failed || e.Type != reqfsm.ErrMigrationExhausted {
 		t.Fatalf("%+v %v", e, failed)
 	}
-	if _, failed := g.failure([]*Request{nil, {Err: &RequestError{Type: ErrFrontendStopping}}}); failed {
+	if _, failed := g.failure([]*reqfsm.Request{nil, {Err: &reqfsm.RequestError{Type: reqfsm.ErrFrontendStopping}}}); failed {
 		t.Fatal("a stopping frontend ends no choice for good")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 // clientPool holds one connection per worker endpoint, shared by the
@@ -20,7 +21,7 @@ type clientPool struct {
 	tls *tls.Config
 
 	mu    sync.Mutex
-	conns map[Endpoint]*pooled
+	conns map[reqfsm.Endpoint]*pooled
 	// dials are the dials under way: a failure of their endpoint ends
 	// them at once (a dead worker's port never answers a handshake).
 	dials map[*dial]bool
@@ -30,7 +31,7 @@ type clientPool struct {
 
 // dial is one dial under way.
 type dial struct {
-	ep     Endpoint
+	ep     reqfsm.Endpoint
 	cancel context.CancelCauseFunc
 }
 
@@ -39,7 +40,7 @@ var errEndpointFailed = errors.New("frontend: the endpoint failed while being di
 
 // pooled is one connection and the streams open on it.
 type pooled struct {
-	ep      Endpoint
+	ep      reqfsm.Endpoint
 	c       *workerclient.Client
 	streams int
 	retired bool
@@ -47,12 +48,12 @@ type pooled struct {
 }
 
 func newClientPool(tlsConf *tls.Config) *clientPool {
-	return &clientPool{tls: tlsConf, conns: map[Endpoint]*pooled{}, dials: map[*dial]bool{}}
+	return &clientPool{tls: tlsConf, conns: map[reqfsm.Endpoint]*pooled{}, dials: map[*dial]bool{}}
 }
 
 // get returns the connection to ep at addr, dialled if need be, with a
 // stream counted on it: the caller releases it when the stream ends.
-func (p *clientPool) get(ctx context.Context, ep Endpoint, addr string) (*pooled, error) {
+func (p *clientPool) get(ctx context.Context, ep reqfsm.Endpoint, addr string) (*pooled, error) {
 	p.mu.Lock()
 	if c, ok := p.conns[ep]; ok {
 		c.streams++
@@ -110,17 +111,17 @@ func (p *clientPool) closeLocked(c *pooled) {
 
 // drop closes ep's connection now, and ends its dials (it failed): the
 // next request dials afresh.
-func (p *clientPool) drop(ep Endpoint) {
-	p.closeWhere(func(e Endpoint) bool { return e == ep })
+func (p *clientPool) drop(ep reqfsm.Endpoint) {
+	p.closeWhere(func(e reqfsm.Endpoint) bool { return e == ep })
 }
 
 // fail closes the connections to instance id at generations up to gen,
 // and ends the dials to them (a failure announcement).
 func (p *clientPool) fail(id string, gen uint64) {
-	p.closeWhere(func(e Endpoint) bool { return e.InstanceID == id && e.Generation <= gen })
+	p.closeWhere(func(e reqfsm.Endpoint) bool { return e.InstanceID == id && e.Generation <= gen })
 }
 
-func (p *clientPool) closeWhere(match func(Endpoint) bool) {
+func (p *clientPool) closeWhere(match func(reqfsm.Endpoint) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for d := range p.dials {

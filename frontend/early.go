@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/quic-go/quic-go"
 )
 
@@ -20,7 +21,7 @@ import (
 // reaches its handler.
 
 // errTooEarly is the type of a 425 answer.
-const errTooEarly ErrorType = "too_early"
+const errTooEarly reqfsm.ErrorType = "too_early"
 
 // quicConnKey holds a request's *earlyConn in its context.
 type quicConnKey struct{}

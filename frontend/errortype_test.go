@@ -3,6 +3,7 @@ package frontend
 import (
 	"errors"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"testing"
 )
 
@@ -10,15 +11,15 @@ import (
 // its type with errors.Is, wrapped or not, and no other type; the type
 // prints as the string clients see.
 func TestErrorTypesWorkWithErrorsIs(t *testing.T) {
-	err := fmt.Errorf("route: %w", &RequestError{Type: ErrOverloaded, Message: "every instance is at its limit"})
+	err := fmt.Errorf("route: %w", &reqfsm.RequestError{Type: reqfsm.ErrOverloaded, Message: "every instance is at its limit"})
 	switch {
-	case !errors.Is(err, ErrOverloaded):
+	case !errors.Is(err, reqfsm.ErrOverloaded):
 		t.Errorf("errors.Is(%v, ErrOverloaded) is false", err)
-	case errors.Is(err, ErrNoCapacity):
+	case errors.Is(err, reqfsm.ErrNoCapacity):
 		t.Errorf("errors.Is(%v, ErrNoCapacity) is true", err)
-	case !errors.Is(err, &RequestError{Type: ErrOverloaded}):
+	case !errors.Is(err, &reqfsm.RequestError{Type: reqfsm.ErrOverloaded}):
 		t.Errorf("a *RequestError of the same type no longer matches")
-	case fmt.Sprintf("%v %s %q", ErrOverloaded, ErrOverloaded, ErrOverloaded) != `overloaded overloaded "overloaded"`:
-		t.Errorf("ErrOverloaded prints as %v", ErrOverloaded)
+	case fmt.Sprintf("%v %s %q", reqfsm.ErrOverloaded, reqfsm.ErrOverloaded, reqfsm.ErrOverloaded) != `overloaded overloaded "overloaded"`:
+		t.Errorf("ErrOverloaded prints as %v", reqfsm.ErrOverloaded)
 	}
 }

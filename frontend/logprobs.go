@@ -7,6 +7,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -23,23 +24,6 @@ const (
 	maxTopLogprobsChat        = 20
 	maxTopLogprobsCompletions = 5
 )
-
-// TokenLogprobs is a token's log-probability and its most likely
-// alternatives (most likely first, ties by lower id).
-type TokenLogprobs struct {
-	Logprob float64 `json:"lp"`
-	// Piece is the token's bytes in the serving model's vocabulary (nil
-	// from a worker that does not say: the built-in one's).
-	Piece []byte       `json:"p,omitempty"`
-	Top   []TopLogprob `json:"top,omitempty"`
-}
-
-// TopLogprob is one alternative at a position.
-type TopLogprob struct {
-	ID      int     `json:"id"`
-	Logprob float64 `json:"lp"`
-	Piece   []byte  `json:"p,omitempty"`
-}
 
 // parseLogprobs reads chat's logprobs (bool) and top_logprobs (0..20,
 // needs logprobs), or the completions' logprobs (0..5 alternatives; any
@@ -81,13 +65,13 @@ func parseLogprobs(b *openAIRequest, out *CompletionRequest, chat bool) error {
 
 // frameLogprobs are the log-probabilities a worker frame carries, when
 // the request asked for them.
-func (x *run) frameLogprobs(f *wire.Frame) *TokenLogprobs {
+func (x *run) frameLogprobs(f *wire.Frame) *reqfsm.TokenLogprobs {
 	if !x.body.Logprobs {
 		return nil
 	}
-	lp := &TokenLogprobs{Logprob: f.Logprob, Piece: f.Piece}
+	lp := &reqfsm.TokenLogprobs{Logprob: f.Logprob, Piece: f.Piece}
 	for _, t := range f.TopLogprobs {
-		lp.Top = append(lp.Top, TopLogprob{ID: int(t.TokenId), Logprob: t.Logprob, Piece: t.Piece})
+		lp.Top = append(lp.Top, reqfsm.TopLogprob{ID: int(t.TokenId), Logprob: t.Logprob, Piece: t.Piece})
 	}
 	return lp
 }
@@ -109,7 +93,7 @@ func tokenPiece(id int, piece []byte) (string, []int) {
 
 // chatLogprobs renders toks in the chat shape; nil when the request did
 // not ask for logprobs.
-func chatLogprobs(toks []Token) *sse.Logprobs {
+func chatLogprobs(toks []reqfsm.Token) *sse.Logprobs {
 	out := &sse.Logprobs{Content: []sse.TokenLogprob{}}
 	for _, t := range toks {
 		if t.Logprobs == nil {
@@ -128,7 +112,7 @@ func chatLogprobs(toks []Token) *sse.Logprobs {
 
 // legacyLogprobs renders toks in the completions' shape; offset is the
 // text offset (in characters of the choice's text) of the first one.
-func legacyLogprobs(toks []Token, offset int) *sse.Logprobs {
+func legacyLogprobs(toks []reqfsm.Token, offset int) *sse.Logprobs {
 	out := &sse.Logprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
 	for _, t := range toks {
 		if t.Logprobs == nil {
@@ -153,7 +137,7 @@ func legacyLogprobs(toks []Token, offset int) *sse.Logprobs {
 
 // renderLogprobs is toks' logprobs in the request's shape (nil: none
 // asked); offset as for legacyLogprobs.
-func (st *stream) renderLogprobs(toks []Token, offset int) *sse.Logprobs {
+func (st *stream) renderLogprobs(toks []reqfsm.Token, offset int) *sse.Logprobs {
 	if !st.body.Logprobs {
 		return nil
 	}
@@ -171,7 +155,7 @@ func (st *stream) textOffset(after int) int {
 	if st.body.Echo {
 		n = utf8.RuneCountInString(st.echoText())
 	}
-	return n + utf8.RuneCount(toks.textOf(after))
+	return n + utf8.RuneCount(toks.TextOf(after))
 }
 
 // echoText is the prompt as echo prepends it: the text, or the token ids
@@ -183,8 +167,8 @@ func (st *stream) echoText() string {
 	return st.body.Prompt
 }
 
-// record is lp as a request record keeps it (nil: none).
-func (lp *TokenLogprobs) record() json.RawMessage {
+// logprobsRecord is lp as a request record keeps it (nil: none).
+func logprobsRecord(lp *reqfsm.TokenLogprobs) json.RawMessage {
 	if lp == nil {
 		return nil
 	}
@@ -192,12 +176,12 @@ func (lp *TokenLogprobs) record() json.RawMessage {
 	return b
 }
 
-// recordLogprobs reads what record wrote (nil: none, or unreadable).
-func recordLogprobs(raw json.RawMessage) *TokenLogprobs {
+// recordLogprobs reads what logprobsRecord wrote (nil: none, or unreadable).
+func recordLogprobs(raw json.RawMessage) *reqfsm.TokenLogprobs {
 	if len(raw) == 0 {
 		return nil
 	}
-	var lp TokenLogprobs
+	var lp reqfsm.TokenLogprobs
 	if json.Unmarshal(raw, &lp) != nil {
 		return nil
 	}

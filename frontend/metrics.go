@@ -3,6 +3,7 @@ package frontend
 import (
 	"regexp"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -121,22 +122,22 @@ func (m *metrics) gaugeOpen(open func() int) {
 }
 
 // settle adds a finished request's counters.
-func (m *metrics) settle(r *Request) {
+func (m *metrics) settle(r *reqfsm.Request) {
 	m.duplicates.Add(float64(r.DuplicateFrames))
 	m.gaps.Add(float64(r.Gaps))
 	m.staleEpoch.Add(float64(r.StaleEpochFrames))
 	m.staleTransfers.Add(float64(r.StaleTransfers))
 	if r.Err != nil {
 		switch r.Err.Type {
-		case ErrMigrationExhausted, ErrDeadlineExceeded, ErrNoCapacity:
+		case reqfsm.ErrMigrationExhausted, reqfsm.ErrDeadlineExceeded, reqfsm.ErrNoCapacity:
 			if r.Migrations > 0 {
 				m.migrationFail.WithLabelValues(string(r.Err.Type)).Inc()
 			}
 		}
-		if r.Err.Type == ErrNoCapacity {
+		if r.Err.Type == reqfsm.ErrNoCapacity {
 			m.capacityWaits.WithLabelValues("timed_out").Inc()
 		}
-		if r.Migrations == 0 && (r.Err.Type == ErrNoCapacity || r.Err.Type == ErrOverloaded) {
+		if r.Migrations == 0 && (r.Err.Type == reqfsm.ErrNoCapacity || r.Err.Type == reqfsm.ErrOverloaded) {
 			m.shed.WithLabelValues(string(r.Err.Type)).Inc()
 		}
 	}

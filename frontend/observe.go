@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"log/slog"
 	"time"
 )
@@ -10,7 +11,7 @@ import (
 type observer struct {
 	log *slog.Logger
 	m   *metrics
-	r   *Request
+	r   *reqfsm.Request
 	// tr holds the request's spans (nil: not traced).
 	tr *reqTrace
 	// revision is an instance's model revision, as registered ("" when
@@ -72,7 +73,7 @@ func (o observer) takeover(how string) {
 	o.log.Info("frontend: request taken over", "request", o.r.ID, "start", how, "epoch", o.r.Epoch)
 }
 
-func (o observer) dispatch(d Dispatch) {
+func (o observer) dispatch(d reqfsm.Dispatch) {
 	attempt := o.r.Migrations + 1
 	o.tr.dispatched(d, attempt)
 	o.log.Info("dispatch", "request_id", o.r.ID, "request_epoch", d.Epoch, "instance_id", d.To.InstanceID,
@@ -80,7 +81,7 @@ func (o observer) dispatch(d Dispatch) {
 	o.m.replayedPrefill.Add(float64(len(d.Prefix)))
 }
 
-func (o observer) prefill(p Prefill) {
+func (o observer) prefill(p reqfsm.Prefill) {
 	attempt := o.r.PrefillFailures + 1
 	o.tr.prefillSent(p, attempt)
 	o.log.Info("prefill", "request_id", o.r.ID, "request_epoch", p.Epoch, "instance_id", p.At.InstanceID, "generation", p.At.Generation,
@@ -98,7 +99,7 @@ func (o observer) prefillFailed() {
 // handOff counts a prefill/decode hand-off by its path.
 func (o observer) handOff(path string) { o.m.pd.WithLabelValues(path).Inc() }
 
-func (o observer) transfer(t Transfer) {
+func (o observer) transfer(t reqfsm.Transfer) {
 	o.tr.transferSent(t)
 	o.log.Info("kv transfer", "request_id", o.r.ID, "request_epoch", t.Epoch, "transfer_epoch", t.TransferEpoch,
 		"instance_id", t.To.InstanceID, "from_node", t.KV.Node, "blocks", len(t.KV.Keys))

@@ -3,6 +3,7 @@ package frontend
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"net/http"
 	"strconv"
 	"sync"
@@ -35,8 +36,8 @@ const DefaultRecordBytesMax = 256 << 20
 
 // Codes of the record bounds' refusals.
 const (
-	CodeRecordTooLarge           = "request_record_too_large"
-	ErrRecordsFull     ErrorType = "records_full"
+	CodeRecordTooLarge                  = "request_record_too_large"
+	ErrRecordsFull     reqfsm.ErrorType = "records_full"
 )
 
 // recordBudget counts the record bytes a frontend wrote in buckets of a
@@ -116,7 +117,7 @@ func (b *recordBudget) live(now time.Time) int64 {
 // recordRefusal is a streamed request refused for its record's bytes.
 type recordRefusal struct {
 	status     int
-	typ        ErrorType
+	typ        reqfsm.ErrorType
 	code       string
 	param, msg string
 	retry      time.Duration
@@ -142,7 +143,7 @@ func (s *Server) reserveRecord(body *CompletionRequest, count int) *recordRefusa
 	if one > maxAdmissionRecordBytes {
 		param := heaviestParam(body)
 		s.metrics.refused.WithLabelValues(CodeRecordTooLarge).Inc()
-		return &recordRefusal{status: http.StatusBadRequest, typ: ErrInvalidRequest, code: CodeRecordTooLarge, param: param,
+		return &recordRefusal{status: http.StatusBadRequest, typ: reqfsm.ErrInvalidRequest, code: CodeRecordTooLarge, param: param,
 			msg: fmt.Sprintf("the request's failover record would be %d bytes, over the %d this cluster stores (so that any frontend can resume the stream); %s weighs most: shorten it", one, maxAdmissionRecordBytes, param)}
 	}
 	if ok, retry := s.recs.budget.take(one*int64(count), time.Now()); !ok {

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -39,7 +40,7 @@ const maxRecordBytes = 1 << 20
 
 // errOutputNotKept is the error of a replay of a request whose output
 // did not fit its record.
-const errOutputNotKept ErrorType = "output_not_kept"
+const errOutputNotKept reqfsm.ErrorType = "output_not_kept"
 
 // recordTimeout bounds the admission write; tokens wait for it.
 const recordTimeout = time.Second
@@ -225,21 +226,21 @@ func (rc *records) casLocked(ctx context.Context, rs *recordState, rec schema.Re
 }
 
 // recordTokens is the first n tokens of l as a record keeps them.
-func recordTokens(l *tokenLog, n int) []schema.RecordToken {
+func recordTokens(l *reqfsm.TokenLog, n int) []schema.RecordToken {
 	out := make([]schema.RecordToken, 0, n)
 	for t := range l.From(0) {
 		if len(out) == n {
 			break
 		}
-		out = append(out, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: t.Logprobs.record()})
+		out = append(out, schema.RecordToken{ID: t.ID, Text: t.Text, Logprobs: logprobsRecord(t.Logprobs)})
 	}
 	return out
 }
 
 // addRecordTokens appends a record's tokens to l, from sequence 1.
-func addRecordTokens(l *tokenLog, toks []schema.RecordToken) {
+func addRecordTokens(l *reqfsm.TokenLog, toks []schema.RecordToken) {
 	for i, t := range toks {
-		l.add(Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
+		l.Add(reqfsm.Token{SequenceNo: i + 1, ID: t.ID, Text: t.Text, Logprobs: recordLogprobs(t.Logprobs)})
 	}
 }
 
@@ -295,7 +296,7 @@ func (rc *records) refresh(ctx context.Context, rs *recordState) {
 // complete writes a finished request's record: done, its end and output.
 // A request that ended because this frontend stops or lost it stays as it
 // is: another frontend takes it over.
-func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse.Lifeline) {
+func (rc *records) complete(ctx context.Context, st *stream, r *reqfsm.Request, end sse.Lifeline) {
 	rs := st.rec
 	<-rs.stored
 	rs.mu.Lock()
@@ -305,7 +306,7 @@ func (rc *records) complete(ctx context.Context, st *stream, r *Request, end sse
 		return
 	}
 	defer rc.release(rs)
-	if r.Err != nil && (r.Err.Type == ErrFrontendStopping || r.Err.Type == ErrTakenOver) {
+	if r.Err != nil && (r.Err.Type == reqfsm.ErrFrontendStopping || r.Err.Type == reqfsm.ErrTakenOver) {
 		return
 	}
 	rec.Done, rec.FinishReason = true, r.FinishReason

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -14,17 +15,17 @@ import (
 
 // tokenChunk is the streamed chunk of token t; offset tracks the legacy
 // logprobs' text offset (negative: not known yet).
-func (st *stream) tokenChunk(t Token, offset *int) sse.Chunk {
+func (st *stream) tokenChunk(t reqfsm.Token, offset *int) sse.Chunk {
 	text := t.Text
 	if st.body.Echo && t.SequenceNo == 1 {
 		text = st.echoText() + text
 	}
-	c := st.chunk(text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
+	c := st.chunk(text, nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.Instance})
 	if st.body.Logprobs {
 		if *offset < 0 {
 			*offset = st.textOffset(t.SequenceNo - 1)
 		}
-		c.Choices[0].Logprobs = st.renderLogprobs([]Token{t}, *offset)
+		c.Choices[0].Logprobs = st.renderLogprobs([]reqfsm.Token{t}, *offset)
 		*offset += utf8.RuneCountInString(t.Text)
 	}
 	return c
@@ -32,7 +33,7 @@ func (st *stream) tokenChunk(t Token, offset *int) sse.Chunk {
 
 // endText is the end chunk's text: the echoed prompt of a request that
 // produced no token (no token's chunk carried it), else "".
-func (st *stream) endText(r *Request) string {
+func (st *stream) endText(r *reqfsm.Request) string {
 	if st.body.Echo && r.Output.Len() == 0 {
 		return st.echoText()
 	}
@@ -41,7 +42,7 @@ func (st *stream) endText(r *Request) string {
 
 // finishReason is r's finish reason as the client sees it: "tool_calls"
 // when its output is calls.
-func (st *stream) finishReason(r *Request) string {
+func (st *stream) finishReason(r *reqfsm.Request) string {
 	if st.body.ToolCalls != nil && r.FinishReason == "stop" {
 		if _, ok := st.calls(r.Output.Tokens()); ok {
 			return "tool_calls"
@@ -52,7 +53,7 @@ func (st *stream) finishReason(r *Request) string {
 
 // calls reads output as tool calls; false if the request has no tools or
 // the output is text.
-func (st *stream) calls(output []Token) ([]sse.ToolCall, bool) {
+func (st *stream) calls(output []reqfsm.Token) ([]sse.ToolCall, bool) {
 	return outputCalls(st.id, st.body.ToolCalls, output)
 }
 
@@ -64,7 +65,7 @@ func (st *stream) calls(output []Token) ([]sse.ToolCall, bool) {
 // first call closed is delivered as its text). A fragment after the last
 // complete call (an output cut by length or an error) is delivered in
 // neither shape: the calls are, and finish_reason says the output was cut.
-func outputCalls(requestID string, tc *ToolCalls, output []Token) ([]sse.ToolCall, bool) {
+func outputCalls(requestID string, tc *ToolCalls, output []reqfsm.Token) ([]sse.ToolCall, bool) {
 	if tc == nil {
 		return nil, false
 	}
@@ -78,7 +79,7 @@ func outputCalls(requestID string, tc *ToolCalls, output []Token) ([]sse.ToolCal
 
 // callIDs are the ids of the calls in output, for the request's summary
 // (and so its record).
-func callIDs(requestID string, tc *ToolCalls, output []Token) []string {
+func callIDs(requestID string, tc *ToolCalls, output []reqfsm.Token) []string {
 	calls, _ := outputCalls(requestID, tc, output)
 	var ids []string
 	for _, c := range calls {
@@ -88,7 +89,7 @@ func callIDs(requestID string, tc *ToolCalls, output []Token) []string {
 }
 
 // wholeChoice is the choice of a whole (not streamed) response.
-func (st *stream) wholeChoice(r *Request) map[string]any {
+func (st *stream) wholeChoice(r *reqfsm.Request) map[string]any {
 	var text strings.Builder
 	if st.body.Echo {
 		text.WriteString(st.echoText())

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 func TestResumeTokens(t *testing.T) {
@@ -107,11 +108,11 @@ func TestResumeKeyRotation(t *testing.T) {
 }
 
 func TestTermEpochs(t *testing.T) {
-	if termEpoch(1) != 1 {
-		t.Fatalf("term 1 starts at %d", termEpoch(1))
+	if reqfsm.TermEpoch(1) != 1 {
+		t.Fatalf("term 1 starts at %d", reqfsm.TermEpoch(1))
 	}
 	// Every epoch of term 2 is above any epoch term 1 can reach.
-	if termEpoch(2) <= 1<<32-1 || termEpoch(3) <= termEpoch(2)+1<<31 {
-		t.Fatalf("term epochs: %d %d", termEpoch(2), termEpoch(3))
+	if reqfsm.TermEpoch(2) <= 1<<32-1 || reqfsm.TermEpoch(3) <= reqfsm.TermEpoch(2)+1<<31 {
+		t.Fatalf("term epochs: %d %d", reqfsm.TermEpoch(2), reqfsm.TermEpoch(3))
 	}
 }

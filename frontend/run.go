@@ -8,6 +8,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
@@ -17,10 +18,10 @@ import (
 type event struct {
 	epoch    uint64
 	frame    *wire.Frame
-	from     Endpoint // the instance and generation the frame's stream was opened to
-	err      error    // the worker stream broke
-	failed   bool     // the instance was announced dead
-	gone     bool     // the instance's registration vanished
+	from     reqfsm.Endpoint // the instance and generation the frame's stream was opened to
+	err      error           // the worker stream broke
+	failed   bool            // the instance was announced dead
+	gone     bool            // the instance's registration vanished
 	instance string
 	gen      uint64 // the generation that died
 	reason   string
@@ -30,8 +31,8 @@ type event struct {
 }
 
 type prefillResult struct {
-	at  Endpoint
-	kv  KVRef
+	at  reqfsm.Endpoint
+	kv  reqfsm.KVRef
 	err error
 }
 
@@ -46,7 +47,7 @@ type transferResult struct {
 // failures, hand-offs, timers). It decides nothing itself.
 type run struct {
 	s    *Server
-	r    *Request
+	r    *reqfsm.Request
 	body CompletionRequest
 	st   *stream
 	// events carries the worker streams' frames and the prefill and
@@ -100,7 +101,7 @@ type run struct {
 	lastPrefill  string
 	prefillNodes []string
 	nodes        map[string]string // instance id → node, of instances used
-	prefills     map[Endpoint]context.CancelFunc
+	prefills     map[reqfsm.Endpoint]context.CancelFunc
 	// promptTokens is the prompt under the built-in tokenizer (BOS
 	// first; empty if it cannot be encoded); keys memoises prefixKeys per
 	// KV identity, for keysAt received tokens.
@@ -114,10 +115,10 @@ type run struct {
 	prefix []schema.RecordToken
 }
 
-func newRun(s *Server, r *Request, body CompletionRequest, st *stream) *run {
+func newRun(s *Server, r *reqfsm.Request, body CompletionRequest, st *stream) *run {
 	return &run{s: s, r: r, body: body, st: st, events: make(chan event, runEvents), notes: make(chan event, runNotes), obs: observer{log: s.log, m: s.metrics, r: r, tr: s.startTrace(r, body), revision: s.revisionOf},
 		streams: map[uint64]context.CancelFunc{}, taken: map[uint64]bool{}, nodes: map[string]string{},
-		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[Endpoint]context.CancelFunc{}}
+		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[reqfsm.Endpoint]context.CancelFunc{}}
 }
 
 // The capacity of a run's channels: frames in flight to the run loop, and
@@ -137,7 +138,7 @@ type capacityWait struct {
 
 // awaitCapacity starts waiting, on the signal the route that found
 // nothing took.
-func (x *run) awaitCapacity(a AwaitCapacity) {
+func (x *run) awaitCapacity(a reqfsm.AwaitCapacity) {
 	if !a.Until.Equal(x.waitUntil) { // a new wait, not a re-wait after a wake
 		x.waitUntil = a.Until
 		x.obs.awaitingCapacity(a.Until)
@@ -148,7 +149,7 @@ func (x *run) awaitCapacity(a AwaitCapacity) {
 
 // capacityChanged ends the wait: an instance registered, or the bound
 // passed; the machine routes again.
-func (x *run) capacityChanged() []Action {
+func (x *run) capacityChanged() []reqfsm.Action {
 	epoch := x.waiting.epoch
 	x.stopWait()
 	acts := x.r.CapacityChanged(epoch)
@@ -244,11 +245,11 @@ func (x *run) drainEvents(ctx context.Context) bool {
 
 // execAll carries out acts, and the actions they lead to, in order; true
 // once the request has finished.
-func (x *run) execAll(ctx context.Context, acts []Action) bool {
+func (x *run) execAll(ctx context.Context, acts []reqfsm.Action) bool {
 	for len(acts) > 0 {
 		a := acts[0]
 		acts = acts[1:]
-		if _, ok := a.(Finish); ok {
+		if _, ok := a.(reqfsm.Finish); ok {
 			x.finish()
 			return true
 		}
@@ -258,29 +259,29 @@ func (x *run) execAll(ctx context.Context, acts []Action) bool {
 }
 
 // exec carries out one action; what it returns comes from the machine.
-func (x *run) exec(ctx context.Context, a Action) []Action {
+func (x *run) exec(ctx context.Context, a reqfsm.Action) []reqfsm.Action {
 	switch a := a.(type) {
-	case Route:
+	case reqfsm.Route:
 		return x.execRoute(a)
-	case Dispatch:
+	case reqfsm.Dispatch:
 		return x.execDispatch(ctx, a)
-	case Deliver:
+	case reqfsm.Deliver:
 		x.execDeliver(a)
-	case Prefill:
+	case reqfsm.Prefill:
 		x.tl.markPrefillSent(time.Now())
 		x.obs.prefill(a)
 		return x.prefill(ctx, a)
-	case PrefillFailed:
+	case reqfsm.PrefillFailed:
 		x.execPrefillFailed(a)
-	case RoutePrefill:
+	case reqfsm.RoutePrefill:
 		return x.routePrefill(a)
-	case Transfer:
+	case reqfsm.Transfer:
 		x.tl.markTransferSent(time.Now())
 		x.obs.transfer(a)
 		x.transfer(ctx, a)
-	case AwaitCapacity:
+	case reqfsm.AwaitCapacity:
 		x.awaitCapacity(a)
-	case CancelWorker:
+	case reqfsm.CancelWorker:
 		if c, ok := x.streams[a.Epoch]; ok {
 			c()
 			delete(x.streams, a.Epoch)
@@ -289,8 +290,8 @@ func (x *run) exec(ctx context.Context, a Action) []Action {
 	return nil
 }
 
-func (x *run) execRoute(a Route) []Action {
-	if x.r.State == Migrating && !x.rerouting {
+func (x *run) execRoute(a reqfsm.Route) []reqfsm.Action {
+	if x.r.State == reqfsm.Migrating && !x.rerouting {
 		x.obs.migrating(x.lastFailure)
 		if x.drainFailure != "" && x.drainFailure == x.lastFailure {
 			x.obs.drainMigration()
@@ -299,13 +300,13 @@ func (x *run) execRoute(a Route) []Action {
 	}
 	x.rerouting = false
 	acts := x.route(a)
-	if x.r.State == Prefilling {
+	if x.r.State == reqfsm.Prefilling {
 		x.tl.markRouted(time.Now())
 	}
 	return acts
 }
 
-func (x *run) execDispatch(ctx context.Context, d Dispatch) []Action {
+func (x *run) execDispatch(ctx context.Context, d reqfsm.Dispatch) []reqfsm.Action {
 	x.obs.dispatch(d)
 	x.tl.markDecodeSent(time.Now())
 	acts := x.dispatch(ctx, d)
@@ -316,7 +317,7 @@ func (x *run) execDispatch(ctx context.Context, d Dispatch) []Action {
 	return acts
 }
 
-func (x *run) execDeliver(d Deliver) {
+func (x *run) execDeliver(d reqfsm.Deliver) {
 	x.overloaded = false
 	now := time.Now()
 	if x.r.PD != "" && x.r.Output.Len() == d.Tokens {
@@ -325,13 +326,13 @@ func (x *run) execDeliver(d Deliver) {
 	if took, ok := x.tl.markRecovered(now); ok {
 		x.obs.recovered(took)
 	}
-	x.st.publish(x.r.Output.view())
+	x.st.publish(x.r.Output.View())
 	x.s.metrics.tokens.Add(float64(d.Tokens))
 }
 
 // execPrefillFailed ends a failed prefill instance's part. Every way one
 // fails (stream error, death announcement, stall) ends up here once.
-func (x *run) execPrefillFailed(a PrefillFailed) {
+func (x *run) execPrefillFailed(a reqfsm.PrefillFailed) {
 	x.obs.prefillFailed()
 	x.prefillNodes = append(x.prefillNodes, x.nodeOf(a.At.InstanceID))
 	x.endPrefill(a.At)
@@ -392,7 +393,7 @@ func continuation(served []servedBy) string {
 // onCancel: the request's context ended. Its cause tells a client's
 // cancel (DELETE, or its disconnect) from this frontend stopping: only
 // the first is reported as cancelled by the client.
-func (x *run) onCancel(ctx context.Context) []Action {
+func (x *run) onCancel(ctx context.Context) []reqfsm.Action {
 	if x.cancelled {
 		return x.r.CancelDone()
 	}
@@ -408,7 +409,7 @@ func (x *run) onCancel(ctx context.Context) []Action {
 }
 
 // handle feeds an event to the machine.
-func (x *run) handle(e event, now time.Time) []Action {
+func (x *run) handle(e event, now time.Time) []reqfsm.Action {
 	switch {
 	case e.failed:
 		return x.onAnnouncedFailure(e, now)
@@ -428,7 +429,7 @@ func (x *run) handle(e event, now time.Time) []Action {
 	if f.FinishReason != "" && f.RequestEpoch == x.r.Epoch {
 		x.st.setWorkerPromptLen(int(f.PromptTokens))
 	}
-	return x.r.OnFrame(Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
+	return x.r.OnFrame(reqfsm.Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
 		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions),
 		Logprobs: x.frameLogprobs(f)}, now)
 }
@@ -436,9 +437,9 @@ func (x *run) handle(e event, now time.Time) []Action {
 // onAnnouncedFailure: the registry announced an instance's death; it
 // fails this request's prefill or decode instance if it is that endpoint
 // (at that generation or an older one).
-func (x *run) onAnnouncedFailure(e event, now time.Time) []Action {
+func (x *run) onAnnouncedFailure(e event, now time.Time) []reqfsm.Action {
 	r := x.r
-	var acts []Action
+	var acts []reqfsm.Action
 	if e.instance == r.PrefillAt.InstanceID && (e.gen == 0 || r.PrefillAt.Generation <= e.gen) {
 		x.lastFailure = e.reason
 		acts = r.OnPrefillFailed(r.Epoch, r.PrefillAt, e.reason)
@@ -450,7 +451,7 @@ func (x *run) onAnnouncedFailure(e event, now time.Time) []Action {
 	return acts
 }
 
-func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) []Action {
+func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) []reqfsm.Action {
 	if res.err != nil {
 		x.lastFailure = res.err.Error()
 		x.endPrefill(res.at) // a stale one too
@@ -462,7 +463,7 @@ func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) [
 		x.lastPrefill = res.at.InstanceID
 		x.tl.markPrefilled(time.Now())
 		x.obs.prefilled()
-		if _, ok := acts[0].(Dispatch); ok {
+		if _, ok := acts[0].(reqfsm.Dispatch); ok {
 			x.obs.handOff(x.r.PD)
 		}
 	}
@@ -471,7 +472,7 @@ func (x *run) onPrefillResult(epoch uint64, res *prefillResult, now time.Time) [
 
 // onTransferResult: the decode node answered a pull. The current one's
 // answer is timed and counted, a stale one only counted by the machine.
-func (x *run) onTransferResult(epoch uint64, tr *transferResult, now time.Time) []Action {
+func (x *run) onTransferResult(epoch uint64, tr *transferResult, now time.Time) []reqfsm.Action {
 	if tr.err != nil || tr.reply.Error != "" {
 		why := fmt.Sprint(tr.err)
 		if tr.err == nil {
@@ -493,7 +494,7 @@ func (x *run) onTransferResult(epoch uint64, tr *transferResult, now time.Time) 
 }
 
 // onWorkerError: the worker answered with a typed error.
-func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []Action {
+func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []reqfsm.Action {
 	switch {
 	case e.Code == wire.Code_OVERLOADED && x.r.Received() == 0:
 		// Busy, not broken: try elsewhere without spending the migration

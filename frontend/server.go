@@ -1,3 +1,12 @@
+// Package frontend is the client-facing side of Lifeline: the
+// OpenAI-compatible HTTP/SSE and HTTP/3 API with resume, each request's
+// run (the interpreter that carries out what the request machine
+// decides), the token log's followers, failover records and takeover.
+//
+// The decisions are pure packages of their own, driven by events and an
+// injected clock in the manner of etcd's raft: the request and takeover
+// state machines in frontend/reqfsm, the router in frontend/route. The
+// stream's wire format is package frontend/sse.
 package frontend
 
 import (
@@ -18,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
@@ -30,7 +40,7 @@ type Options struct {
 	Etcd    []string
 	EtcdTLS bool
 	CertDir string
-	Policy  Policy
+	Policy  reqfsm.Policy
 	// ResumeWindow is how long a resumable request runs on without a
 	// client, and how long a finished one stays resumable (default 60 s).
 	ResumeWindow time.Duration
@@ -193,7 +203,7 @@ func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, b
 	}
 	if err := s.keys.Check(tok, id, time.Now()); err != nil {
 		s.metrics.resumes.WithLabelValues("refused").Inc()
-		writeError(w, http.StatusUnauthorized, ErrInvalidRequest, err.Error())
+		writeError(w, http.StatusUnauthorized, reqfsm.ErrInvalidRequest, err.Error())
 		return id, false
 	}
 	return id, true
@@ -237,7 +247,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	done, r, _ := st.state()
-	if done && (r.Err == nil || r.Err.Type != ErrCancelledType) {
+	if done && (r.Err == nil || r.Err.Type != reqfsm.ErrCancelledType) {
 		// Nothing left to cancel: it ended on its own.
 		writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": false, "finished": true})
 		return
@@ -329,8 +339,8 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	if opts.ResumeTokenMaxAge < 0 {
 		return nil, fmt.Errorf("frontend: ResumeTokenMaxAge %v < 0", opts.ResumeTokenMaxAge)
 	}
-	if opts.Policy == (Policy{}) {
-		opts.Policy = DefaultPolicy
+	if opts.Policy == (reqfsm.Policy{}) {
+		opts.Policy = reqfsm.DefaultPolicy
 	}
 	switch {
 	case opts.CapacityWait > 0:
@@ -470,7 +480,7 @@ func (s *Server) startAs(id string, body CompletionRequest, chat, resumable bool
 	}
 	policy := s.opts.Policy
 	policy.Retries = s.retries.of(body.Priority)
-	r := NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, policy, now)
+	r := reqfsm.NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, policy, now)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
 	if s.recs != nil && body.Stream {
@@ -511,11 +521,11 @@ func (s *Server) untrack(x *run) {
 
 // dropClient forgets a connection that failed, so that the next request
 // dials afresh.
-func (s *Server) dropClient(ep Endpoint) { s.pool.drop(ep) }
+func (s *Server) dropClient(ep reqfsm.Endpoint) { s.pool.drop(ep) }
 
 // client is the connection to ep, with a stream counted on it: release it
 // with s.pool.release when the stream ends.
-func (s *Server) client(ctx context.Context, ep Endpoint) (*pooled, error) {
+func (s *Server) client(ctx context.Context, ep reqfsm.Endpoint) (*pooled, error) {
 	s.mu.Lock()
 	addr := s.addrs[ep.InstanceID]
 	s.mu.Unlock()
@@ -545,7 +555,7 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeModelNotFound(w http.ResponseWriter, model string) {
-	writeErrorBody(w, http.StatusNotFound, ErrInvalidRequest, CodeModelNotFound, "model", fmt.Sprintf("the model %q is not served here", model))
+	writeErrorBody(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, CodeModelNotFound, "model", fmt.Sprintf("the model %q is not served here", model))
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {

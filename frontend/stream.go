@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -22,10 +23,10 @@ type stream struct {
 	resumable bool
 
 	mu     sync.Mutex
-	tokens tokenLog // a view of the request's Output (publish)
+	tokens reqfsm.TokenLog // a view of the request's Output (publish)
 	done   bool
-	r      *Request     // read under mu once done
-	end    sse.Lifeline // the request's summary, set once done
+	r      *reqfsm.Request // read under mu once done
+	end    sse.Lifeline    // the request's summary, set once done
 	// dispatched is closed once a worker has taken the request.
 	dispatched     chan struct{}
 	dispatchedOnce sync.Once
@@ -79,7 +80,7 @@ func newStream(id string, body CompletionRequest, chat, resumable bool, cancel c
 // (tokenLog.view). The machine's Output only ever grows (a token in it
 // never changes), so the log shares it rather than holding a second copy
 // of every token.
-func (st *stream) publish(out tokenLog) {
+func (st *stream) publish(out reqfsm.TokenLog) {
 	st.mu.Lock()
 	st.tokens = out
 	close(st.changed)
@@ -106,7 +107,7 @@ func (st *stream) clientGone() {
 }
 
 // finish ends the log: r is the finished request, end its summary.
-func (st *stream) finish(r *Request, end sse.Lifeline) {
+func (st *stream) finish(r *reqfsm.Request, end sse.Lifeline) {
 	st.mu.Lock()
 	st.done, st.r, st.end = true, r, end
 	close(st.changed)
@@ -131,7 +132,7 @@ func (st *stream) watch() (unwatch func() (done bool)) {
 
 // state is whether the log is done (and the request then), and the signal
 // of its next change.
-func (st *stream) state() (done bool, r *Request, changed chan struct{}) {
+func (st *stream) state() (done bool, r *reqfsm.Request, changed chan struct{}) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	return st.done, st.r, st.changed
@@ -139,7 +140,7 @@ func (st *stream) state() (done bool, r *Request, changed chan struct{}) {
 
 // snapshot is the log: its tokens so far, whether it is done (and the
 // request then), and the signal of its next change.
-func (st *stream) snapshot() (toks tokenLog, done bool, r *Request, changed chan struct{}) {
+func (st *stream) snapshot() (toks reqfsm.TokenLog, done bool, r *reqfsm.Request, changed chan struct{}) {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	// No copy: the log only grows, and what is in it never changes.
@@ -152,7 +153,7 @@ func (st *stream) snapshot() (toks tokenLog, done bool, r *Request, changed chan
 // answered with an HTTP status: a worker validates a request (its
 // context, its vocabulary) before its first token, and a refusal is a
 // 400, never an error event after a 200.
-func (st *stream) awaitStart(ctx context.Context) (*RequestError, bool) {
+func (st *stream) awaitStart(ctx context.Context) (*reqfsm.RequestError, bool) {
 	for {
 		toks, done, r, changed := st.snapshot()
 		if done && r.Err != nil && r.Output.Len() == 0 {
@@ -259,8 +260,8 @@ func (st *stream) chunk(text string, finish *string, ll sse.Lifeline) sse.Chunk 
 
 // writeEnd ends a stream whose headers are sent: an error event or the
 // final chunk, then [DONE].
-func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *Request) {
-	if r.Err != nil && r.Err.Type == ErrTakenOver && st.rec != nil {
+func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *reqfsm.Request) {
+	if r.Err != nil && r.Err.Type == reqfsm.ErrTakenOver && st.rec != nil {
 		// Not the end of the stream: it goes on at the new owner, where
 		// the client resumes. No [DONE].
 		st.rec.mu.Lock()
@@ -311,7 +312,7 @@ func (s *Server) writeWhole(w http.ResponseWriter, req *http.Request, st *stream
 
 // writeCompletion writes a finished request as one response in the
 // completion or chat shape.
-func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
+func (st *stream) writeCompletion(w http.ResponseWriter, r *reqfsm.Request) {
 	if r.Err != nil {
 		writeRequestErrorFor(w, r.Err, &st.body)
 		return
@@ -319,7 +320,7 @@ func (st *stream) writeCompletion(w http.ResponseWriter, r *Request) {
 	ll := wholeLifeline{Lifeline: st.endSummary(), Tokens: r.Output.Len()}
 	serving := r.Endpoint.InstanceID
 	if r.Output.Len() > 0 {
-		serving = r.Output.lastInstance()
+		serving = r.Output.LastInstance()
 	}
 	out := map[string]any{"id": r.ID, "object": "text_completion", "created": st.created, "model": st.body.Model,
 		"system_fingerprint": st.meta(serving), "usage": st.usage(r.Output.Len()), "lifeline": ll}

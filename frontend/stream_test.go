@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -56,10 +57,10 @@ func TestTimeline(t *testing.T) {
 }
 
 // append adds toks to st's log, as a run's publish of a grown log does.
-func (st *stream) append(toks []Token) {
+func (st *stream) append(toks []reqfsm.Token) {
 	st.mu.Lock()
 	for _, t := range toks {
-		st.tokens.add(t)
+		st.tokens.Add(t)
 	}
 	close(st.changed)
 	st.changed = make(chan struct{})
@@ -70,10 +71,10 @@ func (st *stream) append(toks []Token) {
 // migration and a P/D hand-off.
 func finished(chat bool) *stream {
 	st := newStream("cmpl-1", CompletionRequest{Model: "m"}, chat, false, func(error) {})
-	r := NewRequest("cmpl-1", []int{1}, 2, time.Time{}, DefaultPolicy, t0)
-	r.Output = logOf([]Token{{SequenceNo: 1, ID: 7, Text: " a", instance: "d0"}, {SequenceNo: 2, ID: 8, Text: " b", instance: "d1"}})
-	r.State, r.FinishReason, r.Migrations, r.PD = Completed, "length", 1, "same_node"
-	st.publish(r.Output.view())
+	r := reqfsm.NewRequest("cmpl-1", []int{1}, 2, time.Time{}, reqfsm.DefaultPolicy, t0)
+	r.Output = logOf([]reqfsm.Token{{SequenceNo: 1, ID: 7, Text: " a", Instance: "d0"}, {SequenceNo: 2, ID: 8, Text: " b", Instance: "d1"}})
+	r.State, r.FinishReason, r.Migrations, r.PD = reqfsm.Completed, "length", 1, "same_node"
+	st.publish(r.Output.View())
 	x := &run{r: r}
 	x.tl.migrating(t0)
 	x.tl.markRecovered(t0.Add(time.Millisecond))
@@ -110,8 +111,8 @@ func TestStreamEnd(t *testing.T) {
 	}
 
 	st := newStream("cmpl-2", CompletionRequest{Model: "m"}, false, false, func(error) {})
-	r := NewRequest("cmpl-2", []int{1}, 2, time.Time{}, DefaultPolicy, t0)
-	r.State, r.Err = Failed, &RequestError{Type: ErrMigrationExhausted, Message: "3 migrations used"}
+	r := reqfsm.NewRequest("cmpl-2", []int{1}, 2, time.Time{}, reqfsm.DefaultPolicy, t0)
+	r.State, r.Err = reqfsm.Failed, &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted, Message: "3 migrations used"}
 	st.finish(r, (&run{r: r}).summary())
 	w := httptest.NewRecorder()
 	(&Server{}).follow(w, httptest.NewRequest("GET", "/", nil), st, 0, false)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -144,7 +145,7 @@ func TestStructuredWorkerRefusal(t *testing.T) {
 		t.Fatalf("%+v", pe)
 	}
 	w := httptest.NewRecorder()
-	writeRequestErrorFor(w, &RequestError{Type: ErrInvalidRequest, Message: "decode: invalid request: structured: bad"}, body)
+	writeRequestErrorFor(w, &reqfsm.RequestError{Type: reqfsm.ErrInvalidRequest, Message: "decode: invalid request: structured: bad"}, body)
 	if w.Code != 400 || !strings.Contains(w.Body.String(), `"param":"tools"`) {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}
@@ -176,20 +177,20 @@ func TestToolCallConversion(t *testing.T) {
 	}
 }
 
-func textToks(texts ...string) []Token {
-	out := make([]Token, len(texts))
+func textToks(texts ...string) []reqfsm.Token {
+	out := make([]reqfsm.Token, len(texts))
 	for i, s := range texts {
-		out[i] = Token{SequenceNo: i + 1, ID: 300 + i, Text: s, instance: "d0"}
+		out[i] = reqfsm.Token{SequenceNo: i + 1, ID: 300 + i, Text: s, Instance: "d0"}
 	}
 	return out
 }
 
 // finishedWith is a stream of body whose request completed with output.
-func finishedWith(id string, body CompletionRequest, chat bool, output []Token, reason string) *stream {
+func finishedWith(id string, body CompletionRequest, chat bool, output []reqfsm.Token, reason string) *stream {
 	st := newStream(id, body, chat, false, func(error) {})
-	r := NewRequest(id, []int{1}, 64, time.Time{}, DefaultPolicy, t0)
-	r.Output, r.State, r.FinishReason = logOf(output), Completed, reason
-	st.publish(r.Output.view())
+	r := reqfsm.NewRequest(id, []int{1}, 64, time.Time{}, reqfsm.DefaultPolicy, t0)
+	r.Output, r.State, r.FinishReason = logOf(output), reqfsm.Completed, reason
+	st.publish(r.Output.View())
 	x := &run{r: r, body: body}
 	st.finish(r, x.summary())
 	return st
@@ -289,10 +290,10 @@ func TestLogprobsRendering(t *testing.T) {
 	if err != nil || len(ids) < 2 {
 		t.Fatal(ids, err)
 	}
-	out := make([]Token, len(ids))
+	out := make([]reqfsm.Token, len(ids))
 	for i, id := range ids {
-		out[i] = Token{SequenceNo: i + 1, ID: id, Text: string(tok.Piece(0, id)),
-			Logprobs: &TokenLogprobs{Logprob: -0.5 * float64(i+1), Top: []TopLogprob{{ID: id, Logprob: -0.5 * float64(i+1)}, {ID: ids[0], Logprob: -3}}}}
+		out[i] = reqfsm.Token{SequenceNo: i + 1, ID: id, Text: string(tok.Piece(0, id)),
+			Logprobs: &reqfsm.TokenLogprobs{Logprob: -0.5 * float64(i+1), Top: []reqfsm.TopLogprob{{ID: id, Logprob: -0.5 * float64(i+1)}, {ID: ids[0], Logprob: -3}}}}
 	}
 	body := CompletionRequest{Model: "m", Logprobs: true, TopLogprobs: 2}
 	st := finishedWith("chatcmpl-3", body, true, out, "length")
@@ -328,7 +329,7 @@ func TestLogprobsRendering(t *testing.T) {
 	}
 
 	// The record keeps them: a done request replayed elsewhere renders the same.
-	if got := recordLogprobs(out[1].Logprobs.record()); !reflect.DeepEqual(got, out[1].Logprobs) {
+	if got := recordLogprobs(logprobsRecord(out[1].Logprobs)); !reflect.DeepEqual(got, out[1].Logprobs) {
 		t.Fatalf("record round trip %+v", got)
 	}
 }
@@ -355,7 +356,7 @@ func TestEcho(t *testing.T) {
 func TestGenerateCarriesOutputShape(t *testing.T) {
 	body := CompletionRequest{Model: "m", Prompt: "p", Logprobs: true, TopLogprobs: 3,
 		Structured: &StructuredOutput{Kind: StructuredJSONSchema, Schema: json.RawMessage(`{"type":"object"}`), Optional: true}}
-	x := &run{r: NewRequest("r", []int{1}, 8, time.Time{}, DefaultPolicy, t0), body: body}
+	x := &run{r: reqfsm.NewRequest("r", []int{1}, 8, time.Time{}, reqfsm.DefaultPolicy, t0), body: body}
 	g := x.generateRequest(1, nil)
 	if !g.Logprobs || g.TopLogprobs != 3 || g.Structured.Kind != wire.Structured_JSON_SCHEMA || string(g.Structured.Schema) != `{"type":"object"}` || !g.Structured.Optional {
 		t.Fatalf("%+v", g)
@@ -367,7 +368,7 @@ func TestGenerateCarriesOutputShape(t *testing.T) {
 	if lp.Logprob != -1.5 || string(lp.Piece) != "ü" || lp.Top[0].ID != 9 || lp.Top[0].Logprob != -0.25 || string(lp.Top[0].Piece) != " 世" {
 		t.Fatalf("%+v", lp)
 	}
-	chat := chatLogprobs([]Token{{ID: 7, Logprobs: lp}})
+	chat := chatLogprobs([]reqfsm.Token{{ID: 7, Logprobs: lp}})
 	if c := chat.Content[0]; c.Token != "ü" || len(c.Bytes) != 2 || c.TopLogprobs[0].Token != " 世" {
 		t.Fatalf("rendered %+v", c)
 	}

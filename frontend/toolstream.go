@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
 
@@ -97,7 +98,7 @@ func (s *callScanner) feed(text string) []sse.ToolCall {
 // writeCallsFrom is writeFrom for a request with tools.
 func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
 	sc := newCallScanner(st.id, st.body.ToolCalls)
-	var held []Token // tokens not sent yet (their call is not complete)
+	var held []reqfsm.Token // tokens not sent yet (their call is not complete)
 	offset := -1
 	fed := 0
 	for {
@@ -153,8 +154,8 @@ func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher ht
 
 // callChunk is the chunk of calls, which token t completed; held are the
 // tokens since the last chunk (their logprobs go with it).
-func (st *stream) callChunk(t Token, calls []sse.ToolCall, held []Token) sse.Chunk {
-	c := st.chunk("", nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.instance})
+func (st *stream) callChunk(t reqfsm.Token, calls []sse.ToolCall, held []reqfsm.Token) sse.Chunk {
+	c := st.chunk("", nil, sse.Lifeline{RequestID: st.id, SequenceNo: t.SequenceNo, TokenID: t.ID, InstanceID: t.Instance})
 	c.Choices[0].Delta = &sse.Delta{ToolCalls: calls}
 	if *calls[0].Index == 0 {
 		c.Choices[0].Delta.Role = "assistant"
@@ -168,7 +169,7 @@ func (st *stream) callChunk(t Token, calls []sse.ToolCall, held []Token) sse.Chu
 // its text (as in a whole response). After a call was sent, the tokens
 // after the last call's close (its brackets, or a call cut short) are not
 // sent: the calls are the output (outputCalls).
-func (st *stream) writeHeld(sw *sse.Writer, r *Request, held []Token, from int, callsSent bool) {
+func (st *stream) writeHeld(sw *sse.Writer, r *reqfsm.Request, held []reqfsm.Token, from int, callsSent bool) {
 	if callsSent || r.Err != nil {
 		return
 	}

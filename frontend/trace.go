@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -28,7 +29,7 @@ type reqTrace struct {
 }
 
 // startTrace opens r's request span.
-func (s *Server) startTrace(r *Request, body CompletionRequest) *reqTrace {
+func (s *Server) startTrace(r *reqfsm.Request, body CompletionRequest) *reqTrace {
 	if s.tracer == nil {
 		return nil
 	}
@@ -57,14 +58,14 @@ func end(s *trace.Span, err string) {
 	*s = nil
 }
 
-func endpointAttrs(e Endpoint, epoch uint64) []attribute.KeyValue {
+func endpointAttrs(e reqfsm.Endpoint, epoch uint64) []attribute.KeyValue {
 	return []attribute.KeyValue{attribute.String("instance_id", e.InstanceID), attribute.Int64("generation", int64(e.Generation)),
 		attribute.Int64("request_epoch", int64(epoch))}
 }
 
 // dispatched opens a decode attempt's span (a migration's re-prefill
 // starts with it).
-func (t *reqTrace) dispatched(d Dispatch, attempt int) {
+func (t *reqTrace) dispatched(d reqfsm.Dispatch, attempt int) {
 	if t == nil {
 		return
 	}
@@ -85,7 +86,7 @@ func (t *reqTrace) routed(cached int) {
 	t.migration.AddEvent("route", trace.WithAttributes(attribute.Int("cached_blocks", cached)))
 }
 
-func (t *reqTrace) prefillSent(p Prefill, attempt int) {
+func (t *reqTrace) prefillSent(p reqfsm.Prefill, attempt int) {
 	if t == nil {
 		return
 	}
@@ -99,7 +100,7 @@ func (t *reqTrace) prefillDone(err string) {
 	}
 }
 
-func (t *reqTrace) transferSent(tr Transfer) {
+func (t *reqTrace) transferSent(tr reqfsm.Transfer) {
 	if t == nil {
 		return
 	}
@@ -118,7 +119,7 @@ func (t *reqTrace) transferDone(bytes uint64, err string) {
 
 // migrating ends the failed decode attempt and opens the migration's
 // span: the failure seen, and the epoch it moves to.
-func (t *reqTrace) migrating(r *Request, reason string, now time.Time) {
+func (t *reqTrace) migrating(r *reqfsm.Request, reason string, now time.Time) {
 	if t == nil {
 		return
 	}
@@ -144,7 +145,7 @@ func (t *reqTrace) recovered(kvReused int) {
 }
 
 // finished ends every open span and the request's.
-func (t *reqTrace) finished(r *Request) {
+func (t *reqTrace) finished(r *reqfsm.Request) {
 	if t == nil {
 		return
 	}

@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/frontend"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 )
@@ -74,7 +75,7 @@ func frontendCmd() *cobra.Command {
 	f.Int64Var(&opts.RecordBytesMax, "record-bytes-max", frontend.DefaultRecordBytesMax, "bound on the bytes of request records this frontend may have live in etcd; a streamed request over it is refused (503 records_full, retryable): no client can fill etcd")
 	f.BoolVar(&failoverRecords, "failover-records", true, "write a record of every streamed request to etcd so that any frontend can resume it after this one dies")
 	f.BoolVar(&opts.NoKVPull, "no-kv-pull", false, "do not let a migrated request's new worker pull its prefix KV from peers (it recomputes what its node lacks)")
-	f.DurationVar(&capacityWait, "capacity-wait", frontend.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")
+	f.DurationVar(&capacityWait, "capacity-wait", reqfsm.DefaultCapacityWait, "how long a request that finds no routable instance of its model (starting, restarting) waits for one before a retryable 503 no_capacity with Retry-After; 0 fails at once")
 	f.BoolVar(&opts.TLS, "tls", false, "serve HTTPS (HTTP/1.1, HTTP/2) and HTTP/3 on the same port, with Alt-Svc")
 	f.StringVar(&opts.MetricsAddr, "metrics-addr", "127.0.0.1:0", "where /metrics is served, apart from the API (empty: nowhere)")
 	f.StringVar(&opts.DebugSocket, "debug-socket", "", "a unix socket (made mode 0600) for the debug pages: /debug/pprof/* and /debug/traces (empty: none)")

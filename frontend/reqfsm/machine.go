@@ -1,4 +1,4 @@
-package frontend
+package reqfsm
 
 import (
 	"fmt"
@@ -296,7 +296,7 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 			r.Gaps++
 			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
 		}
-		r.Output.add(Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, instance: f.From.InstanceID})
+		r.Output.Add(Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, Instance: f.From.InstanceID})
 		acts = append(acts, Deliver{Tokens: 1})
 	}
 	if f.FinishReason != "" {

@@ -1,4 +1,4 @@
-package frontend
+package reqfsm
 
 import "time"
 
@@ -19,16 +19,16 @@ const ErrTakeoverUnavailable ErrorType = "takeover_unavailable"
 // read (it is malformed).
 const ErrBadRequestRecord ErrorType = "bad_request_record"
 
-// termEpoch is the first request epoch of an owner at term: (term-1)<<32
+// TermEpoch is the first request epoch of an owner at term: (term-1)<<32
 // | 1. The admitting frontend (term 1) counts epochs from 1 as before;
 // every epoch of a later owner is above every epoch of an earlier one, so
 // a worker or frontend comparing epochs sees the later owner as newer.
-func termEpoch(term uint64) uint64 { return (term-1)<<32 | 1 }
+func TermEpoch(term uint64) uint64 { return (term-1)<<32 | 1 }
 
-// newTakenOverRequest is a request this frontend took over at term: it
+// NewTakenOverRequest is a request this frontend took over at term: it
 // starts from nothing (phase 1 regenerates) at the term's first epoch.
-func newTakenOverRequest(r *Request, term uint64) *Request {
-	r.Epoch = termEpoch(term)
+func NewTakenOverRequest(r *Request, term uint64) *Request {
+	r.Epoch = TermEpoch(term)
 	return r
 }
 

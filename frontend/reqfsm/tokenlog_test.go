@@ -1,4 +1,4 @@
-package frontend
+package reqfsm
 
 import (
 	"slices"
@@ -7,10 +7,10 @@ import (
 
 // logOf is a log of toks (numbered from 1 in order, whatever their
 // SequenceNo).
-func logOf(toks []Token) tokenLog {
-	var l tokenLog
+func logOf(toks []Token) TokenLog {
+	var l TokenLog
 	for _, t := range toks {
-		l.add(t)
+		l.Add(t)
 	}
 	return l
 }
@@ -19,24 +19,24 @@ func logOf(toks []Token) tokenLog {
 // past it, through reallocations; texts, ids, instances and logprobs read
 // back as added.
 func TestTokenLogViewsStayWhatTheyWere(t *testing.T) {
-	var l tokenLog
+	var l TokenLog
 	lp := &TokenLogprobs{}
-	var views []tokenLog
+	var views []TokenLog
 	var want []Token
 	for i := range 300 {
-		tok := Token{SequenceNo: i + 1, ID: 1000 + i, Text: string(rune('a' + i%26)), instance: "d0"}
+		tok := Token{SequenceNo: i + 1, ID: 1000 + i, Text: string(rune('a' + i%26)), Instance: "d0"}
 		if i%7 == 0 {
 			tok.Text = "" // a token without text (a special one)
 		}
 		if i >= 100 {
-			tok.instance = "d1"
+			tok.Instance = "d1"
 		}
 		if i == 150 {
 			tok.Logprobs = lp
 		}
-		l.add(tok)
+		l.Add(tok)
 		want = append(want, tok)
-		views = append(views, l.view())
+		views = append(views, l.View())
 	}
 	for n, v := range views {
 		if v.Len() != n+1 {
@@ -47,8 +47,8 @@ func TestTokenLogViewsStayWhatTheyWere(t *testing.T) {
 			t.Fatalf("view %d: got %+v, want %+v", n, got[n], want[n])
 		}
 	}
-	if l.lastInstance() != "d1" || string(l.textOf(3)) != "bc" || l.textOf(0) != nil || len(l.textOf(1000)) != len(l.text) {
-		t.Fatalf("last instance %q, text of 3 %q", l.lastInstance(), l.textOf(3))
+	if l.LastInstance() != "d1" || string(l.TextOf(3)) != "bc" || l.TextOf(0) != nil || len(l.TextOf(1000)) != len(l.text) {
+		t.Fatalf("last instance %q, text of 3 %q", l.LastInstance(), l.TextOf(3))
 	}
 	var from []int
 	for tok := range l.From(297) {
@@ -62,11 +62,11 @@ func TestTokenLogViewsStayWhatTheyWere(t *testing.T) {
 // The log's point: a token costs a few bytes, not a Token's 56 and a
 // string each.
 func TestTokenLogIsCompact(t *testing.T) {
-	var l tokenLog
+	var l TokenLog
 	allocs := testing.AllocsPerRun(10, func() {
-		l = tokenLog{}
+		l = TokenLog{}
 		for i := range 200 {
-			l.add(Token{SequenceNo: i + 1, ID: i, Text: " tok", instance: "d0"})
+			l.Add(Token{SequenceNo: i + 1, ID: i, Text: " tok", Instance: "d0"})
 		}
 	})
 	bytes := cap(l.toks)*8 + cap(l.text) + cap(l.lps)*8 + cap(l.runs)*24

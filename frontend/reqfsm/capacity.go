@@ -1,4 +1,4 @@
-package frontend
+package reqfsm
 
 import (
 	"fmt"
@@ -100,3 +100,8 @@ func (r *Request) endWait(now time.Time) {
 	}
 	r.drainMigration = false
 }
+
+// ErrDraining ends a request whose node drains when no other instance
+// serves its model: the node is going away, the client may retry (503,
+// Retry-After) once it or another is back.
+const ErrDraining ErrorType = "draining"

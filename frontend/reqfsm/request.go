@@ -1,12 +1,15 @@
-// Package frontend is the client-facing side of Lifeline: the request
-// state machine and token log, the migrator, the router, and the
-// OpenAI-compatible HTTP/SSE and HTTP/3 API with resume.
-//
-// The state machine, migrator and router are pure logic, driven by events
-// and an injected clock, in the manner of etcd's raft: the network code
-// (each request's run) feeds them and carries out the actions they return.
-// The stream's wire format is package frontend/sse.
-package frontend
+// Package reqfsm holds the frontend's decisions about a request as pure
+// state machines in the manner of etcd's raft: the request machine
+// (Request: admission to completion, migration under request epochs,
+// cancellation, waits for capacity, the retry budget it spends), the
+// takeover of another frontend's request at a new owner term, and the
+// token log a request commits to. Events go in with the time they
+// happened; Actions come out for the caller (package frontend's run) to
+// carry out. Nothing here does I/O, starts a goroutine or reads a
+// clock, and it imports only the standard library, frontend/route and
+// contract leaves (tools/checks holds it to that), so that every
+// decision is tested alone, in microseconds.
+package reqfsm
 
 import (
 	"errors"
@@ -96,7 +99,7 @@ type Token struct {
 	// Logprobs are the token's log-probabilities, when the request asked
 	// for them: kept in the log, so a resume replays them unchanged.
 	Logprobs *TokenLogprobs
-	instance string // who produced it, for the client's information
+	Instance string // who produced it, for the client's information
 }
 
 // Policy bounds recovery.
@@ -148,7 +151,7 @@ type Request struct {
 	Epoch    uint64
 	Endpoint Endpoint
 	// Output holds the committed tokens: Output.At(i).SequenceNo == i+1.
-	Output     tokenLog
+	Output     TokenLog
 	Migrations int
 	// FailedInstances lists every instance that failed this request, and
 	// FailedGenerations the generation it failed at: a migration never

@@ -1,11 +1,28 @@
-package frontend
+package reqfsm
 
 import (
 	"iter"
 	"unsafe"
 )
 
-// tokenLog is a request's committed output, stored for as long as the
+// TokenLogprobs is a token's log-probability and its most likely
+// alternatives (most likely first, ties by lower id).
+type TokenLogprobs struct {
+	Logprob float64 `json:"lp"`
+	// Piece is the token's bytes in the serving model's vocabulary (nil
+	// from a worker that does not say: the built-in one's).
+	Piece []byte       `json:"p,omitempty"`
+	Top   []TopLogprob `json:"top,omitempty"`
+}
+
+// TopLogprob is one alternative at a position.
+type TopLogprob struct {
+	ID      int     `json:"id"`
+	Logprob float64 `json:"lp"`
+	Piece   []byte  `json:"p,omitempty"`
+}
+
+// TokenLog is a request's committed output, stored for as long as the
 // request can be resumed. A frontend holds one per open stream, so it is
 // kept compact: a token costs 8 bytes and its text's bytes (a []Token
 // costs 56 and a string allocation each), the instances that produced the
@@ -18,7 +35,7 @@ import (
 // covers, and a full slice is reallocated, not written over). For the
 // same reason a token's text is a string over the log's text bytes
 // without a copy (unsafe.String): those bytes are never written again.
-type tokenLog struct {
+type TokenLog struct {
 	toks []logEntry
 	text []byte
 	// lps[i] are token i's log-probabilities; nil until a token has some.
@@ -39,10 +56,10 @@ type instanceRun struct {
 }
 
 // Len is the number of tokens.
-func (l *tokenLog) Len() int { return len(l.toks) }
+func (l *TokenLog) Len() int { return len(l.toks) }
 
-// add appends t as the next token (its SequenceNo is its place).
-func (l *tokenLog) add(t Token) {
+// Add appends t as the next token (its SequenceNo is its place).
+func (l *TokenLog) Add(t Token) {
 	n := len(l.toks)
 	l.text = append(l.text, t.Text...)
 	l.toks = append(l.toks, logEntry{id: int32(t.ID), end: uint32(len(l.text))})
@@ -52,13 +69,13 @@ func (l *tokenLog) add(t Token) {
 	if l.lps != nil {
 		l.lps = append(l.lps, t.Logprobs)
 	}
-	if len(l.runs) == 0 || l.runs[len(l.runs)-1].instance != t.instance {
-		l.runs = append(l.runs, instanceRun{from: n, instance: t.instance})
+	if len(l.runs) == 0 || l.runs[len(l.runs)-1].instance != t.Instance {
+		l.runs = append(l.runs, instanceRun{from: n, instance: t.Instance})
 	}
 }
 
 // At is token i (0-based: sequence number i+1).
-func (l *tokenLog) At(i int) Token {
+func (l *TokenLog) At(i int) Token {
 	start := uint32(0)
 	if i > 0 {
 		start = l.toks[i-1].end
@@ -72,7 +89,7 @@ func (l *tokenLog) At(i int) Token {
 	}
 	for r := len(l.runs) - 1; r >= 0; r-- {
 		if l.runs[r].from <= i {
-			t.instance = l.runs[r].instance
+			t.Instance = l.runs[r].instance
 			break
 		}
 	}
@@ -80,7 +97,7 @@ func (l *tokenLog) At(i int) Token {
 }
 
 // From yields the tokens from index from (0-based) on.
-func (l *tokenLog) From(from int) iter.Seq[Token] {
+func (l *TokenLog) From(from int) iter.Seq[Token] {
 	return func(yield func(Token) bool) {
 		for i := max(from, 0); i < l.Len(); i++ {
 			if !yield(l.At(i)) {
@@ -91,7 +108,7 @@ func (l *tokenLog) From(from int) iter.Seq[Token] {
 }
 
 // Tokens is every token, as a slice (for a whole response's rendering).
-func (l *tokenLog) Tokens() []Token {
+func (l *TokenLog) Tokens() []Token {
 	out := make([]Token, l.Len())
 	for i := range out {
 		out[i] = l.At(i)
@@ -100,7 +117,7 @@ func (l *tokenLog) Tokens() []Token {
 }
 
 // IDs is every token's id.
-func (l *tokenLog) IDs() []int {
+func (l *TokenLog) IDs() []int {
 	out := make([]int, l.Len())
 	for i, e := range l.toks {
 		out[i] = int(e.id)
@@ -108,26 +125,26 @@ func (l *tokenLog) IDs() []int {
 	return out
 }
 
-// textOf is the text of the first n tokens (all of them if there are
+// TextOf is the text of the first n tokens (all of them if there are
 // fewer).
-func (l *tokenLog) textOf(n int) []byte {
+func (l *TokenLog) TextOf(n int) []byte {
 	if n = min(n, l.Len()); n <= 0 {
 		return nil
 	}
 	return l.text[:l.toks[n-1].end]
 }
 
-// lastInstance is the instance that produced the last token ("" if none).
-func (l *tokenLog) lastInstance() string {
+// LastInstance is the instance that produced the last token ("" if none).
+func (l *TokenLog) LastInstance() string {
 	if len(l.runs) == 0 {
 		return ""
 	}
 	return l.runs[len(l.runs)-1].instance
 }
 
-// view is the log as it is now, for a reader: every slice cut to its
+// View is the log as it is now, for a reader: every slice cut to its
 // length, so that nothing appended later writes into what it covers.
-func (l *tokenLog) view() tokenLog {
-	return tokenLog{toks: l.toks[:len(l.toks):len(l.toks)], text: l.text[:len(l.text):len(l.text)],
+func (l *TokenLog) View() TokenLog {
+	return TokenLog{toks: l.toks[:len(l.toks):len(l.toks)], text: l.text[:len(l.text):len(l.text)],
 		lps: l.lps[:len(l.lps):len(l.lps)], runs: l.runs[:len(l.runs):len(l.runs)]}
 }
