@@ -64,8 +64,11 @@ engine-demo:
 	$(GO) run ./cmd/lifeline engine generate --preset small --prompt "$(PROMPT)" --seed 1 --max-tokens 64
 
 # Unit, integration (real binaries as processes) and determinism tests.
+# The binaries the process tests run are built once here and passed in
+# (tests/proctest.BinariesEnv) rather than once per test package.
 test:
-	$(GO) test -count=1 -timeout 14m ./...
+	@bin=$$(mktemp -d) && $(GO) build -o $$bin/ ./cmd/lifeline ./cmd/nodectl && \
+	LIFELINE_TEST_BINARIES=$$bin $(GO) test -count=1 -timeout 14m ./...; rc=$$?; rm -rf $$bin; exit $$rc
 
 # llama.cpp (the copy in the ollama module go.mod names, compiled by cgo
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached

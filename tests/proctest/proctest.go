@@ -34,8 +34,35 @@ var (
 // lifeline that has llama.cpp.
 var buildTags []string
 
-// build compiles cmd/lifeline and cmd/nodectl into a temporary directory.
+// BinariesEnv names a directory that holds lifeline and nodectl built
+// from this tree: `make test` builds them once and passes it to every
+// package, whose process tests then run those instead of building their
+// own. A test binary built with tags (-tags llamacpp) ignores it and
+// builds binaries with its tags.
+const BinariesEnv = "LIFELINE_TEST_BINARIES"
+
+// given is set when the binaries came from BinariesEnv (Main leaves them).
+var given bool
+
+// checkGiven says what is missing from a BinariesEnv directory.
+func checkGiven(dir string) error {
+	for _, name := range []string{"lifeline", "nodectl"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return fmt.Errorf("proctest: %s=%s: %w (build both there: go build -o %s/ ./cmd/lifeline ./cmd/nodectl, or unset it)", BinariesEnv, dir, err, dir)
+		}
+	}
+	return nil
+}
+
+// build compiles cmd/lifeline and cmd/nodectl into a temporary directory,
+// or takes them from BinariesEnv.
 func build() {
+	if dir := os.Getenv(BinariesEnv); dir != "" && len(buildTags) == 0 {
+		if buildErr = checkGiven(dir); buildErr == nil {
+			binDir, given = dir, true
+		}
+		return
+	}
 	if binDir, buildErr = os.MkdirTemp("", "lifeline-bin-"); buildErr == nil {
 		_, buildErr = binaries.Build(binDir, buildTags...)
 	}
@@ -70,7 +97,7 @@ func Nodectl(t testing.TB) string { t.Helper(); return binary(t, "nodectl") }
 // it from TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
+	if binDir != "" && !given {
 		os.RemoveAll(binDir)
 	}
 	os.Exit(code)

@@ -1,6 +1,9 @@
 package proctest
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -17,5 +20,27 @@ func TestPoll(t *testing.T) {
 	}
 	if d := time.Since(start); d < 50*time.Millisecond {
 		t.Fatalf("Poll gave up after %v, before its timeout", d)
+	}
+}
+
+// TestGivenBinariesChecked: a BinariesEnv directory without the binaries
+// is refused with what to do; one with both is taken.
+func TestGivenBinariesChecked(t *testing.T) {
+	dir := t.TempDir()
+	err := checkGiven(dir)
+	if err == nil || !strings.Contains(err.Error(), BinariesEnv) || !strings.Contains(err.Error(), "go build -o") {
+		t.Fatalf("empty directory: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "lifeline"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkGiven(dir); err == nil || !strings.Contains(err.Error(), "nodectl") {
+		t.Fatalf("without nodectl: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nodectl"), nil, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkGiven(dir); err != nil {
+		t.Fatalf("both there: %v", err)
 	}
 }
