@@ -1,4 +1,4 @@
-package kv_test
+package kv
 
 import (
 	"testing"
