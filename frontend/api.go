@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 )
@@ -217,11 +218,11 @@ func writeRequestError(w http.ResponseWriter, e *reqfsm.RequestError) {
 func writeRequestErrorFor(w http.ResponseWriter, e *reqfsm.RequestError, body *CompletionRequest) {
 	code := http.StatusInternalServerError
 	switch e.Type {
-	case reqfsm.ErrNoCapacity, reqfsm.ErrMigrationExhausted, reqfsm.ErrFrontendStopping, reqfsm.ErrTakeoverUnavailable, reqfsm.ErrDraining:
+	case openai.ErrNoCapacity, openai.ErrMigrationExhausted, openai.ErrFrontendStopping, openai.ErrTakeoverUnavailable, openai.ErrDraining:
 		code = http.StatusServiceUnavailable
-	case reqfsm.ErrOverloaded, reqfsm.ErrRetryBudget:
+	case openai.ErrOverloaded, openai.ErrRetryBudget:
 		code = http.StatusTooManyRequests
-	case reqfsm.ErrInvalidRequest:
+	case openai.ErrInvalidRequest:
 		// The worker refused the request (its context, its vocabulary):
 		// the same 400 as the frontend's own validation.
 		pe := workerParamError(e.Message)
@@ -230,11 +231,11 @@ func writeRequestErrorFor(w http.ResponseWriter, e *reqfsm.RequestError, body *C
 		}
 		writeParamError(w, pe)
 		return
-	case reqfsm.ErrDeadlineExceeded:
+	case openai.ErrDeadlineExceeded:
 		code = http.StatusGatewayTimeout
-	case reqfsm.ErrCancelledType:
+	case openai.ErrCancelledType:
 		code = 499
-	case reqfsm.ErrTakenOver:
+	case openai.ErrTakenOver:
 		code = http.StatusConflict
 	}
 	writeError(w, code, e.Type, e.Message)
@@ -264,7 +265,7 @@ func workerParamError(msg string) *ParamError {
 
 // writeParamError answers a request refused for a parameter: a 400.
 func writeParamError(w http.ResponseWriter, e *ParamError) {
-	writeErrorBody(w, http.StatusBadRequest, reqfsm.ErrInvalidRequest, e.Code, e.Param, e.Message)
+	writeErrorBody(w, http.StatusBadRequest, openai.ErrInvalidRequest, e.Code, e.Param, e.Message)
 }
 
 // writeBadRequest answers a request decodeCompletion refused.
@@ -274,7 +275,7 @@ func writeBadRequest(w http.ResponseWriter, err error) {
 		writeParamError(w, pe)
 		return
 	}
-	writeErrorBody(w, http.StatusBadRequest, reqfsm.ErrInvalidRequest, CodeInvalidValue, "", err.Error())
+	writeErrorBody(w, http.StatusBadRequest, openai.ErrInvalidRequest, CodeInvalidValue, "", err.Error())
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
@@ -286,17 +287,17 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // retryAfter is the Retry-After of the retryable refusals, in seconds:
 // an instance at its limit frees up soon; a model with no routable
 // instance has waited for one already.
-var retryAfter = map[reqfsm.ErrorType]string{reqfsm.ErrOverloaded: "1", reqfsm.ErrRetryBudget: "1", reqfsm.ErrNoCapacity: "2", reqfsm.ErrFrontendStopping: "1", reqfsm.ErrTakeoverUnavailable: "1", reqfsm.ErrDraining: "2"}
+var retryAfter = map[openai.ErrorType]string{openai.ErrOverloaded: "1", openai.ErrRetryBudget: "1", openai.ErrNoCapacity: "2", openai.ErrFrontendStopping: "1", openai.ErrTakeoverUnavailable: "1", openai.ErrDraining: "2"}
 
 // writeError writes the OpenAI error shape with a stable type, which is
 // also its code; no parameter.
-func writeError(w http.ResponseWriter, code int, typ reqfsm.ErrorType, msg string) {
+func writeError(w http.ResponseWriter, code int, typ openai.ErrorType, msg string) {
 	writeErrorBody(w, code, typ, string(typ), "", msg)
 }
 
 // writeErrorBody writes {"error": {"message", "type", "param", "code"}};
 // param is null when empty.
-func writeErrorBody(w http.ResponseWriter, status int, typ reqfsm.ErrorType, code, param, msg string) {
+func writeErrorBody(w http.ResponseWriter, status int, typ openai.ErrorType, code, param, msg string) {
 	if s, ok := retryAfter[typ]; ok {
 		w.Header().Set("Retry-After", s)
 	}

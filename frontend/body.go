@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"io"
 	"mime"
 	"net"
@@ -12,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // Request bodies are read under a byte bound and a deadline, so that a
@@ -138,7 +139,7 @@ func (s *Server) writeBodyError(w http.ResponseWriter, req *http.Request, e *Bod
 	if req.ProtoMajor == 1 {
 		w.Header().Set("Connection", "close")
 	}
-	writeErrorBody(w, e.Status, reqfsm.ErrInvalidRequest, e.Code, "", e.Msg)
+	writeErrorBody(w, e.Status, openai.ErrInvalidRequest, e.Code, "", e.Msg)
 }
 
 // admit reads, parses and checks a completion request: everything that

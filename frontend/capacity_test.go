@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/kv/blockid"
@@ -46,7 +47,7 @@ func TestNoRouteWaitsForCapacity(t *testing.T) {
 		t.Fatalf("the migration's wait until %v", aw.Until)
 	}
 	acts := r.NoRoute(mig.Epoch, false, t0.Add(10*time.Second+reqfsm.DefaultCapacityWait))
-	if _, ok := has[reqfsm.Finish](acts); !ok || r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrNoCapacity || r.Received() != 1 {
+	if _, ok := has[reqfsm.Finish](acts); !ok || r.State != reqfsm.Failed || r.Err.Type != openai.ErrNoCapacity || r.Received() != 1 {
 		t.Fatalf("past the bound: %v, state %s, err %v", acts, r.State, r.Err)
 	}
 }
@@ -59,13 +60,13 @@ func TestNoRouteBounds(t *testing.T) {
 	if aw, _ := has[reqfsm.AwaitCapacity](r.NoRoute(rte.Epoch, false, t0)); !aw.Until.Equal(t0.Add(3 * time.Second)) {
 		t.Fatalf("wait until %v, want the deadline", aw.Until)
 	}
-	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrDeadlineExceeded {
+	if r.OnDeadline(t0.Add(3 * time.Second)); r.State != reqfsm.Failed || r.Err.Type != openai.ErrDeadlineExceeded {
 		t.Fatalf("deadline during the wait: %s %v", r.State, r.Err)
 	}
 
 	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	rte, _ = has[reqfsm.Route](r.Start(t0))
-	if r.NoRoute(rte.Epoch, true, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrOverloaded {
+	if r.NoRoute(rte.Epoch, true, t0); r.State != reqfsm.Failed || r.Err.Type != openai.ErrOverloaded {
 		t.Fatalf("overloaded: %s %v", r.State, r.Err)
 	}
 
@@ -73,7 +74,7 @@ func TestNoRouteBounds(t *testing.T) {
 	p.CapacityWait = 0
 	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, p, t0)
 	rte, _ = has[reqfsm.Route](r.Start(t0))
-	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrNoCapacity {
+	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != openai.ErrNoCapacity {
 		t.Fatalf("no wait: %s %v", r.State, r.Err)
 	}
 
@@ -118,7 +119,7 @@ func TestRestartIsNotExcluded(t *testing.T) {
 func TestStopIsNotACancel(t *testing.T) {
 	r := reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
-	if _, ok := has[reqfsm.Finish](r.Stop()); !ok || r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrFrontendStopping {
+	if _, ok := has[reqfsm.Finish](r.Stop()); !ok || r.State != reqfsm.Failed || r.Err.Type != openai.ErrFrontendStopping {
 		t.Fatalf("stop: %s %v", r.State, r.Err)
 	}
 	if acts := r.Stop(); len(acts) != 0 {
@@ -127,7 +128,7 @@ func TestStopIsNotACancel(t *testing.T) {
 	r = reqfsm.NewRequest("r", []int{1}, 10, time.Time{}, reqfsm.DefaultPolicy, t0)
 	start(t, r, "a")
 	r.Cancel()
-	if r.Stop(); r.State != reqfsm.Cancelled || r.Err.Type != reqfsm.ErrCancelledType {
+	if r.Stop(); r.State != reqfsm.Cancelled || r.Err.Type != openai.ErrCancelledType {
 		t.Fatalf("cancel then stop: %s %v", r.State, r.Err)
 	}
 }
@@ -139,12 +140,12 @@ func TestCancelCause(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		end  func(server context.CancelFunc, request context.CancelCauseFunc)
-		want reqfsm.ErrorType
+		want openai.ErrorType
 	}{
-		{"DELETE", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientCancelled) }, reqfsm.ErrCancelledType},
-		{"disconnect", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientGone) }, reqfsm.ErrCancelledType},
-		{"not followed", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errNotFollowed) }, reqfsm.ErrCancelledType},
-		{"frontend stops", func(srv context.CancelFunc, _ context.CancelCauseFunc) { srv() }, reqfsm.ErrFrontendStopping},
+		{"DELETE", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientCancelled) }, openai.ErrCancelledType},
+		{"disconnect", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errClientGone) }, openai.ErrCancelledType},
+		{"not followed", func(_ context.CancelFunc, req context.CancelCauseFunc) { req(errNotFollowed) }, openai.ErrCancelledType},
+		{"frontend stops", func(srv context.CancelFunc, _ context.CancelCauseFunc) { srv() }, openai.ErrFrontendStopping},
 	} {
 		sctx, stop := context.WithCancel(context.Background())
 		rctx, cancel := context.WithCancelCause(sctx)
@@ -174,7 +175,7 @@ func TestWorkerCancelMigrates(t *testing.T) {
 		t.Fatalf("worker cancel: %v, state %s, err %v", acts, r.State, r.Err)
 	}
 	x.onWorkerError(r.Epoch, &wire.Error{Code: wire.Code_INVALID_REQUEST, Message: "bad"}, t0)
-	if r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrInvalidRequest {
+	if r.State != reqfsm.Failed || r.Err.Type != openai.ErrInvalidRequest {
 		t.Fatalf("a non-retryable error: %s %v", r.State, r.Err)
 	}
 }
@@ -332,7 +333,7 @@ func TestWorkerDrainingErrorEndsTyped(t *testing.T) {
 	if !ok || x.drainFailure == "" {
 		t.Fatalf("DRAINING error: state %s, drain failure %q", r.State, x.drainFailure)
 	}
-	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != reqfsm.ErrDraining {
+	if r.NoRoute(rte.Epoch, false, t0); r.State != reqfsm.Failed || r.Err.Type != openai.ErrDraining {
 		t.Fatalf("no route after a DRAINING error: %s %v", r.State, r.Err)
 	}
 	w := httptest.NewRecorder()

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -125,14 +126,14 @@ func (g *group) failure(rs []*reqfsm.Request) (e *reqfsm.RequestError, failed bo
 		if r == nil || r.Err == nil {
 			continue
 		}
-		if e == nil || e.Type == reqfsm.ErrCancelledType && r.Err.Type != reqfsm.ErrCancelledType {
+		if e == nil || e.Type == openai.ErrCancelledType && r.Err.Type != openai.ErrCancelledType {
 			e = r.Err
 		}
 	}
 	if e == nil {
 		return nil, false
 	}
-	return e, e.Type != reqfsm.ErrFrontendStopping && e.Type != reqfsm.ErrTakenOver && e.Type != reqfsm.ErrCancelledType
+	return e, e.Type != openai.ErrFrontendStopping && e.Type != openai.ErrTakenOver && e.Type != openai.ErrCancelledType
 }
 
 // cancel ends every choice with cause.
@@ -308,7 +309,7 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 // the new owner and has no [DONE] (the stream goes on there).
 func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *reqfsm.RequestError) {
 	ev := sse.Error{Message: e.Message, Type: string(e.Type)}
-	if e.Type == reqfsm.ErrTakenOver {
+	if e.Type == openai.ErrTakenOver {
 		for _, st := range g.children {
 			if st.rec == nil {
 				continue
@@ -321,7 +322,7 @@ func (g *group) writeError(sw *sse.Writer, flusher http.Flusher, e *reqfsm.Reque
 		}
 	}
 	sw.WriteError(ev)
-	if e.Type != reqfsm.ErrTakenOver {
+	if e.Type != openai.ErrTakenOver {
 		sw.WriteDone()
 	}
 	if flusher != nil {

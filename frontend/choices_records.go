@@ -9,7 +9,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // A request of several choices has no record of its own: its id names
@@ -60,7 +60,7 @@ func (s *Server) cancelChoices(w http.ResponseWriter, req *http.Request, id stri
 	rs, waits := g.states()
 	finished := len(waits) == 0
 	for _, r := range rs {
-		if r != nil && r.Err != nil && r.Err.Type == reqfsm.ErrCancelledType {
+		if r != nil && r.Err != nil && r.Err.Type == openai.ErrCancelledType {
 			finished = false
 		}
 	}
@@ -89,7 +89,7 @@ func (s *Server) assemble(w http.ResponseWriter, req *http.Request, id string, k
 		return g, true
 	}
 	if s.recs == nil {
-		writeError(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, errNoStream)
+		writeError(w, http.StatusNotFound, openai.ErrInvalidRequest, errNoStream)
 		return nil, false
 	}
 	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
@@ -97,7 +97,7 @@ func (s *Server) assemble(w http.ResponseWriter, req *http.Request, id string, k
 	recs, err := s.choiceRecords(ctx, id)
 	if err != nil {
 		s.metrics.crossResumes.WithLabelValues("unavailable").Inc()
-		writeError(w, http.StatusServiceUnavailable, reqfsm.ErrTakeoverUnavailable, fmt.Sprintf("the request records cannot be read now: %v", err))
+		writeError(w, http.StatusServiceUnavailable, openai.ErrTakeoverUnavailable, fmt.Sprintf("the request records cannot be read now: %v", err))
 		return nil, false
 	}
 	took := false
@@ -152,12 +152,12 @@ func (s *Server) choiceFromRecord(ctx context.Context, w http.ResponseWriter, v 
 	switch {
 	case rec.ID == "":
 		s.metrics.crossResumes.WithLabelValues("not_found").Inc()
-		writeError(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, errNoStream)
+		writeError(w, http.StatusNotFound, openai.ErrInvalidRequest, errNoStream)
 		return nil, errAnswered
 	case rec.Done:
 		st, err := recordStream(rec)
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+			writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 			return nil, errAnswered
 		}
 		s.metrics.crossResumes.WithLabelValues("replayed").Inc()
@@ -167,7 +167,7 @@ func (s *Server) choiceFromRecord(ctx context.Context, w http.ResponseWriter, v 
 	switch {
 	case err != nil:
 		s.metrics.takeovers.WithLabelValues("unavailable").Inc()
-		writeError(w, http.StatusServiceUnavailable, reqfsm.ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be taken over now: %v", err))
+		writeError(w, http.StatusServiceUnavailable, openai.ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be taken over now: %v", err))
 		return nil, errAnswered
 	case !won:
 		s.metrics.takeovers.WithLabelValues("lost").Inc()
@@ -183,14 +183,14 @@ func (s *Server) choiceFromRecord(ctx context.Context, w http.ResponseWriter, v 
 		}
 		s.metrics.crossResumes.WithLabelValues("conflict").Inc()
 		w.Header().Set("Lifeline-Owner-URL", url)
-		writeError(w, http.StatusConflict, reqfsm.ErrTakenOver, "another frontend took the request over: resume at "+url)
+		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the request over: resume at "+url)
 		return nil, errAnswered
 	}
 	s.metrics.takeovers.WithLabelValues("ok").Inc()
 	s.metrics.crossResumes.WithLabelValues("taken_over").Inc()
 	st, err := s.adopt(rs)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 		return nil, errAnswered
 	}
 	return st, nil

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -19,7 +20,7 @@ func TestGroupRefusalNamesClientParam(t *testing.T) {
 			st.body.Structured = &StructuredOutput{Kind: StructuredJSONSchema, Schema: []byte(`{"type":"string"}`)}
 		}
 		g.children[1].append(toks(1, "a"))
-		g.children[0].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: reqfsm.ErrInvalidRequest,
+		g.children[0].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: openai.ErrInvalidRequest,
 			Message: "decode: invalid request: structured.schema: grammar: too large"}}, sse.Lifeline{})
 		return g
 	}

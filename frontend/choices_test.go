@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -279,18 +280,18 @@ func TestGroupFailure(t *testing.T) {
 	g := &group{id: "p-c2", children: []*stream{choiceStream("p-c2", 0, 2), choiceStream("p-c2", 1, 2)}}
 	g.children[0].cancel = func(err error) { cancelled = append(cancelled, err) }
 	g.children[0].append(toks(1, "a"))
-	g.children[1].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted, Message: "x"}}, sse.Lifeline{})
+	g.children[1].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: openai.ErrMigrationExhausted, Message: "x"}}, sse.Lifeline{})
 	var out bytes.Buffer
 	g.writeFrom(context.Background(), sse.NewWriter(&out), nil, make([]int, 2))
 	if !strings.Contains(out.String(), `"type":"migration_exhausted"`) || !strings.HasSuffix(out.String(), "data: [DONE]\n\n") ||
 		len(cancelled) != 1 || cancelled[0] != errSiblingFailed {
 		t.Fatalf("cancelled %v\n%s", cancelled, out.String())
 	}
-	rs := []*reqfsm.Request{{Err: &reqfsm.RequestError{Type: reqfsm.ErrCancelledType}}, {Err: &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted}}}
-	if e, failed := g.failure(rs); !failed || e.Type != reqfsm.ErrMigrationExhausted {
+	rs := []*reqfsm.Request{{Err: &reqfsm.RequestError{Type: openai.ErrCancelledType}}, {Err: &reqfsm.RequestError{Type: openai.ErrMigrationExhausted}}}
+	if e, failed := g.failure(rs); !failed || e.Type != openai.ErrMigrationExhausted {
 		t.Fatalf("%+v %v", e, failed)
 	}
-	if _, failed := g.failure([]*reqfsm.Request{nil, {Err: &reqfsm.RequestError{Type: reqfsm.ErrFrontendStopping}}}); failed {
+	if _, failed := g.failure([]*reqfsm.Request{nil, {Err: &reqfsm.RequestError{Type: openai.ErrFrontendStopping}}}); failed {
 		t.Fatal("a stopping frontend ends no choice for good")
 	}
 }

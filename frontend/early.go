@@ -8,8 +8,9 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/quic-go/quic-go"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // The HTTP/3 server accepts TLS 1.3 early data (0-RTT), so that a client
@@ -19,9 +20,6 @@ import (
 // nothing: the resume GET and the probes. Anything else that arrives
 // before the handshake completed is refused with 425 Too Early and never
 // reaches its handler.
-
-// errTooEarly is the type of a 425 answer.
-const errTooEarly reqfsm.ErrorType = "too_early"
 
 // quicConnKey holds a request's *earlyConn in its context.
 type quicConnKey struct{}
@@ -85,7 +83,7 @@ func (s *Server) earlyGuard(next http.Handler) http.Handler {
 		pending := handshakePending(ec.conn)
 		if pending && !earlySafe(r) {
 			s.metrics.tooEarly.Inc()
-			writeError(w, http.StatusTooEarly, errTooEarly, "request sent as 0-RTT early data: send it again once the handshake is complete")
+			writeError(w, http.StatusTooEarly, openai.ErrTooEarly, "request sent as 0-RTT early data: send it again once the handshake is complete")
 			return
 		}
 		// A resume counts as a 0-RTT one if the handshake is still pending

@@ -2,9 +2,10 @@ package frontend
 
 import (
 	"fmt"
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 // The request machine's test helpers, as its own tests (frontend/reqfsm)

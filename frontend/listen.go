@@ -16,7 +16,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/http3"
 
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/internal/debugsock"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
@@ -45,12 +45,12 @@ func (s *Server) handler() *http.ServeMux {
 	for path, methods := range allow {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", methods)
-			writeErrorBody(w, http.StatusMethodNotAllowed, reqfsm.ErrInvalidRequest, "method_not_allowed", "",
+			writeErrorBody(w, http.StatusMethodNotAllowed, openai.ErrInvalidRequest, "method_not_allowed", "",
 				fmt.Sprintf("%s %s: method not allowed (allowed: %s)", r.Method, r.URL.Path, methods))
 		})
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeErrorBody(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, "not_found", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, r.URL.Path))
+		writeErrorBody(w, http.StatusNotFound, openai.ErrInvalidRequest, "not_found", "", fmt.Sprintf("%s %s: no such endpoint", r.Method, r.URL.Path))
 	})
 	return mux
 }

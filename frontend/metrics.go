@@ -3,9 +3,11 @@ package frontend
 import (
 	"regexp"
 
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 type metrics struct {
@@ -129,15 +131,15 @@ func (m *metrics) settle(r *reqfsm.Request) {
 	m.staleTransfers.Add(float64(r.StaleTransfers))
 	if r.Err != nil {
 		switch r.Err.Type {
-		case reqfsm.ErrMigrationExhausted, reqfsm.ErrDeadlineExceeded, reqfsm.ErrNoCapacity:
+		case openai.ErrMigrationExhausted, openai.ErrDeadlineExceeded, openai.ErrNoCapacity:
 			if r.Migrations > 0 {
 				m.migrationFail.WithLabelValues(string(r.Err.Type)).Inc()
 			}
 		}
-		if r.Err.Type == reqfsm.ErrNoCapacity {
+		if r.Err.Type == openai.ErrNoCapacity {
 			m.capacityWaits.WithLabelValues("timed_out").Inc()
 		}
-		if r.Migrations == 0 && (r.Err.Type == reqfsm.ErrNoCapacity || r.Err.Type == reqfsm.ErrOverloaded) {
+		if r.Migrations == 0 && (r.Err.Type == openai.ErrNoCapacity || r.Err.Type == openai.ErrOverloaded) {
 			m.shed.WithLabelValues(string(r.Err.Type)).Inc()
 		}
 	}

@@ -1,9 +1,10 @@
 package frontend
 
 import (
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"log/slog"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 )
 
 // observer logs and counts what one request's interpreter does; it

@@ -3,11 +3,12 @@ package frontend
 import (
 	"encoding/json"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"net/http"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // Request records are bounded twice, so that no client can fill etcd
@@ -35,10 +36,7 @@ const maxAdmissionRecordBytes = 256 << 10
 const DefaultRecordBytesMax = 256 << 20
 
 // Codes of the record bounds' refusals.
-const (
-	CodeRecordTooLarge                  = "request_record_too_large"
-	ErrRecordsFull     reqfsm.ErrorType = "records_full"
-)
+const CodeRecordTooLarge = "request_record_too_large"
 
 // recordBudget counts the record bytes a frontend wrote in buckets of a
 // lease rotation (window/4); a bucket counts until every record written
@@ -117,7 +115,7 @@ func (b *recordBudget) live(now time.Time) int64 {
 // recordRefusal is a streamed request refused for its record's bytes.
 type recordRefusal struct {
 	status     int
-	typ        reqfsm.ErrorType
+	typ        openai.ErrorType
 	code       string
 	param, msg string
 	retry      time.Duration
@@ -143,12 +141,12 @@ func (s *Server) reserveRecord(body *CompletionRequest, count int) *recordRefusa
 	if one > maxAdmissionRecordBytes {
 		param := heaviestParam(body)
 		s.metrics.refused.WithLabelValues(CodeRecordTooLarge).Inc()
-		return &recordRefusal{status: http.StatusBadRequest, typ: reqfsm.ErrInvalidRequest, code: CodeRecordTooLarge, param: param,
+		return &recordRefusal{status: http.StatusBadRequest, typ: openai.ErrInvalidRequest, code: CodeRecordTooLarge, param: param,
 			msg: fmt.Sprintf("the request's failover record would be %d bytes, over the %d this cluster stores (so that any frontend can resume the stream); %s weighs most: shorten it", one, maxAdmissionRecordBytes, param)}
 	}
 	if ok, retry := s.recs.budget.take(one*int64(count), time.Now()); !ok {
-		s.metrics.refused.WithLabelValues(string(ErrRecordsFull)).Inc()
-		return &recordRefusal{status: http.StatusServiceUnavailable, typ: ErrRecordsFull, code: string(ErrRecordsFull), retry: retry,
+		s.metrics.refused.WithLabelValues(string(openai.ErrRecordsFull)).Inc()
+		return &recordRefusal{status: http.StatusServiceUnavailable, typ: openai.ErrRecordsFull, code: string(openai.ErrRecordsFull), retry: retry,
 			msg: fmt.Sprintf("this frontend's request records hold their bound of %d bytes (they keep streams resumable through a frontend's death); retry after %v, or at another frontend", s.recs.budget.max, retry.Round(time.Second))}
 	}
 	s.metrics.recordBytes.Add(float64(one * int64(count)))

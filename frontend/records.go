@@ -13,6 +13,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -34,13 +35,9 @@ import (
 // recordbudget.go), so one over this is not expected (it would not be
 // written, counted as skipped); a done record's output drops its logprobs to fit
 // (LogprobsOmitted: a replay has none), and an output that does not fit
-// even so is left out, the record ending with errOutputNotKept. The
+// even so is left out, the record ending with openai.ErrOutputNotKept. The
 // summary (End, with the tool calls' ids) is always kept.
 const maxRecordBytes = 1 << 20
-
-// errOutputNotKept is the error of a replay of a request whose output
-// did not fit its record.
-const errOutputNotKept reqfsm.ErrorType = "output_not_kept"
 
 // recordTimeout bounds the admission write; tokens wait for it.
 const recordTimeout = time.Second
@@ -306,7 +303,7 @@ func (rc *records) complete(ctx context.Context, st *stream, r *reqfsm.Request, 
 		return
 	}
 	defer rc.release(rs)
-	if r.Err != nil && (r.Err.Type == reqfsm.ErrFrontendStopping || r.Err.Type == reqfsm.ErrTakenOver) {
+	if r.Err != nil && (r.Err.Type == openai.ErrFrontendStopping || r.Err.Type == openai.ErrTakenOver) {
 		return
 	}
 	rec.Done, rec.FinishReason = true, r.FinishReason
@@ -351,7 +348,7 @@ func fitOutput(rec schema.RequestRecord) schema.RequestRecord {
 		return rec
 	}
 	rec.Output, rec.LogprobsOmitted = nil, false
-	rec.ErrorType = string(errOutputNotKept)
+	rec.ErrorType = string(openai.ErrOutputNotKept)
 	rec.ErrorMessage = "the output is too large to keep for a replay"
 	return rec
 }

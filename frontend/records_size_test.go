@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // doneRecord is a done record of n tokens of text, each with logprobs of
@@ -63,7 +64,7 @@ func TestRecordFitsEtcd(t *testing.T) {
 	// An output too large even without logprobs.
 	rec = doneRecord(40000, strings.Repeat("y", 30), 0)
 	got = fitOutput(rec)
-	if recordBytes(got) > maxRecordBytes || got.Output != nil || got.ErrorType != string(errOutputNotKept) || string(*got.End) != string(*rec.End) {
+	if recordBytes(got) > maxRecordBytes || got.Output != nil || got.ErrorType != string(openai.ErrOutputNotKept) || string(*got.End) != string(*rec.End) {
 		t.Fatalf("%d bytes, %d tokens, error %q", recordBytes(got), len(got.Output), got.ErrorType)
 	}
 }

@@ -1,9 +1,10 @@
 package frontend
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // retryBudgets are a frontend's buckets, one per priority, with their

@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/internal/pki"
@@ -203,7 +204,7 @@ func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, b
 	}
 	if err := s.keys.Check(tok, id, time.Now()); err != nil {
 		s.metrics.resumes.WithLabelValues("refused").Inc()
-		writeError(w, http.StatusUnauthorized, reqfsm.ErrInvalidRequest, err.Error())
+		writeError(w, http.StatusUnauthorized, openai.ErrInvalidRequest, err.Error())
 		return id, false
 	}
 	return id, true
@@ -247,7 +248,7 @@ func (s *Server) handleCancel(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	done, r, _ := st.state()
-	if done && (r.Err == nil || r.Err.Type != reqfsm.ErrCancelledType) {
+	if done && (r.Err == nil || r.Err.Type != openai.ErrCancelledType) {
 		// Nothing left to cancel: it ended on its own.
 		writeJSON(w, http.StatusOK, map[string]any{"id": st.id, "cancelled": false, "finished": true})
 		return
@@ -555,7 +556,7 @@ func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
 }
 
 func writeModelNotFound(w http.ResponseWriter, model string) {
-	writeErrorBody(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, CodeModelNotFound, "model", fmt.Sprintf("the model %q is not served here", model))
+	writeErrorBody(w, http.StatusNotFound, openai.ErrInvalidRequest, CodeModelNotFound, "model", fmt.Sprintf("the model %q is not served here", model))
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
@@ -261,7 +262,7 @@ func (st *stream) chunk(text string, finish *string, ll sse.Lifeline) sse.Chunk 
 // writeEnd ends a stream whose headers are sent: an error event or the
 // final chunk, then [DONE].
 func (st *stream) writeEnd(sw *sse.Writer, flusher http.Flusher, r *reqfsm.Request) {
-	if r.Err != nil && r.Err.Type == reqfsm.ErrTakenOver && st.rec != nil {
+	if r.Err != nil && r.Err.Type == openai.ErrTakenOver && st.rec != nil {
 		// Not the end of the stream: it goes on at the new owner, where
 		// the client resumes. No [DONE].
 		st.rec.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -112,7 +113,7 @@ func TestStreamEnd(t *testing.T) {
 
 	st := newStream("cmpl-2", CompletionRequest{Model: "m"}, false, false, func(error) {})
 	r := reqfsm.NewRequest("cmpl-2", []int{1}, 2, time.Time{}, reqfsm.DefaultPolicy, t0)
-	r.State, r.Err = reqfsm.Failed, &reqfsm.RequestError{Type: reqfsm.ErrMigrationExhausted, Message: "3 migrations used"}
+	r.State, r.Err = reqfsm.Failed, &reqfsm.RequestError{Type: openai.ErrMigrationExhausted, Message: "3 migrations used"}
 	st.finish(r, (&run{r: r}).summary())
 	w := httptest.NewRecorder()
 	(&Server{}).follow(w, httptest.NewRequest("GET", "/", nil), st, 0, false)

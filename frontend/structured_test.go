@@ -13,6 +13,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/decode/tokenizer"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -145,7 +146,7 @@ func TestStructuredWorkerRefusal(t *testing.T) {
 		t.Fatalf("%+v", pe)
 	}
 	w := httptest.NewRecorder()
-	writeRequestErrorFor(w, &reqfsm.RequestError{Type: reqfsm.ErrInvalidRequest, Message: "decode: invalid request: structured: bad"}, body)
+	writeRequestErrorFor(w, &reqfsm.RequestError{Type: openai.ErrInvalidRequest, Message: "decode: invalid request: structured: bad"}, body)
 	if w.Code != 400 || !strings.Contains(w.Body.String(), `"param":"tools"`) {
 		t.Fatalf("%d %s", w.Code, w.Body)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/sse"
 )
@@ -28,7 +29,7 @@ const errNoStream = "no such stream (finished longer ago than the resume window?
 // returns false then; result labels the metrics of that answer.
 func (s *Server) fromRecord(ctx context.Context, w http.ResponseWriter, id string, result func(string)) (rec schema.RequestRecord, rs *recordState, won, ok bool) {
 	if s.recs == nil {
-		writeError(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, errNoStream)
+		writeError(w, http.StatusNotFound, openai.ErrInvalidRequest, errNoStream)
 		return rec, nil, false, false
 	}
 	rec, rev, err := s.recs.read(ctx, id)
@@ -38,13 +39,13 @@ func (s *Server) fromRecord(ctx context.Context, w http.ResponseWriter, id strin
 	switch {
 	case errors.Is(err, errNoRecord):
 		result("not_found")
-		writeError(w, http.StatusNotFound, reqfsm.ErrInvalidRequest, errNoStream)
+		writeError(w, http.StatusNotFound, openai.ErrInvalidRequest, errNoStream)
 	case errors.Is(err, schema.ErrBadRecord):
 		result("bad_record")
-		writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 	case err != nil:
 		result("unavailable")
-		writeError(w, http.StatusServiceUnavailable, reqfsm.ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
+		writeError(w, http.StatusServiceUnavailable, openai.ErrTakeoverUnavailable, fmt.Sprintf("the request record cannot be read or taken over now: %v", err))
 	default:
 		return rec, rs, won, true
 	}
@@ -93,13 +94,13 @@ func (s *Server) lostTakeover(w http.ResponseWriter, req *http.Request, id strin
 	rec, _, err := s.recs.read(ctx, id)
 	switch {
 	case err != nil && !errors.Is(err, schema.ErrBadRecord) && !errors.Is(err, errNoRecord):
-		writeError(w, http.StatusServiceUnavailable, reqfsm.ErrTakeoverUnavailable, err.Error())
+		writeError(w, http.StatusServiceUnavailable, openai.ErrTakeoverUnavailable, err.Error())
 	case err == nil && rec.Done:
 		s.replayRecord(w, req, rec, from)
 	default:
 		s.metrics.crossResumes.WithLabelValues("conflict").Inc()
 		w.Header().Set("Lifeline-Owner-URL", rec.OwnerURL)
-		writeError(w, http.StatusConflict, reqfsm.ErrTakenOver, "another frontend took the request over: resume at "+rec.OwnerURL)
+		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the request over: resume at "+rec.OwnerURL)
 	}
 }
 
@@ -108,7 +109,7 @@ func (s *Server) lostTakeover(w http.ResponseWriter, req *http.Request, id strin
 func (s *Server) replayRecord(w http.ResponseWriter, req *http.Request, rec schema.RequestRecord, from int) {
 	st, err := recordStream(rec)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 		return
 	}
 	s.metrics.takeovers.WithLabelValues("done_replay").Inc()
@@ -132,7 +133,7 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 	}
 	r := &reqfsm.Request{ID: rec.ID, State: reqfsm.Completed, FinishReason: rec.FinishReason}
 	if rec.ErrorType != "" {
-		r.State, r.Err = reqfsm.Failed, &reqfsm.RequestError{Type: reqfsm.ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
+		r.State, r.Err = reqfsm.Failed, &reqfsm.RequestError{Type: openai.ErrorType(rec.ErrorType), Message: rec.ErrorMessage}
 	}
 	addRecordTokens(&r.Output, rec.Output)
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
@@ -146,7 +147,7 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 func (s *Server) driveTakenOver(w http.ResponseWriter, req *http.Request, rs *recordState, from int) {
 	st, err := s.adopt(rs)
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 		return
 	}
 	w.Header().Set("Lifeline-Request-Id", st.id)
@@ -164,7 +165,7 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 		err = body.validate()
 	}
 	if err != nil {
-		r := &reqfsm.Request{ID: rec.ID, State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: reqfsm.ErrBadRequestRecord, Message: err.Error()}}
+		r := &reqfsm.Request{ID: rec.ID, State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: openai.ErrBadRequestRecord, Message: err.Error()}}
 		st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
 		st.rec = rs
 		s.goes.Go(func() { s.recs.complete(context.WithoutCancel(s.ctx), st, r, sse.Lifeline{RequestID: rec.ID}) })
@@ -217,12 +218,12 @@ func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id s
 			url = now.OwnerURL
 		}
 		w.Header().Set("Lifeline-Owner-URL", url)
-		writeError(w, http.StatusConflict, reqfsm.ErrTakenOver, "another frontend took the request over: cancel it at "+url)
+		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the request over: cancel it at "+url)
 	default:
 		s.metrics.takeovers.WithLabelValues("ok").Inc()
 		st, err := s.adopt(rs)
 		if err != nil {
-			writeError(w, http.StatusInternalServerError, reqfsm.ErrBadRequestRecord, err.Error())
+			writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 			return
 		}
 		st.cancel(errClientCancelled)

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
-	"github.com/lifeline-llm/lifeline/frontend/route"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
 // reqTrace is one request's spans: the request itself, and under it each

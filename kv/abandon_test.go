@@ -3,13 +3,13 @@ package kv
 import (
 	"context"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"net"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 

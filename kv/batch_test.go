@@ -3,11 +3,11 @@ package kv
 import (
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"testing"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/shm"
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )

@@ -3,7 +3,6 @@ package collective
 import (
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/tests/proctest"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 func segment(t *testing.T, tp int, gen uint64, n int) string {

@@ -2,8 +2,10 @@ package reqfsm
 
 import (
 	"fmt"
-	"github.com/lifeline-llm/lifeline/frontend/route"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
 // A request that finds no routable instance of its model waits for one:
@@ -62,10 +64,10 @@ func (r *Request) NoRoute(epoch uint64, overloaded bool, now time.Time) []Action
 		return nil
 	}
 	if overloaded {
-		return r.fail(ErrOverloaded, "every instance that can serve the request is at its limit")
+		return r.fail(openai.ErrOverloaded, "every instance that can serve the request is at its limit")
 	}
 	if r.drainMigration {
-		return r.fail(ErrDraining, fmt.Sprintf("the node serving the request drains and no other instance serves its model (after %d tokens)", r.Received()))
+		return r.fail(openai.ErrDraining, fmt.Sprintf("the node serving the request drains and no other instance serves its model (after %d tokens)", r.Received()))
 	}
 	if r.waitingSince.IsZero() {
 		r.waitingSince = now
@@ -75,7 +77,7 @@ func (r *Request) NoRoute(epoch uint64, overloaded bool, now time.Time) []Action
 		until = r.Deadline
 	}
 	if !now.Before(until) {
-		return r.fail(ErrNoCapacity, fmt.Sprintf("no instance can serve the request (waited %v for one)", now.Sub(r.waitingSince).Round(time.Millisecond)))
+		return r.fail(openai.ErrNoCapacity, fmt.Sprintf("no instance can serve the request (waited %v for one)", now.Sub(r.waitingSince).Round(time.Millisecond)))
 	}
 	return []Action{AwaitCapacity{Epoch: r.Epoch, Until: until}}
 }
@@ -100,8 +102,3 @@ func (r *Request) endWait(now time.Time) {
 	}
 	r.drainMigration = false
 }
-
-// ErrDraining ends a request whose node drains when no other instance
-// serves its model: the node is going away, the client may retry (503,
-// Retry-After) once it or another is back.
-const ErrDraining ErrorType = "draining"

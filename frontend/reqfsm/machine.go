@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // Action is what the state machine asks the I/O layer to do.
@@ -119,7 +121,7 @@ func (r *Request) spendRetry() ([]Action, bool) {
 	}
 	r.retryPending = false
 	if !r.Policy.Retries.Spend() {
-		return r.fail(ErrRetryBudget, "the frontend's retry budget refused a retry; the cluster is overloaded"), false
+		return r.fail(openai.ErrRetryBudget, "the frontend's retry budget refused a retry; the cluster is overloaded"), false
 	}
 	return nil, true
 }
@@ -241,7 +243,7 @@ func (r *Request) dispatchDecode() []Action {
 	return []Action{Dispatch{To: r.Endpoint, Epoch: r.Epoch, Prefix: r.Output.IDs()}}
 }
 
-func (r *Request) fail(typ ErrorType, msg string) []Action {
+func (r *Request) fail(typ openai.ErrorType, msg string) []Action {
 	r.Err = &RequestError{Type: typ, Message: msg}
 	return []Action{r.bump(Failed), Finish{}}
 }
@@ -342,11 +344,11 @@ func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain boo
 	r.excludeEndpoint(r.Endpoint)
 	switch {
 	case !retryable:
-		return r.fail(ErrInvalidRequest, reason)
+		return r.fail(openai.ErrInvalidRequest, reason)
 	case r.Migrations >= r.Policy.MigrationBudget:
-		return r.fail(ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
+		return r.fail(openai.ErrMigrationExhausted, fmt.Sprintf("%d migrations used; last failure: %s", r.Migrations, reason))
 	case !r.Deadline.IsZero() && now.Add(time.Duration(len(r.Prompt)+r.Received())*r.Policy.PrefillPerToken).After(r.Deadline):
-		return r.fail(ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
+		return r.fail(openai.ErrDeadlineExceeded, "the deadline does not cover a re-prefill of "+fmt.Sprint(len(r.Prompt)+r.Received())+" tokens")
 	}
 	// A failure's migration is charged to the retry budget, never refused
 	// by it: no single worker's death may end the streams it served.
@@ -378,7 +380,7 @@ func (r *Request) OnDeadline(now time.Time) []Action {
 	if r.Deadline.IsZero() || now.Before(r.Deadline) || r.State.Terminal() || r.State == Cancelling {
 		return nil
 	}
-	return r.fail(ErrDeadlineExceeded, fmt.Sprintf("deadline passed after %d tokens", r.Received()))
+	return r.fail(openai.ErrDeadlineExceeded, fmt.Sprintf("deadline passed after %d tokens", r.Received()))
 }
 
 // OnDeregistered: instance's registration is gone (its lease expired or
@@ -422,7 +424,7 @@ func (r *Request) Tick(now time.Time) []Action {
 		return r.OnWorkerFailed(r.Epoch, fmt.Sprintf("no frame for %v", now.Sub(r.lastFrame)), true, now)
 	}
 	if !r.Deadline.IsZero() && now.After(r.Deadline) {
-		return r.fail(ErrDeadlineExceeded, "deadline passed")
+		return r.fail(openai.ErrDeadlineExceeded, "deadline passed")
 	}
 	return nil
 }
@@ -446,7 +448,7 @@ func (r *Request) Stop() []Action {
 	case r.State == Cancelling:
 		return r.CancelDone()
 	}
-	return r.fail(ErrFrontendStopping, fmt.Sprintf("the frontend stopped after %d tokens", r.Received()))
+	return r.fail(openai.ErrFrontendStopping, fmt.Sprintf("the frontend stopped after %d tokens", r.Received()))
 }
 
 // CancelDone: the worker confirmed (or could not be reached).
@@ -455,6 +457,6 @@ func (r *Request) CancelDone() []Action {
 		return nil
 	}
 	r.State = Cancelled
-	r.Err = &RequestError{Type: ErrCancelledType, Message: "cancelled by the client"}
+	r.Err = &RequestError{Type: openai.ErrCancelledType, Message: "cancelled by the client"}
 	return []Action{Finish{}}
 }

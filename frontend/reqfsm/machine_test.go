@@ -3,9 +3,11 @@ package reqfsm
 import (
 	"errors"
 	"fmt"
-	"github.com/lifeline-llm/lifeline/frontend/route"
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
+	"github.com/lifeline-llm/lifeline/frontend/route"
 )
 
 var t0 = time.Unix(1_800_000_000, 0)
@@ -104,7 +106,7 @@ func TestBudgetExhaustedFailsTyped(t *testing.T) {
 		r.Routed(rte.Epoch, Endpoint{fmt.Sprint("i", i), 1}, t0)
 	}
 	acts := r.OnWorkerFailed(r.Epoch, "killed", true, t0)
-	if _, ok := has[Finish](acts); !ok || r.State != Failed || !errors.Is(r.Err, &RequestError{Type: ErrMigrationExhausted}) {
+	if _, ok := has[Finish](acts); !ok || r.State != Failed || !errors.Is(r.Err, &RequestError{Type: openai.ErrMigrationExhausted}) {
 		t.Fatalf("after the budget: %v, %v", r.State, r.Err)
 	}
 }
@@ -115,7 +117,7 @@ func TestDeadlineShortFailsFast(t *testing.T) {
 	r := NewRequest("r", make([]int, 100), 10, t0.Add(500*time.Millisecond), p, t0)
 	start(t, r, "a")
 	r.OnWorkerFailed(r.Epoch, "killed", true, t0) // 100 tokens × 10ms = 1s > 500ms
-	if r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+	if r.State != Failed || r.Err.Type != openai.ErrDeadlineExceeded {
 		t.Fatalf("state %s, err %v", r.State, r.Err)
 	}
 }
@@ -189,7 +191,7 @@ func TestCancelBeatsLateMigration(t *testing.T) {
 		t.Fatalf("migration completed after cancel: %v", acts)
 	}
 	r.CancelDone()
-	if r.State != Cancelled || r.Err.Type != ErrCancelledType {
+	if r.State != Cancelled || r.Err.Type != openai.ErrCancelledType {
 		t.Fatalf("state %s", r.State)
 	}
 	if acts := r.Cancel(); len(acts) != 0 {
@@ -405,7 +407,7 @@ func TestDeadlineEndsAnyState(t *testing.T) {
 	}
 	epoch := r.Epoch
 	acts := r.OnDeadline(t0.Add(time.Second))
-	if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch || r.State != Failed || r.Err.Type != ErrDeadlineExceeded {
+	if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch || r.State != Failed || r.Err.Type != openai.ErrDeadlineExceeded {
 		t.Fatalf("at the deadline: %v, state %s, err %v", acts, r.State, r.Err)
 	}
 	if acts := r.OnDeadline(t0.Add(2 * time.Second)); len(acts) != 0 {

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // State is a request's state in the request state machine.
@@ -48,28 +50,9 @@ func (s State) running() bool {
 	return s == Admitted || s == Prefilling || s == Transferring || s == Decoding || s == Migrating
 }
 
-// ErrorType is the stable `type` of an OpenAI-shaped error body. It is
-// an error itself, so that errors.Is(err, ErrOverloaded) asks whether a
-// request ended with that type.
-type ErrorType string
-
-func (t ErrorType) Error() string { return string(t) }
-
-const (
-	ErrInvalidRequest     ErrorType = "invalid_request_error"
-	ErrOverloaded         ErrorType = "overloaded"
-	ErrNoCapacity         ErrorType = "no_capacity"
-	ErrMigrationExhausted ErrorType = "migration_exhausted"
-	ErrDeadlineExceeded   ErrorType = "deadline_exceeded"
-	ErrCancelledType      ErrorType = "cancelled"
-	// ErrFrontendStopping ends the requests of a frontend that stops: the
-	// client did not cancel them, and may retry elsewhere.
-	ErrFrontendStopping ErrorType = "frontend_stopping"
-)
-
 // RequestError is a request's terminal, typed error.
 type RequestError struct {
-	Type    ErrorType
+	Type    openai.ErrorType
 	Message string
 }
 
@@ -78,7 +61,7 @@ func (e *RequestError) Error() string { return string(e.Type) + ": " + e.Message
 // Is makes errors.Is match on the type: a target that is an ErrorType,
 // or another *RequestError of the same type.
 func (e *RequestError) Is(target error) bool {
-	if t, ok := target.(ErrorType); ok {
+	if t, ok := target.(openai.ErrorType); ok {
 		return t == e.Type
 	}
 	var t *RequestError

@@ -5,12 +5,6 @@ import (
 	"sync/atomic"
 )
 
-// ErrRetryBudget ends a request whose retry (a re-route after an overload
-// refusal, or a migration) the frontend's retry budget refused: the
-// cluster is overloaded or failing, and retrying would multiply the load.
-// 429 with Retry-After before anything is streamed.
-const ErrRetryBudget ErrorType = "retry_budget_exhausted"
-
 // RetryBudget is a frontend's token bucket for retries, in the style of
 // gRPC's and Envoy's retry budgets: a re-route after an overload refusal
 // spends one token (Spend), a migration after a worker's failure is

@@ -3,6 +3,8 @@ package reqfsm
 import (
 	"testing"
 	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // TestRetryBudgetBoundsRetries: retries spend the bucket's tokens, a
@@ -27,7 +29,7 @@ func TestRetryBudgetBoundsRetries(t *testing.T) {
 		}
 	}
 	r := overloadedTwice("r3")
-	if r.State != Failed || r.Err.Type != ErrRetryBudget {
+	if r.State != Failed || r.Err.Type != openai.ErrRetryBudget {
 		t.Fatalf("past the budget: %s %v", r.State, r.Err)
 	}
 	// Two completions refill one token.
@@ -49,7 +51,7 @@ func TestRetryBudgetBoundsRetries(t *testing.T) {
 	}
 	// The migrations drained what the completions refilled: a re-route
 	// after an overload is refused.
-	if r := overloadedTwice("r4"); r.State != Failed || r.Err.Type != ErrRetryBudget {
+	if r := overloadedTwice("r4"); r.State != Failed || r.Err.Type != openai.ErrRetryBudget {
 		t.Fatalf("a re-route after migrations drained the bucket: %s %v", r.State, r.Err)
 	}
 	if b.spent.Load() != 4 || b.refused.Load() != 2 {

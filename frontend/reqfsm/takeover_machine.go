@@ -1,23 +1,14 @@
 package reqfsm
 
-import "time"
+import (
+	"time"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
+)
 
 // The request machine's part of a takeover: a request driven by a later
 // owner (term) runs at epochs above every epoch of the earlier ones, and
 // a request this frontend lost to another ends with a typed error.
-
-// ErrTakenOver ends a request another frontend took over: the client
-// resumes at the new owner (its URL is in the error event and in the
-// Lifeline-Owner-URL header of a 409).
-const ErrTakenOver ErrorType = "taken_over"
-
-// ErrTakeoverUnavailable answers a resume that needs a takeover while
-// etcd does not answer: retryable, nothing was driven.
-const ErrTakeoverUnavailable ErrorType = "takeover_unavailable"
-
-// ErrBadRequestRecord answers a resume whose request record cannot be
-// read (it is malformed).
-const ErrBadRequestRecord ErrorType = "bad_request_record"
 
 // TermEpoch is the first request epoch of an owner at term: (term-1)<<32
 // | 1. The admitting frontend (term 1) counts epochs from 1 as before;
@@ -53,7 +44,7 @@ func (r *Request) TakenOver(ownerURL string) []Action {
 		return r.CancelDone()
 	}
 	if ownerURL == "" {
-		return r.fail(ErrTakenOver, "another frontend took the request over: resume at any frontend")
+		return r.fail(openai.ErrTakenOver, "another frontend took the request over: resume at any frontend")
 	}
-	return r.fail(ErrTakenOver, "another frontend took the request over: resume at "+ownerURL)
+	return r.fail(openai.ErrTakenOver, "another frontend took the request over: resume at "+ownerURL)
 }
