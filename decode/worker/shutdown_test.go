@@ -29,6 +29,9 @@ func TestWorkerStopDeliversFinish(t *testing.T) {
 		if len(fs) != 6 || fs[len(fs)-1].FinishReason != "length" {
 			t.Fatalf("run %d: after the first token, %d frames, last %+v", i, len(fs), fs[len(fs)-1])
 		}
+		// Read to the end, the client hangs up, as a frontend does: the
+		// worker stops then rather than after its closeGrace.
+		c.Close()
 		if err := <-stopped; err != nil {
 			t.Fatalf("run %d: worker stopped with %v", i, err)
 		}
