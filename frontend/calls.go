@@ -246,7 +246,7 @@ func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stre
 	for {
 		f, err := st.Next()
 		if err == nil {
-			err = x.s.fenced(kv.From, f)
+			err = x.s.fenced(kv.From, c.addr, f)
 		}
 		switch {
 		case err != nil && errors.Is(err, io.EOF):
@@ -270,16 +270,28 @@ func (x *run) awaitHandOff(ctx context.Context, c *pooled, st *workerclient.Stre
 	}
 }
 
-// fenced checks a frame of a stream opened to ep against the registry:
-// a frame stamped with an older generation than the instance's newest
-// registration comes from an endpoint that was replaced, and ends the
-// stream. (A worker re-registered after a lost lease stamps its new
-// generation on the streams it keeps serving.)
-func (s *Server) fenced(ep reqfsm.Endpoint, f *wire.Frame) error {
-	if g := s.router.Generation(ep.InstanceID); f.Generation < g {
-		return fmt.Errorf("fenced: frame of %s at generation %d, registered at %d", ep.InstanceID, f.Generation, g)
+// fenced checks a frame of a stream opened to ep, on a connection to
+// addr, against the registry: a frame stamped with an older generation
+// than the instance's newest registration comes from an endpoint that was
+// replaced, and ends the stream. A worker re-registered after a lost lease
+// stamps its new generation on the streams it keeps serving — but frames
+// it stamped before it learnt it may still be on their way when the
+// registration arrives: while the newest registration names the address
+// the stream's connection goes to, its frames come from that same process
+// (a connection does not outlive its process, and no other process can
+// hold the port while it lives) and are not fenced.
+func (s *Server) fenced(ep reqfsm.Endpoint, addr string, f *wire.Frame) error {
+	g := s.router.Generation(ep.InstanceID)
+	if f.Generation >= g {
+		return nil
 	}
-	return nil
+	s.mu.Lock()
+	same := addr != "" && s.addrs[ep.InstanceID] == addr
+	s.mu.Unlock()
+	if same {
+		return nil
+	}
+	return fmt.Errorf("fenced: frame of %s at generation %d, registered at %d", ep.InstanceID, f.Generation, g)
 }
 
 // TransferTimeout bounds a P/D hand-off's pull.
@@ -418,7 +430,7 @@ func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream
 		}
 		first = nil
 		if err == nil {
-			err = x.s.fenced(to, f)
+			err = x.s.fenced(to, c.addr, f)
 		}
 		if err != nil {
 			if ctx.Err() == nil {

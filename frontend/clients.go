@@ -41,6 +41,7 @@ var errEndpointFailed = errors.New("frontend: the endpoint failed while being di
 // pooled is one connection and the streams open on it.
 type pooled struct {
 	ep      reqfsm.Endpoint
+	addr    string // the worker's address it was dialled at
 	c       *workerclient.Client
 	streams int
 	retired bool
@@ -81,7 +82,7 @@ func (p *clientPool) get(ctx context.Context, ep reqfsm.Endpoint, addr string) (
 	if ok {
 		wc.Close()
 	} else {
-		c = &pooled{ep: ep, c: wc}
+		c = &pooled{ep: ep, addr: addr, c: wc}
 		p.conns[ep] = c
 		p.open++
 	}
