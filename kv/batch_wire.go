@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -22,7 +23,7 @@ func handleSealPublish(o *Owner, sid SessionID, sp *kvpb.SealPublish, resp *kvpb
 		if err != nil {
 			return err
 		}
-		blocks[i] = BatchBlock{Ref: fromPB(r), Key: key, Parent: parent}
+		blocks[i] = BatchBlock{Ref: kvclient.RefFromPB(r), Key: key, Parent: parent}
 	}
 	res, err := o.PublishBatch(sid, blocks, int(sp.Allocate))
 	if err != nil {
@@ -31,11 +32,11 @@ func handleSealPublish(o *Owner, sid SessionID, sp *kvpb.SealPublish, resp *kvpb
 	resp.Results = make([]*kvpb.BlockResult, len(blocks))
 	for i, e := range res.Errs {
 		if e != nil {
-			resp.Results[i] = &kvpb.BlockResult{Code: codeOf(e), Message: e.Error()}
+			resp.Results[i] = &kvpb.BlockResult{Code: kvclient.CodeOf(e), Message: e.Error()}
 			continue
 		}
-		resp.Results[i] = &kvpb.BlockResult{Ref: toPB(res.Published[i])}
+		resp.Results[i] = &kvpb.BlockResult{Ref: kvclient.RefToPB(res.Published[i])}
 	}
-	resp.Refs = refsToPB(res.Allocated)
+	resp.Refs = kvclient.RefsToPB(res.Allocated)
 	return nil
 }

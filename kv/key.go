@@ -41,19 +41,8 @@ var (
 	ErrBadRequest        = kvclient.ErrBadRequest
 )
 
-// DecodeKeys decodes wire keys (see kvclient.DecodeKeys).
-func DecodeKeys(raw [][]byte, allowZero bool) ([]BlockKey, error) {
-	return kvclient.DecodeKeys(raw, allowZero)
-}
-
-func codeOf(err error) kvpb.Code      { return kvclient.CodeOf(err) }
-func toPB(r Ref) *kvpb.Ref            { return kvclient.RefToPB(r) }
-func fromPB(r *kvpb.Ref) Ref          { return kvclient.RefFromPB(r) }
-func refsToPB(rs []Ref) []*kvpb.Ref   { return kvclient.RefsToPB(rs) }
-func refsFromPB(rs []*kvpb.Ref) []Ref { return kvclient.RefsFromPB(rs) }
-
 func keyFromBytes(b []byte) (BlockKey, error) {
-	keys, err := DecodeKeys([][]byte{b}, true)
+	keys, err := kvclient.DecodeKeys([][]byte{b}, true)
 	if err != nil {
 		return BlockKey{}, err
 	}
@@ -64,5 +53,5 @@ func keysFromPB(ks *kvpb.Keys) ([]BlockKey, error) {
 	if ks == nil {
 		return nil, nil
 	}
-	return DecodeKeys(ks.Keys, true)
+	return kvclient.DecodeKeys(ks.Keys, true)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
 	"github.com/lifeline-llm/lifeline/internal/unixsock"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -118,7 +119,7 @@ func handle(o *Owner, sid *SessionID, req *kvpb.Request) *kvpb.Response {
 	}
 	if err != nil {
 		// Handlers set the answer's fields only on success.
-		resp.Code, resp.Message = codeOf(err), err.Error()
+		resp.Code, resp.Message = kvclient.CodeOf(err), err.Error()
 	}
 	return resp
 }
@@ -153,19 +154,19 @@ func dispatch(o *Owner, sid *SessionID, req *kvpb.Request, resp *kvpb.Response) 
 	case *kvpb.Request_Allocate:
 		refs, err := o.Allocate(*sid, int(op.Allocate.Count))
 		if err == nil {
-			resp.Refs = refsToPB(refs)
+			resp.Refs = kvclient.RefsToPB(refs)
 		}
 		return err
 	case *kvpb.Request_Seal:
 		return handleSeal(o, *sid, op.Seal)
 	case *kvpb.Request_Publish:
-		return o.Publish(*sid, fromPB(op.Publish.Ref))
+		return o.Publish(*sid, kvclient.RefFromPB(op.Publish.Ref))
 	case *kvpb.Request_Abort:
-		return o.Abort(*sid, fromPB(op.Abort.Ref))
+		return o.Abort(*sid, kvclient.RefFromPB(op.Abort.Ref))
 	case *kvpb.Request_Acquire:
 		return handleAcquire(o, *sid, op.Acquire, resp)
 	case *kvpb.Request_Release:
-		return o.Release(*sid, fromPB(op.Release.Ref))
+		return o.Release(*sid, kvclient.RefFromPB(op.Release.Ref))
 	case *kvpb.Request_SealPublish:
 		return handleSealPublish(o, *sid, op.SealPublish, resp)
 	default:
@@ -183,9 +184,9 @@ func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
 		}
 		resp.Count = uint32(o.Lookup(keys))
 	case *kvpb.Request_Delete:
-		return o.Delete(fromPB(op.Delete.Ref))
+		return o.Delete(kvclient.RefFromPB(op.Delete.Ref))
 	case *kvpb.Request_ReportCorrupt:
-		dropped, err := o.ReportCorrupt(fromPB(op.ReportCorrupt.Ref))
+		dropped, err := o.ReportCorrupt(kvclient.RefFromPB(op.ReportCorrupt.Ref))
 		if err != nil {
 			return err
 		}
@@ -205,7 +206,7 @@ func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
 
 // handleHello opens the connection's session.
 func handleHello(o *Owner, sid *SessionID, h *kvpb.Hello, resp *kvpb.Response) error {
-	id, ownedOK, leasedOK, err := o.Hello(Writer{Instance: h.InstanceId, Gen: h.Generation}, refsFromPB(h.Owned), refsFromPB(h.Leased))
+	id, ownedOK, leasedOK, err := o.Hello(Writer{Instance: h.InstanceId, Gen: h.Generation}, kvclient.RefsFromPB(h.Owned), kvclient.RefsFromPB(h.Leased))
 	if err != nil {
 		return err
 	}
@@ -225,7 +226,7 @@ func handleSeal(o *Owner, sid SessionID, s *kvpb.Seal) error {
 	if err != nil {
 		return err
 	}
-	return o.Seal(sid, fromPB(s.Ref), key, parent)
+	return o.Seal(sid, kvclient.RefFromPB(s.Ref), key, parent)
 }
 
 func handleAcquire(o *Owner, sid SessionID, ks *kvpb.Keys, resp *kvpb.Response) error {
@@ -237,7 +238,7 @@ func handleAcquire(o *Owner, sid SessionID, ks *kvpb.Keys, resp *kvpb.Response) 
 	if err != nil {
 		return err
 	}
-	resp.Refs = refsToPB(refs)
+	resp.Refs = kvclient.RefsToPB(refs)
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/lifeline-llm/lifeline/internal/frame"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/kv/kvpb"
 )
 
@@ -14,7 +15,7 @@ func allocReq(n uint32) *kvpb.Request {
 }
 
 func sealReq(r Ref, key []byte) *kvpb.Request {
-	return &kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: toPB(r), Key: key}}}
+	return &kvpb.Request{Op: &kvpb.Request_Seal{Seal: &kvpb.Seal{Ref: kvclient.RefToPB(r), Key: key}}}
 }
 
 func helloReq(w Writer) *kvpb.Request {

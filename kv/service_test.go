@@ -194,7 +194,7 @@ func TestProtocolAbuse(t *testing.T) {
 	if err != nil || len(resp.Refs) != 1 {
 		t.Fatalf("raw allocate: %v %v", resp, err)
 	}
-	if _, err := rawRoundTrip(raw, sealReq(fromPB(resp.Refs[0]), []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
+	if _, err := rawRoundTrip(raw, sealReq(kvclient.RefFromPB(resp.Refs[0]), []byte{1, 2, 3})); !errors.Is(err, ErrBadRequest) {
 		t.Fatalf("short key: %v", err)
 	}
 	client, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})

@@ -26,6 +26,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/kv"
+	"github.com/lifeline-llm/lifeline/kv/kvclient"
 	"github.com/lifeline-llm/lifeline/rdma/transferpb"
 )
 
@@ -158,7 +159,7 @@ func Keys(raw [][]byte) ([]kv.BlockKey, error) {
 	if len(raw) > MaxBlocks {
 		return nil, fmt.Errorf("%w: %d keys (at most %d)", ErrBadTransfer, len(raw), MaxBlocks)
 	}
-	keys, err := kv.DecodeKeys(raw, false)
+	keys, err := kvclient.DecodeKeys(raw, false)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTransfer, err)
 	}
