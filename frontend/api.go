@@ -80,6 +80,9 @@ type CompletionRequest struct {
 	N      int           `json:"n,omitempty"`
 	Batch  []BatchPrompt `json:"batch,omitempty"`
 	Choice *ChoiceOf     `json:"choice,omitempty"`
+	// Response is set for a request of the Responses API
+	// (responses_body.go).
+	Response *responseMeta `json:"response,omitempty"`
 	// tokenized is Prompt encoded by the admission check (nil: not).
 	tokenized *tokenizedPrompt
 }
@@ -92,6 +95,13 @@ type ChatMessage struct {
 	// tool message answers.
 	ToolCalls  []HistoryCall `json:"tool_calls,omitempty"`
 	ToolCallID string        `json:"tool_call_id,omitempty"`
+}
+
+// recorded: the request has a record (when the frontend writes them),
+// so that any frontend can resume, replay or retrieve it: a streamed
+// request, and a stored response.
+func (b *CompletionRequest) recorded() bool {
+	return b.Stream || b.Response != nil && b.Response.Store
 }
 
 // DefaultMaxTokens is a request's max_tokens when it names none.

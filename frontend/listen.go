@@ -34,6 +34,11 @@ func (s *Server) handler() *http.ServeMux {
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("GET /v1/streams/{id}", s.handleResume)
 	mux.HandleFunc("DELETE /v1/streams/{id}", s.handleCancel)
+	mux.HandleFunc("POST /v1/responses", s.handleResponseCreate)
+	mux.HandleFunc("GET /v1/responses/{id}", s.handleResponseGet)
+	mux.HandleFunc("DELETE /v1/responses/{id}", s.handleResponseDelete)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleResponseCancel)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", s.handleResponseInputItems)
 	mux.HandleFunc("GET /healthz", s.handleHealth)
 	mux.HandleFunc("GET /readyz", s.handleReady)
 	mux.HandleFunc("GET /v1/models/{id}", s.handleModel)
@@ -41,7 +46,8 @@ func (s *Server) handler() *http.ServeMux {
 	// another method (405), any other path (404; /metrics included: the
 	// metrics have their own listener).
 	allow := map[string]string{"/v1/completions": "POST", "/v1/chat/completions": "POST", "/v1/models": "GET",
-		"/v1/models/{id}": "GET", "/v1/streams/{id}": "GET, DELETE", "/healthz": "GET", "/readyz": "GET"}
+		"/v1/models/{id}": "GET", "/v1/streams/{id}": "GET, DELETE",
+		"/v1/responses": "POST", "/v1/responses/{id}": "GET, DELETE", "/v1/responses/{id}/cancel": "POST", "/v1/responses/{id}/input_items": "GET", "/healthz": "GET", "/readyz": "GET"}
 	for path, methods := range allow {
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", methods)

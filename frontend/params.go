@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strconv"
 	"unicode/utf8"
+
+	"github.com/lifeline-llm/lifeline/frontend/openai"
 )
 
 // This file reads the OpenAI parameters of /v1/completions and
@@ -15,21 +17,14 @@ import (
 // documents is known here: it either works or is refused with a 400 that
 // names it; unknown fields are accepted, as OpenAI clients send extras.
 
-// ParamError is a request refused for one parameter: a 400 in the OpenAI
-// error shape with Param set and a stable Code.
-type ParamError struct {
-	Param   string
-	Code    string // invalid_value, unsupported_parameter, missing_required_parameter
-	Message string
-}
-
-func (e *ParamError) Error() string { return e.Param + ": " + e.Message }
+// ParamError is a request refused for one parameter (openai.ParamError).
+type ParamError = openai.ParamError
 
 // Stable codes of ParamError (and of the worker's refusals, mapped).
 const (
-	CodeInvalidValue          = "invalid_value"
-	CodeUnsupportedParameter  = "unsupported_parameter"
-	CodeMissingRequired       = "missing_required_parameter"
+	CodeInvalidValue          = openai.CodeInvalidValue
+	CodeUnsupportedParameter  = openai.CodeUnsupportedParameter
+	CodeMissingRequired       = openai.CodeMissingRequired
 	CodeContextLengthExceeded = "context_length_exceeded"
 	CodeModelNotFound         = "model_not_found"
 	maxStop                   = 4

@@ -133,7 +133,7 @@ func (e *recordRefusal) write(w http.ResponseWriter) {
 // reserveRecord charges the admission records of a streamed request of
 // count choices to the budget, or says why it is refused.
 func (s *Server) reserveRecord(body *CompletionRequest, count int) *recordRefusal {
-	if s.recs == nil || !body.Stream {
+	if s.recs == nil || !body.recorded() {
 		return nil
 	}
 	b, _ := json.Marshal(body)

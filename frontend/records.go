@@ -311,6 +311,7 @@ func (rc *records) complete(ctx context.Context, st *stream, r *reqfsm.Request, 
 		rec.ErrorType, rec.ErrorMessage = string(r.Err.Type), r.Err.Message
 	}
 	rec.Output = recordTokens(&r.Output, r.Output.Len())
+	rec.PromptTokens = st.usage(0).PromptTokens
 	if b, err := json.Marshal(end); err == nil {
 		raw := json.RawMessage(b)
 		rec.End = &raw

@@ -162,6 +162,9 @@ func (s *Server) forgetLater(st *stream) {
 // reapIdle cancels a resumable request nobody has followed for the resume
 // window.
 func (s *Server) reapIdle(st *stream) {
+	if st.body.Response != nil && st.body.Response.Background {
+		return // runs to its end, followed or not
+	}
 	st.mu.Lock()
 	idle := st.watchers == 0 && !st.idleAt.IsZero() && time.Since(st.idleAt) > s.resumeWindow()
 	st.mu.Unlock()
@@ -484,7 +487,7 @@ func (s *Server) startAs(id string, body CompletionRequest, chat, resumable bool
 	r := reqfsm.NewRequest(id, make([]int, body.promptEstimate()), body.maxTokens(), deadline, policy, now)
 	rctx, cancel := context.WithCancelCause(s.ctx)
 	st := newStream(id, body, chat, resumable, cancel)
-	if s.recs != nil && body.Stream {
+	if s.recs != nil && body.recorded() {
 		// Written while the request is routed and prefilled; its tokens
 		// wait for it (at most recordTimeout).
 		st.rec = &recordState{stored: make(chan struct{})}

@@ -206,6 +206,12 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	if flusher != nil {
 		flusher.Flush()
 	}
+	if st.body.Response != nil {
+		// A response's events: from is the sequence number after which
+		// the client resumes (-1: from the start).
+		gone = !st.writeResponseFrom(req.Context(), sw, flusher, from)
+		return
+	}
 	gone = !st.writeFrom(req.Context(), sw, flusher, from)
 }
 

@@ -137,6 +137,7 @@ func recordStream(rec schema.RequestRecord) (*stream, error) {
 	}
 	addRecordTokens(&r.Output, rec.Output)
 	st := newStream(rec.ID, body, rec.Chat, true, func(error) {})
+	st.setWorkerPromptLen(rec.PromptTokens)
 	st.publish(r.Output.View())
 	st.finish(r, end)
 	return st, nil

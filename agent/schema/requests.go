@@ -96,6 +96,9 @@ type RequestRecord struct {
 	// LogprobsOmitted: the output's logprobs did not fit the record's
 	// size bound and were left out; a replay has none.
 	LogprobsOmitted bool `json:"logprobs_omitted,omitempty"`
+	// PromptTokens is a done request's prompt length in its model's
+	// tokens (0: not known), for the usage of a replay.
+	PromptTokens int `json:"prompt_tokens,omitempty"`
 }
 
 // RecordToken is one output token of a done request.

@@ -302,6 +302,23 @@ func (w *Writer) WriteUsage(c *Chunk) error {
 	}{c.ID, c.Object, c.Created, c.Model, c.SystemFingerprint, []Choice{}, c.Usage})
 }
 
+// WriteEvent writes v as one event of type typ ("": the default) with
+// id ("": none): the Responses API's events.
+func (w *Writer) WriteEvent(typ, id string, v any) error {
+	w.buf.Reset()
+	if id != "" {
+		w.buf.WriteString("id: ")
+		w.buf.WriteString(id)
+		w.buf.WriteByte('\n')
+	}
+	if typ != "" {
+		w.buf.WriteString("event: ")
+		w.buf.WriteString(typ)
+		w.buf.WriteByte('\n')
+	}
+	return w.data(v)
+}
+
 // WriteError writes the event that ends a failed stream.
 func (w *Writer) WriteError(e Error) error {
 	w.buf.Reset()
