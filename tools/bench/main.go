@@ -23,7 +23,7 @@ func main() {
 	minRatio := flag.Float64("min-batch-ratio", 6, "required batch-16/batch-1 decode throughput on small")
 	minStream := flag.Float64("min-stream", 0.9, "required batch-1 decode weight bandwidth, as a fraction of a read-only stream over as many bytes")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams, llamacpp or goengine (the last two built with -tags llamacpp)")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, llamacpp or goengine (the last two built with -tags llamacpp)")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	flag.Parse()
 	var err error
@@ -58,6 +58,8 @@ func main() {
 		err = runStartupBench()
 	case "streams":
 		err = runStreamsBench()
+	case "responses":
+		err = runResponsesBench(*kills / 5)
 	case "llamacpp":
 		err = runLlamaCppBench()
 	case "goengine":
@@ -92,6 +94,9 @@ func main() {
 			err = runFailoverBench(*kills * 2 / 5)
 		}
 		if err == nil && *only == "" {
+			err = runResponsesBench(*kills / 5)
+		}
+		if err == nil && *only == "" {
 			err = runStructuredBench()
 		}
 		if err == nil && *only == "" {
@@ -104,7 +109,7 @@ func main() {
 			err = runStreamsBench()
 		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, structured, spec, tp, startup, streams, llamacpp or goengine", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, llamacpp or goengine", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
