@@ -81,6 +81,9 @@ func (s *Server) handleResponseCreate(w http.ResponseWriter, req *http.Request) 
 	meta := body.Response
 	meta.CreatedAt = time.Now().Unix()
 	if e := s.reserveRecord(&body, 1); e != nil {
+		if pe, ok := responsesParam(&ParamError{Param: e.param}).(*ParamError); ok {
+			e.param = pe.Param // the conversation: input (with previous_response_id's)
+		}
 		e.write(w)
 		return
 	}
