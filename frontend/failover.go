@@ -59,5 +59,9 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 		}
 	}
 	s.goes.Go(func() { s.watchRequests(ctx, rev) })
+	// Before serving: what this id owned in a former life is not this
+	// life's (orphans.go).
+	s.adoptOrphans(ctx, func(owner string) bool { return owner == s.opts.ID })
+	s.goes.Go(func() { s.watchOrphans(ctx, rev) })
 	return nil
 }

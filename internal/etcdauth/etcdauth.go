@@ -61,7 +61,9 @@ func agentGrants(node string) []grant {
 }
 
 // frontendGrants are the keys every frontend may touch: read the
-// registrations, failure announcements and node records it routes by;
+// registrations, failure announcements and node records it routes by,
+// and the frontends' keys (whether a request's owner lives; whose
+// background responses are orphaned);
 // write request records (a takeover rewrites another frontend's) and the
 // resume key ring (the first frontend creates it if missing; a frontend
 // holds the ring's secrets anyway, so writing it adds no power to mint
@@ -71,6 +73,7 @@ func frontendGrants() []grant {
 		{schema.InstancesPrefix, true, read},
 		{schema.FailuresPrefix, true, read},
 		{schema.NodesPrefix, true, read},
+		{schema.FrontendsPrefix, true, read},
 		{schema.RequestsPrefix, true, readWrite},
 		{schema.ResumeKeysKey, false, readWrite},
 	}

@@ -160,7 +160,7 @@ func TestFrontendWritesOnlyRecords(t *testing.T) {
 	if _, err := f1.KeepAliveOnce(ctx(t), lease.ID); !denied(err) {
 		t.Errorf("f1 renewed an agent's lease: %v", err)
 	}
-	for _, k := range []string{schema.InstancesPrefix, schema.FailuresPrefix, schema.NodesPrefix, schema.RequestsPrefix} {
+	for _, k := range []string{schema.InstancesPrefix, schema.FailuresPrefix, schema.NodesPrefix, schema.RequestsPrefix, schema.FrontendsPrefix} {
 		if _, err := f1.Get(ctx(t), k, clientv3.WithPrefix()); err != nil {
 			t.Errorf("f1 read %s: %v", k, err)
 		}

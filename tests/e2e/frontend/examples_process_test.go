@@ -135,4 +135,3 @@ func stderrOf(err error) string {
 	}
 	return ""
 }
-

@@ -425,3 +425,60 @@ func killServing(t *testing.T, n *clustertest.Node) {
 	}
 	t.Fatal("no worker is generating")
 }
+
+// TestBackgroundResponseAdoptedWhenItsFrontendDies: a background response
+// nobody follows loses its frontend (SIGKILL); no client asks for it, yet
+// the other frontend adopts it (its key expired) and drives it to its
+// end; retrieved afterwards it is a fault-free run's output.
+func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	cb := sdk(b, "k")
+	ctx := context.Background()
+	const tokens = 1200
+	finished := func(c openai.Client, id string) *responses.Response {
+		var r *responses.Response
+		proctest.WaitFor(t, 90*time.Second, "the background response finished", func() (bool, string) {
+			got, err := c.Responses.Get(ctx, id, responses.ResponseGetParams{})
+			if err != nil {
+				return false, err.Error()
+			}
+			r = got
+			return got.Status != "queued" && got.Status != "in_progress", string(got.Status)
+		})
+		return r
+	}
+	ref, err := cb.Responses.New(ctx, story(12, tokens, true), seedOpt(12)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := finished(cb, ref.ID)
+
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	ca := sdk(a.URL, "k")
+	bg, err := ca.Responses.New(ctx, story(12, tokens, true), seedOpt(12)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, 10*time.Second, "the background response generating", func() (bool, string) {
+		r, err := ca.Responses.Get(ctx, bg.ID, responses.ResponseGetParams{})
+		return err == nil && len(r.OutputText()) > 0, fmt.Sprint(err)
+	})
+	const completes = `lifeline_frontend_request_record_writes_total{kind="complete"}`
+	before := metric(t, b, completes)
+	a.Signal(syscall.SIGKILL)
+	<-a.Exited()
+	proctest.WaitFor(t, 30*time.Second, "B adopting the orphan", func() (bool, string) {
+		v := metric(t, b, `lifeline_frontend_takeovers_total{result="orphan"}`)
+		return v == 1, fmt.Sprint("adopted: ", v)
+	})
+	proctest.WaitFor(t, 90*time.Second, "B completing it with no client", func() (bool, string) {
+		v := metric(t, b, completes)
+		return v > before, fmt.Sprint("completions: ", v)
+	})
+	got := finished(cb, bg.ID)
+	if got.Status != want.Status || got.OutputText() != want.OutputText() || got.Usage.OutputTokens != tokens {
+		t.Fatalf("adopted: %s %d tokens, want %s (identical text: %v)", got.Status, got.Usage.OutputTokens, want.Status, got.OutputText() == want.OutputText())
+	}
+}
