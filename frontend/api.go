@@ -99,9 +99,12 @@ type ChatMessage struct {
 
 // recorded: the request has a record (when the frontend writes them),
 // so that any frontend can resume, replay or retrieve it: a streamed
-// request, and a stored response.
+// request, and a stored response (streamed or not).
 func (b *CompletionRequest) recorded() bool {
-	return b.Stream || b.Response != nil && b.Response.Store
+	if b.Response != nil {
+		return b.Response.Store // store: false keeps nothing
+	}
+	return b.Stream
 }
 
 // DefaultMaxTokens is a request's max_tokens when it names none.

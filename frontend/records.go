@@ -88,6 +88,22 @@ type recordState struct {
 	counted bool
 	// movedTo is the owner URL of the frontend that took the request over.
 	movedTo string
+	// completed is closed once the request's end is written to its
+	// record, or given up (completion).
+	completed     chan struct{}
+	completedOnce sync.Once
+}
+
+// completion is closed once complete has written the request's end to
+// its record (or given up): a response's end reaches its client after
+// that, so that any frontend it asks next finds it done.
+func (rs *recordState) completion() chan struct{} {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.completed == nil {
+		rs.completed = make(chan struct{})
+	}
+	return rs.completed
 }
 
 func (rs *recordState) term() uint64 {
@@ -249,6 +265,7 @@ func addRecordTokens(l *reqfsm.TokenLog, toks []schema.RecordToken) {
 // takeover then regenerates, bit-identically, as before).
 func (rc *records) migrated(ctx context.Context, st *stream, prefix []schema.RecordToken) {
 	rs := st.rec
+	defer rs.completedOnce.Do(func() { close(rs.completion()) })
 	<-rs.stored
 	rs.wmu.Lock()
 	defer rs.wmu.Unlock()

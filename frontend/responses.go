@@ -134,6 +134,24 @@ func (s *Server) streamResponse(w http.ResponseWriter, req *http.Request, st *st
 	s.follow(w, req, st, -1, true)
 }
 
+// completionWait bounds how long a response's end waits for its record.
+const completionWait = 2 * time.Second
+
+// awaitRecorded waits (at most completionWait) until the end of the
+// response this frontend drives is in its record.
+func awaitRecorded(ctx context.Context, st *stream) {
+	if st.rec == nil {
+		return
+	}
+	t := time.NewTimer(completionWait)
+	defer t.Stop()
+	select {
+	case <-st.rec.completion():
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 // writeWholeResponse answers a response that is neither streamed nor in
 // the background once it has ended.
 func (s *Server) writeWholeResponse(w http.ResponseWriter, req *http.Request, st *stream) {
@@ -146,6 +164,7 @@ func (s *Server) writeWholeResponse(w http.ResponseWriter, req *http.Request, st
 				writeRequestErrorFor(w, r.Err, &st.body)
 				return
 			}
+			awaitRecorded(req.Context(), st)
 			writeJSON(w, http.StatusOK, st.responseObject())
 			return
 		}
@@ -186,6 +205,7 @@ func (st *stream) writeResponseFrom(ctx context.Context, sw *sse.Writer, flusher
 		}
 		flush()
 		if done {
+			awaitRecorded(ctx, st)
 			if !rr.finish(r) {
 				// Not the end: it goes on at the new owner, where the
 				// client resumes after the last sequence number it saw.
@@ -228,7 +248,10 @@ func (s *Server) findResponse(ctx context.Context, id string, req *http.Request)
 	case errors.Is(err, errNoRecord):
 		return nil, nil, notFound(id)
 	case errors.Is(err, schema.ErrBadRecord):
-		return nil, nil, &responseRefusal{status: http.StatusInternalServerError, typ: openai.ErrBadRequestRecord, code: string(openai.ErrBadRequestRecord), msg: err.Error()}
+		// Answered as an unknown id: whether the credential may read it
+		// cannot be told.
+		s.log.Warn("frontend: a response's record is malformed", "request_id", id, "err", err)
+		return nil, nil, notFound(id)
 	case err != nil:
 		return nil, nil, &responseRefusal{status: http.StatusServiceUnavailable, typ: openai.ErrTakeoverUnavailable, code: string(openai.ErrTakeoverUnavailable),
 			msg: fmt.Sprintf("the response's record cannot be read now: %v", err)}
@@ -247,6 +270,12 @@ func (s *Server) findResponse(ctx context.Context, id string, req *http.Request)
 // deleted.
 func (s *Server) deleted(ctx context.Context, st *stream) bool {
 	if done, _, _ := st.state(); !done || st.rec == nil || s.recs == nil {
+		return false
+	}
+	st.rec.mu.Lock()
+	written := st.rec.rev != 0
+	st.rec.mu.Unlock()
+	if !written { // never stored (etcd was slow): nothing to delete
 		return false
 	}
 	resp, err := s.etcd.Get(ctx, schema.RequestsPrefix+st.id, clientv3.WithCountOnly())
@@ -296,16 +325,13 @@ func runningStream(rec schema.RequestRecord) (*stream, error) {
 func (s *Server) handleResponseGet(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
 	q := req.URL.Query()
-	stream := q.Get("stream") == "true"
-	if !stream && req.Body != nil {
-		var b struct {
-			Stream bool `json:"stream"`
-		}
-		data, _ := io.ReadAll(io.LimitReader(req.Body, 1<<10))
-		stream = json.Unmarshal(data, &b) == nil && b.Stream
-	}
+	stream := q.Get("stream") == "true" || s.streamInBody(w, req)
 	after := -1
-	if v := q.Get("starting_after"); v != "" {
+	v := q.Get("starting_after")
+	if v == "" {
+		v = req.Header.Get("Last-Event-ID") // an EventSource's reconnection
+	}
+	if v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
 			writeParamError(w, invalid("starting_after", "%q: want the sequence number (≥ 0) of the last event seen", v))
@@ -345,6 +371,23 @@ func (s *Server) handleResponseGet(w http.ResponseWriter, req *http.Request) {
 	}
 	// Running at another frontend, or at none: taken over from its record.
 	s.resumeFromRecord(w, req, id, after)
+}
+
+// streamInBody reads the JSON body a GET of the Go SDK's GetStreaming
+// carries ({"stream": true}): a small one only, under the body timeout.
+func (s *Server) streamInBody(w http.ResponseWriter, req *http.Request) bool {
+	if req.ContentLength <= 0 || req.ContentLength > 1<<10 {
+		return false
+	}
+	rc := http.NewResponseController(w)
+	if !s.limits.Off && rc.SetReadDeadline(time.Now().Add(s.limits.BodyTimeout)) == nil {
+		defer rc.SetReadDeadline(time.Time{})
+	}
+	var b struct {
+		Stream bool `json:"stream"`
+	}
+	data, err := io.ReadAll(io.LimitReader(req.Body, req.ContentLength))
+	return err == nil && json.Unmarshal(data, &b) == nil && b.Stream
 }
 
 // count is the number of events of a finished log.

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/lifeline-llm/lifeline/frontend/openai"
@@ -54,13 +55,18 @@ func newResponseID() string {
 	return "resp_" + hex.EncodeToString(b[:])
 }
 
-// credentialOf is the hash of a request's bearer credential ("": none).
+// credentialOf is the hash of a request's credential ("": none): the
+// bearer token (the scheme matched in any case), or the whole
+// Authorization value under another scheme.
 func credentialOf(req *http.Request) string {
-	tok, ok := strings.CutPrefix(req.Header.Get("Authorization"), "Bearer ")
-	if !ok || tok == "" {
+	v := strings.TrimSpace(req.Header.Get("Authorization"))
+	if f := strings.Fields(v); len(f) > 0 && strings.EqualFold(f[0], "Bearer") {
+		v = strings.TrimSpace(v[len(f[0]):])
+	}
+	if v == "" {
 		return ""
 	}
-	h := sha256.Sum256([]byte(tok))
+	h := sha256.Sum256([]byte(v))
 	return hex.EncodeToString(h[:])
 }
 
@@ -80,12 +86,32 @@ var chatParams = []struct{ chat, responses string }{
 	{"tool_choice.function", "tool_choice"},
 }
 
-func responsesParam(err error) error {
+func responsesParam(err error) error { return responsesParamAt(err, 0, false) }
+
+// responsesParamAt is responsesParam for a chat request whose messages
+// are the instructions (lead), a continued conversation, then the input
+// from message offset on: messages[i] is named input[i-offset] (about:
+// consecutive function calls are one message), instructions or
+// previous_response_id.
+func responsesParamAt(err error, offset int, lead bool) error {
 	var pe *ParamError
 	if !errors.As(err, &pe) {
 		return err
 	}
 	out := *pe
+	if rest, ok := strings.CutPrefix(out.Param, "messages["); ok {
+		n, tail, _ := strings.Cut(rest, "]")
+		i, convErr := strconv.Atoi(n)
+		switch {
+		case convErr != nil:
+		case i >= offset:
+			out.Param = fmt.Sprintf("input[%d]%s", i-offset, tail)
+		case lead && i == 0:
+			out.Param = "instructions"
+		default:
+			out.Param = "previous_response_id"
+		}
+	}
 	for _, m := range chatParams {
 		out.Param = strings.Replace(out.Param, m.chat, m.responses, 1)
 	}
@@ -118,6 +144,7 @@ func (s *Server) decodeResponse(ctx context.Context, data []byte, req *http.Requ
 		}
 		msgs = append(msgs, prev...)
 	}
+	offset := len(msgs)
 	msgs = append(msgs, itemMessages(items)...)
 	chat := map[string]any{"model": rr.Model, "messages": msgs, "stream": rr.Stream != nil && *rr.Stream}
 	for k, v := range map[string]json.RawMessage{"max_tokens": rr.MaxOutputTokens, "temperature": rr.Temperature, "top_p": rr.TopP,
@@ -135,7 +162,7 @@ func (s *Server) decodeResponse(ctx context.Context, data []byte, req *http.Requ
 	}
 	body, err := decodeCompletion(b, req, true)
 	if err != nil {
-		return body, responsesParam(err)
+		return body, responsesParamAt(err, offset, meta.Lead)
 	}
 	body.Response = meta
 	return body, nil

@@ -2,6 +2,7 @@ package frontend
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -92,6 +93,9 @@ func (s *Server) takeOverResponse(w http.ResponseWriter, req *http.Request, id s
 		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
 		return nil
 	}
+	// Nobody follows it yet: a response that is not in the background
+	// is reaped after the resume window unless a client comes.
+	st.clientGone()
 	return st
 }
 
@@ -101,7 +105,8 @@ func (s *Server) cancelResponse(w http.ResponseWriter, req *http.Request, id str
 	ctx, cancel := context.WithTimeout(req.Context(), lookupTimeout)
 	st, rec, err := s.findResponse(ctx, id, req)
 	cancel()
-	if rf, ok := err.(*responseRefusal); ok {
+	var rf *responseRefusal
+	if errors.As(err, &rf) {
 		rf.write(w)
 		return nil
 	}
@@ -142,6 +147,7 @@ func (s *Server) cancelResponse(w http.ResponseWriter, req *http.Request, id str
 func (s *Server) handleResponseCancel(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
 	if st := s.cancelResponse(w, req, id); st != nil {
+		awaitRecorded(req.Context(), st)
 		writeJSON(w, http.StatusOK, st.responseObject())
 	}
 }
@@ -150,9 +156,11 @@ func (s *Server) handleResponseCancel(w http.ResponseWriter, req *http.Request) 
 // response is cancelled, then its record and log are dropped.
 func (s *Server) handleResponseDelete(w http.ResponseWriter, req *http.Request) {
 	id := req.PathValue("id")
-	if s.cancelResponse(w, req, id) == nil {
+	st := s.cancelResponse(w, req, id)
+	if st == nil {
 		return
 	}
+	awaitRecorded(req.Context(), st) // so that its end's write does not recreate it
 	if s.recs != nil {
 		ctx, cancel := context.WithTimeout(req.Context(), lookupTimeout)
 		_, err := s.etcd.Delete(ctx, schema.RequestsPrefix+id)

@@ -81,7 +81,12 @@ func (rr *responseRender) feed(t reqfsm.Token) {
 		rr.held = nil
 		rr.delta(t.Text)
 	default:
-		rr.held = nil
+		// A call's tokens are held until it closes: an output cut before
+		// any call closed is delivered as its text (finish).
+		rr.held = append(rr.held, t)
+		if len(calls) > 0 {
+			rr.held = nil
+		}
 		for _, c := range calls {
 			rr.call(c)
 		}

@@ -177,3 +177,56 @@ func TestResponseRequestRefusals(t *testing.T) {
 		t.Fatalf("chat messages %v", msgs)
 	}
 }
+
+// TestResponseCallCutShort: a call output cut before any call closed is
+// delivered as its text (as in Chat Completions), in the events and the
+// object.
+func TestResponseCallCutShort(t *testing.T) {
+	body := CompletionRequest{Model: "m", ToolCalls: &ToolCalls{}}
+	st := responseStream("resp_4", body, textToks(`{"f":`, `{"x`), "length", nil)
+	var text strings.Builder
+	for _, e := range responseEvents(t, st, -1) {
+		if e.ev.Type == openai.EventOutputTextDelta {
+			text.WriteString(*e.ev.Delta)
+		}
+	}
+	obj := st.responseObject()
+	if text.String() != `{"f":{"x` || len(obj.Output) != 1 || obj.Output[0].Type != openai.ItemMessage || obj.Output[0].Content[0].Text != `{"f":{"x` {
+		t.Fatalf("text %q, object output %+v", text.String(), obj.Output)
+	}
+}
+
+// TestResponseCredentials: the bearer token's scheme in any case, another
+// scheme's whole value, none: three different owners.
+func TestResponseCredentials(t *testing.T) {
+	cred := func(h string) string {
+		r := httptest.NewRequest("GET", "/", nil)
+		if h != "" {
+			r.Header.Set("Authorization", h)
+		}
+		return credentialOf(r)
+	}
+	if cred("Bearer k1") != cred("bearer  k1") || cred("Bearer k1") == cred("Bearer k2") || cred("Basic k1") == cred("Bearer k1") ||
+		cred("Basic k1") == "" || cred("") != "" || cred("Bearer ") != "" {
+		t.Fatal("credentials confused")
+	}
+}
+
+// TestResponsesParamNames: a refusal of the chat request names the
+// Responses parameter: the input item, the instructions, the continued
+// conversation, text.format, max_output_tokens.
+func TestResponsesParamNames(t *testing.T) {
+	for in, want := range map[string]string{
+		"messages[3].content":                "input[1].content",
+		"messages[0].content":                "instructions",
+		"messages[1].role":                   "previous_response_id",
+		"response_format.json_schema.schema": "text.format.schema",
+		"max_tokens":                         "max_output_tokens",
+		"tools[0].function.parameters":       "tools[0].parameters",
+	} {
+		err := responsesParamAt(&ParamError{Param: in}, 2, true)
+		if got := err.(*ParamError).Param; got != want {
+			t.Errorf("%s: %s, want %s", in, got, want)
+		}
+	}
+}
