@@ -51,8 +51,12 @@ llamacpp-cuda: build-llamacpp
 # The whole system on this machine: embedded etcd, two node agents with a
 # decode worker each, two frontends on 127.0.0.1:8080 and :8081 (either
 # resumes the other's streams). Ctrl-C stops it.
+# UP_FLAGS adds flags: make run UP_FLAGS=--tls serves HTTPS and HTTP/3.
+# Built first, then run as itself (not under go run, which exits 1 on
+# Ctrl-C however the program ends): Ctrl-C stops everything and exits 0.
 run:
-	$(GO) run ./cmd/lifeline up --data-dir .lifeline --nodes 2 --preset small --frontends 2
+	@mkdir -p bin && $(GO) build -o bin/lifeline ./cmd/lifeline
+	bin/lifeline up --data-dir .lifeline --nodes 2 --preset small --frontends 2 $(UP_FLAGS)
 
 # The fault-injection drills on a local cluster, with a report
 # (.lifeline-drill/report.html).
@@ -66,9 +70,14 @@ engine-demo:
 # Unit, integration (real binaries as processes) and determinism tests.
 # The binaries the process tests run are built once here and passed in
 # (tests/proctest.BinariesEnv) rather than once per test package.
+# The longest test packages (process tests, minutes each) are named
+# first so that they start first: otherwise, last in path order, the
+# longest runs alone at the end while the other core idles.
+LONG_FIRST = ./tests/e2e/frontend/ ./tests/e2e/agent/ ./cmd/lifeline/ ./tests/e2e/drill/
+
 test:
 	@bin=$$(mktemp -d) && $(GO) build -o $$bin/ ./cmd/lifeline ./cmd/nodectl && \
-	LIFELINE_TEST_BINARIES=$$bin $(GO) test -count=1 -timeout 14m ./...; rc=$$?; rm -rf $$bin; exit $$rc
+	LIFELINE_TEST_BINARIES=$$bin $(GO) test -count=1 -timeout 14m $(LONG_FIRST) ./...; rc=$$?; rm -rf $$bin; exit $$rc
 
 # llama.cpp (the copy in the ollama module go.mod names, compiled by cgo
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached

@@ -14,13 +14,14 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/decode/wire"
 	"github.com/lifeline-llm/lifeline/decode/workerclient"
+	"github.com/lifeline-llm/lifeline/internal/etcdlog"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
 // startEtcd connects to etcd (mutual TLS when configured) and starts
 // holding the agent's lease.
 func (a *Agent) startEtcd(ctx context.Context) error {
-	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second}
+	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(a.log)}
 	if a.opts.EtcdTLS {
 		var err error
 		if ecfg.TLS, err = pki.EtcdClientTLS(a.opts.CertDir); err != nil {

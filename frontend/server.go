@@ -30,6 +30,7 @@ import (
 	"github.com/lifeline-llm/lifeline/frontend/openai"
 	"github.com/lifeline-llm/lifeline/frontend/reqfsm"
 	"github.com/lifeline-llm/lifeline/frontend/route"
+	"github.com/lifeline-llm/lifeline/internal/etcdlog"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
 	"github.com/lifeline-llm/lifeline/rdma/transferclient"
@@ -370,7 +371,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	s.pool = newClientPool(s.workTLS)
 	s.retries = newRetryBudgets(s.metrics.reg)
 	s.metrics.gaugeConns(s.pool.openConns)
-	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second}
+	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(log)}
 	if opts.EtcdTLS {
 		if ecfg.TLS, err = pki.EtcdClientTLS(opts.CertDir); err != nil {
 			return nil, err

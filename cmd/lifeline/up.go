@@ -31,6 +31,7 @@ func upCmd() *cobra.Command {
 	f.IntVar(&opts.Frontends, "frontends", 1, "frontends to run; any of them resumes any stream")
 	f.IntVar(&opts.EtcdMembers, "etcd-members", 0, "run etcd as this many member processes (3 survives losing one, the leader included); 0: one member inside lifeline up")
 	f.IntVar(&opts.TP, "tp", 1, "run each decode instance as a tensor-parallel group of this many worker processes (2 splits small and tiny)")
+	f.BoolVar(&opts.TLS, "tls", false, "frontends serve HTTPS and HTTP/3 (one port each) with certificates of the cluster's CA; up prints the CA's path")
 	f.BoolVar(&opts.NetNS, "netns", false, "run each node in a network namespace of its own joined by a bridge (root), so that one can be cut off for real: ip link set LINK down")
 	f.IntVar(&opts.ArenaMB, "arena-mb", 0, "each node's KV arena in MiB (0: an eighth of the memory this machine may use, split between the nodes, at most 1 GiB each)")
 	return cmd

@@ -538,3 +538,51 @@ func TestUpNetNSCutsANodeForReal(t *testing.T) {
 		t.Errorf("bridge %s left after lifeline up stopped", bridge[1])
 	}
 }
+
+// TestUpTLS: `lifeline up --tls` serves HTTPS and HTTP/3 with the
+// cluster's CA, prints the CA's path, and the two commands it prints
+// work as printed: a curl trusting that CA (HTTPS) and a `lifeline
+// generate --h3` (HTTP/3) over both frontends. Ctrl-C then exits 0.
+func TestUpTLS(t *testing.T) {
+	dir := t.TempDir()
+	up := startUp(t, dir, "--nodes", "1", "--tls", "--frontends", "2")
+	if !strings.HasPrefix(up.url, "https://127.0.0.1:") {
+		t.Fatalf("lifeline up --tls printed URL %s", up.url)
+	}
+	var curl, generate string
+	lines := strings.Split(up.out.String(), "\n")
+	for i, l := range lines {
+		l = strings.TrimSpace(l)
+		switch {
+		case strings.HasPrefix(l, "curl -N --cacert ") && i+1 < len(lines):
+			curl = strings.TrimSuffix(l, "\\") + " " + strings.TrimSpace(lines[i+1])
+		case strings.Contains(l, " generate --h3 "):
+			generate = l
+		}
+	}
+	if curl == "" || generate == "" || strings.Count(generate, "--url https://") != 2 {
+		t.Fatalf("lifeline up --tls printed no curl --cacert or generate --h3 line over both frontends:\n%s", up.out.String())
+	}
+	// As printed (this build's path), by a shell (the prompt is quoted).
+	out, err := exec.Command("sh", "-c", generate+" --max-tokens 8 --ignore-eos --json").CombinedOutput()
+	if err != nil || strings.Count(string(out), `"sequence_no"`) != 8 {
+		t.Fatalf("%s: %v\n%s", generate, err, out)
+	}
+	if _, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.Command("sh", "-c", curl).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "data: [DONE]") {
+			t.Fatalf("%s: %v\n%s", curl, err, out)
+		}
+	} else if os.Getenv("LIFELINE_CI") != "" {
+		t.Fatal("curl is not installed (CI installs it)")
+	}
+	up.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-up.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("lifeline up did not stop within 60s of Ctrl-C")
+	}
+	if code := up.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("lifeline up exited %d on Ctrl-C, want 0", code)
+	}
+}

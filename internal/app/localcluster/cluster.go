@@ -35,6 +35,9 @@ type Options struct {
 	// EtcdMembers, when set, runs etcd as that many member processes
 	// (`lifeline etcd`) instead of one member inside this process.
 	EtcdMembers int
+	// TLS serves the frontends' API over HTTPS and HTTP/3 (one port),
+	// with certificates of the cluster's CA.
+	TLS bool
 	// NetNS puts every node (its agent and workers) in a network
 	// namespace of its own on a bridge (root only): a node can then be cut
 	// off with real packet loss.

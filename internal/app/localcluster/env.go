@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/internal/etcdauth"
+	"github.com/lifeline-llm/lifeline/internal/etcdlog"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -125,7 +127,12 @@ func NewEnvWith(dir, binary, ca string, o EnvOptions) (_ *Env, err error) {
 	}
 	tlsConf, err := pki.EtcdClientTLS(e.Admin)
 	if err == nil {
-		e.Client, err = clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second, TLS: tlsConf})
+		logTo := o.EtcdLog
+		if logTo == nil {
+			logTo = io.Discard
+		}
+		e.Client, err = clientv3.New(clientv3.Config{Endpoints: e.Endpoints, DialTimeout: 5 * time.Second, TLS: tlsConf,
+			Logger: etcdlog.New(slog.New(slog.NewTextHandler(logTo, nil)))})
 	}
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

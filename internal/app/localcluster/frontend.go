@@ -23,9 +23,12 @@ type Frontend struct {
 	URL        string
 	MetricsURL string
 	Debug      string
-	cmd        *exec.Cmd
-	ready      chan struct{}
-	exited     chan struct{}
+	// Certs is its certificate directory: the cluster's CA is
+	// pki.CAFile in it (what a client of an HTTPS frontend trusts).
+	Certs  string
+	cmd    *exec.Cmd
+	ready  chan struct{}
+	exited chan struct{}
 }
 
 // LaunchFrontend starts a frontend on this Env's etcd listening on listen
@@ -62,7 +65,11 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("localcluster: start frontend: %w", err)
 	}
-	f := &Frontend{cmd: cmd, ready: make(chan struct{}), exited: make(chan struct{})}
+	f := &Frontend{cmd: cmd, ready: make(chan struct{}), exited: make(chan struct{}), Certs: certs}
+	scheme := "http://"
+	if slices.Contains(extra, "--tls") {
+		scheme = "https://"
+	}
 	go func() {
 		scanLines(stderr, func(line string) {
 			if a, ok := strings.CutPrefix(line, "frontend: metrics on "); ok && f.MetricsURL == "" {
@@ -80,7 +87,7 @@ func (e *Env) LaunchFrontend(listen string, logTo io.Writer, extra ...string) (*
 				}
 			}
 			if a, ok := strings.CutPrefix(line, "frontend: listening on "); ok && f.URL == "" {
-				f.URL = "http://" + a
+				f.URL = scheme + a
 				close(f.ready)
 			}
 			if logTo != nil {

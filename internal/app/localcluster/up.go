@@ -3,6 +3,8 @@ package localcluster
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,7 @@ import (
 	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/nodectl"
 	"github.com/lifeline-llm/lifeline/internal/netns"
+	"github.com/lifeline-llm/lifeline/internal/pki"
 	"github.com/lifeline-llm/lifeline/internal/private"
 )
 
@@ -206,7 +209,7 @@ func (u *up) startFrontend(ctx context.Context, i int) error {
 		return nil
 	}
 	u.mu.Lock()
-	u.listens[i] = strings.TrimPrefix(f.URL, "http://")
+	u.listens[i] = strings.TrimPrefix(strings.TrimPrefix(f.URL, "http://"), "https://")
 	u.mu.Unlock()
 	name := "frontend"
 	if len(u.listens) > 1 {
@@ -227,7 +230,11 @@ func (u *up) startFrontend(ctx context.Context, i int) error {
 // launchFrontend starts frontend i (id frontend-i) on its address. The
 // caller holds u.mu (supervise does, around every restart).
 func (u *up) launchFrontend(i int) error {
-	f, err := u.env.LaunchFrontend(u.listens[i], u.log, "--id", fmt.Sprintf("frontend-%d", i))
+	args := []string{"--id", fmt.Sprintf("frontend-%d", i)}
+	if u.opts.TLS {
+		args = append(args, "--tls")
+	}
+	f, err := u.env.LaunchFrontend(u.listens[i], u.log, args...)
 	if err != nil {
 		return err
 	}
@@ -313,14 +320,18 @@ func (u *up) say(format string, args ...any) {
 // announced, so that the first request a user sends is served.
 func (u *up) waitServable(ctx context.Context) error {
 	u.mu.Lock()
-	url := u.frontends[0].URL
+	url, certs := u.frontends[0].URL, u.frontends[0].Certs
 	u.mu.Unlock()
+	client, err := apiClient(certs)
+	if err != nil {
+		return err
+	}
 	body := fmt.Sprintf(`{"model":%q,"prompt":"ready","max_tokens":1,"temperature":0}`, u.opts.ModelID())
 	deadline := time.Now().Add(2 * time.Minute)
 	for ctx.Err() == nil {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		if resp, err := client.Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK && u.nodesReady(ctx) {
@@ -336,6 +347,18 @@ func (u *up) waitServable(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// apiClient is an HTTP client of the frontends: trusting the cluster's
+// CA in certs, for HTTPS ones.
+func apiClient(certs string) (*http.Client, error) {
+	pem, err := os.ReadFile(filepath.Join(certs, pki.CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("up: the cluster CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(pem)
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}, nil
 }
 
 // nodesReady reports whether every node's agent answers and calls all
@@ -397,8 +420,29 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 		fmt.Fprintf(out, "  (%s)\n", opts.EngineNote)
 	}
 	fmt.Fprintln(out)
-	fmt.Fprintf(out, "  curl -N %s/v1/completions -H 'Content-Type: application/json' \\\n", url)
-	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n\n", opts.ModelID())
+	cacert := ""
+	if opts.TLS {
+		u.mu.Lock()
+		certs := u.frontends[0].Certs
+		u.mu.Unlock()
+		cacert = "--cacert " + filepath.Join(certs, pki.CAFile) + " "
+		fmt.Fprintf(out, "  HTTPS and HTTP/3 on each frontend's port; the cluster's CA: %s\n", filepath.Join(certs, pki.CAFile))
+	}
+	fmt.Fprintf(out, "  curl -N %s%s/v1/completions -H 'Content-Type: application/json' \\\n", cacert, url)
+	fmt.Fprintf(out, "    -d '{\"model\":\"%s\",\"prompt\":\"Once upon a time\",\"max_tokens\":64,\"seed\":7,\"stream\":true}'\n", opts.ModelID())
+	if opts.TLS {
+		u.mu.Lock()
+		certs := u.frontends[0].Certs
+		u.mu.Unlock()
+		fmt.Fprintf(out, "  %s generate --h3 --cert-dir %s --model %s", u.env.Binary, certs, opts.ModelID())
+		for _, l := range urls {
+			fmt.Fprintf(out, " --url %s", l)
+		}
+		fmt.Fprintf(out, " 'Once upon a time'\n")
+	} else {
+		fmt.Fprintf(out, "  (HTTPS and HTTP/3: lifeline up --tls)\n")
+	}
+	fmt.Fprintln(out)
 	for _, n := range u.nodes {
 		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
 	}

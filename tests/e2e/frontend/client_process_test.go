@@ -117,7 +117,7 @@ func TestClientResumesAfterDroppedConnection(t *testing.T) {
 // config that trusts it.
 func tlsFrontend(t *testing.T, n *clustertest.Node) (string, *tls.Config) {
 	t.Helper()
-	addr := strings.TrimPrefix(clustertest.StartFrontend(t, n, "--tls"), "http://")
+	addr := strings.TrimPrefix(clustertest.StartFrontend(t, n, "--tls"), "https://")
 	ca, err := pki.Load(n.Env.Certs, "h2")
 	if err != nil {
 		t.Fatal(err)
@@ -472,7 +472,7 @@ func TestClientResumesOnAnotherFrontendHTTP3(t *testing.T) {
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--tls", "--id", "A")
-	aURL := "https://" + strings.TrimPrefix(a.URL, "http://")
+	aURL := a.URL
 	bURL, roots := tlsFrontend(t, n)
 	want := collect(t, client.NewWith(client.Options{TLS: roots, H3: true}, bURL), 0, nil)
 	c := client.NewWith(client.Options{TLS: roots, H3: true}, aURL, bURL)

@@ -479,7 +479,7 @@ func TestFrontendProtocols(t *testing.T) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
 	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
-	addr := strings.TrimPrefix(clustertest.StartFrontend(t, n, "--tls"), "http://")
+	addr := strings.TrimPrefix(clustertest.StartFrontend(t, n, "--tls"), "https://")
 	caTLS, err := pki.Load(n.Env.Certs, "h2")
 	if err != nil {
 		t.Fatal(err)
