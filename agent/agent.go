@@ -11,6 +11,7 @@ import (
 
 	"github.com/coreos/go-systemd/v22/daemon"
 	"github.com/dgraph-io/badger/v4"
+	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.opentelemetry.io/otel/trace"
 
@@ -220,6 +221,8 @@ func newAgent(opts Options, log *slog.Logger) (*Agent, error) {
 	a := &Agent{opts: opts, log: log.With("node_id", opts.NodeID), events: newEventLog(), metrics: newMetrics(), instances: map[string]*instance{},
 		byPID: map[int]chan ebpf.Exit{}, started: time.Now()}
 	a.metrics.reg.MustRegister(newCollector(a))
+	a.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_agent_drain_running_seconds",
+		Help: "How long the node's drain has been running (0: none): one that grows without end is stuck."}, a.drainRunning))
 	tr, err := tracing.New(tracing.Options{Service: "lifeline-agent", Instance: opts.NodeID, Endpoint: opts.OTLPEndpoint, Insecure: opts.OTLPInsecure})
 	if err != nil {
 		return nil, err

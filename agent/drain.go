@@ -101,6 +101,23 @@ func (a *Agent) startDrain(trigger string, deadline, hard time.Duration, budgetH
 	return d
 }
 
+// drainRunning is the age in seconds of the drain under way, 0 when
+// none is (none begun, drained, or undrained).
+func (a *Agent) drainRunning() float64 {
+	a.mu.Lock()
+	d := a.drain
+	a.mu.Unlock()
+	if d == nil {
+		return 0
+	}
+	select {
+	case <-d.finished:
+		return 0
+	default:
+	}
+	return time.Since(d.StartedAt).Seconds()
+}
+
 func minTime(a, b time.Time) time.Time {
 	if b.Before(a) {
 		return b
