@@ -55,7 +55,7 @@ llamacpp-cuda: build-llamacpp
 # Built first, then run as itself (not under go run, which exits 1 on
 # Ctrl-C however the program ends): Ctrl-C stops everything and exits 0.
 run:
-	@mkdir -p bin && $(GO) build -o bin/lifeline ./cmd/lifeline
+	@mkdir -p bin && $(GO) build -o bin/ ./cmd/lifeline ./cmd/nodectl
 	bin/lifeline up --data-dir .lifeline --nodes 2 --preset small --frontends 2 $(UP_FLAGS)
 
 # The fault-injection drills on a local cluster, with a report
