@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -153,6 +154,11 @@ func (s *session) resume(ctx context.Context) (*http.Response, error) {
 		s.at = next
 	} else {
 		c.stats.failovers.Add(1)
+		// Past the owner on the next round: if it is the one that
+		// died, the round robin does not come back to it at once.
+		if i := slices.Index(c.URLs, url); i >= 0 {
+			s.at = i
+		}
 	}
 	s.owner = ""
 	h := http.Header{}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -104,6 +106,10 @@ type Member struct {
 	// ClientHosts are more addresses clients reach it at, on ClientPort
 	// (a bridge's, for nodes in network namespaces of their own).
 	ClientHosts []string
+	// PeerHost, when set, is the address its peer port serves and is
+	// advertised at instead of loopback, for members on other machines;
+	// it needs CertDir (the peer port then takes etcd certificates only).
+	PeerHost string
 	// InitialCluster is "name=peerURL,…" of every member at bootstrap
 	// (default: this member alone). A member that has data ignores it.
 	InitialCluster string
@@ -143,11 +149,31 @@ func (m Member) Scheme() string {
 }
 
 // PeerURL is the member's peer URL.
-func (m Member) PeerURL() string { return fmt.Sprintf("%s://127.0.0.1:%d", m.Scheme(), m.PeerPort) }
+func (m Member) PeerURL() string {
+	host := "127.0.0.1"
+	if m.PeerHost != "" {
+		host = m.PeerHost
+	}
+	return fmt.Sprintf("%s://%s", m.Scheme(), net.JoinHostPort(host, strconv.Itoa(m.PeerPort)))
+}
+
+// memberNames are the names of "name=peerURL,…".
+func memberNames(initial string) []string {
+	var names []string
+	for _, m := range strings.Split(initial, ",") {
+		if name, _, ok := strings.Cut(m, "="); ok && name != "" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
 
 // StartMember runs member m and waits until it serves (for a member of
 // several, until the cluster has a quorum).
 func StartMember(m Member) (*Server, error) {
+	if m.PeerHost != "" && m.CertDir == "" {
+		return nil, fmt.Errorf("embedetcd: a peer port off loopback (%s) needs mutual TLS: give the member an etcd identity's certificates", m.PeerHost)
+	}
 	cfg := embed.NewConfig()
 	cfg.Dir = m.Dir
 	cfg.Logger = "zap"
@@ -156,7 +182,7 @@ func StartMember(m Member) (*Server, error) {
 		cfg.Name = m.Name
 	}
 	if m.CertDir != "" {
-		if err := lockDown(cfg, m.CertDir); err != nil {
+		if err := lockDown(cfg, m.CertDir, memberNames(m.InitialCluster)); err != nil {
 			return nil, err
 		}
 	}

@@ -3,6 +3,7 @@ package embedetcd
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -15,7 +16,7 @@ import (
 // renewals, membership: state-changing without etcd auth) needs the
 // certificate of an etcd member, this one's common name only, since this
 // member has no peers.
-func lockDown(cfg *embed.Config, certDir string) error {
+func lockDown(cfg *embed.Config, certDir string, members []string) error {
 	self, err := pki.DirIdentity(certDir)
 	if err != nil {
 		return fmt.Errorf("embedetcd: %w", err)
@@ -28,7 +29,15 @@ func lockDown(cfg *embed.Config, certDir string) error {
 		TrustedCAFile: filepath.Join(certDir, pki.CAFile), ClientCertAuth: true,
 	}
 	cfg.ClientTLSInfo = info
+	// The peer port takes the members' certificates only: this one's,
+	// and those of the members the initial cluster names (one host's
+	// certificate each on separate machines).
 	info.AllowedCNs = []string{self.String()}
+	for _, m := range members {
+		if cn := pki.Etcd(m).String(); !slices.Contains(info.AllowedCNs, cn) {
+			info.AllowedCNs = append(info.AllowedCNs, cn)
+		}
+	}
 	cfg.PeerTLSInfo = info
 	return nil
 }

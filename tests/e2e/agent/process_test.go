@@ -489,7 +489,8 @@ func TestAgentEtcdOutage(t *testing.T) {
 	})
 }
 
-// TestSystemdUnitVerifies runs systemd's own checker over the unit, pointed
+// TestSystemdUnitVerifies runs systemd's own checker over the units (the
+// agent's, the frontend's, an etcd member's), pointed
 // at the binary under test. CI (.ci/run sets LIFELINE_CI and installs
 // systemd when it is missing) never skips it; a developer machine without
 // systemd-analyze does.
@@ -501,14 +502,20 @@ func TestSystemdUnitVerifies(t *testing.T) {
 		}
 		t.Skip("systemd-analyze is not installed on this machine")
 	}
-	unit, err := os.ReadFile("../../../deploy/lifeline-agent.service")
-	if err != nil {
-		t.Fatal(err)
+	units, _ := filepath.Glob("../../../deploy/*.service")
+	if len(units) < 3 {
+		t.Fatalf("units %v: want the agent's, the frontend's and etcd's", units)
 	}
-	p := filepath.Join(t.TempDir(), "lifeline-agent.service")
-	os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", proctest.Lifeline(t))), 0o644)
-	if out, err := exec.Command(analyze, "verify", p).CombinedOutput(); err != nil {
-		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	for _, u := range units {
+		unit, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := filepath.Join(t.TempDir(), filepath.Base(u))
+		os.WriteFile(p, []byte(strings.ReplaceAll(string(unit), "/usr/local/bin/lifeline", proctest.Lifeline(t))), 0o644)
+		if out, err := exec.Command(analyze, "verify", p).CombinedOutput(); err != nil {
+			t.Fatalf("systemd-analyze verify %s: %v\n%s", filepath.Base(u), err, out)
+		}
 	}
 }
 
