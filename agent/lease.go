@@ -21,7 +21,11 @@ import (
 // startEtcd connects to etcd (mutual TLS when configured) and starts
 // holding the agent's lease.
 func (a *Agent) startEtcd(ctx context.Context) error {
-	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(a.log)}
+	// gRPC keep-alives: a member cut off without closing its
+	// connections (a host's link down) is left for another within
+	// seconds; TCP alone waits minutes.
+	ecfg := clientv3.Config{Endpoints: a.opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(a.log),
+		DialKeepAliveTime: etcdlog.KeepAliveTime, DialKeepAliveTimeout: etcdlog.KeepAliveTimeout}
 	if a.opts.EtcdTLS {
 		var err error
 		if ecfg.TLS, err = pki.EtcdClientTLS(a.opts.CertDir); err != nil {

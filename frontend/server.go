@@ -371,7 +371,8 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 	s.pool = newClientPool(s.workTLS)
 	s.retries = newRetryBudgets(s.metrics.reg)
 	s.metrics.gaugeConns(s.pool.openConns)
-	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(log)}
+	ecfg := clientv3.Config{Endpoints: opts.Etcd, DialTimeout: 2 * time.Second, Logger: etcdlog.New(log),
+		DialKeepAliveTime: etcdlog.KeepAliveTime, DialKeepAliveTimeout: etcdlog.KeepAliveTimeout}
 	if opts.EtcdTLS {
 		if ecfg.TLS, err = pki.EtcdClientTLS(opts.CertDir); err != nil {
 			return nil, err

@@ -1,4 +1,5 @@
-// Package etcdlog routes the etcd client's logs (zap) into a
+// Package etcdlog holds what every etcd client of ours shares: its
+// keep-alives, and its logs (zap) routed into a
 // *slog.Logger: each entry at the level it deserves — the client's
 // notices of a call it retries, and its informational chatter, are Debug;
 // its warnings Warn; its errors Error — with its fields as attributes,
@@ -15,6 +16,16 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+)
+
+// KeepAliveTime and KeepAliveTimeout are the etcd clients' gRPC
+// keep-alives (clientv3.Config.DialKeepAliveTime, DialKeepAliveTimeout):
+// a member cut off silently (a host's link down) is noticed within their
+// sum and left for another; TCP alone takes minutes. Not more often:
+// etcd refuses pings under 5 s apart (--grpc-keepalive-min-time).
+const (
+	KeepAliveTime    = 5 * time.Second
+	KeepAliveTimeout = 2 * time.Second
 )
 
 // Fold is how long a repeated entry is folded into its first.

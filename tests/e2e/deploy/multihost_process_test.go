@@ -87,7 +87,10 @@ func TestMultiHostDeployment(t *testing.T) {
 		cfg := map[string]any{"node_id": fmt.Sprintf("h%d", i), "data_dir": host(i, "agent-data"), "etcd": endpoints, "etcd_tls": true,
 			"certs": host(i, "agent-certs"), "arena": filepath.Join("/dev/shm", fmt.Sprintf("lifeline-mh-%d-%d", os.Getpid(), i)),
 			"arena_slots": 256, "bind_address": ip(i), "transfer_listen": net.JoinHostPort(ip(i), "7480"), "metrics_listen": "127.0.0.1:0",
-			"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}}}
+			"instances": []map[string]any{{"role": "decode", "preset": "tiny", "count": 1}},
+			// Longer than the etcd client's keep-alive (7 s): an agent whose
+			// member is cut off keeps its lease through another.
+			"lease_ttl": "10s"}
 		b, _ := json.Marshal(cfg)
 		path := host(i, "agent.json")
 		os.WriteFile(path, b, 0o600)
