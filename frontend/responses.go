@@ -92,7 +92,9 @@ func (s *Server) handleResponseCreate(w http.ResponseWriter, req *http.Request) 
 	w.Header().Set("Lifeline-Seed", strconv.FormatUint(body.Seed, 10))
 	switch {
 	case body.Stream:
-		s.streamResponse(w, req, st)
+		if streamable(w, req, st) {
+			s.follow(w, req, st, -1, true) // its events from the first
+		}
 	case meta.Background:
 		// Answered once its record is stored: then any frontend finds it.
 		if st.rec != nil {
@@ -110,28 +112,6 @@ func (s *Server) handleResponseCreate(w http.ResponseWriter, req *http.Request) 
 	default:
 		s.writeWholeResponse(w, req, st)
 	}
-}
-
-// streamResponse follows a new response's events once a worker took it:
-// a request no worker took ends as a plain 4xx/5xx.
-func (s *Server) streamResponse(w http.ResponseWriter, req *http.Request, st *stream) {
-	rerr, ok := st.awaitStart(req.Context())
-	switch {
-	case !ok:
-		return
-	case rerr != nil:
-		writeRequestErrorFor(w, rerr, &st.body)
-		return
-	}
-	if st.rec != nil {
-		select {
-		case <-st.rec.stored:
-		case <-req.Context().Done():
-			st.clientGone()
-			return
-		}
-	}
-	s.follow(w, req, st, -1, true)
 }
 
 // completionWait bounds how long a response's end waits for its record.

@@ -436,27 +436,34 @@ func (s *Server) serve(w http.ResponseWriter, req *http.Request, chat bool) {
 		s.writeWhole(w, req, st)
 		return
 	}
-	// Answer with an HTTP status while nothing is streamed yet: a request
-	// no worker took ends as a plain 4xx/5xx.
+	if streamable(w, req, st) {
+		s.follow(w, req, st, 0, true)
+	}
+}
+
+// streamable waits until a new stream may be sent: its first token is
+// there and its record stored (or given up), so that the resume token in
+// the headers works at every frontend once they are sent. A request
+// that ends before streaming anything is answered with an HTTP status
+// (a plain 4xx/5xx), and false; so is a client that left.
+func streamable(w http.ResponseWriter, req *http.Request, st *stream) bool {
 	rerr, ok := st.awaitStart(req.Context())
 	switch {
 	case !ok:
-		return
+		return false
 	case rerr != nil:
 		writeRequestErrorFor(w, rerr, &st.body)
-		return
+		return false
 	}
 	if st.rec != nil {
-		// The resume token in the headers works at every frontend once
-		// they are sent: the record is stored (or given up) first.
 		select {
 		case <-st.rec.stored:
 		case <-req.Context().Done():
 			st.clientGone()
-			return
+			return false
 		}
 	}
-	s.follow(w, req, st, 0, true)
+	return true
 }
 
 // start admits a request and runs it. The request lives on the server,
