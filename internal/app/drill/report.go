@@ -55,7 +55,7 @@ func Summary(w io.Writer, rs []Report) {
 		var fs []string
 		for _, k := range keyFigures {
 			if v, ok := r.Figures[k]; ok {
-				fs = append(fs, fmt.Sprintf("%s %s", k, FormatFigure(v)))
+				fs = append(fs, fmt.Sprintf("%s %s", k, FigureText(k, v)))
 			}
 		}
 		fmt.Fprintf(w, "| %d | %s | **%s** | %s | %s |\n", r.Number, r.Name, r.Result, strings.Join(fs, ", "), r.Detail)
@@ -86,7 +86,7 @@ func RenderHTML(w io.Writer, doc Document) error {
 		counts[r.Result]++
 		c := card{Report: r, Keys: sortedKeys(r.Figures), Figs: map[string]string{}, Timeline: timelineSVG(r)}
 		for k, v := range r.Figures {
-			c.Figs[k] = FormatFigure(v)
+			c.Figs[k] = FigureText(k, v)
 		}
 		for _, name := range sortedKeys(r.Latencies) {
 			c.Histogram = append(c.Histogram, histogramSVG(name, r.Latencies[name]))

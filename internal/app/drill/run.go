@@ -179,7 +179,7 @@ func printReport(out io.Writer, r Report) {
 	}
 	var parts []string
 	for _, k := range sortedKeys(r.Figures) {
-		parts = append(parts, fmt.Sprintf("%s=%s", k, FormatFigure(r.Figures[k])))
+		parts = append(parts, fmt.Sprintf("%s=%s", k, FigureText(k, r.Figures[k])))
 	}
 	fmt.Fprintf(out, "         %s\n", strings.Join(parts, " "))
 }
@@ -196,6 +196,16 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// FigureText is figure name's value v as a report shows it: a fraction
+// of streams (identical) as a percentage, so that a yes for every stream
+// does not read as a count of one; anything else by FormatFigure.
+func FigureText(name string, v float64) string {
+	if name == "identical" {
+		return fmt.Sprintf("%.0f%%", v*100)
+	}
+	return FormatFigure(v)
 }
 
 // FormatFigure prints a figure: integers as such, others with two decimals.
