@@ -24,7 +24,8 @@ main{padding:20px 32px;display:grid;gap:18px}
 .fig{background:#f8fafc;border:1px solid #e2e8f0;border-radius:8px;padding:4px 10px}
 .fig b{display:block;font-size:17px}.fig small{color:#64748b}
 .charts{display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start}
-svg{background:#fcfcfd;border:1px solid #e2e8f0;border-radius:8px}
+svg{background:#fcfcfd;border:1px solid #e2e8f0;border-radius:8px;max-width:100%;height:auto}
+@media (max-width:900px){header{padding:14px 16px}main{padding:12px 10px;gap:12px}.card{padding:12px 12px}}
 .lane,.tick,.hname{font:11px system-ui,sans-serif;fill:#475569}.hname{fill:#0f172a;font-weight:600}
 .grid{stroke:#e2e8f0}.axis{stroke:#94a3b8}.bar{fill:#3b82f6}
 .span{fill:#16a34a}.span.err{fill:#dc2626}.ev{stroke:#0f172a}.evn{font:10px system-ui,sans-serif;fill:#334155}

@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +127,29 @@ func TestReportHTMLInChromium(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Logf("DOM:\n%s", dom)
+	}
+	// The page fits the window at 1280 and 800 px, charts included (they
+	// scale down): measured by a copy of it with a script that writes
+	// the document's scroll width into the DOM, and kept as screenshots.
+	for _, width := range []int{1280, 800} {
+		probe := filepath.Join(dir, fmt.Sprintf("probe-%d.html", width))
+		html := strings.Replace(string(raw), "</body>", "<script>document.body.dataset.sw=document.documentElement.scrollWidth</script></body>", 1)
+		os.WriteFile(probe, []byte(html), 0o644)
+		size := fmt.Sprintf("--window-size=%d,1000", width)
+		args := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--hide-scrollbars", "--user-data-dir=" + filepath.Join(dir, "profile"), size}
+		out, err := exec.CommandContext(ctx, browser, append(args, "--dump-dom", "file://"+probe)...).Output()
+		m := regexp.MustCompile(`data-sw="(\d+)"`).FindSubmatch(out)
+		if err != nil || m == nil {
+			t.Fatalf("chromium at %d px: %v (no scroll width in the DOM)", width, err)
+		}
+		if sw, _ := strconv.Atoi(string(m[1])); sw > width {
+			t.Errorf("at %d px the page is %d px wide: it overflows", width, sw)
+		}
+		shot := filepath.Join(dir, fmt.Sprintf("report-%d.png", width))
+		if err := exec.CommandContext(ctx, browser, append(args, "--screenshot="+shot, "file://"+filepath.Join(dir, "report.html"))...).Run(); err != nil {
+			t.Errorf("screenshot at %d px: %v", width, err)
+		} else if st, err := os.Stat(shot); err != nil || st.Size() < 10<<10 {
+			t.Errorf("screenshot at %d px: %v (%v)", width, err, st)
+		}
 	}
 }
