@@ -163,7 +163,7 @@ func traceSVG(spans []tracing.Span) template.HTML {
 		}
 	}
 	total := math.Max(ms(t1.Sub(t0)), 1)
-	const width, left, right, row = 760.0, 190.0, 20.0, 34.0
+	const width, left, right, row = 760.0, 190.0, 20.0, 46.0
 	height := row*float64(len(spans)) + 30
 	x := func(t time.Time) float64 { return left + (width-left-right)*ms(t.Sub(t0))/total }
 	var b strings.Builder
@@ -183,15 +183,31 @@ func traceSVG(spans []tracing.Span) template.HTML {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="12" class="%s"><title>%s: %s%s</title></rect>`,
 			x(s.Start), y+2, math.Max(x(s.End)-x(s.Start), 1.5), class, template.HTMLEscapeString(s.Name), msLabel(ms(s.End.Sub(s.Start))),
 			template.HTMLEscapeString(errSuffix(s.Error)))
+		// Event names on two staggered lines: a name that would run into
+		// the one before it on its line goes to the other, or (both
+		// taken) stays in the tick's tooltip only.
+		var ends [2]float64
 		for _, e := range s.Events {
-			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" class="ev"/><text x="%.1f" y="%.1f" class="evn">%s</text>`,
-				x(e.At), x(e.At), y, y+16, x(e.At)+2, y+26, template.HTMLEscapeString(e.Name))
+			at := x(e.At)
+			fmt.Fprintf(&b, `<line x1="%.1f" x2="%.1f" y1="%.1f" y2="%.1f" class="ev"><title>%s</title></line>`,
+				at, at, y, y+16, template.HTMLEscapeString(e.Name))
+			for line := range ends {
+				if at+2 >= ends[line] {
+					fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" class="evn">%s</text>`, at+2, y+26+11*float64(line), template.HTMLEscapeString(e.Name))
+					ends[line] = at + 2 + labelWidth(e.Name) + 4
+					break
+				}
+			}
 		}
 	}
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" class="tick">0</text><text x="%.0f" y="%.0f" class="tick" text-anchor="end">%s</text></svg>`,
 		left, height-6, width-right, height-6, msLabel(total))
 	return template.HTML(b.String())
 }
+
+// labelWidth is about how wide name is in an event label (10 px
+// system-ui): for keeping labels apart.
+func labelWidth(name string) float64 { return 5.6 * float64(len(name)) }
 
 func errSuffix(e string) string {
 	if e == "" {
@@ -228,6 +244,10 @@ func histogramSVG(name string, v []float64) template.HTML {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" class="bar"><title>%s – %s: %d</title></rect>`,
 			pad+bw*float64(i)+1, height-pad-h, bw-2, h, msLabel(lo+span*float64(i)/float64(bins)), msLabel(lo+span*float64(i+1)/float64(bins)), n)
 	}
+	// The count axis: 0 at the base, the tallest bin's count at its top.
+	fmt.Fprintf(&b, `<line x1="%.0f" x2="%.0f" y1="%.1f" y2="%.1f" class="axis"/>`, pad, pad, height-pad, pad+10)
+	fmt.Fprintf(&b, `<text x="%.0f" y="%.1f" class="tick count" text-anchor="end">%d</text><text x="%.0f" y="%.1f" class="tick count" text-anchor="end">0</text>`,
+		pad-3, pad+14, top, pad-3, height-pad)
 	fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" class="tick">%s</text><text x="%.0f" y="%.0f" class="tick" text-anchor="end">%s</text></svg>`,
 		pad, height-10, msLabel(lo), width-pad, height-10, msLabel(hi))
 	return template.HTML(b.String())
