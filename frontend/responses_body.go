@@ -59,9 +59,9 @@ func newResponseID() string {
 // bearer token (the scheme matched in any case), or the whole
 // Authorization value under another scheme.
 func credentialOf(req *http.Request) string {
-	v := strings.TrimSpace(req.Header.Get("Authorization"))
-	if f := strings.Fields(v); len(f) > 0 && strings.EqualFold(f[0], "Bearer") {
-		v = strings.TrimSpace(v[len(f[0]):])
+	v, ok := bearer(req)
+	if !ok {
+		v = strings.TrimSpace(req.Header.Get("Authorization"))
 	}
 	if v == "" {
 		return ""

@@ -193,11 +193,22 @@ func (s *Server) localStream(id string) *stream {
 	return st
 }
 
+// bearer is req's bearer token (Authorization: Bearer, the scheme in any
+// case); false when it names another scheme or none.
+func bearer(req *http.Request) (string, bool) {
+	v := strings.TrimSpace(req.Header.Get("Authorization"))
+	f := strings.Fields(v)
+	if len(f) == 0 || !strings.EqualFold(f[0], "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(v[len(f[0]):]), true
+}
+
 // checkToken checks a request's resume token (Authorization: Bearer, or
 // the Lifeline-Resume-Token header) for the request in its path.
 func (s *Server) checkToken(w http.ResponseWriter, req *http.Request) (string, bool) {
 	id := req.PathValue("id")
-	tok := strings.TrimPrefix(req.Header.Get("Authorization"), "Bearer ")
+	tok, _ := bearer(req)
 	if tok == "" {
 		tok = req.Header.Get("Lifeline-Resume-Token")
 	}
