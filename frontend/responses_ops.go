@@ -56,46 +56,16 @@ func (s *Server) ownerAlive(ctx context.Context, owner string) bool {
 }
 
 // takeOverResponse takes running response id over from its record and
-// runs it here; nil when it answered for the caller (another frontend
-// won the takeover: 409 naming it; or the record cannot help).
+// runs it here (takeOverFromRecord); nil when it answered for the
+// caller.
 func (s *Server) takeOverResponse(w http.ResponseWriter, req *http.Request, id string) *stream {
-	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
-	defer cancel()
-	rec, rs, won, ok := s.fromRecord(ctx, w, id, func(result string) { s.metrics.takeovers.WithLabelValues(result).Inc() })
-	switch {
-	case !ok:
-		return nil
-	case rec.Done:
-		st, err := recordStream(rec)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
-			return nil
-		}
-		return st
-	case !won:
-		s.mu.Lock()
-		st := s.streams[id]
-		s.mu.Unlock()
-		if st != nil { // the winner is this frontend (a concurrent request)
-			return st
-		}
-		url := ""
-		if now, _, err := s.recs.read(ctx, id); err == nil {
-			url = now.OwnerURL
-		}
-		w.Header().Set("Lifeline-Owner-URL", url)
-		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the response over: ask it at "+url)
-		return nil
+	st, done := s.takeOverFromRecord(w, req, id, func(result string) { s.metrics.takeovers.WithLabelValues(result).Inc() })
+	if st != nil && !done {
+		// Nobody follows it yet: a response that is not in the
+		// background is reaped after the resume window unless a client
+		// comes.
+		st.clientGone()
 	}
-	s.metrics.takeovers.WithLabelValues("ok").Inc()
-	st, err := s.adopt(rs)
-	if err != nil {
-		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
-		return nil
-	}
-	// Nobody follows it yet: a response that is not in the background
-	// is reaped after the resume window unless a client comes.
-	st.clientGone()
 	return st
 }
 

@@ -197,39 +197,60 @@ func (s *Server) adopt(rs *recordState) (*stream, error) {
 // taken over and cancelled here (its worker's sequence with it); a
 // finished one is reported finished, not cancelled.
 func (s *Server) cancelFromRecord(w http.ResponseWriter, req *http.Request, id string) {
+	st, done := s.takeOverFromRecord(w, req, id, func(string) {})
+	switch {
+	case st == nil:
+	case done:
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": false, "finished": true})
+	default:
+		st.cancel(errClientCancelled)
+		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": true})
+	}
+}
+
+// takeOverFromRecord is request id's log at a frontend that holds none:
+// a finished request's replay (done), or a running one taken over from
+// its record and run here — or, when a concurrent request here won the
+// takeover, its log. nil when it answered for the caller: another
+// frontend won (409 naming it), or the record cannot help; result labels
+// the metrics of that answer.
+func (s *Server) takeOverFromRecord(w http.ResponseWriter, req *http.Request, id string, result func(string)) (st *stream, done bool) {
 	ctx, cancel := context.WithTimeout(req.Context(), takeoverTimeout)
 	defer cancel()
-	rec, rs, won, ok := s.fromRecord(ctx, w, id, func(string) {})
+	rec, rs, won, ok := s.fromRecord(ctx, w, id, result)
 	switch {
 	case !ok:
+		return nil, false
 	case rec.Done:
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": false, "finished": true})
+		st, err := recordStream(rec)
+		if err != nil {
+			writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
+			return nil, false
+		}
+		return st, true
 	case !won:
 		s.metrics.takeovers.WithLabelValues("lost").Inc()
 		s.mu.Lock()
 		st := s.streams[id]
 		s.mu.Unlock()
-		if st != nil { // the winner is this frontend (a concurrent resume)
-			st.cancel(errClientCancelled)
-			writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": true})
-			return
+		if st != nil { // the winner is this frontend (a concurrent request)
+			return st, false
 		}
 		url := ""
 		if now, _, err := s.recs.read(ctx, id); err == nil {
 			url = now.OwnerURL
 		}
 		w.Header().Set("Lifeline-Owner-URL", url)
-		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the request over: cancel it at "+url)
-	default:
-		s.metrics.takeovers.WithLabelValues("ok").Inc()
-		st, err := s.adopt(rs)
-		if err != nil {
-			writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
-			return
-		}
-		st.cancel(errClientCancelled)
-		writeJSON(w, http.StatusOK, map[string]any{"id": id, "cancelled": true})
+		writeError(w, http.StatusConflict, openai.ErrTakenOver, "another frontend took the request over: ask it at "+url)
+		return nil, false
 	}
+	s.metrics.takeovers.WithLabelValues("ok").Inc()
+	st, err := s.adopt(rs)
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, openai.ErrBadRequestRecord, err.Error())
+		return nil, false
+	}
+	return st, false
 }
 
 // begin is the run's first step: a request admitted here starts with a
