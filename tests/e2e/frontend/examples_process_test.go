@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/tests/binaries"
 	"github.com/lifeline-llm/lifeline/tests/clustertest"
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
@@ -122,11 +123,11 @@ func nodeExample(t *testing.T, root, dir string) string {
 }
 
 func moduleRoot(t *testing.T) string {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	root, err := binaries.ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
-	return filepath.Dir(strings.TrimSpace(string(out)))
+	return root
 }
 
 func stderrOf(err error) string {
