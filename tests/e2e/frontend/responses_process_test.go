@@ -482,3 +482,50 @@ func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
 		t.Fatalf("adopted: %s %d tokens, want %s (identical text: %v)", got.Status, got.Usage.OutputTokens, want.Status, got.OutputText() == want.OutputText())
 	}
 }
+
+// TestPolledResponseTakenOverWhenItsOwnerDied: a streamed response (not in
+// the background: no frontend adopts it by itself) loses its frontend
+// (SIGKILL) mid-stream; its client only polls GET /v1/responses/{id} at
+// the other frontend, which finds the owner's key gone, takes the
+// response over and drives it to its end: the polled object ends with a
+// fault-free run's output. While the owner lived, a poll there would
+// not take it (TestResponsesSDK polls a live owner's responses).
+func TestPolledResponseTakenOverWhenItsOwnerDied(t *testing.T) {
+	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	b := clustertest.StartFrontend(t, n, "--id", "B")
+	cb := sdk(b, "k")
+	ctx := context.Background()
+	const tokens = 600
+	want, err := cb.Responses.New(ctx, story(13, tokens, false), seedOpt(13)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := clustertest.StartFrontendProc(t, n, "--id", "A")
+	ca := sdk(a.URL, "k")
+	s := ca.Responses.NewStreaming(ctx, story(13, tokens, false), seedOpt(13)...)
+	var id string
+	if _, _, err := readEvents(s, func(e respEvent) bool {
+		if e.ID != "" {
+			id = e.ID
+		}
+		return e.Seq >= 20
+	}); err != nil || id == "" {
+		t.Fatalf("first events: %v (id %q)", err, id)
+	}
+	a.Signal(syscall.SIGKILL)
+	<-a.Exited()
+	s.Close()
+	var got *responses.Response
+	proctest.WaitFor(t, 60*time.Second, "the polled response finished at B", func() (bool, string) {
+		r, err := cb.Responses.Get(ctx, id, responses.ResponseGetParams{})
+		if err != nil {
+			return false, err.Error()
+		}
+		got = r
+		return r.Status != "in_progress", string(r.Status)
+	})
+	if got.Status != want.Status || got.OutputText() != want.OutputText() || got.Usage.OutputTokens != tokens {
+		t.Fatalf("polled to its end: %s, %d tokens, identical text %v; want %s", got.Status, got.Usage.OutputTokens, got.OutputText() == want.OutputText(), want.Status)
+	}
+}
