@@ -76,6 +76,11 @@ func (a *Agent) keepLease(ctx context.Context) {
 			a.emit(controlapi.Event{Kind: controlapi.EventLeaseKept, Detail: "etcd renewed the lease again after a gap longer than its TTL: routable, at the same generations"})
 			a.log.Info("etcd lease kept", "recovery_action", "workers accept again")
 			a.unfenceAll(ctx)
+			// Every registration written again, unchanged: the put tells
+			// frontends that avoided a fenced worker that it accepts.
+			a.regMu.Lock()
+			a.reg.forgetAll()
+			a.regMu.Unlock()
 		case wasLost:
 			a.reregister(ctx)
 		}

@@ -99,6 +99,9 @@ func (r *registrar) deleted(key string) {
 // forget makes key unknown: the next refresh writes it whatever it holds.
 func (r *registrar) forget(key string) { delete(r.written, key) }
 
+// forgetAll makes every key unknown: the next refresh writes them all.
+func (r *registrar) forgetAll() { r.written = nil }
+
 // ops is ws as etcd operations, puts under lease.
 func ops(ws []regWrite, lease clientv3.LeaseID) []clientv3.Op {
 	out := make([]clientv3.Op, 0, len(ws))

@@ -144,7 +144,13 @@ func (x *run) awaitCapacity(a reqfsm.AwaitCapacity) {
 		x.obs.awaitingCapacity(a.Until)
 	}
 	x.stopWait()
-	x.waiting = &capacityWait{epoch: a.Epoch, wake: x.wake, bound: time.NewTimer(time.Until(a.Until))}
+	// An instance avoided for a while (it failed or refused a request)
+	// comes back without a registration: look again when it does.
+	at := a.Until
+	if lift := x.s.router.NextLift(time.Now()); !lift.IsZero() && lift.Before(at) {
+		at = lift
+	}
+	x.waiting = &capacityWait{epoch: a.Epoch, wake: x.wake, bound: time.NewTimer(time.Until(at))}
 }
 
 // capacityChanged ends the wait: an instance registered, or the bound
@@ -507,6 +513,15 @@ func (x *run) onWorkerError(epoch uint64, e *wire.Error, now time.Time) []reqfsm
 			}
 		}
 		return x.r.OnOverloaded(epoch)
+	case e.Code == wire.Code_FENCED:
+		// Alive, its agent between leases: nothing was done. Avoided
+		// until it registers again, never excluded for good: it may be
+		// the only instance of the model.
+		x.lastFailure = "worker refused (fenced): " + e.Message
+		if epoch == x.r.Epoch {
+			x.s.router.Fenced(x.r.Endpoint.InstanceID, x.r.Endpoint.Generation, now)
+		}
+		return x.r.OnWorkerFenced(epoch)
 	case e.Code == wire.Code_TAKEN_OVER:
 		// Another frontend attached to the sequence: it drives the
 		// request now, and this one's client resumes there.

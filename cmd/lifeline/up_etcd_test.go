@@ -221,6 +221,8 @@ func memberPID(dir, name string) int {
 // it and lets its worker accept again at the same generation, instead of
 // re-registering it at the next one (what it did before, and what drill 8
 // saw as a lost lease when an election took 3.6 s on a loaded machine).
+// A request a frontend sends the fenced worker is refused (FENCED), waits,
+// and is served there once the lease is kept, identical to a reference.
 func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
 	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdMembers: 3, EtcdElection: 5 * time.Second})
 	n := clustertest.StartNode(t, env, "n1")
@@ -240,8 +242,36 @@ func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
 			leader = m
 		}
 	}
+	var flog proctest.SyncBuffer
+	f, err := env.StartFrontend("127.0.0.1:0", &flog)
+	if err != nil {
+		t.Fatalf("%v: %s", err, flog.String())
+	}
+	defer f.Stop(10 * time.Second)
+	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 24, "seed": 5, "ignore_eos": true, "stream": true}
+	want, _ := clustertest.StreamCompletion(t, f.URL, body, nil)
 	killed := time.Now()
 	leader.Kill()
+	// While the agent cannot prove its lease its worker refuses new work
+	// (FENCED); a request the frontend sends it meanwhile waits and is
+	// served there once the lease is kept, the only instance of its model
+	// (it used to be excluded for good: no_capacity after 15 s).
+	c := n.DialWorker(t, w.InstanceID)
+	proctest.WaitFor(t, 30*time.Second, "the worker to refuse new work (fenced)", func() (bool, string) {
+		s, err := c.Generate(context.Background(), &wire.Generate{RequestId: fmt.Sprintf("probe-%d", time.Now().UnixNano()), Prompt: "hi", MaxTokens: 1, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs := clustertest.CollectFrames(t, s)
+		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_FENCED, fmt.Sprintf("%+v", fs)
+	})
+	got, _ := clustertest.StreamCompletion(t, f.URL, body, nil)
+	if !sameTokens(got, want) {
+		t.Fatalf("the request sent to the fenced worker: %d tokens, differs from the reference (%d)", len(got), len(want))
+	}
+	if !strings.Contains(flog.String(), "worker refused (fenced)") {
+		t.Fatalf("the frontend's request was never refused as fenced (the lease was kept before it arrived?):\n%s", flog.String())
+	}
 	proctest.WaitFor(t, 60*time.Second, "the agent to keep its lease", func() (bool, string) {
 		evs, err := n.Events(context.Background())
 		if err != nil {
@@ -272,7 +302,6 @@ func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
 	if now.Generation != reg.Generation || now.PID != w.PID {
 		t.Fatalf("worker now %d at generation %d, was %d at %d", now.PID, now.Generation, w.PID, reg.Generation)
 	}
-	c := n.DialWorker(t, w.InstanceID)
 	s, err := c.Generate(context.Background(), &wire.Generate{RequestId: "after", RequestEpoch: 1, Prompt: "hello", MaxTokens: 4, IgnoreEos: true})
 	if err != nil {
 		t.Fatal(err)

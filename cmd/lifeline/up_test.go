@@ -44,6 +44,13 @@ func startUp(t *testing.T, dir string, args ...string) *upProcess {
 	}
 	go func() { u.cmd.Wait(); close(u.exited) }()
 	t.Cleanup(func() {
+		if t.Failed() {
+			// The cluster's own account of what went wrong: CI shows
+			// only the test's output.
+			if b, err := os.ReadFile(filepath.Join(dir, "lifeline.log")); err == nil {
+				t.Logf("the last of %s:\n%s", filepath.Join(dir, "lifeline.log"), lastLines(string(b), 150))
+			}
+		}
 		// Ctrl-C: up stops its children. A SIGKILL would leave them
 		// running (and holding their eBPF probes) for good.
 		select {
@@ -78,6 +85,12 @@ func startUp(t *testing.T, dir string, args ...string) *upProcess {
 		return false, u.out.String()
 	})
 	return u
+}
+
+// lastLines is the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // TestUpServesAndStopsCleanly: `lifeline up` from nothing in a temporary

@@ -99,6 +99,12 @@ const (
 	// STALE_EPOCH: an Attach (or a Generate of a request still held) at an
 	// epoch not above the one the request is served under.
 	Code_STALE_EPOCH Code = 10
+	// FENCED: the worker refused a request before doing anything for it:
+	// its node agent cannot prove its registration lease (an etcd election
+	// or partition). The instance is alive and accepts again, at the same
+	// generation, once its agent renews the lease (registering it again);
+	// retryable, on it then or elsewhere, with no work lost.
+	Code_FENCED Code = 11
 )
 
 // Enum value maps for Code.
@@ -115,6 +121,7 @@ var (
 		8:  "NOT_FOUND",
 		9:  "TAKEN_OVER",
 		10: "STALE_EPOCH",
+		11: "FENCED",
 	}
 	Code_value = map[string]int32{
 		"OK":              0,
@@ -128,6 +135,7 @@ var (
 		"NOT_FOUND":       8,
 		"TAKEN_OVER":      9,
 		"STALE_EPOCH":     10,
+		"FENCED":          11,
 	}
 )
 
@@ -1633,7 +1641,7 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\vINTERACTIVE\x10\x00\x12\t\n" +
 	"\x05BATCH\x10\x01\x12\n" +
 	"\n" +
-	"\x06CANARY\x10\x02*\xb0\x01\n" +
+	"\x06CANARY\x10\x02*\xbc\x01\n" +
 	"\x04Code\x12\x06\n" +
 	"\x02OK\x10\x00\x12\x13\n" +
 	"\x0fINVALID_REQUEST\x10\x01\x12\x0e\n" +
@@ -1648,7 +1656,9 @@ const file_lifeline_wire_proto_rawDesc = "" +
 	"\n" +
 	"TAKEN_OVER\x10\t\x12\x0f\n" +
 	"\vSTALE_EPOCH\x10\n" +
-	"B.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
+	"\x12\n" +
+	"\n" +
+	"\x06FENCED\x10\vB.Z,github.com/lifeline-llm/lifeline/decode/wireb\x06proto3"
 
 var (
 	file_lifeline_wire_proto_rawDescOnce sync.Once

@@ -365,7 +365,7 @@ func (s *server) refusal() *wire.Error {
 	if s.draining.Load() {
 		return &wire.Error{Code: wire.Code_DRAINING, Retryable: true, Message: "not accepting new requests: the node is draining"}
 	}
-	return &wire.Error{Code: wire.Code_SHUTTING_DOWN, Retryable: true, Message: "not accepting new requests: the node agent cannot prove its registration lease"}
+	return &wire.Error{Code: wire.Code_FENCED, Retryable: true, Message: "not accepting new requests: the node agent cannot prove its registration lease"}
 }
 
 func (s *server) generate(st *quic.Stream, g *wire.Generate, send func(*wire.Frame) error) {

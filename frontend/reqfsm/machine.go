@@ -374,6 +374,21 @@ func (r *Request) OnOverloaded(epoch uint64) []Action {
 	return []Action{cw, r.route()}
 }
 
+// OnWorkerFenced: the worker of epoch refused the request before doing
+// anything because its agent cannot prove its lease (an etcd election or
+// partition). The instance is alive and comes back at the same
+// generation once the lease is renewed, so it is not excluded for this
+// request (the router avoids it meanwhile) and no migration is spent:
+// route again, and wait for capacity if nothing else serves the model.
+func (r *Request) OnWorkerFenced(epoch uint64) []Action {
+	if epoch != r.Epoch || !r.State.running() {
+		return nil
+	}
+	r.retryPending = true
+	cw := r.bump(Migrating)
+	return []Action{cw, r.route()}
+}
+
 // OnDeadline ends the request with a typed error once its deadline has
 // passed, whatever it is doing (routing, prefilling, migrating, decoding).
 func (r *Request) OnDeadline(now time.Time) []Action {

@@ -445,3 +445,33 @@ func TestPullOutcome(t *testing.T) {
 		t.Fatalf("failed pull: %+v, pd %q", dis, r.PD)
 	}
 }
+
+// TestFencedRefusalKeepsTheInstance: a worker that refused the request
+// because its agent could not prove its lease is alive and comes back at
+// the same generation; the request routes again without excluding it and
+// without spending the migration budget, and may be served there.
+func TestFencedRefusalKeepsTheInstance(t *testing.T) {
+	r := NewRequest("r", []int{1}, 10, time.Time{}, DefaultPolicy, t0)
+	start(t, r, "a")
+	for range 3 {
+		epoch := r.Epoch
+		acts := r.OnWorkerFenced(r.Epoch)
+		rte, ok := has[Route](acts)
+		if _, excluded := rte.Exclusion()["a"]; !ok || excluded {
+			t.Fatalf("a fenced refusal excluded the instance for the request: %v", acts)
+		}
+		if cw, ok := has[CancelWorker](acts); !ok || cw.Epoch != epoch {
+			t.Fatalf("the refused epoch's calls are not ended: %v", acts)
+		}
+		if acts := r.OnWorkerFenced(epoch); len(acts) != 0 {
+			t.Fatalf("a stale epoch's refusal acted: %v", acts)
+		}
+		r.Routed(rte.Epoch, Endpoint{"a", 1}, t0)
+	}
+	if r.Migrations != 0 {
+		t.Fatalf("fenced refusals spent %d migrations", r.Migrations)
+	}
+	if acts := r.OnFrame(frame(r, 1), t0); len(acts) == 0 {
+		t.Fatal("the instance that refused while fenced could not serve the request afterwards")
+	}
+}

@@ -122,6 +122,10 @@ func (rt *Router) ReplaceNodes(all []Node) {
 type suppression struct {
 	gen   uint64
 	until time.Time
+	// fenced: the instance refused because its agent could not prove its
+	// lease; its next registration (the lease renewed) ends the
+	// suppression.
+	fenced bool
 }
 
 // NewRouter returns an empty router.
@@ -145,6 +149,9 @@ func (rt *Router) update(in Instance) bool {
 	}
 	rt.instances[in.ID] = in
 	delete(rt.departed, in.ID)
+	if sup, ok := rt.suppressed[in.ID]; ok && sup.fenced {
+		delete(rt.suppressed, in.ID)
+	}
 	rt.models[in.Model] = true
 	return true
 }
@@ -226,6 +233,32 @@ func (rt *Router) Suppress(id string, gen uint64, now time.Time) {
 
 func (rt *Router) suppress(id string, gen uint64, now time.Time) {
 	rt.suppressed[id] = suppression{gen: gen, until: now.Add(rt.SuppressFor)}
+}
+
+// Fenced avoids an endpoint whose worker refused a request because its
+// agent could not prove its lease: until the instance registers again
+// (its agent renewed the lease) or SuppressFor passes.
+func (rt *Router) Fenced(id string, gen uint64, now time.Time) {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if sup, ok := rt.suppressed[id]; ok && !sup.fenced && sup.gen >= gen && now.Before(sup.until) {
+		return // it failed a request: avoided for the whole SuppressFor
+	}
+	rt.suppressed[id] = suppression{gen: gen, until: now.Add(rt.SuppressFor), fenced: true}
+}
+
+// NextLift is when the first suppression in force at now ends (zero when
+// none is): a request waiting for capacity looks again then.
+func (rt *Router) NextLift(now time.Time) time.Time {
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	var first time.Time
+	for _, sup := range rt.suppressed {
+		if sup.until.After(now) && (first.IsZero() || sup.until.Before(first)) {
+			first = sup.until
+		}
+	}
+	return first
 }
 
 // suppressedLocked reports whether in's endpoint is avoided now, and

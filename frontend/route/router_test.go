@@ -304,3 +304,44 @@ func TestRouterMigrationIgnoresCapacity(t *testing.T) {
 		t.Fatalf("a migration: %+v %v", in, err)
 	}
 }
+
+// TestFencedUntilRegistered: an instance that refused because its agent
+// could not prove its lease is avoided until it registers again (the
+// lease renewed) or SuppressFor passes; NextLift says when a waiting
+// request should look again. A failure's suppression is not lifted by a
+// registration of the same generation.
+func TestFencedUntilRegistered(t *testing.T) {
+	rt := NewRouter()
+	a := Instance{ID: "a", Model: "m", Ready: true, Role: "decode", Generation: 2}
+	rt.Update(a)
+	pick := func(now time.Time) string {
+		in, err := rt.Pick("m", "", "", nil, now)
+		if err != nil {
+			return ""
+		}
+		return in.ID
+	}
+	rt.Fenced("a", 2, t0)
+	if got := pick(t0); got != "" {
+		t.Fatalf("a fenced instance was picked: %q", got)
+	}
+	if lift := rt.NextLift(t0); !lift.Equal(t0.Add(rt.SuppressFor)) {
+		t.Fatalf("NextLift %v, want %v", lift, t0.Add(rt.SuppressFor))
+	}
+	rt.Update(a) // the agent kept its lease and wrote its registrations again
+	if got := pick(t0); got != "a" {
+		t.Fatalf("after its registration: picked %q", got)
+	}
+	if lift := rt.NextLift(t0); !lift.IsZero() {
+		t.Fatalf("NextLift %v with nothing suppressed", lift)
+	}
+	rt.Fenced("a", 2, t0)
+	if got := pick(t0.Add(rt.SuppressFor)); got != "a" {
+		t.Fatalf("still avoided after SuppressFor: %q", got)
+	}
+	rt.Suppress("a", 2, t0)
+	rt.Update(a)
+	if got := pick(t0); got != "" {
+		t.Fatalf("a failure's suppression was lifted by a registration at the same generation: picked %q", got)
+	}
+}

@@ -440,7 +440,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 			t.Fatal(err)
 		}
 		fs := clustertest.CollectFrames(t, ns)
-		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_SHUTTING_DOWN && fs[0].Error.GetRetryable(), fmt.Sprintf("%+v", fs)
+		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_FENCED && fs[0].Error.GetRetryable(), fmt.Sprintf("%+v", fs)
 	})
 	// The in-flight stream is not cut.
 	frames := clustertest.CollectFrames(t, s)
