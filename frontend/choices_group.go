@@ -247,13 +247,13 @@ func (s *Server) followGroup(w http.ResponseWriter, req *http.Request, g *group,
 	if flusher != nil {
 		flusher.Flush()
 	}
-	gone = !g.writeFrom(req.Context(), sw, flusher, pos)
+	gone = !g.writeFrom(req.Context(), sw, flusher, pos, newPulse(s.beat, sw, flusher))
 }
 
 // writeFrom writes every choice after its position as the logs grow, then
 // the end; false when the client went away first. Each event's id holds
 // every choice's position.
-func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, pos []int) bool {
+func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, pos []int, p *pulse) bool {
 	offsets := make([]int, len(g.children)) // logprobs' text offsets, learnt at the first token
 	for i := range offsets {
 		offsets[i] = -1
@@ -269,6 +269,7 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 				if sw.WriteChunkID(&c, sse.FormatPositions(pos)) != nil {
 					return false
 				}
+				p.sent()
 			}
 			if !done {
 				waits = append(waits, changed)
@@ -299,7 +300,7 @@ func (g *group) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flus
 			g.writeEnd(sw, flusher, rs)
 			return true
 		}
-		if !waitAny(ctx, waits) {
+		if !p.awaitAny(ctx, waits) {
 			return false
 		}
 	}

@@ -202,7 +202,7 @@ func TestGroupMultiplex(t *testing.T) {
 		_ = i
 	}
 	var full bytes.Buffer
-	if !g.writeFrom(context.Background(), sse.NewWriter(&full), nil, make([]int, 2)) {
+	if !g.writeFrom(context.Background(), sse.NewWriter(&full), nil, make([]int, 2), nil) {
 		t.Fatal("client gone")
 	}
 	texts, ids, finishes, usage := readGroup(t, full.Bytes(), 2)
@@ -237,7 +237,7 @@ func TestGroupMultiplexLive(t *testing.T) {
 	g := &group{id: "p-c2", children: []*stream{choiceStream("p-c2", 0, 2), choiceStream("p-c2", 1, 2)}}
 	pr, pw := io.Pipe()
 	go func() {
-		g.writeFrom(context.Background(), sse.NewWriter(pw), nil, make([]int, 2))
+		g.writeFrom(context.Background(), sse.NewWriter(pw), nil, make([]int, 2), nil)
 		pw.Close()
 	}()
 	rd := sse.NewReader(pr)
@@ -282,7 +282,7 @@ func TestGroupFailure(t *testing.T) {
 	g.children[0].append(toks(1, "a"))
 	g.children[1].finish(&reqfsm.Request{State: reqfsm.Failed, Err: &reqfsm.RequestError{Type: openai.ErrMigrationExhausted, Message: "x"}}, sse.Lifeline{})
 	var out bytes.Buffer
-	g.writeFrom(context.Background(), sse.NewWriter(&out), nil, make([]int, 2))
+	g.writeFrom(context.Background(), sse.NewWriter(&out), nil, make([]int, 2), nil)
 	if !strings.Contains(out.String(), `"type":"migration_exhausted"`) || !strings.HasSuffix(out.String(), "data: [DONE]\n\n") ||
 		len(cancelled) != 1 || cancelled[0] != errSiblingFailed {
 		t.Fatalf("cancelled %v\n%s", cancelled, out.String())
@@ -301,7 +301,7 @@ func TestGroupFailure(t *testing.T) {
 func readGroupFrom(t *testing.T, w *bytes.Buffer, g *group, pos []int) []string {
 	t.Helper()
 	last := slices.Clone(pos)
-	g.writeFrom(context.Background(), sse.NewWriter(w), nil, pos)
+	g.writeFrom(context.Background(), sse.NewWriter(w), nil, pos, nil)
 	rd := sse.NewReader(w)
 	var ids []string
 	for {

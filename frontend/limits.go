@@ -39,6 +39,10 @@ type Limits struct {
 	// resumes by Last-Event-ID (slowclient.go). A slow reader costs no
 	// more than its request's log meanwhile.
 	WriteTimeout time.Duration
+	// KeepAlive is how long a streamed response may send nothing before
+	// it writes an SSE comment (keepalive.go), so that a client can tell
+	// a silent stream from a cut connection; negative: never.
+	KeepAlive time.Duration
 	// MaxBodyBytes bounds a request body: a larger one is a 413
 	// request_too_large, answered without reading it whole.
 	MaxBodyBytes int64
@@ -55,6 +59,7 @@ const (
 	DefaultBodyTimeout       = 30 * time.Second
 	DefaultIdleTimeout       = 60 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
+	DefaultKeepAlive         = 5 * time.Second
 	DefaultMaxBodyBytes      = 4 << 20
 )
 
@@ -78,6 +83,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.BodyTimeout, DefaultBodyTimeout)
 	def(&l.IdleTimeout, DefaultIdleTimeout)
 	def(&l.WriteTimeout, DefaultWriteTimeout)
+	def(&l.KeepAlive, DefaultKeepAlive)
 	return l
 }
 

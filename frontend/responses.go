@@ -160,11 +160,12 @@ func (s *Server) writeWholeResponse(w http.ResponseWriter, req *http.Request, st
 // writeResponseFrom writes the response's events after sequence number
 // after as its log grows, then its end; false when the client went away
 // first.
-func (st *stream) writeResponseFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, after int) bool {
+func (st *stream) writeResponseFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, after int, p *pulse) bool {
 	rr := newResponseRender(st, func(ev openai.Event) bool {
 		if ev.SequenceNumber <= after {
 			return true
 		}
+		p.sent()
 		return sw.WriteEvent(ev.Type, strconv.Itoa(ev.SequenceNumber), ev) == nil
 	})
 	flush := func() {
@@ -200,9 +201,7 @@ func (st *stream) writeResponseFrom(ctx context.Context, sw *sse.Writer, flusher
 			flush()
 			return rr.ok
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
+		if !p.await(ctx, changed) {
 			return false
 		}
 	}

@@ -104,6 +104,7 @@ type Server struct {
 	opts    Options
 	limits  Limits // opts.Limits with the defaults
 	slow    *slowWatch
+	beat    *beat // streams' keep-alives
 	log     *slog.Logger
 	etcd    *clientv3.Client
 	workTLS *tls.Config
@@ -317,6 +318,7 @@ func Run(ctx context.Context, opts Options, log *slog.Logger, ready io.Writer) (
 		return fmt.Errorf("frontend: read the registry: %w", err)
 	}
 	s.goes.Go(func() { s.ack.run(ctx) })
+	s.goes.Go(func() { s.beat.run(ctx) })
 	s.goes.Go(func() { s.watch(ctx, rev) })
 	ln, udp, err := listenAPI(s.opts.Listen, s.opts.TLS, net.Listen)
 	if err != nil {
@@ -369,6 +371,7 @@ func newServer(opts Options, log *slog.Logger) (*Server, error) {
 		limits: opts.Limits.withDefaults()}
 	s.keys.maxAge = opts.ResumeTokenMaxAge
 	s.slow = &slowWatch{goes: &s.goes, timeout: s.limits.writeTimeout(), m: s.metrics}
+	s.beat = &beat{every: s.limits.KeepAlive}
 	if opts.Tracing != nil {
 		s.tracer = opts.Tracing.Tracer("github.com/lifeline-llm/lifeline/frontend")
 	}

@@ -206,20 +206,21 @@ func (s *Server) follow(w http.ResponseWriter, req *http.Request, st *stream, fr
 	if flusher != nil {
 		flusher.Flush()
 	}
+	p := newPulse(s.beat, sw, flusher)
 	if st.body.Response != nil {
 		// A response's events: from is the sequence number after which
 		// the client resumes (-1: from the start).
-		gone = !st.writeResponseFrom(req.Context(), sw, flusher, from)
+		gone = !st.writeResponseFrom(req.Context(), sw, flusher, from, p)
 		return
 	}
-	gone = !st.writeFrom(req.Context(), sw, flusher, from)
+	gone = !st.writeFrom(req.Context(), sw, flusher, from, p)
 }
 
 // writeFrom writes the log after sequence number from as it grows, then its
 // end; false when the client went away first.
-func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
+func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int, p *pulse) bool {
 	if st.body.ToolCalls != nil {
-		return st.writeCallsFrom(ctx, sw, flusher, from)
+		return st.writeCallsFrom(ctx, sw, flusher, from, p)
 	}
 	next, offset := from+1, -1
 	for {
@@ -232,16 +233,17 @@ func (st *stream) writeFrom(ctx context.Context, sw *sse.Writer, flusher http.Fl
 			}
 			next, wrote = t.SequenceNo+1, true
 		}
-		if flusher != nil && wrote {
-			flusher.Flush()
+		if wrote {
+			if flusher != nil {
+				flusher.Flush()
+			}
+			p.sent()
 		}
 		if done {
 			st.writeEnd(sw, flusher, r)
 			return true
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
+		if !p.await(ctx, changed) {
 			return false
 		}
 	}

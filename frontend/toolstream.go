@@ -96,7 +96,7 @@ func (s *callScanner) feed(text string) []sse.ToolCall {
 }
 
 // writeCallsFrom is writeFrom for a request with tools.
-func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int) bool {
+func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher http.Flusher, from int, p *pulse) bool {
 	sc := newCallScanner(st.id, st.body.ToolCalls)
 	var held []reqfsm.Token // tokens not sent yet (their call is not complete)
 	offset := -1
@@ -136,17 +136,18 @@ func (st *stream) writeCallsFrom(ctx context.Context, sw *sse.Writer, flusher ht
 			}
 			held = nil
 		}
-		if flusher != nil && wrote {
-			flusher.Flush()
+		if wrote {
+			if flusher != nil {
+				flusher.Flush()
+			}
+			p.sent()
 		}
 		if done {
 			st.writeHeld(sw, r, held, from, sc.next > 0)
 			st.writeEnd(sw, flusher, r)
 			return true
 		}
-		select {
-		case <-changed:
-		case <-ctx.Done():
+		if !p.await(ctx, changed) {
 			return false
 		}
 	}

@@ -49,6 +49,12 @@ func frontendCmd() *cobra.Command {
 			if capacityWait == 0 {
 				opts.CapacityWait = -1 // the option's "do not wait"
 			}
+			switch {
+			case opts.Limits.KeepAlive < 0:
+				return fmt.Errorf("--sse-keepalive: %v (0 sends none)", opts.Limits.KeepAlive)
+			case opts.Limits.KeepAlive == 0:
+				opts.Limits.KeepAlive = -1 // the option's "never"
+			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 			otlp.Service, otlp.Instance = "lifeline-frontend", opts.ID
 			tr, err := tracing.New(otlp)
@@ -145,6 +151,7 @@ func limitFlags(f *pflag.FlagSet, l *frontend.Limits) {
 	f.DurationVar(&l.ReadHeaderTimeout, "read-header-timeout", frontend.DefaultReadHeaderTimeout, "time to read a request's headers (and a new connection's wait for its first)")
 	f.DurationVar(&l.BodyTimeout, "body-timeout", frontend.DefaultBodyTimeout, "time to read a request's body; slower ones get 408 request_timeout")
 	f.DurationVar(&l.WriteTimeout, "write-timeout", frontend.DefaultWriteTimeout, "close a stream whose client takes none of a write for this long (it resumes by Last-Event-ID; the stream's log is its only buffer)")
+	f.DurationVar(&l.KeepAlive, "sse-keepalive", frontend.DefaultKeepAlive, "a streamed response that has sent nothing this long writes an SSE comment, so that clients can tell a silent stream from a cut connection (0: none)")
 	f.DurationVar(&l.IdleTimeout, "idle-timeout", frontend.DefaultIdleTimeout, "close keep-alive connections (HTTP/1.1, HTTP/2, HTTP/3) idle this long")
 	f.BoolVar(&l.Off, "no-limits", false, "no connection cap, body or idle timeout, default stream limits (to measure what the limits cost)")
 	f.MarkHidden("no-limits")

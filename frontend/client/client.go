@@ -99,6 +99,13 @@ type Options struct {
 	// a frontend that vanished without closing its connections is noticed
 	// after this.
 	IdleTimeout time.Duration
+	// ReadIdle is how long a stream may send nothing before the client
+	// takes its connection for cut and resumes at the next frontend
+	// (default 15 s, three of the frontend's 5 s keep-alive comments;
+	// negative: never). It covers what IdleTimeout cannot: a TCP
+	// connection to a frontend cut off silently, which the kernel would
+	// keep for minutes.
+	ReadIdle time.Duration
 }
 
 // Stats count what the client did, for tests and metrics.
@@ -139,6 +146,9 @@ type Client struct {
 // New returns a client of the frontends at urls with default options.
 func New(urls ...string) *Client { return NewWith(Options{}, urls...) }
 
+// DefaultReadIdle is Options.ReadIdle's default.
+const DefaultReadIdle = 15 * time.Second
+
 // NewWith returns a client of the frontends at urls.
 func NewWith(opts Options, urls ...string) *Client {
 	if opts.MaxReconnects == 0 {
@@ -146,6 +156,9 @@ func NewWith(opts Options, urls ...string) *Client {
 	}
 	if opts.IdleTimeout <= 0 {
 		opts.IdleTimeout = 5 * time.Second
+	}
+	if opts.ReadIdle == 0 {
+		opts.ReadIdle = DefaultReadIdle
 	}
 	c := &Client{MaxReconnects: opts.MaxReconnects, opts: opts, tcp: newTCPConns()}
 	for _, u := range urls {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
@@ -110,12 +111,13 @@ func (s *session) follow(ctx context.Context, resp *http.Response, each func(Tok
 	for attempt := 0; ; attempt++ {
 		if resp != nil {
 			var res Result
+			body := watchIdle(resp.Body, c.opts.ReadIdle)
 			if s.multi != nil {
-				res, err = s.multi.read(resp.Body, each)
+				res, err = s.multi.read(body, each)
 			} else {
-				res, err = readStream(resp.Body, &s.last, each)
+				res, err = readStream(body, &s.last, each)
 			}
-			resp.Body.Close()
+			body.Close()
 			if err == nil {
 				return res, nil
 			}
@@ -282,4 +284,48 @@ func readError(resp *http.Response) error {
 		e.RetryAfter = time.Duration(s) * time.Second
 	}
 	return e
+}
+
+// ErrReadIdle: a stream sent nothing, not even a keep-alive comment, for
+// Options.ReadIdle; the client resumes it elsewhere.
+var ErrReadIdle = errors.New("lifeline: the stream sent nothing for too long (connection taken for cut)")
+
+// idleBody is a response body closed once a read has waited longer than
+// d for data (a silently cut connection), which ends the read with
+// ErrReadIdle.
+type idleBody struct {
+	body io.ReadCloser
+	d    time.Duration
+	t    *time.Timer
+	idle atomic.Bool
+}
+
+// watchIdle returns body under a read-idle bound of d (body itself when
+// d < 0).
+func watchIdle(body io.ReadCloser, d time.Duration) io.ReadCloser {
+	if d < 0 {
+		return body
+	}
+	b := &idleBody{body: body, d: d}
+	b.t = time.AfterFunc(d, func() {
+		b.idle.Store(true)
+		body.Close()
+	})
+	return b
+}
+
+func (b *idleBody) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	if n > 0 {
+		b.t.Reset(b.d)
+	}
+	if err != nil && b.idle.Load() {
+		err = fmt.Errorf("%w: %v", ErrReadIdle, b.d)
+	}
+	return n, err
+}
+
+func (b *idleBody) Close() error {
+	b.t.Stop()
+	return b.body.Close()
 }

@@ -27,9 +27,12 @@ import (
 // 3-member etcd across the hosts (mutual TLS on both ports, peers on the
 // hosts' addresses), etcd-setup, an agent per host (workers bound to the
 // host's address), and frontends on two of them. Seeded streams run
-// through the Go client with both frontends' URLs; one host's link is
-// then cut — its etcd member, its agent and worker, and a frontend gone
-// with it: every stream completes, identical to a fault-free run.
+// through the Go client with both frontends' URLs, half over HTTP/3, half
+// over TCP (HTTPS); one host's link is then cut — its etcd member, its
+// agent and worker, and a frontend gone with it: every stream completes,
+// identical to a fault-free run. A cut frontend's QUIC connections end by
+// their idle timeout, its TCP ones by the streams' silence (no keep-alive
+// comment for the client's ReadIdle).
 func TestMultiHostDeployment(t *testing.T) {
 	proctest.Processes(t)
 	if err := netns.Available(); err != nil {
@@ -112,9 +115,11 @@ func TestMultiHostDeployment(t *testing.T) {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pem)
-	// HTTP/3: a frontend cut off without closing its connections is
-	// noticed by the QUIC idle timeout (TCP would wait for its own).
-	opts := client.Options{TLS: &tls.Config{RootCAs: roots}, H3: true, MaxReconnects: 30}
+	const streams = 6
+	// HTTP/3 for the first half of the streams, TCP for the others.
+	optsFor := func(k int) client.Options {
+		return client.Options{TLS: &tls.Config{RootCAs: roots}, H3: k < streams/2, MaxReconnects: 30}
+	}
 	temp := 0.9
 	req := func(k int) client.Request {
 		return client.Request{Model: "tiny", Prompt: fmt.Sprintf("Host story %d began when", k), MaxTokens: 240, Temperature: &temp, Seed: uint64(40 + k), IgnoreEOS: true}
@@ -132,11 +137,10 @@ func TestMultiHostDeployment(t *testing.T) {
 		return ids, err
 	}
 	// Serving: every agent's worker registered and both frontends answer.
-	const streams = 6
 	want := make([][]int, streams)
 	proctest.WaitFor(t, 2*time.Minute, "the fleet serving through both frontends", func() (bool, string) {
 		for _, u := range urls {
-			c := client.NewWith(opts, u)
+			c := client.NewWith(optsFor(0), u)
 			_, err := stream(c, 0, nil)
 			c.Close()
 			if err != nil {
@@ -146,7 +150,7 @@ func TestMultiHostDeployment(t *testing.T) {
 		return true, ""
 	})
 	for k := range streams {
-		c := client.NewWith(opts, urls[k%2])
+		c := client.NewWith(optsFor(k), urls[k%2])
 		ids, err := stream(c, k, nil)
 		c.Close()
 		if err != nil {
@@ -162,7 +166,7 @@ func TestMultiHostDeployment(t *testing.T) {
 	got, errs := make([][]int, streams), make([]error, streams)
 	for k := range streams {
 		wg.Go(func() {
-			c := client.NewWith(opts, urls[k%2], urls[(k+1)%2])
+			c := client.NewWith(optsFor(k), urls[k%2], urls[(k+1)%2])
 			defer c.Close()
 			once := sync.Once{}
 			got[k], errs[k] = stream(c, k, func(seq int) {
