@@ -84,6 +84,11 @@ type InstanceSpec struct {
 	// worker processes (ranks; group.go): one endpoint, one registration,
 	// one generation; any rank's death fails and restarts the whole group.
 	TP int `json:"tp,omitempty"`
+	// SyntheticRate, above 0, serves Preset's synthetic engine instead:
+	// for load tests only, it computes nothing and takes a step (a token
+	// for every running sequence) this many times a second; its model is
+	// "synthetic-<preset>" (decode/synthetic.go).
+	SyntheticRate float64 `json:"synthetic_tokens_per_second,omitempty"`
 }
 
 // ranks is how many processes an instance of s is.
@@ -95,6 +100,9 @@ func (s InstanceSpec) llamaCpp() bool { return s.Engine == decode.EngineLlamaCpp
 // label names s's model in its instance ids: the preset, or the model's
 // served name cut to 24 letters, digits, '.', '_' and '-'.
 func (s InstanceSpec) label() string {
+	if s.Model == "" && s.SyntheticRate > 0 {
+		return "synthetic-" + s.Preset
+	}
 	if s.Model == "" {
 		return s.Preset
 	}
@@ -347,6 +355,10 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%d (0..%d; 0 and 1: one process)", in.TP, collective.MaxRanks)
 		case in.TP > 1 && (in.DraftPreset != "" || in.DraftLayers != 0):
 			return bad(fmt.Sprintf("instances[%d].tp", i), "tp %d with speculative decoding is not built", in.TP)
+		case in.SyntheticRate < 0 || in.SyntheticRate > decode.SyntheticMaxRate:
+			return bad(fmt.Sprintf("instances[%d].synthetic_tokens_per_second", i), "%v (0: off, up to %d)", in.SyntheticRate, decode.SyntheticMaxRate)
+		case in.SyntheticRate > 0 && (in.Role != "decode" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0):
+			return bad(fmt.Sprintf("instances[%d].synthetic_tokens_per_second", i), "the synthetic engine is a decode instance of one process without a draft")
 		}
 		if cfg, err := model.PresetConfig(in.Preset); err == nil && in.TP > 1 && cfg.SplitsInto(in.TP) != nil {
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%v", cfg.SplitsInto(in.TP))

@@ -96,6 +96,10 @@ type Options struct {
 	// in the node's arena (KVSocket), is the arena file: the rank writes
 	// and reads its heads' part of the blocks rank 0 allocates there.
 	KVArena string
+	// SyntheticRate, above 0, makes this the synthetic engine of Preset
+	// (synthetic.go), for load tests only: no computation, a step every
+	// 1/SyntheticRate seconds, served as "synthetic-<preset>".
+	SyntheticRate float64
 }
 
 // Engines Options.Engine names.
@@ -109,6 +113,8 @@ func (o *Options) Validate() error {
 	switch {
 	case o.Engine != "" && o.Engine != EngineLifeline && o.Engine != EngineLlamaCpp:
 		return badField("engine", "%q (want %s or %s)", o.Engine, EngineLifeline, EngineLlamaCpp)
+	case o.SyntheticRate != 0:
+		return o.validateSynthetic()
 	case o.Engine == EngineLlamaCpp:
 		return o.validateLlamaCpp()
 	case o.ContextLen < 0:
@@ -177,6 +183,9 @@ func NewEngine(opts Options) (*Engine, error) {
 	}
 	if opts.Engine == EngineLlamaCpp {
 		return newLlamaCppEngine(opts)
+	}
+	if opts.SyntheticRate > 0 {
+		return newSyntheticEngine(opts)
 	}
 	e, err := newEngine(opts)
 	if err != nil || !opts.speculates() {
@@ -270,27 +279,6 @@ func newEngineOn(opts Options, m *model.Model, tok tokenizer.Tokenizer, limits s
 	e.closers = append(e.closers, cache.Close, client.Close)
 	e.Cache = cache
 	return e, nil
-}
-
-// kvBlocks is the engine's KV block count: Options.KVBlocks, or room for
-// 16 sequences of up to 1,024 positions (one long sequence may use the
-// room of several) plus the blocks the scheduler holds back for a canary.
-func kvBlocks(opts Options, m *model.Model, limits sched.Limits) int {
-	if opts.KVBlocks > 0 {
-		return opts.KVBlocks
-	}
-	bs := cmp.Or(opts.BlockSize, kvcache.DefaultBlockSize)
-	perSeq := (min(m.Config.ContextLen, 1024) + bs - 1) / bs
-	return perSeq*min(limits.MaxRunning, 16) + (sched.CanaryMaxPositions+bs-1)/bs
-}
-
-// BlockIdentity is the identity of the KV blocks this engine computes.
-func BlockIdentity(m *model.Model, tok tokenizer.Tokenizer, layout kvcache.Layout) kvclient.Identity {
-	return kvclient.Identity{
-		Model: m.Config.Name, ModelRevision: m.Revision, TokenizerHash: tok.Hash(),
-		Layout: layout.String(), DType: layout.DType, RopeTheta: m.Config.RopeTheta,
-		BlockSize: layout.BlockSize, NumericsID: model.NumericsIDFor(m.TP()),
-	}
 }
 
 // NewEngineWith starts an engine on a loaded model and a given KV store.

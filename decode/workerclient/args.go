@@ -70,6 +70,9 @@ type Args struct {
 	// MemoryHeadroomMiB bounds the worker's Go heap at what it holds once
 	// loaded plus this many MiB (0: the default, below 0: no bound).
 	MemoryHeadroomMiB int
+	// SyntheticRate, above 0, serves the synthetic engine of Preset:
+	// no computation, a step every 1/SyntheticRate s (load tests only).
+	SyntheticRate float64
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -105,6 +108,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&a.AgentSocket, "agent-socket", "", "a socket of the agent that started this worker: with nobody there for --orphan-timeout, the worker stops")
 	fs.DurationVar(&a.OrphanTimeout, "orphan-timeout", 3*time.Minute, "how long a worker waits for its agent (restarted, to adopt it) before it stops")
 	fs.IntVar(&a.MemoryHeadroomMiB, "memory-headroom-mib", 0, "soft bound on the Go heap: what it holds once loaded (weights, KV store) plus this many MiB (0: 64, below 0: none; GOMEMLIMIT overrides)")
+	fs.Float64Var(&a.SyntheticRate, "synthetic-rate", 0, "load tests only: serve the synthetic engine of --preset, computing nothing, a step (a token for every running sequence) this many times a second, served as synthetic-<preset> (0: off)")
 	fs.StringVar(&a.KVArena, "kv-arena", "", "a rank above 0: the node's KV arena file, where it writes its heads' part of the blocks rank 0 allocates")
 }
 
