@@ -3,6 +3,7 @@ package frontend
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -69,8 +70,17 @@ func (s *Server) relistRequests(ctx context.Context) (int64, error) {
 }
 
 // checkOwner stops the local run of a request whose record names a later
-// owner than the term this frontend drives it at.
+// owner than the term this frontend drives it at. A record of a request
+// this frontend does not run (nearly every event, with many frontends)
+// costs one map lookup by its key, not a decode.
 func (s *Server) checkOwner(key string, value []byte) {
+	id, ok := strings.CutPrefix(key, schema.RequestsPrefix)
+	s.mu.Lock()
+	st := s.streams[id]
+	s.mu.Unlock()
+	if !ok || st == nil || st.rec == nil {
+		return
+	}
 	rec, err := schema.DecodeRequestRecord(key, value)
 	if err != nil {
 		return
