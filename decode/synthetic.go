@@ -90,6 +90,9 @@ func newSyntheticEngine(opts Options) (*Engine, error) {
 	if limits == (sched.Limits{}) {
 		limits = sched.DefaultLimits
 	}
+	// A step costs the same whatever its batch: let it take every running
+	// sequence and the prompts of those that start.
+	limits.MaxStepTokens = max(limits.MaxStepTokens, 16*limits.Slots())
 	ctxLen := m.Config.ContextLen
 	if opts.ContextLen > 0 {
 		ctxLen = min(ctxLen, opts.ContextLen)

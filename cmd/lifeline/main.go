@@ -35,7 +35,7 @@ func rootCmd() *cobra.Command {
 	}
 	engine := &cobra.Command{Use: "engine", Short: "Run the reference engine directly"}
 	engine.AddCommand(generateCmd())
-	root.AddCommand(engine, kvCmd(), workerCmd(), certsCmd(), agentCmd(), frontendCmd(), upCmd(), upgradeCmd(), demoCmd(), drillCmd(), clientGenerateCmd(), etcdCmd(), netnsExecCmd())
+	root.AddCommand(engine, kvCmd(), workerCmd(), certsCmd(), agentCmd(), frontendCmd(), upCmd(), upgradeCmd(), demoCmd(), drillCmd(), clientGenerateCmd(), loadCmd(), etcdCmd(), netnsExecCmd())
 	return root
 }
 

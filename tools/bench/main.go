@@ -23,8 +23,11 @@ func main() {
 	minRatio := flag.Float64("min-batch-ratio", 6, "required batch-16/batch-1 decode throughput on small")
 	minStream := flag.Float64("min-stream", 0.9, "required batch-1 decode weight bandwidth, as a fraction of a read-only stream over as many bytes")
 	kills := flag.Int("kills", 50, "SIGKILLs per detector in the failure detection bench")
-	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, llamacpp or goengine (the last two built with -tags llamacpp)")
+	only := flag.String("only", "", "run only this part: engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, fleet, llamacpp or goengine (the last two built with -tags llamacpp)")
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
+	fleetStreams := flag.Int("fleet-streams", 1000, "streams in the fleet bench (4 frontends, 8 synthetic workers)")
+	fleetAdmit := flag.Int("fleet-admit-rate", 1000, "requests admitted a second through one frontend in the fleet bench")
+	fleetRecords := flag.Bool("fleet-records", true, "the fleet bench's relay through frontends that write request records")
 	flag.Parse()
 	var err error
 	switch *only {
@@ -58,6 +61,8 @@ func main() {
 		err = runStartupBench()
 	case "streams":
 		err = runStreamsBench()
+	case "fleet":
+		err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetRecords)
 	case "responses":
 		err = runResponsesBench(*kills / 5)
 	case "llamacpp":
@@ -108,8 +113,11 @@ func main() {
 		if err == nil && *only == "" {
 			err = runStreamsBench()
 		}
+		if err == nil && *only == "" {
+			err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetRecords)
+		}
 	default:
-		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, llamacpp or goengine", *only)
+		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, fleet, llamacpp or goengine", *only)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
