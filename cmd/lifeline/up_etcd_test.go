@@ -213,35 +213,23 @@ func memberPID(dir, name string) int {
 	return 0
 }
 
-// TestAnElectionLongerThanTheLeaseLosesNoLease: etcd's members wait 5 s
-// for a leader's heartbeat, the agent's lease lasts 3 s. Killing the
-// leader stops the renewals for longer than the TTL: the agent fences its
+// TestAnElectionLongerThanTheLeaseLosesNoLease: the agent's lease lasts
+// 3 s. Killing etcd's leader while a follower is stopped leaves no quorum
+// until the test lets the follower go (then an election of 2–4 s): the
+// renewals stop for longer than the TTL, and the agent fences its
 // worker (it cannot prove its lease). But the new leader extends every
 // lease as it takes over, so the lease is still there: the agent renews
 // it and lets its worker accept again at the same generation, instead of
 // re-registering it at the next one (what it did before, and what drill 8
 // saw as a lost lease when an election took 3.6 s on a loaded machine).
 // A request a frontend sends the fenced worker is refused (FENCED), waits,
-// and is served there once the lease is kept, identical to a reference.
+// and is served there once the lease is kept, identical to a reference
+// (a follower stopped meanwhile holds the election off until then).
 func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
-	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdMembers: 3, EtcdElection: 5 * time.Second})
+	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdMembers: 3, EtcdElection: 2 * time.Second})
 	n := clustertest.StartNode(t, env, "n1")
 	w := n.WaitWorkerReady(t)
 	reg := n.WaitRegistration(t, w.InstanceID, 0)
-	var endpoints []string
-	for _, m := range env.Members {
-		endpoints = append(endpoints, m.Endpoint)
-	}
-	name, err := leaderName(env.Client, endpoints)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var leader *localcluster.EtcdMember
-	for _, m := range env.Members {
-		if m.Name == name {
-			leader = m
-		}
-	}
 	var flog proctest.SyncBuffer
 	f, err := env.StartFrontend("127.0.0.1:0", &flog)
 	if err != nil {
@@ -250,27 +238,73 @@ func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
 	defer f.Stop(10 * time.Second)
 	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 24, "seed": 5, "ignore_eos": true, "stream": true}
 	want, _ := clustertest.StreamCompletion(t, f.URL, body, nil)
+	c := n.DialWorker(t, w.InstanceID) // through etcd: before it has no quorum
+	// The leader as of now (not before the reference ran: under load a
+	// leader may change meanwhile, and killing a follower fences nothing).
+	// A follower is stopped first and the leader killed: one member of
+	// three runs, so no election ends before the follower is let go —
+	// the fence lasts until the frontend's request met it.
+	var endpoints []string
+	for _, m := range env.Members {
+		endpoints = append(endpoints, m.Endpoint)
+	}
+	name, err := leaderName(env.Client, endpoints)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leader, held *localcluster.EtcdMember
+	for _, m := range env.Members {
+		switch {
+		case m.Name == name:
+			leader = m
+		case held == nil:
+			held = m
+		}
+	}
+	if err := held.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Signal(syscall.SIGCONT)
 	killed := time.Now()
 	leader.Kill()
 	// While the agent cannot prove its lease its worker refuses new work
 	// (FENCED); a request the frontend sends it meanwhile waits and is
 	// served there once the lease is kept, the only instance of its model
 	// (it used to be excluded for good: no_capacity after 15 s).
-	c := n.DialWorker(t, w.InstanceID)
 	proctest.WaitFor(t, 30*time.Second, "the worker to refuse new work (fenced)", func() (bool, string) {
 		s, err := c.Generate(context.Background(), &wire.Generate{RequestId: fmt.Sprintf("probe-%d", time.Now().UnixNano()), Prompt: "hi", MaxTokens: 1, IgnoreEos: true})
 		if err != nil {
 			t.Fatal(err)
 		}
 		fs := clustertest.CollectFrames(t, s)
-		return len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_FENCED, fmt.Sprintf("%+v", fs)
+		if len(fs) == 1 && fs[0].Error.GetCode() == wire.Code_FENCED {
+			return true, ""
+		}
+		// What the agent saw, for a run where the fence never came.
+		evs, _ := n.Events(context.Background())
+		var kinds []string
+		for _, e := range evs {
+			kinds = append(kinds, e.Kind)
+		}
+		return false, fmt.Sprintf("killed %s %v ago; the probe got %+v; agent events %v", name, time.Since(killed).Round(time.Millisecond), fs, kinds)
 	})
+	// The follower goes on once the frontend's request met the fence (or
+	// after 15 s, and the check below fails).
+	refused := make(chan bool, 1)
+	go func() {
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(flog.String(), "worker refused (fenced)") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		held.Signal(syscall.SIGCONT)
+		refused <- strings.Contains(flog.String(), "worker refused (fenced)")
+	}()
 	got, _ := clustertest.StreamCompletion(t, f.URL, body, nil)
+	if !<-refused {
+		t.Fatalf("the frontend's request was never refused as fenced:\n%s", flog.String())
+	}
 	if !sameTokens(got, want) {
 		t.Fatalf("the request sent to the fenced worker: %d tokens, differs from the reference (%d)", len(got), len(want))
-	}
-	if !strings.Contains(flog.String(), "worker refused (fenced)") {
-		t.Fatalf("the frontend's request was never refused as fenced (the lease was kept before it arrived?):\n%s", flog.String())
 	}
 	proctest.WaitFor(t, 60*time.Second, "the agent to keep its lease", func() (bool, string) {
 		evs, err := n.Events(context.Background())
