@@ -74,6 +74,7 @@ Point it only at a fleet you run: it is a load test.`,
 	f.Float64Var(&cfg.Rate, "rate", 10, "streams started a second (0: all at once)")
 	f.IntVar(&cfg.MaxTokens, "max-tokens", 64, "tokens per stream")
 	f.Uint64Var(&cfg.Seed, "seed", 1, "stream i's sampler seed is seed+i")
+	f.BoolVar(&cfg.HTTP2, "h2c", false, "send over cleartext HTTP/2, streams sharing connections as a load balancer's do (default: HTTP/1.1, a connection a stream)")
 	f.BoolVar(&asJSON, "json", false, "print the report as one JSON object")
 	return cmd
 }

@@ -160,32 +160,37 @@ func runFleetBench(streams, admitRate int, records bool) error {
 	if err != nil {
 		return err
 	}
-	relay, mem, err := f.relay(urls, streams)
+	h1, err := f.relay(urls, streams, false)
 	if err != nil {
 		return err
 	}
-	printRelay(direct, relay, mem, streams)
+	h2, err := f.relay(urls, streams, true)
+	if err != nil {
+		return err
+	}
+	printRelay(direct, h1, h2, streams)
 	return f.admission(admitRate)
 }
 
-// relayFigures are the relay phase's.
+// relayFigures are a relay phase's.
 type relayFigures struct {
 	rep  loadgen.Report
 	used usage
+	mem  memFigures
 }
 
-// relay runs the streams through the frontends, sampling the first
-// frontend's memory once every stream was started.
-func (f *fleet) relay(urls []string, streams int) (relayFigures, memFigures, error) {
+// relay runs the streams through the frontends (over HTTP/2 when h2),
+// sampling the first frontend's memory once every stream was started.
+func (f *fleet) relay(urls []string, streams int, h2 bool) (relayFigures, error) {
 	var mem memFigures
 	base, err := f.memory(f.fes[0])
 	if err != nil {
-		return relayFigures{}, mem, err
+		return relayFigures{}, err
 	}
 	mem.base = base
 	u0, err := f.usage(f.fes...)
 	if err != nil {
-		return relayFigures{}, mem, err
+		return relayFigures{}, err
 	}
 	var wg sync.WaitGroup
 	var memErr error
@@ -193,7 +198,7 @@ func (f *fleet) relay(urls []string, streams int) (relayFigures, memFigures, err
 		time.Sleep(time.Duration(float64(streams)/fleetStartRate*float64(time.Second)) + time.Second)
 		mem.open, memErr = f.memory(f.fes[0])
 	})
-	if path := os.Getenv("LIFELINE_BENCH_FLEET_CPUPROFILE"); path != "" {
+	if path := os.Getenv("LIFELINE_BENCH_FLEET_CPUPROFILE"); path != "" && !h2 {
 		// The first frontend's profile once every stream was started:
 		// the relay alone.
 		wg.Go(func() {
@@ -201,7 +206,7 @@ func (f *fleet) relay(urls []string, streams int) (relayFigures, memFigures, err
 			(&streamsCluster{fe: f.fes[0]}).saveProfile(path, "/debug/pprof/profile?seconds=3")
 		})
 	}
-	rep, err := loadgen.Run(context.Background(), loadgen.Config{URLs: urls, Model: "synthetic-tiny", Requests: streams, Rate: fleetStartRate, MaxTokens: fleetTokens, Seed: 1})
+	rep, err := loadgen.Run(context.Background(), loadgen.Config{URLs: urls, Model: "synthetic-tiny", Requests: streams, Rate: fleetStartRate, MaxTokens: fleetTokens, Seed: 1, HTTP2: h2})
 	wg.Wait()
 	if err == nil {
 		err = memErr
@@ -210,10 +215,10 @@ func (f *fleet) relay(urls []string, streams int) (relayFigures, memFigures, err
 		err = fmt.Errorf("bench: %d of %d streams failed, the first: %s", rep.Failed, rep.Requests, rep.FirstError)
 	}
 	if err != nil {
-		return relayFigures{}, mem, err
+		return relayFigures{}, err
 	}
 	u1, err := f.usage(f.fes...)
-	return relayFigures{rep: rep, used: u1.since(u0)}, mem, err
+	return relayFigures{rep: rep, used: u1.since(u0), mem: mem}, err
 }
 
 // memory is a frontend's memory after a collection.
@@ -297,19 +302,35 @@ func directStream(ctx context.Context, c *workerclient.Client, i int, ttft, gap 
 	}
 }
 
-func printRelay(direct loadgen.Report, relay relayFigures, mem memFigures, streams int) {
-	r := relay.rep
-	perStream := (mem.open.inUse() - mem.base.inUse()) / (float64(streams) / fleetFrontends)
-	rssPer := (mem.open.rss - mem.base.rss) / (float64(streams) / fleetFrontends)
+func printRelay(direct loadgen.Report, h1, h2 relayFigures, streams int) {
 	thr := func(rep loadgen.Report) float64 { return float64(rep.Tokens) / rep.Elapsed.Seconds() }
-	fmt.Printf("| measure | direct from the workers | through %d frontends | ratio or difference | goal |\n|---|---|---|---|---|\n", fleetFrontends)
-	fmt.Printf("| tokens/s, %d streams of %d tokens started at %d/s | %.0f | %.0f | **%.3f×** | ≥ 0.97 |\n", streams, fleetTokens, fleetStartRate, thr(direct), thr(r), thr(r)/thr(direct))
-	fmt.Printf("| time to first token p50 / p99 | %v / %v | %v / %v | +%v / +%v | |\n", direct.TTFT.P50, direct.TTFT.P99, r.TTFT.P50, r.TTFT.P99, r.TTFT.P50-direct.TTFT.P50, r.TTFT.P99-direct.TTFT.P99)
-	fmt.Printf("| gap between tokens p50 / p99 | %v / %v | %v / %v | +%v / +%v | ≤ +1 ms p99 |\n", direct.Gap.P50, direct.Gap.P99, r.Gap.P50, r.Gap.P99, r.Gap.P50-direct.Gap.P50, r.Gap.P99-direct.Gap.P99)
-	fmt.Printf("| frontend CPU per relayed token (all %d frontends) | | %v | | ≤ 5 µs |\n", fleetFrontends, cpuPer(relay.used.ticks, relay.used.tokens))
-	fmt.Printf("| frontend memory per open stream (Go heap + stacks after GC; RSS) | | %.1f KiB; %.1f KiB | | ≤ 16 KiB |\n", perStream/1024, rssPer/1024)
-	fmt.Printf("| streams open at once (peak) | | %d | | |\n", r.PeakOpen)
-	fmt.Printf("| streams served without a record (etcd slower than 1 s) | | %.0f | | 0 |\n\n", relay.used.skipped)
+	perStream := func(r relayFigures) (heap, rss float64) {
+		n := float64(streams) / fleetFrontends
+		return (r.mem.open.inUse() - r.mem.base.inUse()) / n / 1024, (r.mem.open.rss - r.mem.base.rss) / n / 1024
+	}
+	row := func(measure, d, goal string, through func(r relayFigures) string) {
+		fmt.Printf("| %s | %s | %s | %s | %s |\n", measure, d, through(h1), through(h2), goal)
+	}
+	fmt.Printf("| measure | direct from the workers | through %d frontends, HTTP/1.1 clients | through them, HTTP/2 clients | goal |\n|---|---|---|---|---|\n", fleetFrontends)
+	row(fmt.Sprintf("tokens/s, %d streams of %d tokens started at %d/s (÷ direct)", streams, fleetTokens, fleetStartRate), fmt.Sprintf("%.0f", thr(direct)), "≥ 0.97×",
+		func(r relayFigures) string {
+			return fmt.Sprintf("%.0f (**%.3f×**)", thr(r.rep), thr(r.rep)/thr(direct))
+		})
+	row("time to first token p50 / p99 (added)", fmt.Sprintf("%v / %v", direct.TTFT.P50, direct.TTFT.P99), "",
+		func(r relayFigures) string {
+			return fmt.Sprintf("%v / %v (+%v / +%v)", r.rep.TTFT.P50, r.rep.TTFT.P99, r.rep.TTFT.P50-direct.TTFT.P50, r.rep.TTFT.P99-direct.TTFT.P99)
+		})
+	row("gap between tokens p50 / p99 (added)", fmt.Sprintf("%v / %v", direct.Gap.P50, direct.Gap.P99), "≤ +1 ms p99",
+		func(r relayFigures) string {
+			return fmt.Sprintf("%v / %v (+%v / +%v)", r.rep.Gap.P50, r.rep.Gap.P99, r.rep.Gap.P50-direct.Gap.P50, r.rep.Gap.P99-direct.Gap.P99)
+		})
+	row(fmt.Sprintf("frontend CPU per relayed token (all %d frontends)", fleetFrontends), "", "≤ 5 µs",
+		func(r relayFigures) string { return cpuPer(r.used.ticks, r.used.tokens).String() })
+	row("frontend memory per open stream (Go heap + stacks after GC; RSS)", "", "≤ 16 KiB",
+		func(r relayFigures) string { h, rss := perStream(r); return fmt.Sprintf("%.1f KiB; %.1f KiB", h, rss) })
+	row("streams open at once (peak)", "", "", func(r relayFigures) string { return fmt.Sprint(r.rep.PeakOpen) })
+	row("streams served without a record (etcd slower than 1 s)", "", "0", func(r relayFigures) string { return fmt.Sprintf("%.0f", r.used.skipped) })
+	fmt.Println()
 }
 
 // admission admits short requests at rate a second through one frontend

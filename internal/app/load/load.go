@@ -33,7 +33,11 @@ type Config struct {
 	Rate      float64
 	MaxTokens int
 	Seed      uint64
-	// Client sends them (nil: HTTP/1.1 with a connection per open stream).
+	// HTTP2 sends them over cleartext HTTP/2 (prior knowledge): streams
+	// share a few connections, as a load balancer's do. Off: HTTP/1.1, a
+	// connection per open stream.
+	HTTP2 bool
+	// Client sends them (nil: HTTP2's).
 	Client *http.Client
 }
 
@@ -95,7 +99,12 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	r := &run{cfg: cfg, client: cfg.Client}
 	if r.client == nil {
-		r.client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024, MaxConnsPerHost: 0}}
+		t := &http.Transport{MaxIdleConnsPerHost: 1024}
+		if cfg.HTTP2 {
+			t.Protocols = new(http.Protocols)
+			t.Protocols.SetUnencryptedHTTP2(true)
+		}
+		r.client = &http.Client{Transport: t}
 	}
 	start := time.Now()
 	var wg sync.WaitGroup
