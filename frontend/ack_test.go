@@ -11,7 +11,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/lifeline-llm/lifeline/agent/schema"
-	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
@@ -112,16 +111,7 @@ func TestAckerRetriesAFailedWriteAndRewritesALostRecord(t *testing.T) {
 // replaced, the record is written under the new one, and one lease is
 // left in etcd either way.
 func TestFrontendKeyKeepsOneLease(t *testing.T) {
-	e, err := embedetcd.Start(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testEtcd(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var goes owned

@@ -18,16 +18,7 @@ import (
 // made every admission write cost the records admitted before it in
 // that window. No lease holds more than recordsPerLease records.
 func TestRecordLeasesHoldABoundedNumberOfRecords(t *testing.T) {
-	e, err := embedetcd.Start(t.TempDir(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := testEtcd(t)
 	ctx := context.Background()
 	rc := &records{etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1"}
 	const n = 3*recordsPerLease + 5
@@ -58,4 +49,21 @@ func TestRecordLeasesHoldABoundedNumberOfRecords(t *testing.T) {
 	if want := (n + recordsPerLease - 1) / recordsPerLease; total != n || len(ls.Leases) != want {
 		t.Fatalf("%d records under %d leases, want %d under %d", total, len(ls.Leases), n, want)
 	}
+}
+
+// testEtcd is a client of a real etcd (one member, in this process) that
+// the test's cleanup stops.
+func testEtcd(t *testing.T) *clientv3.Client {
+	t.Helper()
+	e, err := embedetcd.Start(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint}, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
