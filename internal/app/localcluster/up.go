@@ -443,8 +443,10 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 		fmt.Fprintf(out, "  (HTTPS and HTTP/3: lifeline up --tls)\n")
 	}
 	fmt.Fprintln(out)
+	// nodectl is built beside lifeline (make build: bin/); not on PATH.
+	nodectl := filepath.Join(filepath.Dir(u.env.Binary), "nodectl")
 	for _, n := range u.nodes {
-		fmt.Fprintf(out, "  nodectl --socket %s status    (agent metrics http://%s/metrics)\n", n.Options.Socket, n.Options.Metrics)
+		fmt.Fprintf(out, "  %s --socket %s status    (agent metrics http://%s/metrics)\n", nodectl, n.Options.Socket, n.Options.Metrics)
 	}
 	if len(u.env.Members) > 0 {
 		fmt.Fprintf(out, "  etcd: %d member processes, restarted (or replaced) whenever one exits; their health: nodectl status\n", len(u.env.Members))
