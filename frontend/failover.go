@@ -47,7 +47,10 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 		budget = DefaultRecordBytesMax
 	}
 	s.recs = &records{goes: &s.goes, etcd: s.etcd, window: s.resumeWindow(), m: s.metrics, log: s.log, owner: s.opts.ID, url: s.opts.AdvertiseURL,
-		budget: newRecordBudget(budget, s.resumeWindow())}
+		budget: newRecordBudget(budget, s.resumeWindow()), queue: newAdmitQueue()}
+	for range admitWriters {
+		s.goes.Go(func() { s.recs.queue.write(ctx, s.etcd) })
+	}
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_request_record_bytes_live",
 		Help: "Bytes of request records this frontend wrote that may still be live in etcd (bounded by --record-bytes-max)."},
 		func() float64 { return float64(s.recs.budget.live(time.Now())) }))

@@ -70,6 +70,8 @@ type records struct {
 	// budget bounds the record bytes this frontend may have live in etcd
 	// (recordbudget.go).
 	budget *recordBudget
+	// queue groups admission writes into transactions (nil: each alone).
+	queue *admitQueue
 }
 
 // recordState is a stream's record as its owner last wrote it.
@@ -168,9 +170,9 @@ func (rc *records) admit(ctx context.Context, st *stream, rec schema.RequestReco
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	lease, expiry, err := rc.leaseFor(ctx)
-	var resp *clientv3.PutResponse
+	var rev int64
 	if err == nil {
-		resp, err = rc.etcd.Put(ctx, schema.RequestsPrefix+st.id, string(b), clientv3.WithLease(lease))
+		rev, err = rc.put(ctx, schema.RequestsPrefix+st.id, string(b), lease)
 	}
 	if err != nil {
 		rc.m.recordsSkipped.Inc()
@@ -183,9 +185,22 @@ func (rc *records) admit(ctx context.Context, st *stream, rec schema.RequestReco
 	rc.outage.Store(false)
 	rc.m.recordWrites.WithLabelValues("admit").Inc()
 	rs.mu.Lock()
-	rs.rec, rs.rev, rs.expiry = rec, resp.Header.Revision, expiry
+	rs.rec, rs.rev, rs.expiry = rec, rev, expiry
 	rs.mu.Unlock()
 	rc.count(rs)
+}
+
+// put writes an admission record: through the admission queue
+// (recordbatch.go) when its writers run, else alone.
+func (rc *records) put(ctx context.Context, key, val string, lease clientv3.LeaseID) (int64, error) {
+	if rc.queue != nil {
+		return rc.queue.put(ctx, key, val, lease)
+	}
+	resp, err := rc.etcd.Put(ctx, key, val, clientv3.WithLease(lease))
+	if err != nil {
+		return 0, err
+	}
+	return resp.Header.Revision, nil
 }
 
 // count puts a record this frontend owns in the outstanding gauge;

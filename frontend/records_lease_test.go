@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,4 +67,57 @@ func testEtcd(t *testing.T) *clientv3.Client {
 	}
 	t.Cleanup(func() { cli.Close() })
 	return cli
+}
+
+// TestAdmissionWritesShareTransactions: admissions that arrive together
+// are written in fewer transactions than records (each transaction one
+// etcd revision), every record stored under its key with its revision.
+func TestAdmissionWritesShareTransactions(t *testing.T) {
+	cli := testEtcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var goes owned
+	defer func() {
+		cancel()
+		if left := goes.wait(5 * time.Second); left != 0 {
+			t.Errorf("%d writers outlived the context", left)
+		}
+	}()
+	rc := &records{goes: &goes, etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1", queue: newAdmitQueue()}
+	for range admitWriters {
+		goes.Go(func() { rc.queue.write(ctx, cli) })
+	}
+	rev0 := func() int64 {
+		r, err := cli.Get(ctx, "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Header.Revision
+	}
+	before := rev0()
+	const n = 200
+	sts := make([]*stream, n)
+	var wg sync.WaitGroup
+	for i := range sts {
+		st := newStream(fmt.Sprintf("r%d", i), CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
+		st.rec = &recordState{stored: make(chan struct{})}
+		sts[i] = st
+		wg.Go(func() {
+			now := time.Now()
+			rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
+		})
+	}
+	wg.Wait()
+	revs := map[int64]bool{}
+	for _, st := range sts {
+		r, err := cli.Get(ctx, "/lifeline/v1/requests/"+st.id)
+		if err != nil || len(r.Kvs) != 1 || st.rec.rev == 0 || r.Kvs[0].ModRevision != st.rec.rev {
+			t.Fatalf("%s: stored at %v, kept revision %d (%v)", st.id, r.Kvs, st.rec.rev, err)
+		}
+		revs[st.rec.rev] = true
+	}
+	txns := rev0() - before
+	t.Logf("%d records in %d transactions", n, len(revs))
+	if len(revs) >= n || txns >= n {
+		t.Fatalf("%d records took %d revisions: no transaction held two", n, txns)
+	}
 }
