@@ -75,29 +75,35 @@ func (s *Server) relistRequests(ctx context.Context) (int64, error) {
 // costs one map lookup by its key, not a decode.
 func (s *Server) checkOwner(key string, value []byte) {
 	id, ok := strings.CutPrefix(key, schema.RequestsPrefix)
+	if st := s.recorded(id); ok && st != nil {
+		if rec, err := schema.DecodeRequestRecord(key, value); err == nil {
+			s.checkStream(st, rec)
+		}
+	}
+}
+
+// recorded is the local stream of request id if it has a record.
+func (s *Server) recorded(id string) *stream {
 	s.mu.Lock()
 	st := s.streams[id]
 	s.mu.Unlock()
-	if !ok || st == nil || st.rec == nil {
-		return
+	if st == nil || st.rec == nil {
+		return nil
 	}
-	rec, err := schema.DecodeRequestRecord(key, value)
-	if err != nil {
-		return
-	}
-	s.checkRecord(rec)
+	return st
 }
 
 // checkRecord ends the local run of rec's request if rec says another
 // frontend took it over.
 func (s *Server) checkRecord(rec schema.RequestRecord) {
-	if rec.Owner == s.opts.ID {
-		return
+	if st := s.recorded(rec.ID); st != nil {
+		s.checkStream(st, rec)
 	}
-	s.mu.Lock()
-	st := s.streams[rec.ID]
-	s.mu.Unlock()
-	if st == nil || st.rec == nil {
+}
+
+// checkStream ends st, rec's request here, if rec names a later owner.
+func (s *Server) checkStream(st *stream, rec schema.RequestRecord) {
+	if rec.Owner == s.opts.ID {
 		return
 	}
 	rs := st.rec

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/lifeline-llm/lifeline/agent/schema"
 	"github.com/lifeline-llm/lifeline/internal/embedetcd"
 )
 
@@ -55,6 +56,12 @@ func TestRecordLeasesHoldABoundedNumberOfRecords(t *testing.T) {
 // testEtcd is a client of a real etcd (one member, in this process) that
 // the test's cleanup stops.
 func testEtcd(t *testing.T) *clientv3.Client {
+	cli, _ := testEtcdServer(t)
+	return cli
+}
+
+// testEtcdServer is testEtcd with its server, to stop it.
+func testEtcdServer(t *testing.T) (*clientv3.Client, *embedetcd.Server) {
 	t.Helper()
 	e, err := embedetcd.Start(t.TempDir(), 0)
 	if err != nil {
@@ -66,7 +73,7 @@ func testEtcd(t *testing.T) *clientv3.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cli.Close() })
-	return cli
+	return cli, e
 }
 
 // TestAdmissionWritesShareTransactions: admissions that arrive together
@@ -119,5 +126,97 @@ func TestAdmissionWritesShareTransactions(t *testing.T) {
 	t.Logf("%d records in %d transactions", n, len(revs))
 	if len(revs) >= n || txns >= n {
 		t.Fatalf("%d records took %d revisions: no transaction held two", n, txns)
+	}
+}
+
+// TestAdmissionWritesWhenEtcdIsGone: with etcd stopped, queued admission
+// writes fail within recordTimeout and their streams run without a
+// record (the gate opens, counted as skipped); two admissions of the same
+// key go in two transactions, not one etcd would refuse.
+func TestAdmissionWritesWhenEtcdIsGone(t *testing.T) {
+	cli, e := testEtcdServer(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var goes owned
+	defer func() {
+		cancel()
+		if left := goes.wait(5 * time.Second); left != 0 {
+			t.Errorf("%d writers outlived the context", left)
+		}
+	}()
+	rc := &records{goes: &goes, etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1", queue: newAdmitQueue()}
+	for range admitWriters {
+		goes.Go(func() { rc.queue.write(ctx, cli) })
+	}
+	admitAll := func(ids ...string) []*stream {
+		sts := make([]*stream, len(ids))
+		var wg sync.WaitGroup
+		for i, id := range ids {
+			st := newStream(id, CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
+			st.rec = &recordState{stored: make(chan struct{})}
+			sts[i] = st
+			wg.Go(func() {
+				now := time.Now()
+				rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
+			})
+		}
+		wg.Wait()
+		return sts
+	}
+	// The same key queued twice before any writer runs: both stored, at
+	// different revisions (one transaction with both, etcd refuses).
+	q := newAdmitQueue()
+	revs := make([]int64, 3)
+	var wg sync.WaitGroup
+	for i, key := range []string{"same", "same", "other"} {
+		wg.Go(func() {
+			rev, err := q.put(ctx, schema.RequestsPrefix+key, "{}", 0)
+			if err != nil {
+				t.Errorf("%s: %v", key, err)
+			}
+			revs[i] = rev
+		})
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		q.mu.Lock()
+		n := len(q.puts)
+		q.mu.Unlock()
+		if n == 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 3 puts queued", n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	goes.Go(func() { q.write(ctx, cli) })
+	wg.Wait()
+	if revs[0] == 0 || revs[1] == 0 || revs[0] == revs[1] {
+		t.Fatalf("one key queued twice: revisions %v", revs)
+	}
+	e.Close()
+	begin := time.Now()
+	gone := admitAll("a", "b", "c", "d")
+	if took := time.Since(begin); took > recordTimeout+time.Second {
+		t.Fatalf("admissions with etcd gone took %v (bound %v)", took, recordTimeout)
+	}
+	for _, st := range gone {
+		select {
+		case <-st.rec.stored:
+		default:
+			t.Fatalf("%s: the gate stayed closed", st.id)
+		}
+		if st.rec.rev != 0 {
+			t.Fatalf("%s: a record at revision %d with etcd stopped", st.id, st.rec.rev)
+		}
+	}
+	skipped := -1.0
+	mfs, _ := rc.m.reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "lifeline_frontend_request_records_skipped_total" {
+			skipped = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if skipped != float64(len(gone)) {
+		t.Fatalf("skipped %v, want %d", skipped, len(gone))
 	}
 }
