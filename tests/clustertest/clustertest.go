@@ -89,6 +89,14 @@ func StartNode(t testing.TB, env *localcluster.Env, id string, opts ...Option) *
 	for _, opt := range opts {
 		opt(&c)
 	}
+	for i := range c.Instances {
+		if c.Instances[i].Threads == 0 {
+			// Tests run several nodes' workers on a few CPUs: a worker
+			// computing on every CPU would spin its helpers against the
+			// others' (the same bits on any number of threads).
+			c.Instances[i].Threads = 1
+		}
+	}
 	n := &Node{Node: env.NewNode(c.Options), Env: env, Dir: dir}
 	n.ExtraEnv, n.Wrap = c.ExtraEnv, c.Wrap
 	t.Cleanup(n.RemoveArena)

@@ -19,6 +19,7 @@ import (
 // nothing revoked it: the record stayed its 5 s TTL, and every drain
 // meanwhile waited its whole settle bound for a frontend that was gone.
 func TestStoppedFrontendLeavesNoRecord(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	f := clustertest.StartFrontendProc(t, n)
 	records := func() int64 {

@@ -54,6 +54,7 @@ func resumeOn(t *testing.T, url string, o opened, seen int, want []clustertest.T
 // sequence still running: no request starts on any worker, the tail is
 // bit-identical.
 func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
@@ -83,6 +84,7 @@ func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
 // decode worker are SIGKILLed together: no worker holds the request any
 // more, so B regenerates it from the record; the tail is bit-identical.
 func TestTakeoverRegeneratesWhenWorkerDiedToo(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -154,6 +156,7 @@ func roundRobin(t *testing.T, backends ...string) string {
 // balancer of two frontends: the frontend serving it is SIGKILLed, the
 // client reconnects to the same address and gets the rest, bit-identical.
 func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
@@ -201,6 +204,7 @@ func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
 // random point (5..70% of its tokens), A is SIGKILLed; the library resumes
 // each on B: bit-identical to undisturbed runs, contiguous, no duplicate.
 func TestClientLibraryResumesStreamsOnB(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -286,6 +290,7 @@ func workerHealth(t *testing.T, n *clustertest.Node, instance string) *wire.Heal
 // grace would end it); a resume then reports it cancelled, and a DELETE
 // of a finished stream at a frontend that never held it says finished.
 func TestCancelAtAnotherFrontend(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
@@ -349,6 +354,7 @@ func TestCancelAtAnotherFrontend(t *testing.T) {
 // bit-identical. It used to ask for sequence 1, be refused, and
 // regenerate the whole request (1–21 s to the next token under load).
 func TestTakeoverAfterAMigration(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)

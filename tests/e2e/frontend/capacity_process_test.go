@@ -19,6 +19,7 @@ import (
 // agent has them back; it waits for them instead of failing, and goes on
 // bit-identical to a fault-free run.
 func TestFrontendWaitsForRestartedWorkers(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.RestartBackoff = agent.Duration(50 * time.Millisecond)

@@ -117,6 +117,7 @@ func killWorker(t *testing.T, n *clustertest.Node, id string) {
 // duplicate; the choices on the other worker never moved (each choice
 // migrates alone).
 func TestChoicesMigrateOnWorkerKill(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -190,6 +191,7 @@ func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 // gives exactly the rest of each choice; malformed positions are a 400
 // naming Last-Event-ID.
 func TestChoicesResumeFromTheMiddle(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -237,6 +239,7 @@ func TestChoicesResumeFromTheMiddle(t *testing.T) {
 // read to a point; A is SIGKILLed; resumed on B with the last event's id,
 // every choice completes bit-identical to a fault-free run.
 func TestChoicesFrontendFailover(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -280,6 +283,7 @@ func TestChoicesFrontendFailover(t *testing.T) {
 // prompt alone with the choice's seed gives; prompt tokens counted once
 // per prompt.
 func TestChoicesBatchWhole(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)

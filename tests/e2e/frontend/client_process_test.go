@@ -79,6 +79,7 @@ func deadURL(t *testing.T, scheme string) string {
 // TestClientFailsOverToTheNextURL: the first URL refuses connections; the
 // stream is served by the second, identical to a run against it alone.
 func TestClientFailsOverToTheNextURL(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -97,6 +98,7 @@ func TestClientFailsOverToTheNextURL(t *testing.T) {
 // the next URL of the list (the same frontend, listed twice), contiguous
 // and bit-identical.
 func TestClientResumesAfterDroppedConnection(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -153,6 +155,7 @@ func tlsMetric(t *testing.T, url string, roots *tls.Config, name string) float64
 // resume request (client and frontend agree), no gap or duplicate, the
 // tokens of a fault-free run.
 func TestClientHTTP3Rebind(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url, roots := tlsFrontend(t, n)
@@ -190,6 +193,7 @@ func TestClientHTTP3Rebind(t *testing.T) {
 // goes out as 0-RTT early data on a new connection, the frontend accepts
 // it, and the stream continues bit-identical.
 func TestClientHTTP3ZeroRTTResume(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url, roots := tlsFrontend(t, n)
@@ -209,6 +213,7 @@ func TestClientHTTP3ZeroRTTResume(t *testing.T) {
 // TestClientTLSAltSvcSwitchesToHTTP3: without H3, the first request goes
 // over HTTPS (TCP); the Alt-Svc of its answer moves the resume to HTTP/3.
 func TestClientTLSAltSvcSwitchesToHTTP3(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url, roots := tlsFrontend(t, n)
@@ -229,6 +234,7 @@ func TestClientTLSAltSvcSwitchesToHTTP3(t *testing.T) {
 // answered 425 Too Early and starts nothing; a resume GET in early data
 // from the same kind of sender is not refused.
 func TestFrontendRefusesEarlyPOST(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url, roots := tlsFrontend(t, n)
@@ -444,6 +450,7 @@ func (w zeroRTTWatch) RecordEvent(ev qlogwriter.Event) {
 // secret; the one serving the stream is killed mid-stream; the client
 // resumes on the other, bit-identical and contiguous.
 func TestClientResumesOnAnotherFrontend(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	secret := t.TempDir() + "/secret"
@@ -469,6 +476,7 @@ func TestClientResumesOnAnotherFrontend(t *testing.T) {
 // early data (a session ticket A issued, which B accepts): bit-identical,
 // contiguous.
 func TestClientResumesOnAnotherFrontendHTTP3(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--tls", "--id", "A")

@@ -18,6 +18,7 @@ import (
 // to a fault-free run, indexes right, one role per chat choice, usage
 // summed.
 func TestOpenAISDKChoices(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)

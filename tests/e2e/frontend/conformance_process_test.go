@@ -23,6 +23,7 @@ import (
 // parameter), unknown models, paths and methods, and a worker SIGKILLed
 // mid-stream that the SDK never notices.
 func TestOpenAISDKConformance(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)

@@ -34,6 +34,7 @@ var weatherTool = []any{map[string]any{"type": "function", "function": map[strin
 // output (logprobs and tool call ids included) identical to a fault-free
 // run of the same seed, and the json_schema output still valid.
 func TestOpenAISDKStructured(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)

@@ -19,6 +19,7 @@ import (
 // both CAs — instead of retrying "permission denied" or "unknown
 // authority" for 30 s and being restarted to do it again.
 func TestFrontendStartErrorsSayWhatToDo(t *testing.T) {
+	t.Parallel()
 	env := clustertest.NewEnv(t)
 	ghost := filepath.Join(t.TempDir(), "ghost")
 	if err := pki.Issue(env.CA, ghost, pki.Frontend("ghost"), nil); err != nil {

@@ -23,6 +23,7 @@ import (
 // (the SDK is installed from npm): without them it is skipped, but not in
 // CI (LIFELINE_CI), which installs them.
 func TestResumeExamples(t *testing.T) {
+	t.Parallel()
 	proctest.Processes(t)
 	root := moduleRoot(t)
 	dir := t.TempDir()

@@ -132,6 +132,7 @@ func requestsStarted(t *testing.T, n *clustertest.Node, instances ...string) uin
 // completes, bit-identical to an undisturbed run, with contiguous
 // sequence numbers and no duplicate.
 func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -207,6 +208,7 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 // SIGKILLed: resumed on B within the window, its tail is replayed from
 // the record, bit-identical, without any worker work.
 func TestFailoverReplaysAFinishedStream(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
@@ -256,6 +258,7 @@ func TestFailoverReplaysAFinishedStream(t *testing.T) {
 // Either way the request is driven by one frontend at a time and the
 // client ends with the exact tail.
 func TestFailoverTakeoverRace(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
@@ -342,6 +345,7 @@ func TestFailoverTakeoverRace(t *testing.T) {
 // of the previous key works on every frontend, after a second rotation
 // it is refused.
 func TestFailoverTokens(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	urls := []string{clustertest.StartFrontend(t, n, "--id", "A"), clustertest.StartFrontend(t, n, "--id", "B")}
@@ -500,6 +504,7 @@ func TestFailoverEtcdDownDuringTakeover(t *testing.T) {
 // and its client gets a final taken_over error naming B (no [DONE]); the
 // client that resumed on B gets the whole rest, bit-identical.
 func TestFailoverOwnerLearnsOfTakeover(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontend(t, n, "--id", "A")

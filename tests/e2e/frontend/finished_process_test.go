@@ -22,6 +22,7 @@ import (
 // invalid_request error (a recoverable failure must not surface as a
 // client error).
 func TestMigrationOfAFinishedRequestFinishes(t *testing.T) {
+	t.Parallel()
 	armed := func(c *clustertest.Config) {
 		c.ExtraEnv = append(c.ExtraEnv, "LIFELINE_FAILPOINTS="+worker.FailBeforeFinish+"=kill")
 	}

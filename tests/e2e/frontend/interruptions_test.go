@@ -254,6 +254,7 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 // keeps the streams, which go on flowing without a migration and complete
 // bit-identical; the agents, resumed, register again.
 func TestFrontendLeaseExpiryKeepsStreams(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, leaseNode()...)
 	n2 := clustertest.Peer(t, n1, "n2", leaseNode()...)
 	nodes := []*clustertest.Node{n1, n2}

@@ -17,6 +17,7 @@ import (
 // send) the frontend writes ": keep-alive" every --sse-keepalive, so that a
 // client can tell a silent stream from a cut connection.
 func TestStreamKeepAliveWhileSilent(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	w := n.WaitWorkerReady(t)
 	url := clustertest.StartFrontend(t, n, "--sse-keepalive", "400ms")
@@ -80,6 +81,7 @@ func TestStreamKeepAliveWhileSilent(t *testing.T) {
 // not even a keep-alive for its ReadIdle, takes the connection for cut and
 // resumes at the other frontend: bit-identical and contiguous.
 func TestClientResumesWhenItsFrontendGoesSilent(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--sse-keepalive", "500ms")

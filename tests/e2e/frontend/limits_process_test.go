@@ -59,6 +59,7 @@ func closedWithin(t *testing.T, c net.Conn, d time.Duration, what string) time.D
 // each closed within their timeout (plus scheduling slack), the drip with
 // a 408; a stream read slowly for longer than every timeout is not cut.
 func TestFrontendSlowAndIdleClients(t *testing.T) {
+	t.Parallel()
 	n := limitsNode(t)
 	url := clustertest.StartFrontend(t, n, "--idle-timeout", "1s", "--body-timeout", "1s", "--read-header-timeout", "2s")
 	const slack = 8 * time.Second // 2 shared cores, other tests running
@@ -132,6 +133,7 @@ func TestFrontendSlowAndIdleClients(t *testing.T) {
 // sees; under floods of 50 of either, frontend and worker memory stay
 // bounded.
 func TestFrontendRefusesOversizedRequests(t *testing.T) {
+	t.Parallel()
 	n := limitsNode(t)
 	worker := n.WaitWorkerReady(t)
 	f := clustertest.StartFrontendProc(t, n)
@@ -255,6 +257,7 @@ func TestFrontendRefusesOversizedRequests(t *testing.T) {
 // Under 2,000 idle hostile connections (below the default cap, held: no
 // bytes sent) a normal request still completes.
 func TestFrontendConnectionCap(t *testing.T) {
+	t.Parallel()
 	raiseNoFile(t, 4096)
 	n := limitsNode(t)
 	capped := clustertest.StartFrontend(t, n, "--max-conns", "16", "--read-header-timeout", "1m")

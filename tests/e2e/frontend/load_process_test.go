@@ -18,6 +18,7 @@ import (
 // per relayed token read from its metrics; a run that cannot be made, or
 // whose streams fail, exits non-zero naming why.
 func TestLoadCommand(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(c *clustertest.Config) {
 		c.CanaryIdle = agent.Duration(time.Hour)
 		c.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, SyntheticRate: 200}}

@@ -37,6 +37,7 @@ func limitedNode(t *testing.T, count, maxRunning, maxQueued int) *clustertest.No
 // are refused with 429, Retry-After and the overloaded type before any
 // 200; no stream is cut after its 200.
 func TestQueueFillsToItsBoundBefore429(t *testing.T) {
+	t.Parallel()
 	n := limitedNode(t, 1, 2, 6)
 	// The registration says what the worker holds: 2 + 6, and for batch
 	// 2 + 5 (a quarter of the queue, rounded down, left to interactive).
@@ -70,6 +71,7 @@ func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 // amplification stays ≤ 1.1 and goodput ≥ 90 % of the capacity runs'
 // that bracket it.
 func TestBurstDoesNotAmplify(t *testing.T) {
+	t.Parallel()
 	n := limitedNode(t, 2, 4, 12)
 	url := startFrontend(t, n.Env)
 	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "The burst", MaxTokens: 96}
@@ -99,6 +101,7 @@ func TestBurstDoesNotAmplify(t *testing.T) {
 // at once on the slots kept for them: their TTFT p99 stays within 2× its
 // unloaded value, measured on the same worker in the same test.
 func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
+	t.Parallel()
 	n := limitedNode(t, 1, 4, 8)
 	url := startFrontend(t, n.Env)
 	// A prompt long enough that its prefill, not scheduling jitter on a
@@ -143,6 +146,7 @@ func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 // the three others get 429 (Retry-After, overloaded) as their status,
 // never a 200 followed by an error event.
 func TestStreamedOverloadIs429BeforeAny200OnPD(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, MaxRunning: 1, MaxQueued: 0},

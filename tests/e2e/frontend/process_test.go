@@ -34,6 +34,7 @@ import (
 // and the client receives the rest from the other worker — same tokens as
 // a run that never failed, contiguous sequence numbers, no duplicate.
 func TestFrontendMigratesOnWorkerKill(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -151,6 +152,7 @@ func checkMigrationTrace(t *testing.T, debug, id, killed string) {
 }
 
 func TestFrontendBadInput(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -245,6 +247,7 @@ func TestFrontendBadInput(t *testing.T) {
 // another with starting_after): it gets exactly the rest, identical to an
 // uninterrupted run. Resume tokens are checked.
 func TestFrontendResume(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -306,6 +309,7 @@ func TestFrontendResume(t *testing.T) {
 // client goes away is cancelled — its worker stops — and DELETE cancels a
 // resumable one.
 func TestFrontendDisconnectCancels(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -355,6 +359,7 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 // equal its fault-free run, with contiguous sequence numbers and nothing
 // delivered twice.
 func TestFrontendThirtyKillPoints(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.RestartBackoff = agent.Duration(50 * time.Millisecond)
@@ -427,6 +432,7 @@ func (c *cuttingConn) Read(p []byte) (int, error) {
 // number, drops duplicates, and ends with exactly the uninterrupted run.
 // lifeline generate (the CLI over the same client) prints the same text.
 func TestClientResumesAfterBrokenConnections(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)
@@ -475,6 +481,7 @@ func TestClientResumesAfterBrokenConnections(t *testing.T) {
 // (ALPN) with an Alt-Svc advertisement, and over HTTP/3 on the same port;
 // without it, cleartext HTTP/2 with prior knowledge works too.
 func TestFrontendProtocols(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -525,6 +532,7 @@ func TestFrontendProtocols(t *testing.T) {
 // running sequence, no queue); a second request is refused at once with
 // 429, Retry-After and the overloaded type, not queued and not hung.
 func TestFrontendOverloadIs429(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1, MaxRunning: 1, MaxQueued: 0}}
@@ -558,6 +566,7 @@ func TestFrontendOverloadIs429(t *testing.T) {
 // the request's previous epoch before the real ones, as a zombie of an
 // older attempt would. It never reaches the client, and is counted.
 func TestFrontendDropsOldEpochFrames(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.stale-frame=error"}
@@ -583,6 +592,7 @@ func TestFrontendDropsOldEpochFrames(t *testing.T) {
 // killed; after the budget of 3 migrations the client gets a typed
 // migration_exhausted error, promptly, not a hang.
 func TestFrontendMigrationExhausted(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.RestartBackoff = agent.Duration(5 * time.Second)
@@ -637,6 +647,7 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 // worker is killed as soon as it is dispatched still gets the whole
 // answer, equal to a fault-free run's.
 func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -711,6 +722,7 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 // generated ends with a typed deadline_exceeded (504 before anything was
 // streamed), quickly; a bad timeout is a 400.
 func TestFrontendDeadline(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})

@@ -29,6 +29,7 @@ import (
 // compaction, a record over the bound served without one) the alarm rose
 // within seconds.
 func TestRecordFloodCannotFillEtcd(t *testing.T) {
+	t.Parallel()
 	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdCompaction: 2 * time.Second, EtcdQuotaBytes: 48 << 20})
 	n := clustertest.StartNode(t, env, "n1")
 	n.WaitWorkerReady(t)

@@ -124,6 +124,7 @@ func statusOf(err error) int {
 }
 
 func TestResponsesSDK(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -339,6 +340,7 @@ func TestResponsesSDK(t *testing.T) {
 // at the other frontend. The events are a fault-free run's (types,
 // sequence numbers, text), contiguous, with no duplicate.
 func TestResponsesSurviveFailures(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
@@ -431,6 +433,7 @@ func killServing(t *testing.T, n *clustertest.Node) {
 // the other frontend adopts it (its key expired) and drives it to its
 // end; retrieved afterwards it is a fault-free run's output.
 func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
@@ -491,6 +494,7 @@ func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
 // fault-free run's output. While the owner lived, a poll there would
 // not take it (TestResponsesSDK polls a live owner's responses).
 func TestPolledResponseTakenOverWhenItsOwnerDied(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
