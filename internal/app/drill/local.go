@@ -1,6 +1,7 @@
 package drill
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -26,6 +27,10 @@ type LocalOptions struct {
 	Binary string
 	// Preset is the workers' model (tiny or small).
 	Preset string
+	// Threads bounds each worker's compute threads where the drill's
+	// shape sets none (0: every CPU). The local cluster's workers share
+	// this machine's CPUs.
+	Threads int
 	// Log receives every process's output (nil: Dir/lifeline.log).
 	Log io.Writer
 }
@@ -37,6 +42,9 @@ type LocalOptions struct {
 func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err error) {
 	if s.Nodes < 1 || s.Frontends < 1 || s.DecodePerNode < 1 {
 		return nil, fmt.Errorf("drill: shape %v: a node, a decode instance and a frontend at least", s)
+	}
+	if o.Threads < 0 {
+		return nil, fmt.Errorf("drill: threads %d: give 0 (every CPU) or more", o.Threads)
 	}
 	if o.Log == nil {
 		f, err := os.OpenFile(filepath.Join(o.Dir, "lifeline.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
@@ -116,7 +124,7 @@ func StartLocal(ctx context.Context, s Shape, o LocalOptions) (_ *Cluster, err e
 func (c *Cluster) startNodes(env *localcluster.Env, nt *netns.Net, s Shape, o LocalOptions) (err error) {
 	c.closers = append(c.closers, func() { stopNodes(c.nodes) })
 	for i := 0; i < s.Nodes; i++ {
-		no := localNodeOptions(env, s, o.Preset, i)
+		no := localNodeOptions(env, s, o, i)
 		// Each agent serves its metrics on a loopback port of its own.
 		if no.Metrics, err = localcluster.FreeLoopbackAddr(); err != nil {
 			return err
@@ -157,14 +165,15 @@ func localNet(s *Shape) (*netns.Net, error) {
 // of the prefill instances, an arena big enough for a drill's long
 // prompts, canaries an hour apart (drills kill workers themselves) and
 // quick restarts, drain settles and deadlines.
-func localNodeOptions(env *localcluster.Env, s Shape, preset string, i int) agent.Options {
+func localNodeOptions(env *localcluster.Env, s Shape, lo LocalOptions, i int) agent.Options {
 	id := fmt.Sprintf("node-%d", i)
 	o := env.NodeOptions(id, filepath.Join(env.Dir, id))
 	o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-drill-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id))
 	o.ArenaSlots, o.ArenaSlotBytes = 512, 131072
-	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: s.Threads, TP: s.TP}}
+	threads := cmp.Or(s.Threads, lo.Threads)
+	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: lo.Preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: threads, TP: s.TP}}
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
-		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: preset, Count: np})
+		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: lo.Preset, Count: np, Threads: lo.Threads})
 	}
 	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
 	if s.LeaseTTL > 0 {

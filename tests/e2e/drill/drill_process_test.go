@@ -24,6 +24,7 @@ var shortConfig = drill.Config{Streams: 3, MaxTokens: 24, Seed: 7}
 // per shape) with a small load, and asserts each drill's outcome and its
 // key figures.
 func TestShortPass(t *testing.T) {
+	t.Parallel()
 	bin := proctest.Lifeline(t)
 	ds, err := drill.Select([]string{"all"})
 	if err != nil {
@@ -33,7 +34,7 @@ func TestShortPass(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	reports, err := drill.Run(ctx, drill.Options{Drills: ds, Config: shortConfig,
-		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small"}}, &out)
+		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1}}, &out)
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -167,10 +168,11 @@ func burst(t *testing.T, r drill.Report) {
 // judges routing from the agents' view and passes; a drill whose shape
 // the named part of the cluster lacks is not_available with why.
 func TestAgainstExistingCluster(t *testing.T) {
+	t.Parallel()
 	bin := proctest.Lifeline(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := drill.StartLocal(ctx, drill.Standard, drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small"})
+	c, err := drill.StartLocal(ctx, drill.Standard, drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,6 +201,7 @@ func TestAgainstExistingCluster(t *testing.T) {
 }
 
 func TestSelect(t *testing.T) {
+	t.Parallel()
 	ds, err := drill.Select([]string{"11", "kill-prefill", "2", "11"})
 	if err != nil {
 		t.Fatal(err)
@@ -246,13 +249,14 @@ func figure(t *testing.T, r drill.Report, name string, c cond) {
 // the frontends' stall timeout, a drain. Nothing may be lost, duplicated
 // or leaked, and every stream is bit-identical.
 func TestSoakShort(t *testing.T) {
+	t.Parallel()
 	bin := proctest.Lifeline(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	var out strings.Builder
 	r, err := drill.Soak(ctx, drill.SoakOptions{Duration: 30 * time.Second, KillEvery: 2 * time.Second, StopFor: 11 * time.Second,
 		Nodes: 2, Config: drill.Config{Streams: 4, MaxTokens: 32, Seed: 3},
-		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small"}}, &out)
+		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1}}, &out)
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)

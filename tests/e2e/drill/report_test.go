@@ -45,6 +45,7 @@ func sampleDoc() drill.Document {
 // TestReportJSON: report.json has the drills with number, name, result
 // and figures.
 func TestReportJSON(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	if err := drill.WriteReport(dir, sampleDoc()); err != nil {
 		t.Fatal(err)
@@ -76,6 +77,7 @@ func TestReportJSON(t *testing.T) {
 // from elsewhere. It skips only where chromium is not installed (CI
 // installs it, and sets LIFELINE_CI, which makes its absence a failure).
 func TestReportHTMLInChromium(t *testing.T) {
+	t.Parallel()
 	browser := ""
 	for _, name := range []string{"chromium", "chromium-browser"} {
 		if p, err := exec.LookPath(name); err == nil {
