@@ -59,6 +59,7 @@ func eventsOf(t *testing.T, n *clustertest.Node, instance string, kinds ...strin
 // doubled for the second in a row) with a new attempt, the status says
 // when that attempt is due while it waits, and the seventh start serves.
 func TestAgentCrashLoopCoolsDown(t *testing.T) {
+	t.Parallel()
 	const id = "n1-decode-tiny-0"
 	n := crashLoopNode(t, 6, time.Second, time.Hour)
 	var seen controlapi.Worker
@@ -108,6 +109,7 @@ func TestAgentCrashLoopCoolsDown(t *testing.T) {
 // tries a crash-looping instance again at once; a reset of an unknown
 // instance, or of one not in crash_loop, is refused with a typed error.
 func TestAgentCrashLoopReset(t *testing.T) {
+	t.Parallel()
 	const id = "n1-decode-tiny-0"
 	n := crashLoopNode(t, 3, time.Hour, 2*time.Hour)
 	proctest.WaitFor(t, 30*time.Second, "the instance in crash_loop", func() (bool, string) {

@@ -63,6 +63,7 @@ func (tr *trickle) finish() (sent int, failed []string) {
 // none of the trickle fails, and the stream the deadline ends migrates,
 // counted by the first frontend as a drain migration.
 func TestAgentDrainWaitsForFrontendAcks(t *testing.T) {
+	t.Parallel()
 	c := newDrainCluster(t, func(o *clustertest.Config) { o.DrainSettle = agent.Duration(10 * time.Second) })
 	n1 := c.nodes["n1-decode-small-0"]
 	url2 := clustertest.StartFrontend(t, n1)

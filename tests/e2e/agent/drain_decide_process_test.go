@@ -18,8 +18,10 @@ import (
 )
 
 // Output lengths of the short and the long stream of
-// TestAgentDrainDecidesPerRequest.
-const shortTokens, longTokens = 150, 1600
+// TestAgentDrainDecidesPerRequest: the short one must still be running
+// once nodectl began the drain (a worker on one core steps in ~4 ms
+// here: 300 tokens last over a second).
+const shortTokens, longTokens = 300, 3200
 
 // drainDecisionOverhead is about how long a drain takes from nodectl to
 // the workers' decisions (not-ready, the settle, the Admin call).
@@ -118,6 +120,7 @@ func (s *liveStream) check(t *testing.T, name string, want []clustertest.Token) 
 // before the deadline, and its drain status and metrics count one request
 // finished in place and one moved early, none ended at the deadline.
 func TestAgentDrainDecidesPerRequest(t *testing.T) {
+	t.Parallel()
 	c := newDrainCluster(t, func(o *clustertest.Config) { o.DrainSettle = agent.Duration(200 * time.Millisecond) })
 	body := func(prompt string, n, seed int) map[string]any {
 		return map[string]any{"model": "small", "prompt": prompt, "max_tokens": n, "seed": seed, "temperature": 0.9,
@@ -137,6 +140,9 @@ func TestAgentDrainDecidesPerRequest(t *testing.T) {
 	longRun := startLiveStream(c.url, long)
 	served := <-longRun.first
 	node := c.nodes[served]
+	// The step time is looked at before the short stream starts, so
+	// that the drain begins as soon as it runs.
+	deadline := drainDeadlineBetween(t, node, served, shortTokens, longTokens)
 	// The router balances load: short streams go on until one lands on
 	// the long one's node (the others are checked too).
 	var shortRun *liveStream
@@ -152,7 +158,6 @@ func TestAgentDrainDecidesPerRequest(t *testing.T) {
 	if shortRun == nil {
 		t.Fatalf("no short stream routed to %s in 4 tries", served)
 	}
-	deadline := drainDeadlineBetween(t, node, served, shortTokens, longTokens)
 	began := time.Now()
 	out, err := exec.Command(proctest.Nodectl(t), "--socket", node.Options.Socket, "drain", "--deadline", deadline.String(),
 		"--hard-deadline", (deadline + 30*time.Second).String()).CombinedOutput()

@@ -201,6 +201,7 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 //   - no node holds a leaked slot, lease or pull; n1 is drained with its
 //     workers stopped, its registrations gone, its agent up.
 func TestAgentDrainMixed(t *testing.T) {
+	t.Parallel()
 	n1, nodes := mixedCluster(t)
 	url := clustertest.StartFrontend(t, n1)
 	flips := watchFlips(t, n1.Env.Client)

@@ -34,6 +34,11 @@ type drainCluster struct {
 	want    []clustertest.Token
 }
 
+// drainTokens is the length of a drain test's stream: long enough that
+// it is still running, far from its end, once nodectl (a process started
+// at its first token, seconds later on a loaded machine) began the drain.
+const drainTokens = 1000
+
 func newDrainCluster(t *testing.T, opts ...clustertest.Option) *drainCluster {
 	t.Helper()
 	small := func(o *clustertest.Config) {
@@ -50,10 +55,10 @@ func newDrainCluster(t *testing.T, opts ...clustertest.Option) *drainCluster {
 		n.WaitRegistration(t, id, 0)
 	}
 	c.url = clustertest.StartFrontend(t, n1)
-	c.body = map[string]any{"model": "small", "prompt": "The lighthouse keeper wrote", "max_tokens": 400, "seed": 9, "temperature": 0.9,
+	c.body = map[string]any{"model": "small", "prompt": "The lighthouse keeper wrote", "max_tokens": drainTokens, "seed": 9, "temperature": 0.9,
 		"stream": true, "ignore_eos": true}
 	c.want, _ = clustertest.StreamCompletion(t, c.url, c.body, nil)
-	if len(c.want) != 400 {
+	if len(c.want) != drainTokens {
 		t.Fatalf("undisturbed run: %d tokens", len(c.want))
 	}
 	return c
@@ -129,6 +134,7 @@ func (c *drainCluster) streamDisturbed(t *testing.T, disturb func(instance strin
 // undrain` brings the instance back at a new generation and gives the
 // disruption budget back.
 func TestAgentDrainMigratesStream(t *testing.T) {
+	t.Parallel()
 	c := newDrainCluster(t)
 	flips := watchFlips(t, c.nodes["n1-decode-small-0"].Env.Client)
 	var (
@@ -216,6 +222,7 @@ func TestAgentDrainMigratesStream(t *testing.T) {
 // the other node, and the agent exits well before its hard deadline, its
 // worker stopped.
 func TestAgentSIGTERMDrains(t *testing.T) {
+	t.Parallel()
 	c := newDrainCluster(t, func(o *clustertest.Config) {
 		o.DrainDeadline, o.DrainHardDeadline = agent.Duration(time.Second), agent.Duration(20*time.Second)
 	})
@@ -259,6 +266,7 @@ func TestAgentSIGTERMDrains(t *testing.T) {
 // first is undrained and ready again; `--no-wait` refuses it with a
 // message naming the holder.
 func TestAgentDrainBudget(t *testing.T) {
+	t.Parallel()
 	fast := func(o *clustertest.Config) { o.DrainSettle = agent.Duration(100 * time.Millisecond) }
 	n1 := clustertest.NewNode(t, fast)
 	n2 := clustertest.Peer(t, n1, "n2", fast)

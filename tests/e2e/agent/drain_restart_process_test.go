@@ -63,6 +63,7 @@ func drainedNode(t *testing.T, n *clustertest.Node, kvSock string) controlapi.St
 // the budget back; a SIGTERM restart of a serving node then comes back
 // serving, not drained.
 func TestAgentDrainSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.DrainSettle = agent.Duration(100 * time.Millisecond) })
 	const id = "n1-decode-tiny-0"
 	kvSock := filepath.Join(n.Dir, "data", "kv.sock")

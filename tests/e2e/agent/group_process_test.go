@@ -43,6 +43,7 @@ func alive(pid int) bool {
 // SIGSTOP rank 1 of the new group: its canary fails (rank 0's collectives
 // wait for it), and the whole group is restarted again.
 func TestAgentRestartsATPGroupAsAWhole(t *testing.T) {
+	t.Parallel()
 	metricsAddr := proctest.FreeTCPAddr(t)
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.Metrics = metricsAddr
@@ -136,6 +137,7 @@ func grep(page, prefix string) string {
 // did; the tp=1 worker reuses none of the groups' blocks, nor they its
 // (no block crosses between layouts), while it reuses its own.
 func TestGroupsShareKVByLayout(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}, {Role: "decode", Preset: "small", Count: 2, TP: 2}}
 		o.ArenaSlotBytes = 131072
@@ -190,6 +192,7 @@ func TestGroupsShareKVByLayout(t *testing.T) {
 // processes and starts a fresh group at a higher generation; no process
 // of the old group is left.
 func TestAgentRestartEndsItsOldGroup(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, TP: 2}}
 	})

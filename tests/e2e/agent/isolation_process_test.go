@@ -135,6 +135,7 @@ func refused(t *testing.T, as []attempt, err error) {
 // TestIsolationProbe is the other user's side of the isolation tests: it
 // runs only as their helper process.
 func TestIsolationProbe(t *testing.T) {
+	t.Parallel()
 	plan := os.Getenv(probeEnv)
 	if plan == "" {
 		t.Skip("the isolation tests' helper: runs as another uid only")
@@ -326,6 +327,7 @@ func wideOpen(c *clustertest.Config) {
 // node's files have the modes it promises, no lifeline process holds a
 // socket bound to every interface, and the node serves as before.
 func TestAnotherUserCannotReachTheNode(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, wideOpen)
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
@@ -467,6 +469,7 @@ func boundSockets(pid int) ([]boundSocket, error) {
 // agent's lease on either port: with the agent SIGKILLed while they keep
 // renewing, its registration still goes when the lease expires.
 func TestAnotherUserCannotKeepADeadNodeRegistered(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	const id = "n1-decode-tiny-0"
 	n.WaitRegistration(t, id, 0)
@@ -521,6 +524,7 @@ func TestAnotherUserCannotKeepADeadNodeRegistered(t *testing.T) {
 // TestBindAddressNamesOneInterface: workers listen on one address, never
 // every interface or a name, and the refusal names the field.
 func TestBindAddressNamesOneInterface(t *testing.T) {
+	t.Parallel()
 	for _, bind := range []string{"0.0.0.0", "::", "localhost", "10.0.0.1:7000"} {
 		o := agent.Options{NodeID: "a", DataDir: "d", Socket: "s", Etcd: []string{"x:1"}, CertDir: "c", ArenaPath: "/dev/shm/x", BindAddress: bind}
 		o.Defaults()

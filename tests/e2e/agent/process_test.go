@@ -40,6 +40,7 @@ import (
 // etcd without waiting for any lease, and the instance comes back at the
 // next generation once a canary passed.
 func TestAgentDetectsWorkerKill(t *testing.T) {
+	t.Parallel()
 	metricsAddr := proctest.FreeTCPAddr(t)
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.Metrics = metricsAddr
@@ -198,6 +199,7 @@ func checkDeathTrace(t *testing.T, debug, id string, gen uint64, killed time.Tim
 }
 
 func TestAgentBadConfig(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, c := range []struct {
 		cfg  string
@@ -259,6 +261,7 @@ func TestAgentBadConfig(t *testing.T) {
 // agent adopts it at the same pid and generation instead of restarting
 // it, and still detects its death afterwards.
 func TestAgentRestartAdoptsWorkers(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
@@ -308,6 +311,7 @@ func TestAgentRestartAdoptsWorkers(t *testing.T) {
 // ready within the canary window and is restarted (at generation + 1) after
 // the failure threshold.
 func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle, o.CanaryTimeout, o.CanaryFailures = agent.Duration(300*time.Millisecond), agent.Duration(300*time.Millisecond), 2
 	})
@@ -333,6 +337,7 @@ func TestAgentCanaryCatchesStoppedWorker(t *testing.T) {
 }
 
 func TestAgentControlSocketBadRequests(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -495,6 +500,7 @@ func TestAgentEtcdOutage(t *testing.T) {
 // systemd when it is missing) never skips it; a developer machine without
 // systemd-analyze does.
 func TestSystemdUnitVerifies(t *testing.T) {
+	t.Parallel()
 	analyze, err := exec.LookPath("systemd-analyze")
 	if err != nil {
 		if os.Getenv("LIFELINE_CI") != "" {
@@ -524,6 +530,7 @@ func TestSystemdUnitVerifies(t *testing.T) {
 // must leave exactly one supervised worker running, never a second one
 // whose death report was mistaken for an older process's.
 func TestAgentStaleDeathsNeverOrphanAWorker(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	script := filepath.Join(dir, "flaky-worker")
 	counter := filepath.Join(dir, "starts")
@@ -590,6 +597,7 @@ func TestAgentWorkerDeathDuringEtcdOutage(t *testing.T) {
 // never the agent (which stays outside the cgroup), and the agent records
 // the death as an OOM kill, not as a signal 9.
 func TestAgentClassifiesOOMKill(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("not root: cannot create a memory cgroup")
 	}
@@ -648,6 +656,7 @@ func TestMain(m *testing.M) { proctest.Main(m) }
 // closes with its answer; a drill polling the socket once grew every
 // agent by a connection and its goroutines per call).
 func TestControlSocketLeavesNoConnections(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	fds := func() int {
@@ -676,6 +685,7 @@ func TestControlSocketLeavesNoConnections(t *testing.T) {
 // into a slot another writer published meanwhile — and the instance comes
 // back at the next generation. Canaries are off: the fence alone acts.
 func TestAgentFencesAStoppedKVWriter(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) { o.CanaryIdle = agent.Duration(time.Hour) })
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
@@ -720,6 +730,7 @@ func TestAgentFencesAStoppedKVWriter(t *testing.T) {
 // It used to run on forever: an audit found four, 43 minutes old, 1 GB of
 // RSS each.
 func TestWorkerStopsWhenItsAgentNeverComesBack(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.WorkerOrphanTimeout = agent.Duration(3 * time.Second)
 	})

@@ -29,6 +29,7 @@ import (
 // canary fails, the worker is never restarted, and every request
 // completes — prefill-only ones and generating ones.
 func TestAgentBusyWorkerJudgedByProgress(t *testing.T) {
+	t.Parallel()
 	metricsAddr := proctest.FreeTCPAddr(t)
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.Metrics = metricsAddr

@@ -27,6 +27,7 @@ import (
 // certificate is served by both. The agent's etcd user cannot write
 // another node's registration.
 func TestAgentEndpointsRefuseWrongRoles(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t)
 	const id = "n1-decode-tiny-0"
 	reg := n.WaitRegistration(t, id, 0)
