@@ -22,6 +22,7 @@ import (
 // etcd-setup` (with an admin certificate, twice) locks an existing etcd
 // down: an agent writes its node's keys only, a frontend no registration.
 func TestCertsCommands(t *testing.T) {
+	t.Parallel()
 	ca := clustertest.CADir(t)
 	if st, err := os.Stat(ca); err != nil || st.Mode().Perm() != 0o700 {
 		t.Fatalf("CA directory: %v %v", st.Mode(), err)

@@ -62,6 +62,7 @@ func writeLlama2CFiles(t *testing.T) (modelPath, tokenizerPath string) {
 }
 
 func TestServeLlama2CCheckpoint(t *testing.T) {
+	t.Parallel()
 	mf, tf := writeLlama2CFiles(t)
 	out, errOut, err := proctest.Run(t, "engine", "generate", "--model", mf, "--tokenizer", tf,
 		"--prompt", "The water", "--seed", "3", "--max-tokens", "12", "--ignore-eos", "--json")
@@ -86,6 +87,7 @@ func TestServeLlama2CCheckpoint(t *testing.T) {
 // file's identity) announces it, then its background hash pass catches it
 // and the worker exits with an error, and the next start hashes again.
 func TestWorkerRestartTakesTheCachedRevision(t *testing.T) {
+	t.Parallel()
 	proctest.Processes(t)
 	mf, tf := writeLlama2CFiles(t)
 	cache := filepath.Join(t.TempDir(), "revisions")
@@ -136,6 +138,7 @@ func TestWorkerRestartTakesTheCachedRevision(t *testing.T) {
 // a GGUF of an unknown architecture by name — and a binary built without
 // llama.cpp says how to build one that has it, naming the model.
 func TestEngineGenerateGGUF(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, arch string) string {
 		var b bytes.Buffer

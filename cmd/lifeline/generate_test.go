@@ -13,6 +13,7 @@ import (
 // TestGenerateFailsOver: lifeline generate with a dead first --url (nothing
 // listens) and a live second prints the stream the live one serves.
 func TestGenerateFailsOver(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
 	n.WaitRegistration(t, "n1-decode-small-0", 0)
 	url := clustertest.StartFrontend(t, n)

@@ -19,6 +19,7 @@ import (
 // sound file passes where the binary links llama.cpp and is refused,
 // saying how to build one that does, where it does not.
 func TestGGUFRefusedAtConfigTime(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	good := llamacpptest.WriteModel(t, dir, llamacpptest.TinyQwen2, 1)
 	writeFile := func(name string, b []byte) string {

@@ -22,6 +22,7 @@ func parseLines(t *testing.T, out string) []decode.TokenLine {
 // once told that the first k tokens were already generated, and checks that
 // the second run prints exactly the tail of the first.
 func TestGenerateContinuesAfterPrefix(t *testing.T) {
+	t.Parallel()
 	args := []string{"engine", "generate", "--preset", "tiny", "--prompt", "Once upon a time", "--seed", "42",
 		"--temperature", "0.9", "--top-p", "0.9", "--top-k", "40", "--max-tokens", "30", "--ignore-eos", "--json"}
 	out, errOut, err := proctest.Run(t, args...)
@@ -66,6 +67,7 @@ func TestGenerateContinuesAfterPrefix(t *testing.T) {
 }
 
 func TestGenerateBadInput(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		args []string
 		want string

@@ -36,6 +36,7 @@ const colorSchema = `{"type":"object","properties":{"colors":{"type":"array","it
 // SIGKILLed mid-stream and the stream continues on the other node
 // identical to the fault-free run: tokens, text, logprobs, a valid value.
 func TestUpServesAHFDirectoryOnTheReferenceEngine(t *testing.T) {
+	t.Parallel()
 	shape := llamacpptest.Small // slow enough on one thread that a kill lands mid-stream
 	shape.Arch = "qwen2"
 	g, err := model.LoadGGUF(llamacpptest.WriteModel(t, t.TempDir(), shape, 3))
@@ -204,6 +205,7 @@ func tokenIDs(toks []clustertest.Token) []int {
 // relative path and a prefill role are refused by name, and `up` without
 // --engine says why the reference engine does not serve the file.
 func TestModelFileCheckedAtConfigTime(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	good := llamacpptest.WriteModel(t, t.TempDir(), llamacpptest.Tiny, 1)
 	g, err := model.LoadGGUF(good)

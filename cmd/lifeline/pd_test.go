@@ -109,6 +109,7 @@ func pdPromptPositions(t *testing.T) int {
 // single-process output. Then on one node (decode and prefill together)
 // the hand-off copies nothing.
 func TestPDAcrossNodes(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -154,6 +155,7 @@ func TestPDAcrossNodes(t *testing.T) {
 }
 
 func TestPDSameNodeCopiesNothing(t *testing.T) {
+	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}, {Role: "prefill", Preset: "tiny", Count: 1}}
@@ -186,6 +188,7 @@ func TestPDSameNodeCopiesNothing(t *testing.T) {
 // TestUpWithPrefill: `lifeline up --nodes 1 --prefill 1` serves through
 // P/D.
 func TestUpWithPrefill(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cmd := exec.Command(proctest.Lifeline(t), "up", "--data-dir", dir, "--nodes", "1", "--prefill", "1", "--preset", "tiny", "--listen", "127.0.0.1:0")
 	stdout, _ := cmd.StdoutPipe()
@@ -221,6 +224,7 @@ func TestUpWithPrefill(t *testing.T) {
 // request is prefilled on the other prefill instance and the client sees
 // no error and the reference output.
 func TestPDPrefillKilledBeforePublish(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -261,6 +265,7 @@ func TestPDPrefillKilledBeforePublish(t *testing.T) {
 // and dies before handing off. Its node's agent still holds the published
 // blocks: the retry pulls them instead of computing them again.
 func TestPDPrefillKilledAfterPublish(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -327,6 +332,7 @@ func prefillOnly(t *testing.T, n *clustertest.Node, reg schema.Registration, pro
 // left. A transfer bound to an older generation of the destination is
 // dropped the same way.
 func TestPDLateTransferCompletionDropped(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:1500ms"}
@@ -387,6 +393,7 @@ func TestPDLateTransferCompletionDropped(t *testing.T) {
 // readable on the destination; the decode instance computes the prompt
 // itself and the output is the reference.
 func TestPDTransferCutMidway(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -438,6 +445,7 @@ func TestPDTransferCutMidway(t *testing.T) {
 // from the dead worker's node and computes only the rest: fewer prefill
 // positions than a full recompute, and the reference output.
 func TestPDDecodeKilledReusesKV(t *testing.T) {
+	t.Parallel()
 	small := []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
@@ -505,6 +513,7 @@ func TestPDDecodeKilledReusesKV(t *testing.T) {
 // with equal load the router sends the request to n2's decode instance
 // (load-only routing would pick n1, the lower id), which reuses them.
 func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
@@ -545,6 +554,7 @@ func TestCacheAwareRoutingPrefersCachedNode(t *testing.T) {
 // pulls the prompt's blocks (held at the commit point). The cancel reaches
 // the pull: nothing of it is published, its staged slots are freed.
 func TestPDCancelDuringTransfer(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + rdma.FailBeforeCommit + "=sleep:2s"}
@@ -591,6 +601,7 @@ func TestPDCancelDuringTransfer(t *testing.T) {
 // into n1's arena, and n1's group reuses them; the output is what n1's
 // group computes alone, without P/D (bit-exact within tp 2).
 func TestPDAcrossNodesWithGroups(t *testing.T) {
+	t.Parallel()
 	n1 := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, TP: 2}}

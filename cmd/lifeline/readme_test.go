@@ -14,6 +14,7 @@ import (
 // frontends' ports: each must succeed, and a streamed curl must end with
 // [DONE]. A README whose commands rot fails here.
 func TestRunnableDocCommands(t *testing.T) {
+	t.Parallel()
 	root := filepath.Join("..", "..")
 	files, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	files = append([]string{filepath.Join(root, "README.md")}, files...)

@@ -34,6 +34,7 @@ import (
 // cluster has three healthy members. Without supervision the second kill
 // lost the quorum for good.
 func TestUpHealsItsEtcd(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "1", "--etcd-members", "3")
 	m := regexp.MustCompile(`etcd (\S+) \(mutual TLS\)`).FindStringSubmatch(up.out.String())
@@ -226,6 +227,7 @@ func memberPID(dir, name string) int {
 // and is served there once the lease is kept, identical to a reference
 // (a follower stopped meanwhile holds the election off until then).
 func TestAnElectionLongerThanTheLeaseLosesNoLease(t *testing.T) {
+	t.Parallel()
 	env := clustertest.NewEnvWith(t, localcluster.EnvOptions{EtcdMembers: 3, EtcdElection: 2 * time.Second})
 	n := clustertest.StartNode(t, env, "n1")
 	w := n.WaitWorkerReady(t)

@@ -21,6 +21,7 @@ import (
 // SIGKILLed, is resumed on frontend 1 to its end; up restarts frontend 0
 // where it was, and frontend 1 serves throughout.
 func TestUpSeveralFrontends(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "1", "--frontends", "2", "--listen", "127.0.0.1:0")
 	var urls []string

@@ -97,6 +97,7 @@ func lastLines(s string, n int) string {
 // directory serves a streaming request through its frontend the moment it
 // says it is up and, on Ctrl-C, stops without leaving a process behind.
 func TestUpServesAndStopsCleanly(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "2")
 	// No retry: "ready" is printed only once a completion can be served.
@@ -163,6 +164,7 @@ func TestUpServesAndStopsCleanly(t *testing.T) {
 // TestUpRefusesADataDirInUse: a second `lifeline up` on the same data
 // directory exits non-zero within 2 s, naming the process that has it.
 func TestUpRefusesADataDirInUse(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	first := startUp(t, dir, "--nodes", "1")
 	// The arena is sized from this machine's memory, and says so.
@@ -184,6 +186,7 @@ func TestUpRefusesADataDirInUse(t *testing.T) {
 // is refused with an error that says so, before anything is written: the
 // file up.lock links to keeps its bytes and their CA is never used.
 func TestUpRefusesAPlantedDataDir(t *testing.T) {
+	t.Parallel()
 	const other = 12345 // a uid with no passwd entry
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: files of another uid")
@@ -257,6 +260,7 @@ func TestUpRefusesAPlantedDataDir(t *testing.T) {
 // frontend is SIGKILLed: up restarts it on the same address and it serves
 // again; up itself never stops.
 func TestUpSupervisesItsChildren(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "2")
 	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "seed": 11, "temperature": 0.9, "stream": true, "ignore_eos": true}
@@ -329,6 +333,7 @@ func TestUpSupervisesItsChildren(t *testing.T) {
 // the agent exits, up restarts it, and its instance comes back at a higher
 // generation. Nothing else stops.
 func TestUpRestartsAStoppedAgent(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "2")
 	body := map[string]any{"model": "tiny", "prompt": "Once upon a time", "max_tokens": 400, "seed": 12, "temperature": 0.9, "stream": true, "ignore_eos": true}
@@ -378,6 +383,7 @@ func TestUpRestartsAStoppedAgent(t *testing.T) {
 // the frontend, SIGSTOPped) the next `up` on the same data directory
 // stops, and it removes the arena, before it starts its own and serves.
 func TestUpCleansUpAfterAKilledUp(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	first := startUp(t, dir, "--nodes", "1")
 	running := procfs.Mentioning(dir)
@@ -461,6 +467,7 @@ func sameTokens(a, b []clustertest.Token) bool {
 
 // TestDemoFailover runs `lifeline demo failover` as a user would.
 func TestDemoFailover(t *testing.T) {
+	t.Parallel()
 	out, errOut, err := proctest.Run(t, "demo", "failover", "--preset", "small", "--kill-after", "60", "--max-tokens", "200", "--seed", "5")
 	if err != nil || !strings.Contains(out, "bit-identical: yes") || !strings.Contains(out, "migrations: 1") {
 		t.Fatalf("demo failover: %v\n%s\n%s", err, out, errOut)
@@ -486,6 +493,7 @@ func getPage(t *testing.T, url string) (int, string) {
 // down (as the usage line says), every stream still completes, on the
 // other node; after Ctrl-C no namespace or bridge is left.
 func TestUpNetNSCutsANodeForReal(t *testing.T) {
+	t.Parallel()
 	if err := netns.Available(); err != nil {
 		if os.Getenv("LIFELINE_CI") != "" {
 			t.Fatalf("CI runs as root with iproute2: %v", err)
@@ -557,6 +565,7 @@ func TestUpNetNSCutsANodeForReal(t *testing.T) {
 // work as printed: a curl trusting that CA (HTTPS) and a `lifeline
 // generate --h3` (HTTP/3) over both frontends. Ctrl-C then exits 0.
 func TestUpTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "1", "--tls", "--frontends", "2")
 	if !strings.HasPrefix(up.url, "https://127.0.0.1:") {

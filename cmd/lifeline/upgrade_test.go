@@ -20,6 +20,7 @@ import (
 // node is drained, restarted and back at a higher generation, one at a
 // time, and not one stream fails or differs from its fault-free run.
 func TestRollingUpgradeUnderLoad(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	up := startUp(t, dir, "--nodes", "3")
 	const seeds = 6

@@ -16,6 +16,7 @@ import (
 // worker parses, through `lifeline worker`'s own flags, to the options it
 // describes.
 func TestWorkerArgvRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		args workerclient.Args

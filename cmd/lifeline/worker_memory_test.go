@@ -84,6 +84,7 @@ func hostile(i int) (g *wire.Generate, leave func(s *workerclient.Stream, frames
 // heap from one round to the next (a leak would), and its anonymous
 // resident memory stays within its soft memory limit.
 func TestWorkerMemoryUnderHostileTraffic(t *testing.T) {
+	t.Parallel()
 	ca := clustertest.CADir(t)
 	cmd, ready := startWorker(t, ca, "decode-m", 1, "--preset", "small")
 	tlsConf, err := workerclient.ClientTLS(clustertest.Issue(t, ca, "frontend", "client"))

@@ -54,6 +54,7 @@ func startWorker(t *testing.T, ca, instance string, gen uint64, extra ...string)
 // a client with an unknown certificate is refused; frames of an older
 // generation than the client expects are dropped and counted.
 func TestWorkerServesOverMutualTLS(t *testing.T) {
+	t.Parallel()
 	ca := clustertest.CADir(t)
 	_, ready := startWorker(t, ca, "decode-7", 3)
 	certs := clustertest.Issue(t, ca, "frontend", "client")
