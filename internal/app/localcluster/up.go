@@ -163,7 +163,7 @@ func (u *up) startNodes() error {
 			return fmt.Errorf("up: %w", err)
 		}
 		u.nodes = append(u.nodes, n)
-		u.supervise(fmt.Sprintf("agent %d", i), n.Exited, n.ExitState, n.Start)
+		u.supervise(fmt.Sprintf("agent %d", i), n.Exited, n.ExitState, func() error { return u.restartAgent(i, n) })
 	}
 	return nil
 }
@@ -293,6 +293,24 @@ func (u *up) supervise(name string, exited func() <-chan struct{}, state func() 
 }
 
 var errStopping = errors.New("up: stopping")
+
+// restartAgent starts agent i again (under u.mu). Its metrics port was
+// free when up picked it, not reserved: another process may have bound
+// it since (an agent that exited and found it taken would otherwise exit
+// at every restart). Such a port is replaced by a free one, and said.
+func (u *up) restartAgent(i int, n *Node) error {
+	if l, err := net.Listen("tcp", n.Options.Metrics); err == nil {
+		l.Close()
+	} else {
+		addr, ferr := FreeLoopbackAddr()
+		if ferr != nil {
+			return fmt.Errorf("agent %d: metrics port: %w", i, ferr)
+		}
+		u.say("up: agent %d: its metrics address %s is taken (%v); it serves them on %s now", i, n.Options.Metrics, err, addr)
+		n.Options.Metrics = addr
+	}
+	return n.Start()
+}
 
 // superviseMember restarts etcd member m whenever it exits: on its data,
 // or, when its data is gone, as a new member in its place (member remove,
@@ -446,7 +464,10 @@ func (u *up) printUsage(out io.Writer, opts Options) {
 	// nodectl is built beside lifeline (make build: bin/); not on PATH.
 	nodectl := filepath.Join(filepath.Dir(u.env.Binary), "nodectl")
 	for _, n := range u.nodes {
-		fmt.Fprintf(out, "  %s --socket %s status    (agent metrics http://%s/metrics)\n", nodectl, n.Options.Socket, n.Options.Metrics)
+		u.mu.Lock()
+		metrics := n.Options.Metrics // a restart may move it
+		u.mu.Unlock()
+		fmt.Fprintf(out, "  %s --socket %s status    (agent metrics http://%s/metrics)\n", nodectl, n.Options.Socket, metrics)
 	}
 	if len(u.env.Members) > 0 {
 		fmt.Fprintf(out, "  etcd: %d member processes, restarted (or replaced) whenever one exits; their health: nodectl status\n", len(u.env.Members))
