@@ -227,7 +227,7 @@ func (x *run) loop(ctx context.Context) {
 		case <-deadline:
 			acts = x.r.OnDeadline(time.Now())
 		case <-tick.C:
-			acts = x.r.Tick(time.Now())
+			acts = x.machineFound(x.r.Epoch, x.r.Tick(time.Now()))
 			x.s.reapIdle(x.st)
 			if x.st.rec != nil {
 				x.s.recs.refresh(ctx, x.st.rec)
@@ -420,7 +420,7 @@ func (x *run) handle(e event, now time.Time) []reqfsm.Action {
 	case e.failed:
 		return x.onAnnouncedFailure(e, now)
 	case e.gone:
-		return x.r.OnDeregistered(e.instance, now)
+		return x.machineFound(x.r.Epoch, x.r.OnDeregistered(e.instance, now))
 	case e.prefill != nil:
 		return x.onPrefillResult(e.epoch, e.prefill, now)
 	case e.transfer != nil:
@@ -438,6 +438,16 @@ func (x *run) handle(e event, now time.Time) []reqfsm.Action {
 	return x.r.OnFrame(reqfsm.Frame{From: e.from, Epoch: f.RequestEpoch, SequenceNo: int(f.SequenceNo),
 		TokenID: int(f.TokenId), Text: f.Text, FinishReason: f.FinishReason, ReusedPositions: int(f.ReusedPositions),
 		Logprobs: x.frameLogprobs(f)}, now)
+}
+
+// machineFound keeps the machine's reason as the last failure when acts,
+// from an event that is not a failure (a tick, a deregistration), moved
+// the request past epoch: a worker silent too long.
+func (x *run) machineFound(epoch uint64, acts []reqfsm.Action) []reqfsm.Action {
+	if x.r.Epoch != epoch && x.r.LastFailure != "" {
+		x.lastFailure = x.r.LastFailure
+	}
+	return acts
 }
 
 // onAnnouncedFailure: the registry announced an instance's death; it

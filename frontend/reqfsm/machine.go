@@ -342,6 +342,7 @@ func (r *Request) workerFailed(epoch uint64, reason string, retryable, drain boo
 		return []Action{CancelWorker{At: r.Endpoint, Epoch: r.Epoch}, Finish{}}
 	}
 	r.excludeEndpoint(r.Endpoint)
+	r.LastFailure = reason
 	switch {
 	case !retryable:
 		return r.fail(openai.ErrInvalidRequest, reason)

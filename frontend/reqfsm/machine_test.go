@@ -132,6 +132,10 @@ func TestStallMigrates(t *testing.T) {
 	if _, ok := has[Route](r.Tick(t0.Add(11 * time.Second))); !ok || r.State != Migrating {
 		t.Fatal("a silent worker was not abandoned")
 	}
+	// The migration's reason is the machine's own finding.
+	if r.LastFailure != "no frame for 11s" {
+		t.Fatalf("last failure %q, want the silence", r.LastFailure)
+	}
 }
 
 // TestGoneEndpointSilenceMigratesSooner: once its registration is gone

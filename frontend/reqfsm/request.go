@@ -144,6 +144,9 @@ type Request struct {
 	FailedGenerations map[string]uint64
 	Err               *RequestError
 	FinishReason      string
+	// LastFailure is the reason of the last worker failure the request
+	// acted on, those it found itself (a stall) included.
+	LastFailure string
 	lastFrame         time.Time
 	// gone are endpoints of this request whose registration vanished
 	// (OnDeregistered): their silence counts against GoneSilence.

@@ -114,12 +114,15 @@ func (s *clientStream) check(t *testing.T, name string, want []clustertest.Token
 // worker that streams, but too slowly for its requests to finish by a
 // drain's deadline (its step time, which it measures, says so). It is
 // stopped (SIGSTOP) until the next token is due, 200-500 ms at a time,
-// then runs 2 ms. A fixed duty cycle is not enough: what a 2 ms window
+// then runs 2 ms, twice as long after each window in which no token
+// arrived (up to 64 ms). A fixed duty cycle is not enough: what a window
 // computes depends on the machine and its load (stopped 200 ms, a
-// 480-token tiny stream once finished within a 22 s drain deadline). The
-// 500 ms cap keeps each call the drain makes to it (a QUIC handshake and
-// a request: two or three windows) within the agent's 3 s bound. It
-// signals through a pidfd: never another process that reused the pid.
+// 480-token tiny stream once finished within a 22 s drain deadline; in
+// 2 ms windows on a saturated machine a one-thread worker once sent
+// nothing for the frontend's 10 s stall timeout). The 500 ms cap keeps each call the drain makes to it (a QUIC
+// handshake and a request: two or three windows) within the agent's 3 s
+// bound. It signals through a pidfd: never another process that reused
+// the pid.
 func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int64, rate float64) (done <-chan struct{}) {
 	t.Helper()
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -127,6 +130,7 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int
 		t.Fatalf("pidfd of worker %d: %v", pid, err)
 	}
 	began, base := time.Now(), progress()
+	seen, window := base, 2*time.Millisecond
 	out := make(chan struct{})
 	go func() {
 		defer close(out)
@@ -143,8 +147,13 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int
 				return
 			case <-time.After(min(max(200*time.Millisecond, time.Until(due)), 500*time.Millisecond)):
 			}
+			if p := progress(); p == seen {
+				window = min(2*window, 64*time.Millisecond)
+			} else {
+				seen, window = p, 2*time.Millisecond
+			}
 			unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
-			time.Sleep(2 * time.Millisecond) // its share of the CPU
+			time.Sleep(window) // its share of the CPU
 		}
 	}()
 	return out
