@@ -147,7 +147,7 @@ type Request struct {
 	// LastFailure is the reason of the last worker failure the request
 	// acted on, those it found itself (a stall) included.
 	LastFailure string
-	lastFrame         time.Time
+	lastFrame   time.Time
 	// gone are endpoints of this request whose registration vanished
 	// (OnDeregistered): their silence counts against GoneSilence.
 	gone []Endpoint
