@@ -197,7 +197,7 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 // TestAgentDrainMixed: three nodes serving the small model, node n1 also
 // the tiny model (which nothing else serves), a mix of short and long
 // seeded small streams on n1 (and elsewhere), and tiny streams on n1
-// whose worker the test slows to 5 tokens a second (SIGSTOP/SIGCONT), so
+// whose worker the test slows to 2 tokens a second (SIGSTOP/SIGCONT), so
 // that they cannot finish by the deadline. `nodectl drain` of n1 with a
 // deadline between the short and the long streams' needs:
 //   - n1's registrations are marked draining before any stream moves;
@@ -244,10 +244,12 @@ func TestAgentDrainMixed(t *testing.T) {
 	// the drain stops it.
 	stopSlow := make(chan struct{})
 	var once sync.Once
-	// Aimed at 5 tokens a second, held under one window's tokens every
-	// 500 ms (the worker measured 63-84 ms a step here): what the tiny
-	// streams have left takes them several times the drain's deadline.
-	slowed := slowWorker(t, tinyPID, stopSlow, func() int64 { return max(tinies[0].seen.Load(), tinies[1].seen.Load()) }, 5)
+	// Aimed at 2 tokens a second, held under one window's tokens every
+	// 500 ms: the tiny streams' 480 tokens would take them 4 minutes,
+	// past the drain's deadline, which grows with the small workers'
+	// step time (at 5 a second, a 104 s deadline on a machine running
+	// three test packages at once let them finish in place).
+	slowed := slowWorker(t, tinyPID, stopSlow, func() int64 { return max(tinies[0].seen.Load(), tinies[1].seen.Load()) }, 2)
 	defer func() { once.Do(func() { close(stopSlow) }); <-slowed }()
 	go func() {
 		for _, s := range tinies {
