@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -114,15 +115,12 @@ func (s *clientStream) check(t *testing.T, name string, want []clustertest.Token
 // worker that streams, but too slowly for its requests to finish by a
 // drain's deadline (its step time, which it measures, says so). It is
 // stopped (SIGSTOP) until the next token is due, 200-500 ms at a time,
-// then runs 2 ms, twice as long after each window in which no token
-// arrived (up to 64 ms). A fixed duty cycle is not enough: what a window
+// then runs 2 ms. A fixed duty cycle is not enough: what a 2 ms window
 // computes depends on the machine and its load (stopped 200 ms, a
-// 480-token tiny stream once finished within a 22 s drain deadline; in
-// 2 ms windows on a saturated machine a one-thread worker once sent
-// nothing for the frontend's 10 s stall timeout). The 500 ms cap keeps each call the drain makes to it (a QUIC
-// handshake and a request: two or three windows) within the agent's 3 s
-// bound. It signals through a pidfd: never another process that reused
-// the pid.
+// 480-token tiny stream once finished within a 22 s drain deadline). The
+// 500 ms cap keeps each call the drain makes to it (a QUIC handshake and
+// a request: two or three windows) within the agent's 3 s bound. It
+// signals through a pidfd: never another process that reused the pid.
 func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int64, rate float64) (done <-chan struct{}) {
 	t.Helper()
 	fd, err := unix.PidfdOpen(pid, 0)
@@ -130,7 +128,6 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int
 		t.Fatalf("pidfd of worker %d: %v", pid, err)
 	}
 	began, base := time.Now(), progress()
-	seen, window := base, 2*time.Millisecond
 	out := make(chan struct{})
 	go func() {
 		defer close(out)
@@ -147,13 +144,8 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int
 				return
 			case <-time.After(min(max(200*time.Millisecond, time.Until(due)), 500*time.Millisecond)):
 			}
-			if p := progress(); p == seen {
-				window = min(2*window, 64*time.Millisecond)
-			} else {
-				seen, window = p, 2*time.Millisecond
-			}
 			unix.PidfdSendSignal(fd, unix.SIGCONT, nil, 0)
-			time.Sleep(window) // its share of the CPU
+			time.Sleep(2 * time.Millisecond) // its share of the CPU
 		}
 	}()
 	return out
@@ -179,14 +171,21 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 	small := func(o *clustertest.Config) { o.DrainSettle = agent.Duration(300 * time.Millisecond) }
 	n1 = clustertest.NewNode(t, clustertest.SmallDecode(1), small, func(o *clustertest.Config) {
 		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "decode", Preset: "tiny", Count: 1})
+		// The slowing below (2 ms windows) and the streams' lengths are
+		// sized for workers on every CPU, as the agent runs them by
+		// default (clustertest's default is one thread).
+		for i := range o.Instances {
+			o.Instances[i].Threads = runtime.NumCPU()
+		}
 		// The slowed tiny worker renews its KV session in 2 ms windows
 		// 200-500 ms apart: on a loaded machine it could miss the 3 s
 		// TTL and be fenced (SIGKILL) as a hung process, which is not
 		// what this test is about.
 		o.LeaseTTL = agent.Duration(10 * time.Second)
 	})
-	nodes = []*clustertest.Node{n1, clustertest.Peer(t, n1, "n2", clustertest.SmallDecode(1), small),
-		clustertest.Peer(t, n1, "n3", clustertest.SmallDecode(1), small)}
+	everyCPU := func(o *clustertest.Config) { o.Instances[0].Threads = runtime.NumCPU() }
+	nodes = []*clustertest.Node{n1, clustertest.Peer(t, n1, "n2", clustertest.SmallDecode(1), small, everyCPU),
+		clustertest.Peer(t, n1, "n3", clustertest.SmallDecode(1), small, everyCPU)}
 	for _, n := range nodes {
 		n.WaitRegistration(t, n.Options.NodeID+"-decode-small-0", 0)
 	}
@@ -197,7 +196,7 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 // TestAgentDrainMixed: three nodes serving the small model, node n1 also
 // the tiny model (which nothing else serves), a mix of short and long
 // seeded small streams on n1 (and elsewhere), and tiny streams on n1
-// whose worker the test slows to 2 tokens a second (SIGSTOP/SIGCONT), so
+// whose worker the test slows to 5 tokens a second (SIGSTOP/SIGCONT), so
 // that they cannot finish by the deadline. `nodectl drain` of n1 with a
 // deadline between the short and the long streams' needs:
 //   - n1's registrations are marked draining before any stream moves;
@@ -209,8 +208,10 @@ func mixedCluster(t *testing.T) (n1 *clustertest.Node, nodes []*clustertest.Node
 //     draining error, not after a wait for capacity;
 //   - no node holds a leaked slot, lease or pull; n1 is drained with its
 //     workers stopped, its registrations gone, its agent up.
+//
+// It runs alone in its package (no t.Parallel): its deadline and its
+// slowed worker are timed against the machine's load.
 func TestAgentDrainMixed(t *testing.T) {
-	t.Parallel()
 	n1, nodes := mixedCluster(t)
 	url := clustertest.StartFrontend(t, n1)
 	flips := watchFlips(t, n1.Env.Client)
@@ -244,12 +245,10 @@ func TestAgentDrainMixed(t *testing.T) {
 	// the drain stops it.
 	stopSlow := make(chan struct{})
 	var once sync.Once
-	// Aimed at 2 tokens a second, held under one window's tokens every
-	// 500 ms: the tiny streams' 480 tokens would take them 4 minutes,
-	// past the drain's deadline, which grows with the small workers'
-	// step time (at 5 a second, a 104 s deadline on a machine running
-	// three test packages at once let them finish in place).
-	slowed := slowWorker(t, tinyPID, stopSlow, func() int64 { return max(tinies[0].seen.Load(), tinies[1].seen.Load()) }, 2)
+	// Aimed at 5 tokens a second, held under one window's tokens every
+	// 500 ms (the worker measured 63-84 ms a step here): what the tiny
+	// streams have left takes them several times the drain's deadline.
+	slowed := slowWorker(t, tinyPID, stopSlow, func() int64 { return max(tinies[0].seen.Load(), tinies[1].seen.Load()) }, 5)
 	defer func() { once.Do(func() { close(stopSlow) }); <-slowed }()
 	go func() {
 		for _, s := range tinies {

@@ -360,8 +360,11 @@ func TestTakeoverAfterAMigration(t *testing.T) {
 	n.WaitRegistration(t, "n1-decode-small-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
-	want, _ := clustertest.StreamCompletion(t, b, seeded(11, 120), nil)
-	o := open(t, a.URL, seeded(11, 120))
+	// 400 tokens: a one-thread worker steps in ~3 ms, and the stream
+	// must still run after the kill at 15 reached the worker and after
+	// A's death (B attaches to the continuation, not to a finished one).
+	want, _ := clustertest.StreamCompletion(t, b, seeded(11, 400), nil)
+	o := open(t, a.URL, seeded(11, 400))
 	got := clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 15 })
 	first := got[len(got)-1].Instance
 	for _, w := range n.NodectlWorkers(t) {
@@ -371,9 +374,11 @@ func TestTakeoverAfterAMigration(t *testing.T) {
 			}
 		}
 	}
-	got = append(got, clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 40 })...)
+	// The killed worker's tokens already sent come first, then the
+	// other worker's.
+	got = append(got, clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Instance != first })...)
 	if moved := got[len(got)-1].Instance; moved == first {
-		t.Fatalf("token 40 still from %s, the killed worker", moved)
+		t.Fatalf("token %d, the stream's last read, still from %s, the killed worker", got[len(got)-1].Seq, moved)
 	}
 	moved := got[len(got)-1].Instance
 	// The continuation's record has its prefix once A's write lands.
