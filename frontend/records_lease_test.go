@@ -76,23 +76,31 @@ func testEtcdServer(t *testing.T) (*clientv3.Client, *embedetcd.Server) {
 	return cli, e
 }
 
+// admitRecords is a records of owner f1 on cli with its admission
+// writers running; a cleanup stops them and fails the test if one
+// outlives its context.
+func admitRecords(t *testing.T, cli *clientv3.Client) (*records, context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var goes owned
+	t.Cleanup(func() {
+		cancel()
+		if left := goes.wait(5 * time.Second); left != 0 {
+			t.Errorf("%d writers outlived the context", left)
+		}
+	})
+	rc := &records{goes: &goes, etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1", queue: newAdmitQueue()}
+	for range admitWriters {
+		goes.Go(func() { rc.queue.write(ctx, cli) })
+	}
+	return rc, ctx
+}
+
 // TestAdmissionWritesShareTransactions: admissions that arrive together
 // are written in fewer transactions than records (each transaction one
 // etcd revision), every record stored under its key with its revision.
 func TestAdmissionWritesShareTransactions(t *testing.T) {
 	cli := testEtcd(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var goes owned
-	defer func() {
-		cancel()
-		if left := goes.wait(5 * time.Second); left != 0 {
-			t.Errorf("%d writers outlived the context", left)
-		}
-	}()
-	rc := &records{goes: &goes, etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1", queue: newAdmitQueue()}
-	for range admitWriters {
-		goes.Go(func() { rc.queue.write(ctx, cli) })
-	}
+	rc, ctx := admitRecords(t, cli)
 	rev0 := func() int64 {
 		r, err := cli.Get(ctx, "x")
 		if err != nil {
@@ -135,18 +143,7 @@ func TestAdmissionWritesShareTransactions(t *testing.T) {
 // key go in two transactions, not one etcd would refuse.
 func TestAdmissionWritesWhenEtcdIsGone(t *testing.T) {
 	cli, e := testEtcdServer(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	var goes owned
-	defer func() {
-		cancel()
-		if left := goes.wait(5 * time.Second); left != 0 {
-			t.Errorf("%d writers outlived the context", left)
-		}
-	}()
-	rc := &records{goes: &goes, etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1", queue: newAdmitQueue()}
-	for range admitWriters {
-		goes.Go(func() { rc.queue.write(ctx, cli) })
-	}
+	rc, ctx := admitRecords(t, cli)
 	admitAll := func(ids ...string) []*stream {
 		sts := make([]*stream, len(ids))
 		var wg sync.WaitGroup
@@ -188,7 +185,7 @@ func TestAdmissionWritesWhenEtcdIsGone(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	goes.Go(func() { q.write(ctx, cli) })
+	rc.goes.Go(func() { q.write(ctx, cli) })
 	wg.Wait()
 	if revs[0] == 0 || revs[1] == 0 || revs[0] == revs[1] {
 		t.Fatalf("one key queued twice: revisions %v", revs)
