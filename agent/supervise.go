@@ -52,12 +52,20 @@ func (a *Agent) startSupervision(ctx context.Context, start []*instance) {
 // row) before it is tried again.
 func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	h := newRestartHistory(&a.opts)
-	if rec, ok := a.adoptable(inst.id); ok && inst.spec.ranks() > 1 {
-		a.endOrphanGroup(inst, rec)
+	rec, ok := a.adoptable(inst.id)
+	if inst.spec.ranks() > 1 {
+		if ok {
+			a.endOrphanGroup(inst, rec)
+		}
 		a.sweepSegments(inst)
-	} else if inst.spec.ranks() > 1 {
-		a.sweepSegments(inst)
-	} else if ok {
+		ok = false
+	}
+	keep := 0
+	if ok {
+		keep = rec.PID
+	}
+	a.endStrays(inst, keep)
+	if ok {
 		a.adopt(ctx, inst, rec)
 		if ctx.Err() != nil || a.drained(inst) {
 			return

@@ -39,6 +39,10 @@ const (
 	// EventGroupEnded: a tensor-parallel group's ranks were all ended
 	// after a rank's death (Detail says how fast).
 	EventGroupEnded = "group_ended"
+	// EventStrayEnded: worker processes of the instance a previous agent
+	// process started and never recorded (it died first) were ended
+	// before a new worker started (Detail lists them).
+	EventStrayEnded = "stray_ended"
 )
 
 // Drain phases, in order. An undrain goes drained → undraining → none.

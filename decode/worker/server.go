@@ -35,6 +35,9 @@ import (
 
 // Failpoints of the worker.
 const (
+	// FailBeforeReady is hit once the worker serves, before it announces
+	// so: a worker its agent has not recorded yet.
+	FailBeforeReady = "worker.before-ready"
 	// FailAfterReady is hit once the worker has announced it serves.
 	FailAfterReady = "worker.after-ready"
 	// FailStaleFrame, armed with "error", makes the worker send a frame of
@@ -140,16 +143,7 @@ func Run(ctx context.Context, opts Options, out io.Writer) error {
 	}
 	s.generation.Store(opts.Generation)
 	s.accepting.Store(true)
-	ready := workerclient.Ready{InstanceID: opts.InstanceID, Generation: opts.Generation, Addr: ln.Addr().String(),
-		Model: e.ModelName(), ModelRevision: e.ModelRevision(), NumericsID: e.NumericsID(),
-		ContextLen: e.ContextLen(), TokenizerHash: e.Tokenizer.Hash(), Continuation: e.Continuation(),
-		Capacity: e.Limits().Capacity(sched.Interactive), BatchCapacity: e.Limits().Capacity(sched.Batch)}
-	if e.Cache != nil {
-		id := e.Cache.Identity()
-		ready.KVIdentity = &id
-	}
-	json.NewEncoder(out).Encode(ready)
-	if err := failpoint.Hit(FailAfterReady); err != nil {
+	if err := announce(out, readyLine(opts, ln, e)); err != nil {
 		return err
 	}
 	ctx, cancel := s.stopOnEngineFailure(ctx, ln)
