@@ -33,7 +33,6 @@ const (
 	fleetStepRate  = 20 // synthetic steps (tokens per stream) a second
 	fleetTokens    = 100
 	fleetStartRate = 500 // streams started a second
-	fleetAdmitFor  = 3 * time.Second
 	fleetAdmitToks = 4
 )
 
@@ -139,7 +138,7 @@ func cpuPer(ticks int64, n float64) time.Duration {
 
 // runFleetBench runs the three phases with streams streams and
 // admissions at admitRate a second.
-func runFleetBench(streams, admitRate int, records bool) error {
+func runFleetBench(streams, admitRate int, admitFor time.Duration, records bool) error {
 	fmt.Printf("## The frontend at fleet scale (%d frontends × %d synthetic workers at %d tokens/s a stream; %d streams; real processes)\n\n",
 		fleetFrontends, fleetWorkers, fleetStepRate, streams)
 	f, err := startFleet(streams, records)
@@ -169,7 +168,7 @@ func runFleetBench(streams, admitRate int, records bool) error {
 		return err
 	}
 	printRelay(direct, h1, h2, streams)
-	return f.admission(admitRate)
+	return f.admission(admitRate, admitFor)
 }
 
 // relayFigures are a relay phase's.
@@ -335,10 +334,10 @@ func printRelay(direct loadgen.Report, h1, h2 relayFigures, streams int) {
 
 // admission admits short requests at rate a second through one frontend
 // with request records, then through one without.
-func (f *fleet) admission(rate int) error {
-	fmt.Printf("Admission: %d-token requests started at %d/s for %v through one frontend.\n\n", fleetAdmitToks, rate, fleetAdmitFor)
+func (f *fleet) admission(rate int, admitFor time.Duration) error {
+	fmt.Printf("Admission: %d-token requests started at %d/s for %v through one frontend.\n\n", fleetAdmitToks, rate, admitFor)
 	fmt.Printf("| frontend | started/s | completed | failed | CPU per admitted request | etcd writes per request | etcd db growth per request | served without a record |\n|---|---|---|---|---|---|---|---|\n")
-	n := int(float64(rate) * fleetAdmitFor.Seconds())
+	n := int(float64(rate) * admitFor.Seconds())
 	var base time.Duration
 	for _, fe := range []*localcluster.Frontend{f.noRecords, f.fes[0]} {
 		rev0, db0, err := f.etcdState()
@@ -357,7 +356,19 @@ func (f *fleet) admission(rate int) error {
 				defer pprof.StopCPUProfile()
 			}
 		}
+		var prof sync.WaitGroup
+		if prefix := os.Getenv("LIFELINE_BENCH_FLEET_ADMIT_CPUPROFILE"); prefix != "" {
+			// The admitting frontend's profile from 0.5 s in, for all
+			// but the last second of the admissions:
+			// prefix-records-on.pb.gz and prefix-records-off.pb.gz.
+			path := prefix + "-records-" + map[bool]string{true: "off", false: "on"}[fe == f.noRecords] + ".pb.gz"
+			prof.Go(func() {
+				time.Sleep(500 * time.Millisecond)
+				(&streamsCluster{fe: fe}).saveProfile(path, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(admitFor.Seconds())-1)))
+			})
+		}
 		rep, err := loadgen.Run(context.Background(), loadgen.Config{URLs: []string{fe.URL}, Model: "synthetic-tiny", Requests: n, Rate: float64(rate), MaxTokens: fleetAdmitToks, Seed: 7})
+		prof.Wait()
 		if err != nil {
 			return fmt.Errorf("bench: admission: %w", err)
 		}

@@ -27,6 +27,7 @@ func main() {
 	drains := flag.Int("drains", 20, "drains of one node in the drain bench")
 	fleetStreams := flag.Int("fleet-streams", 1000, "streams in the fleet bench (4 frontends, 8 synthetic workers)")
 	fleetAdmit := flag.Int("fleet-admit-rate", 1000, "requests admitted a second through one frontend in the fleet bench")
+	fleetAdmitFor := flag.Duration("fleet-admit-for", 3*time.Second, "how long the fleet bench admits requests at -fleet-admit-rate")
 	fleetRecords := flag.Bool("fleet-records", true, "the fleet bench's relay through frontends that write request records")
 	flag.Parse()
 	var err error
@@ -62,7 +63,7 @@ func main() {
 	case "streams":
 		err = runStreamsBench()
 	case "fleet":
-		err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetRecords)
+		err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetAdmitFor, *fleetRecords)
 	case "responses":
 		err = runResponsesBench(*kills / 5)
 	case "llamacpp":
@@ -114,7 +115,7 @@ func main() {
 			err = runStreamsBench()
 		}
 		if err == nil && *only == "" {
-			err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetRecords)
+			err = runFleetBench(*fleetStreams, *fleetAdmit, *fleetAdmitFor, *fleetRecords)
 		}
 	default:
 		err = fmt.Errorf("-only %q: want engine, kv, detect, frontend, limits, transfer, rto, pd, drain, upgrade, failover, responses, structured, spec, tp, startup, streams, fleet, llamacpp or goengine", *only)
