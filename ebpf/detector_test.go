@@ -96,6 +96,7 @@ func waitExit(t *testing.T, d Detector, pid int) Exit {
 }
 
 func TestKillAndExitCode(t *testing.T) {
+	t.Parallel()
 	for name, d := range detectors(t) {
 		t.Run(name, func(t *testing.T) {
 			// SIGKILL.
@@ -152,6 +153,7 @@ func TestKillAndExitCode(t *testing.T) {
 // TestOOMKillClassified: a process killed by the OOM killer inside a
 // memory-limited cgroup is reported as OOM, not as a plain signal 9.
 func TestOOMKillClassified(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Skip("not root: cannot create cgroups or load eBPF")
 	}
@@ -184,6 +186,7 @@ func TestOOMKillClassified(t *testing.T) {
 // exited alone is still alive; its exit is reported when its last thread
 // ends, with that exit's code.
 func TestLeaderThreadExitIsNotTheProcessExit(t *testing.T) {
+	t.Parallel()
 	for name, d := range detectors(t) {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -230,6 +233,7 @@ func leaderIsZombie(pid int) bool {
 // never restarted and returns EINTR) report no exit of a process that
 // is alive, and its death is still reported afterwards.
 func TestSignalsAreNotDeaths(t *testing.T) {
+	t.Parallel()
 	for name, d := range detectors(t) {
 		t.Run(name, func(t *testing.T) {
 			cmd := exec.Command("sleep", "60")
@@ -287,6 +291,7 @@ func signalThreads(t *testing.T, sig syscall.Signal) int {
 // while nobody reads it (the agent stopped reading); Close still returns,
 // and a second Close is harmless.
 func TestCloseWithUnreadExits(t *testing.T) {
+	t.Parallel()
 	for name, d := range detectors(t) {
 		t.Run(name, func(t *testing.T) {
 			for i := 0; i < cap(d.Exits())+40; i++ {

@@ -9,6 +9,7 @@ import (
 )
 
 func TestGeneratedCodeIsFresh(t *testing.T) {
+	t.Parallel()
 	src, err := os.ReadFile("exit.c")
 	if err != nil {
 		t.Fatal(err)

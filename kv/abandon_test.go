@@ -155,6 +155,7 @@ func waitFreed(t *testing.T, o *Owner, slot uint32, why string) {
 // client now leaves that session to expire under a new one: the slot is
 // freed, and the block it still holds moves to the new session intact.
 func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 8, 600*time.Millisecond)
 	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
@@ -195,6 +196,7 @@ func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 // as the worker lived. Now the session is abandoned and expires, and the
 // owner frees them.
 func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
+	t.Parallel()
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
@@ -238,6 +240,7 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 // holds would go. Once connections get through, a new session takes that
 // block over and the abandoned one expires with the other.
 func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
+	t.Parallel()
 	const ttl = 600 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)

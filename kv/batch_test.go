@@ -45,6 +45,7 @@ func batchTokens(n, base int) []int {
 // one call are all readable by another cache, each verified against the
 // checksum the owner computed over the payload in the arena.
 func TestPublishBlocksOneBatchAllReadable(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 64, 3*time.Second)
 	w, _ := newTestCache(t, sock, "writer")
 	tokens := batchTokens(8, 100)
@@ -78,6 +79,7 @@ func TestPublishBlocksOneBatchAllReadable(t *testing.T) {
 // already published are refused one by one and stay private, while the
 // new blocks after them publish and chain onto the right keys.
 func TestPublishBlocksPerBlockResults(t *testing.T) {
+	t.Parallel()
 	_, sock := serveOwner(t, 64, 3*time.Second)
 	a, _ := newTestCache(t, sock, "a")
 	tokens := batchTokens(6, 500)
@@ -104,6 +106,7 @@ func TestPublishBlocksPerBlockResults(t *testing.T) {
 // the others publish, and the refused blocks stay WRITING for their
 // writer to abort.
 func TestPublishBatchOwnerRefusesPerBlock(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 16)
 	o := env.open(t)
 	defer o.Close()
@@ -158,6 +161,7 @@ func TestPublishBatchOwnerRefusesPerBlock(t *testing.T) {
 // are WRITING at the owner while it runs and handed back by Close with
 // everything else: nothing leaks.
 func TestCachePoolReturnedOnClose(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 64, 3*time.Second)
 	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
@@ -198,6 +202,7 @@ func TestCachePoolReturnedOnClose(t *testing.T) {
 // the blocks in use); a canary's allocation takes one slot and nothing
 // ahead; the next request's allocation takes a pool again.
 func TestCachePoolHandedBackWhenIdle(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 64, 3*time.Second)
 	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
@@ -235,6 +240,7 @@ func TestCachePoolHandedBackWhenIdle(t *testing.T) {
 // process gone) loses its pool with its lease: the sweeper takes back
 // every slot, pool included.
 func TestCachePoolReclaimedWhenWriterDies(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 64, 300*time.Millisecond)
 	c, err := kvclient.Dial(t.Context(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {

@@ -84,6 +84,7 @@ func stallConn(c net.Conn, stalled chan<- *kvpb.Request) {
 // call gives up when its ctx ends; cancelling the first call's ctx ends it
 // long before its round-trip timeout.
 func TestClientCallHoldsNoLockAndHonoursCtx(t *testing.T) {
+	t.Parallel()
 	sock, stalled := stallingOwner(t)
 	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {

@@ -96,6 +96,7 @@ func hello(t testing.TB, o *Owner, inst string, gen uint64) SessionID {
 }
 
 func TestStateMachine(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		from, to State
 		ok       bool
@@ -111,6 +112,7 @@ func TestStateMachine(t *testing.T) {
 }
 
 func TestIdentityFieldsAllMatter(t *testing.T) {
+	t.Parallel()
 	tokens := []int{5, 6, 7, 8, 9, 10, 11, 12}
 	base := testID.Chain(tokens, -1)
 	if len(base) != 2 {
@@ -142,6 +144,7 @@ func TestIdentityFieldsAllMatter(t *testing.T) {
 }
 
 func TestPublishLookupAndIdentityMiss(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	o := env.open(t)
 	defer o.Close()
@@ -204,6 +207,7 @@ func TestPublishLookupAndIdentityMiss(t *testing.T) {
 }
 
 func TestSealVerifiesChecksum(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	defer o.Close()
@@ -221,6 +225,7 @@ func TestSealVerifiesChecksum(t *testing.T) {
 }
 
 func TestStaleReferences(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 1)
 	o := env.open(t)
 	defer o.Close()
@@ -258,6 +263,7 @@ func TestStaleReferences(t *testing.T) {
 }
 
 func TestCorruptPayloadDropped(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	defer o.Close()
@@ -276,6 +282,7 @@ func TestCorruptPayloadDropped(t *testing.T) {
 }
 
 func TestSweeperReclaimsExpiredWritersNeverLeased(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	o := env.open(t)
 	defer o.Close()
@@ -331,6 +338,7 @@ func TestSweeperReclaimsExpiredWritersNeverLeased(t *testing.T) {
 }
 
 func TestWriterDeadReclaimsAtOnce(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	defer o.Close()
@@ -349,6 +357,7 @@ func TestWriterDeadReclaimsAtOnce(t *testing.T) {
 }
 
 func TestRestartVerifiesPublished(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	o := env.open(t)
 	sid := hello(t, o, "w", 1)
@@ -383,6 +392,7 @@ func TestRestartVerifiesPublished(t *testing.T) {
 }
 
 func TestRestartReclaimsUnclaimedAfterGrace(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	sid := hello(t, o, "w", 1)
@@ -423,6 +433,7 @@ func FuzzDecodeManifest(f *testing.F) {
 // reconnects (new session) and retries: the retry succeeds and the new
 // session holds the lease, so the block cannot be evicted under it.
 func TestRetriedPublishKeepsLease(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	defer o.Close()
@@ -459,6 +470,7 @@ func TestRetriedPublishKeepsLease(t *testing.T) {
 // block published. A header that fails its checksum keeps its generation:
 // the next allocation of that slot is higher than any handed out before.
 func TestRestartCompletesHalfWrittenHeader(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 2)
 	o := env.open(t)
 	sid := hello(t, o, "w", 1)
@@ -531,6 +543,7 @@ func corruptHeaderByte(t *testing.T, path string, slot, off int) {
 // an arena file with a bad header are moved aside; the owner starts empty
 // instead of refusing to start.
 func TestCorruptStoresAreMovedAside(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	sid := hello(t, o, "w", 1)
@@ -568,6 +581,7 @@ func TestCorruptStoresAreMovedAside(t *testing.T) {
 }
 
 func TestLongInstanceIDs(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 2)
 	o := env.open(t)
 	defer o.Close()
@@ -587,6 +601,7 @@ func TestLongInstanceIDs(t *testing.T) {
 }
 
 func TestListShowsNonFreeSlots(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 4)
 	o := env.open(t)
 	defer o.Close()
@@ -608,6 +623,7 @@ func TestListShowsNonFreeSlots(t *testing.T) {
 // written (one bad checksum publishes nothing), a key already published
 // is skipped and reported, and the published blocks survive a restart.
 func TestSealPublishBatch(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	o := env.open(t)
 	sid := hello(t, o, "transfer/decode-0", 3)
@@ -656,6 +672,7 @@ func TestSealPublishBatch(t *testing.T) {
 // cannot, the slots stay WRITING/SEALED under the session (no other writer
 // gets them), and a later sweep reclaims them once it can.
 func TestSweeperFencesWritersFirst(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	var fenced []Writer
 	canFence := false

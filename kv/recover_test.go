@@ -9,6 +9,7 @@ import (
 // TestDecideRecovery scripts what a restarted owner reads for one slot and
 // checks the decision, one case per row of the decision table.
 func TestDecideRecovery(t *testing.T) {
+	t.Parallel()
 	hdr := func(gen uint64, st State) shm.SlotHeader { return shm.SlotHeader{Gen: gen, State: st} }
 	man := func(gen uint64, st State) Manifest { return Manifest{SlotGen: gen, State: st, Key: BlockKey{1}} }
 	for _, c := range []struct {

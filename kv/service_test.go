@@ -72,6 +72,7 @@ func newTestCache(t *testing.T, sock, instance string) (*kvclient.Cache, *kvclie
 // the reader's slice lies inside its own mapping of the arena, and a byte
 // written through the writer's mapping afterwards is visible to the reader.
 func TestHandoffIsZeroCopy(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 32, 3*time.Second)
 	w, _ := newTestCache(t, sock, "writer")
 	r, _ := newTestCache(t, sock, "reader")
@@ -135,6 +136,7 @@ func TestHandoffIsZeroCopy(t *testing.T) {
 }
 
 func TestCorruptBlockDetectedOnAcquire(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 32, 3*time.Second)
 	w, _ := newTestCache(t, sock, "writer")
 	tokens := make([]int, 33)
@@ -160,6 +162,7 @@ func TestCorruptBlockDetectedOnAcquire(t *testing.T) {
 }
 
 func TestProtocolAbuse(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 8, 3*time.Second)
 	// Operations before hello are refused with a typed error.
 	c, err := net.Dial("unix", sock)
@@ -211,6 +214,7 @@ func TestProtocolAbuse(t *testing.T) {
 }
 
 func TestClientReattachesAfterOwnerRestart(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	env.opts.Now = nil
 	env.opts.Geometry.PayloadSize = 64
@@ -263,6 +267,7 @@ func parentOf(ids []kvcache.BlockID) kvcache.BlockID {
 // TestNoGoroutineLeak: a served owner with clients that come and go leaves
 // no goroutines behind once everything is closed.
 func TestNoGoroutineLeak(t *testing.T) {
+	t.Parallel()
 	base := runtime.NumGoroutine()
 	var late *kvclient.Client
 	func() {
@@ -318,6 +323,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 // and the reader using it, the slot moves to another generation; the
 // reader's own check of the header makes that a miss, never a read.
 func TestStaleReferenceReadIsAMiss(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 8, 3*time.Second)
 	w, _ := newTestCache(t, sock, "writer")
 	tokens := make([]int, 17)
@@ -344,6 +350,7 @@ func TestStaleReferenceReadIsAMiss(t *testing.T) {
 // stop; before the owner could have expired the session, the client
 // declares its blocks lost, and the cache stops vouching for them.
 func TestClientFencesItselfWhenTheOwnerGoes(t *testing.T) {
+	t.Parallel()
 	env := newOwnerEnv(t, 8)
 	env.opts.Now = nil
 	env.opts.LeaseTTL = 300 * time.Millisecond
@@ -404,6 +411,7 @@ func waitServing(t *testing.T, sock string) {
 // (another arena) makes the next call report them lost; OnLost runs with
 // nothing of the client held, so it may call the client itself.
 func TestOnLostMayCallTheClient(t *testing.T) {
+	t.Parallel()
 	sock := filepath.Join(t.TempDir(), "kv.sock")
 	serve := func(env *ownerEnv) func() {
 		env.opts.Now = nil

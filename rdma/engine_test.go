@@ -162,6 +162,7 @@ func noneInFlight(t *testing.T, n *node) {
 }
 
 func TestPullOverQUIC(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	const size = 48 << 10
 	src, dst := newNode(t, c, size), newNode(t, c, size)
@@ -195,6 +196,7 @@ func TestPullOverQUIC(t *testing.T) {
 // A source that lacks the blocks is skipped for the next one; a source
 // whose bytes do not match their checksum makes nothing readable.
 func TestPullRetriesAnotherSourceAndRejectsCorruptBytes(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	const size = 4096
 	empty, corrupt, good, dst := newNode(t, c, size), newNode(t, c, size), newNode(t, c, size), newNode(t, c, size)
@@ -232,6 +234,7 @@ func TestPullRetriesAnotherSourceAndRejectsCorruptBytes(t *testing.T) {
 // A transfer whose epoch is older than one already seen for the request,
 // or whose destination generation is not current, is dropped and counted.
 func TestPullDropsStaleBindings(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	const size = 1024
 	src, dst := newNode(t, c, size), newNode(t, c, size)
@@ -266,6 +269,7 @@ func TestPullDropsStaleBindings(t *testing.T) {
 }
 
 func TestPullBadInput(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	dst := newNode(t, c, 1024)
 	keys := chain(2, "d")
@@ -340,6 +344,7 @@ func hostileSource(t *testing.T, certDir string, answer func(w io.Writer, f *tra
 // gets a typed error, never a panic or a write outside the staged slots,
 // and nothing of its transfer is readable.
 func TestPullRejectsHostileSources(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	dst := newNode(t, c, 1024)
 	dst.engine.transport.(*QUIC).Streams = 1
@@ -436,6 +441,7 @@ func benchFetch(b *testing.B, tcp bool) {
 // sends nothing holds the pull until the caller cancels it; the cancel
 // ends the pull at once and frees every staged slot.
 func TestPullCancelReleasesSlots(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	dst := newNode(t, c, 1024)
 	// A hung source: reads the request, never answers.
@@ -472,6 +478,7 @@ func TestPullCancelReleasesSlots(t *testing.T) {
 // every byte arrived, and the transfer is dropped: nothing published, its
 // slots freed.
 func TestPullStaleAtCommit(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src, dst := newNode(t, c, 2048), newNode(t, c, 2048)
 	keys := chain(5, "commit")
@@ -501,6 +508,7 @@ func TestPullStaleAtCommit(t *testing.T) {
 // answers a verbs fetch with a typed refusal, so that an RDMA peer falls
 // back to QUIC.
 func TestVerbsFetchRefusedWithoutVerbs(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src := newNode(t, c, 1024)
 	keys := chain(2, "v")

@@ -83,6 +83,7 @@ func (n *node) serveTCPFailing(t testing.TB, certDir string, wrap func(net.Conn)
 // from over it, every byte arrives intact, and a source that offers none
 // is fetched from over QUIC.
 func TestPullOverTCPDataPath(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src, plain, dst := newNode(t, c, 64<<10), newNode(t, c, 64<<10), newNode(t, c, 64<<10)
 	dl := src.serveTCP(t, c, nil)
@@ -115,6 +116,7 @@ func TestPullOverTCPDataPath(t *testing.T) {
 // descriptors do not end the data path: the pull after them still goes
 // over it.
 func TestDataPathOutlivesAcceptErrors(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src, dst := newNode(t, c, 64<<10), newNode(t, c, 64<<10)
 	dl := src.serveTCPFailing(t, c, nil, 3)
@@ -154,6 +156,7 @@ func (c *cutConn) Write(p []byte) (int, error) {
 // through the blocks ends the pull with the source connection's error,
 // and none of the blocks becomes readable; no slot stays staged.
 func TestPullCutDataPathPublishesNothing(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src, dst := newNode(t, c, 64<<10), newNode(t, c, 64<<10)
 	dl := src.serveTCP(t, c, func(conn net.Conn) net.Conn { return &cutConn{Conn: conn, limit: 4 * 64 << 10} })
@@ -182,6 +185,7 @@ func TestPullCutDataPathPublishesNothing(t *testing.T) {
 // is hung up on before anything is asked there; the fetch goes over QUIC,
 // and later fetches do not dial that data path again for a while.
 func TestDataPathOfAnotherAgentIsRefused(t *testing.T) {
+	t.Parallel()
 	root := t.TempDir()
 	c, err := pki.InitIdentity(root, pki.Agent("rdmatest"))
 	if err != nil {
@@ -232,6 +236,7 @@ func TestDataPathOfAnotherAgentIsRefused(t *testing.T) {
 // TestDataPathServesFetchesOnly: a pull asked on the data path is refused
 // there with an answer, not served.
 func TestDataPathServesFetchesOnly(t *testing.T) {
+	t.Parallel()
 	c := certs(t)
 	src := newNode(t, c, 1024)
 	src.serveTCP(t, c, nil)

@@ -174,6 +174,7 @@ func waitHealth(t *testing.T, c *workerclient.Client, what string, ok func(*wire
 // to a fault-free run's, stamped with its epoch. Once finished, another
 // Attach from k+1 gets exactly k+1..N and the finish frame.
 func TestDetachSurvivesConnectionLoss(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -223,6 +224,7 @@ func TestDetachSurvivesConnectionLoss(t *testing.T) {
 // cancels its request, as it always did, and there is nothing to attach
 // to.
 func TestNotDetachableConnectionLossCancels(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -244,6 +246,7 @@ func TestNotDetachableConnectionLossCancels(t *testing.T) {
 // TestDetachExplicitCancel: Stream.Cancel of a detachable request, or the
 // end of its call's ctx, cancels it at once; an Attach finds nothing.
 func TestDetachExplicitCancel(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -285,6 +288,7 @@ func TestDetachExplicitCancel(t *testing.T) {
 // quic-go sends a stream's first STOP_SENDING only. The request stays
 // detached and is attachable.
 func TestDetachThenContextEnd(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -314,6 +318,7 @@ func TestDetachThenContextEnd(t *testing.T) {
 // over. An Attach at an epoch not above the current is stale; a later
 // one takes the stream over (TAKEN_OVER naming the new epoch).
 func TestAttachRace(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -389,6 +394,7 @@ func TestAttachRace(t *testing.T) {
 // attaches within its grace is cancelled and its blocks freed; an Attach
 // then finds nothing.
 func TestDetachGraceExpires(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -416,6 +422,7 @@ func TestDetachGraceExpires(t *testing.T) {
 // stay attachable for its grace (the tail and the finish frame), then it
 // is forgotten.
 func TestDetachFinishedKeptForGrace(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -443,6 +450,7 @@ func TestDetachFinishedKeptForGrace(t *testing.T) {
 
 // TestAttachBadInput: malformed Attaches and graces get typed errors.
 func TestAttachBadInput(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -473,6 +481,7 @@ func TestAttachBadInput(t *testing.T) {
 // waited for its grace), a finished one kept, and clients gone leaves no
 // goroutine behind.
 func TestDetachNoGoroutineLeak(t *testing.T) {
+	t.Parallel()
 	base := runtime.NumGoroutine()
 	w := newTestWorker(t)
 	c := w.dial(t)
@@ -513,6 +522,7 @@ func TestDetachNoGoroutineLeak(t *testing.T) {
 // attached or detached: a detached one's error frame is kept for an
 // Attach.
 func TestDetachDrain(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
@@ -583,6 +593,7 @@ func TestAttachAfterFramesDropped(t *testing.T) {
 // refused NOT_FOUND (the new owner, which lacks tokens 1..k, regenerates),
 // one from k+1 gets them, identical to the first stream's.
 func TestAttachToAContinuation(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

@@ -110,6 +110,7 @@ func (w *testWorker) dial(t *testing.T) *workerclient.Client {
 // retryable DRAINING error after the tokens it already sent; canaries
 // still run.
 func TestWorkerDrain(t *testing.T) {
+	t.Parallel()
 	c := startWorker(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -164,6 +165,7 @@ func TestWorkerDrain(t *testing.T) {
 // margin) finish here, and ends at once, with a retryable DRAINING error
 // after the tokens it sent, one that cannot; its health counts both.
 func TestWorkerDrainDecides(t *testing.T) {
+	t.Parallel()
 	c := startWorker(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()

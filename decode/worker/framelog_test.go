@@ -9,6 +9,7 @@ import (
 // TestFrameLog: the log keeps the newest frames up to its bound, counts
 // what it drops and remembers the newest token frame dropped.
 func TestFrameLog(t *testing.T) {
+	t.Parallel()
 	l := newFrameLog(4)
 	for i := range 3 {
 		if l.append(&wire.Frame{SequenceNo: int32(i + 1)}) {

@@ -8,6 +8,7 @@ import (
 // TestListenNamesOneAddress: a worker binds the one interface it is told,
 // and refuses a name or the wildcard by field, before loading anything.
 func TestListenNamesOneAddress(t *testing.T) {
+	t.Parallel()
 	base := Options{InstanceID: "w", Generation: 1, Role: "decode", CertDir: "/certs"}
 	for _, listen := range []string{"0.0.0.0:0", "[::]:7000", ":0", "localhost:0", "127.0.0.1"} {
 		o := base

@@ -19,6 +19,7 @@ import (
 // the timeout ends it with ErrOrphaned naming the socket; a context that
 // ends first is not an orphan.
 func TestWatchAgent(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
@@ -55,6 +56,7 @@ func TestWatchAgent(t *testing.T) {
 // restarted agent can adopt it, and its agent socket answering again (the
 // restarted agent's) would keep it from ever counting as an orphan.
 func TestWorkerStopsWhenItsReadyLineIsUnread(t *testing.T) {
+	t.Parallel()
 	certs, err := pki.InitIdentity(t.TempDir(), pki.Worker("test", "w"))
 	if err != nil {
 		t.Fatal(err)

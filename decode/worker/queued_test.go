@@ -15,6 +15,7 @@ import (
 // runs — one at once, more each second while it waits — and, once the
 // first is cancelled, its tokens from 1.
 func TestQueuedRequestIsToldSo(t *testing.T) {
+	t.Parallel()
 	w := newTestWorkerWith(t, decode.Options{Preset: "small", WeightSeed: 1,
 		Limits: sched.Limits{MaxRunning: 1, MaxQueued: 4, MaxStepTokens: 512}, KVBlocks: 128})
 	c := w.dial(t)

@@ -12,6 +12,7 @@ import (
 // TestErrorFrameTypes: each engine error reaches the frontend with the code
 // and retryability that decide between migrating and failing.
 func TestErrorFrameTypes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		err       error
 		code      wire.Code

@@ -13,6 +13,7 @@ import (
 // request is in flight finishes it and delivers every frame, the finish
 // frame included, before it closes its connections.
 func TestWorkerStopDeliversFinish(t *testing.T) {
+	t.Parallel()
 	for i := range 3 {
 		c, stop := startStoppableWorker(t)
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)

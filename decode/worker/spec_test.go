@@ -19,6 +19,7 @@ import (
 // seeded, for fresh requests and for a continuation after a prefix; their
 // health reports the draft tokens proposed and accepted.
 func TestSpeculativeWorkerFramesEqualPlain(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	gens := []*wire.Generate{

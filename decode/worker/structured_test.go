@@ -46,6 +46,7 @@ func sameLogprobs(a, b *wire.Frame) bool {
 // migration) and an Attach to the detached request give the same frames,
 // logprobs included.
 func TestStructuredOverQUIC(t *testing.T) {
+	t.Parallel()
 	w := newTestWorker(t)
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -109,6 +110,7 @@ func TestStructuredOverQUIC(t *testing.T) {
 // that cannot hold the shortest value and top_logprobs out of range are
 // INVALID_REQUEST, with a message naming the parameter.
 func TestStructuredRefusedOverQUIC(t *testing.T) {
+	t.Parallel()
 	c := newTestWorker(t).dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
@@ -144,6 +146,7 @@ func TestStructuredRefusedOverQUIC(t *testing.T) {
 // TestSchemaCache: a schema compiles once however often it comes, a
 // refused one too, and the cache stays bounded.
 func TestSchemaCache(t *testing.T) {
+	t.Parallel()
 	var c schemaCache
 	for range 3 {
 		if a, err := c.get([]byte(toolSchema)); a == nil || err != nil {
@@ -167,6 +170,7 @@ func TestSchemaCache(t *testing.T) {
 // TestSchemaCacheCompilesOutsideLock: a schema that takes long to compile
 // stalls the requests of that schema only; those wait for the one compile.
 func TestSchemaCacheCompilesOutsideLock(t *testing.T) {
+	t.Parallel()
 	slow := []byte(`{"type":"string"}`)
 	entered, release := make(chan struct{}), make(chan struct{})
 	c := schemaCache{compile: func(b []byte) (*grammar.Automaton, error) {
@@ -225,6 +229,7 @@ func TestSchemaCacheCompilesOutsideLock(t *testing.T) {
 // TestSchemaCacheBoundsBytes: large automata are evicted by their
 // footprint before the entry count is reached.
 func TestSchemaCacheBoundsBytes(t *testing.T) {
+	t.Parallel()
 	var c schemaCache
 	for i := range 24 {
 		vals := make([]string, 600)
