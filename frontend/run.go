@@ -121,10 +121,13 @@ func newRun(s *Server, r *reqfsm.Request, body CompletionRequest, st *stream) *r
 		keys: map[blockid.Identity][]blockid.BlockKey{}, prefills: map[reqfsm.Endpoint]context.CancelFunc{}}
 }
 
-// The capacity of a run's channels: frames in flight to the run loop, and
-// announcements not yet taken (a request is on one or two instances).
+// The capacity of a run's channels: frames in flight to the run loop (a
+// frame reader waits while they are full: each slot is 120 bytes of every
+// relayed request, and a worker's frames queue in its QUIC stream
+// meanwhile), and announcements not yet taken (a request is on one or two
+// instances).
 const (
-	runEvents = 16
+	runEvents = 4
 	runNotes  = 8
 )
 

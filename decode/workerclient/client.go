@@ -119,6 +119,12 @@ type Stream struct {
 	release func() bool
 }
 
+// streamReadBuffer is a stream's read buffer. A frame is a token's (tens
+// of bytes) and a frontend holds one stream per request it relays, so
+// bufio's 4 KiB would be most of what a relayed stream costs it; a frame
+// longer than the buffer is read straight through.
+const streamReadBuffer = 512
+
 // openTimeout bounds opening a stream and sending the request: a worker
 // that cannot take a stream for that long is treated as failed.
 const openTimeout = 5 * time.Second
@@ -143,7 +149,7 @@ func (c *Client) open(ctx context.Context, req *wire.Request) (*Stream, error) {
 		st.CancelRead(CodeCancel)
 		st.CancelWrite(CodeCancel)
 	})
-	return &Stream{c: c, st: st, r: bufio.NewReader(st), release: release}, nil
+	return &Stream{c: c, st: st, r: bufio.NewReaderSize(st, streamReadBuffer), release: release}, nil
 }
 
 // Generate starts a generation.

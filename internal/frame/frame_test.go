@@ -1,0 +1,71 @@
+package frame
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"testing"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// trickle writes what it is given a few bytes at a time, as a network
+// stream delivers it.
+type trickle struct{ w io.Writer }
+
+func (t trickle) Write(p []byte) (int, error) {
+	for i := 0; i < len(p); i += 7 {
+		if _, err := t.w.Write(p[i:min(i+7, len(p))]); err != nil {
+			return i, err
+		}
+	}
+	return len(p), nil
+}
+
+// TestReadThroughASmallBuffer: messages shorter and much longer than the
+// reader's buffer (a worker stream's is 512 bytes) come back whole and in
+// order, however the bytes arrive.
+func TestReadThroughASmallBuffer(t *testing.T) {
+	sizes := []int{0, 10, 511, 512, 513, 5000, 70000}
+	pr, pw := io.Pipe()
+	go func() {
+		for _, n := range sizes {
+			if err := Write(trickle{pw}, wrapperspb.Bytes(bytes.Repeat([]byte{byte(n)}, n))); err != nil {
+				pw.CloseWithError(err)
+				return
+			}
+		}
+		pw.Close()
+	}()
+	r := bufio.NewReaderSize(pr, 512)
+	for _, n := range sizes {
+		var m wrapperspb.BytesValue
+		if err := Read(r, &m); err != nil {
+			t.Fatalf("message of %d bytes: %v", n, err)
+		}
+		if !bytes.Equal(m.Value, bytes.Repeat([]byte{byte(n)}, n)) {
+			t.Fatalf("message of %d bytes came back as %d bytes", n, len(m.Value))
+		}
+	}
+	if err := Read(r, &wrapperspb.BytesValue{}); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the last message: %v, want EOF", err)
+	}
+}
+
+// TestReadRefusesWhatIsNotAFrame: a length over MaxSize is refused before
+// anything is allocated for it, a message cut short is an error, not a
+// shorter message.
+func TestReadRefusesWhatIsNotAFrame(t *testing.T) {
+	huge := binary.AppendUvarint(nil, MaxSize+1)
+	if err := Read(bufio.NewReader(bytes.NewReader(huge)), &wrapperspb.BytesValue{}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a %d-byte length: %v, want ErrTooLarge", MaxSize+1, err)
+	}
+	b, _ := proto.Marshal(wrapperspb.Bytes(make([]byte, 100)))
+	cut := append(binary.AppendUvarint(nil, uint64(len(b))), b[:50]...)
+	if err := Read(bufio.NewReader(bytes.NewReader(cut)), &wrapperspb.BytesValue{}); !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Fatalf("a message cut short: %v, want io.ErrUnexpectedEOF", err)
+	}
+}
