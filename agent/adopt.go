@@ -111,11 +111,12 @@ func (a *Agent) adoptable(instance string) (*workerRecord, bool) {
 // adopt supervises a worker a previous agent process started, at its
 // generation, until it dies. It is not our child: only the detector can
 // report its death, and the agent leaves it running when it stops itself,
-// as it found it.
-func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
+// as it found it. False when it could not adopt the worker (it could not
+// watch it, or it died first).
+func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) bool {
 	p, err := os.FindProcess(rec.PID)
 	if err != nil {
-		return
+		return false
 	}
 	detected := make(chan ebpf.Exit, 1)
 	a.mu.Lock()
@@ -128,12 +129,12 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	}()
 	if err := a.detector.Watch(rec.PID); err != nil {
 		a.log.Warn("cannot watch adopted worker", "instance_id", inst.id, "pid", rec.PID, "err", err)
-		return
+		return false
 	}
 	// It may have died between the check and the watch.
 	if st, err := processStartTime(rec.PID); err != nil || st != rec.StartTime {
 		a.detector.Unwatch(rec.PID)
-		return
+		return false
 	}
 	a.adopted(ctx, inst, rec)
 	wctx, stop := context.WithCancel(ctx)
@@ -148,6 +149,7 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) {
 	case <-ctx.Done():
 		stopAdopted(p, rec)
 	}
+	return true
 }
 
 // adopted takes over rec's worker as inst's. A worker the previous agent

@@ -66,7 +66,11 @@ func (a *Agent) supervise(ctx context.Context, inst *instance) {
 	}
 	a.endStrays(inst, keep)
 	if ok {
-		a.adopt(ctx, inst, rec)
+		if !a.adopt(ctx, inst, rec) {
+			// Not watched, so not ours: it must not run beside its
+			// successor.
+			a.endStrays(inst, 0)
+		}
 		if ctx.Err() != nil || a.drained(inst) {
 			return
 		}

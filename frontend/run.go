@@ -125,7 +125,10 @@ func newRun(s *Server, r *reqfsm.Request, body CompletionRequest, st *stream) *r
 // frame reader waits while they are full: each slot is 120 bytes of every
 // relayed request, and a worker's frames queue in its QUIC stream
 // meanwhile), and announcements not yet taken (a request is on one or two
-// instances).
+// instances). A frame a waiting reader holds, like one still in the QUIC
+// stream, can be overtaken by its worker's death announcement
+// (drainEvents handles only the queued ones): the request then moves, and
+// the next worker generates that token again, the same bits.
 const (
 	runEvents = 4
 	runNotes  = 8

@@ -154,8 +154,8 @@ func waitFreed(t *testing.T, o *Owner, slot uint32, why string) {
 // stayed WRITING for good (three such slots outlived a soak's load). The
 // client now leaves that session to expire under a new one: the slot is
 // freed, and the block it still holds moves to the new session intact.
+// Not in parallel: its waits are timed against a 600 ms lease.
 func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
-	t.Parallel()
 	o, sock := serveOwner(t, 8, 600*time.Millisecond)
 	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
@@ -195,8 +195,8 @@ func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 // the session lived on at the owner with those slots WRITING for as long
 // as the worker lived. Now the session is abandoned and expires, and the
 // owner frees them.
+// Not in parallel: its stall must end within the lease.
 func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
-	t.Parallel()
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
@@ -239,8 +239,8 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 // (kill) the worker for what was a slow call, and the block it still
 // holds would go. Once connections get through, a new session takes that
 // block over and the abandoned one expires with the other.
+// Not in parallel: its waits are timed against a 600 ms lease.
 func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
-	t.Parallel()
 	const ttl = 600 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)

@@ -480,8 +480,8 @@ func TestAttachBadInput(t *testing.T) {
 // running (which nobody can attach to any more: it is cancelled, not
 // waited for its grace), a finished one kept, and clients gone leaves no
 // goroutine behind.
+// Not in parallel: it counts the process's goroutines.
 func TestDetachNoGoroutineLeak(t *testing.T) {
-	t.Parallel()
 	base := runtime.NumGoroutine()
 	w := newTestWorker(t)
 	c := w.dial(t)

@@ -18,8 +18,8 @@ import (
 // TestWatchAgent: a socket that answers keeps the worker; one gone for
 // the timeout ends it with ErrOrphaned naming the socket; a context that
 // ends first is not an orphan.
+// Not in parallel: its 300 ms timeout is checked to the tick.
 func TestWatchAgent(t *testing.T) {
-	t.Parallel()
 	path := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", path)
 	if err != nil {
