@@ -3,6 +3,7 @@ package e2e
 import (
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,6 +34,15 @@ func TestAgentRestartEndsAWorkerNobodyRecorded(t *testing.T) {
 			return true, ""
 		}
 		return false, n.Log.String()
+	})
+	// A failed run leaves no process behind: the held worker waits at its
+	// failpoint for good.
+	t.Cleanup(func() {
+		for _, p := range workerProcesses(n, id) {
+			if p.PID == stray.PID {
+				syscall.Kill(p.PID, syscall.SIGKILL)
+			}
+		}
 	})
 	n.Process().Kill()
 	<-n.Exited()
