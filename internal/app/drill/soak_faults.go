@@ -251,7 +251,7 @@ func (f *faulter) nodeFault(ctx context.Context, kind string, ws []Worker) (bool
 		pids := workersOn(ws, socket)
 		n.Signal(syscall.SIGKILL)
 		f.r.Event(now, EvFault, "SIGKILL agent %s (its workers %v run on)", n.Options.NodeID, pids)
-		f.heal(ctx, func(ctx context.Context) error { return f.restartAgent(ctx, n, socket, pids) })
+		f.heal(ctx, func(ctx context.Context) error { return f.restartAgent(ctx, i, socket, pids) })
 	} else {
 		if _, err := nodectl.Drain(ctx, socket, controlapi.DrainRequest{Deadline: "10s", HardDeadline: "30s"}); err != nil {
 			f.heavy = ""
@@ -349,11 +349,13 @@ func workersOn(ws []Worker, socket string) []int {
 	return pids
 }
 
-// restartAgent starts a SIGKILLed agent again once it exited (after
-// 100 ms, systemd's RestartSec in our unit) and waits until its node is
-// whole: every instance ready. It records which of the workers that ran
-// on were adopted.
-func (f *faulter) restartAgent(ctx context.Context, n *localcluster.Node, socket string, pids []int) error {
+// restartAgent starts node i's SIGKILLed agent again once it exited
+// (after 100 ms, systemd's RestartSec in our unit) and waits until its
+// node is whole: every instance ready. It records which of the workers
+// that ran on were adopted. Its metrics port, taken meanwhile by another
+// process, is moved to a free one (as lifeline up does).
+func (f *faulter) restartAgent(ctx context.Context, i int, socket string, pids []int) error {
+	n := f.c.nodes[i]
 	select {
 	case <-n.Exited():
 	case <-ctx.Done():
@@ -363,6 +365,15 @@ func (f *faulter) restartAgent(ctx context.Context, n *localcluster.Node, socket
 	case <-time.After(100 * time.Millisecond):
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+	old := n.Options.Metrics
+	moved, taken, err := n.FreeMetricsPort()
+	if err != nil {
+		return err
+	}
+	if moved != "" {
+		f.c.AgentMetricsURLs[i] = "http://" + moved
+		f.r.Event(time.Now(), EvPhase, "agent %s: its metrics address %s is taken (%v): %s now", n.Options.NodeID, old, taken, moved)
 	}
 	if err := n.Start(); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -99,6 +100,31 @@ func (n *Node) Start() error {
 	n.cmd, n.exited = cmd, exited
 	go func() { cmd.Wait(); close(exited) }()
 	return nil
+}
+
+// FreeMetricsPort makes sure the agent can bind its metrics address
+// before it is started again: the port was free when it was picked, not
+// reserved, and another process may have bound it since (the agent would
+// exit at once, at every restart). A taken loopback port is replaced by a
+// free one, returned with the error that found it taken ("" and nil: the
+// address is kept). An address that is not loopback (a node in a network
+// namespace) cannot be checked from here and is kept.
+func (n *Node) FreeMetricsPort() (moved string, taken error, err error) {
+	host, _, serr := net.SplitHostPort(n.Options.Metrics)
+	if serr != nil || !net.ParseIP(host).IsLoopback() {
+		return "", nil, nil
+	}
+	l, lerr := net.Listen("tcp", n.Options.Metrics)
+	if lerr == nil {
+		l.Close()
+		return "", nil, nil
+	}
+	addr, err := FreeLoopbackAddr()
+	if err != nil {
+		return "", lerr, fmt.Errorf("localcluster: agent %s: a metrics port: %w", n.Options.NodeID, err)
+	}
+	n.Options.Metrics = addr
+	return addr, lerr, nil
 }
 
 // Process is the running agent process (nil before Start).

@@ -299,15 +299,13 @@ var errStopping = errors.New("up: stopping")
 // it since (an agent that exited and found it taken would otherwise exit
 // at every restart). Such a port is replaced by a free one, and said.
 func (u *up) restartAgent(i int, n *Node) error {
-	if l, err := net.Listen("tcp", n.Options.Metrics); err == nil {
-		l.Close()
-	} else {
-		addr, ferr := FreeLoopbackAddr()
-		if ferr != nil {
-			return fmt.Errorf("agent %d: metrics port: %w", i, ferr)
-		}
-		u.say("up: agent %d: its metrics address %s is taken (%v); it serves them on %s now", i, n.Options.Metrics, err, addr)
-		n.Options.Metrics = addr
+	old := n.Options.Metrics
+	moved, taken, err := n.FreeMetricsPort()
+	if err != nil {
+		return err
+	}
+	if moved != "" {
+		u.say("up: agent %d: its metrics address %s is taken (%v); it serves them on %s now", i, old, taken, moved)
 	}
 	return n.Start()
 }
