@@ -114,6 +114,9 @@ type Stream struct {
 	c  *Client
 	st *quic.Stream
 	r  *bufio.Reader
+	// scratch holds a frame's bytes while it is decoded (Next runs on
+	// one goroutine at a time).
+	scratch []byte
 	// release forgets the cancel on the call's ctx end, once the stream
 	// ended or was abandoned.
 	release func() bool
@@ -213,7 +216,7 @@ func (c *Client) AdminWith(ctx context.Context, a *wire.Admin) (*wire.HealthRepl
 func (s *Stream) Next() (*wire.Frame, error) {
 	for {
 		var f wire.Frame
-		if err := frame.Read(s.r, &f); err != nil {
+		if err := frame.ReadInto(s.r, &f, &s.scratch); err != nil {
 			if errors.Is(err, io.EOF) {
 				s.release()
 				return nil, io.EOF

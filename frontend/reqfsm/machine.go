@@ -276,6 +276,11 @@ type Frame struct {
 	Logprobs *TokenLogprobs
 }
 
+// deliverOne is OnFrame's answer to a token's frame. It is shared:
+// callers read the actions a machine returns and never write them (the
+// slice has no room, so an append copies it).
+var deliverOne = []Action{Deliver{Tokens: 1}}[:1:1]
+
 // OnFrame commits a worker's token if it is the next one of the current
 // epoch. Older epochs are dropped, repeats are dropped, a gap is a failure
 // of that worker (it lost tokens) and migrates.
@@ -299,6 +304,9 @@ func (r *Request) OnFrame(f Frame, now time.Time) []Action {
 			return r.OnWorkerFailed(f.Epoch, fmt.Sprintf("sequence gap: got %d, expected %d", f.SequenceNo, next), true, now)
 		}
 		r.Output.Add(Token{SequenceNo: f.SequenceNo, ID: f.TokenID, Text: f.Text, Logprobs: f.Logprobs, Instance: f.From.InstanceID})
+		if f.FinishReason == "" {
+			return deliverOne // a token's frame, the common case: no allocation
+		}
 		acts = append(acts, Deliver{Tokens: 1})
 	}
 	if f.FinishReason != "" {

@@ -272,7 +272,10 @@ func (w *Writer) WriteChunk(c *Chunk) error {
 		return w.flush()
 	}
 	w.buf.Truncate(w.buf.Len() - len("data: "))
-	return w.data(c)
+	// A copy for encoding/json, which keeps what it is given: c stays the
+	// caller's (on its stack, for a token's chunk on the fast path).
+	cc := *c
+	return w.data(&cc)
 }
 
 // WriteChunkID writes c as one event with the given id ("": none), the

@@ -33,6 +33,17 @@ func Write(w io.Writer, m proto.Message) error {
 
 // Read reads one message into m.
 func Read(r *bufio.Reader, m proto.Message) error {
+	return ReadInto(r, m, nil)
+}
+
+// reuseMax bounds the scratch ReadInto keeps between reads: a stream of
+// small messages reads into one buffer, a rare large one is allocated
+// and let go.
+const reuseMax = 1 << 10
+
+// ReadInto is Read with a scratch buffer (nil: none) for the message's
+// bytes, kept for the next read when it is small; m keeps none of them.
+func ReadInto(r *bufio.Reader, m proto.Message, scratch *[]byte) error {
 	n, err := binary.ReadUvarint(r)
 	if err != nil {
 		return err
@@ -40,7 +51,15 @@ func Read(r *bufio.Reader, m proto.Message) error {
 	if n > MaxSize {
 		return fmt.Errorf("%w: %d bytes", ErrTooLarge, n)
 	}
-	b := make([]byte, n)
+	var b []byte
+	if scratch != nil && n <= reuseMax {
+		if cap(*scratch) < reuseMax {
+			*scratch = make([]byte, reuseMax)
+		}
+		b = (*scratch)[:n]
+	} else {
+		b = make([]byte, n)
+	}
 	if _, err := io.ReadFull(r, b); err != nil {
 		return err
 	}

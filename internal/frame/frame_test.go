@@ -69,3 +69,35 @@ func TestReadRefusesWhatIsNotAFrame(t *testing.T) {
 		t.Fatalf("a message cut short: %v, want io.ErrUnexpectedEOF", err)
 	}
 }
+
+// TestReadIntoKeepsNothingOfTheScratch: messages read through one scratch
+// buffer keep their own bytes: reading the next one (small, then larger
+// than the scratch) changes none of the earlier ones, and the scratch
+// stays at its bound.
+func TestReadIntoKeepsNothingOfTheScratch(t *testing.T) {
+	var in bytes.Buffer
+	sizes := []int{5, 300, 2000, 7}
+	for _, n := range sizes {
+		if err := Write(&in, wrapperspb.Bytes(bytes.Repeat([]byte{byte(n)}, n))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := bufio.NewReaderSize(&in, 512)
+	var scratch []byte
+	var got []*wrapperspb.BytesValue
+	for range sizes {
+		m := &wrapperspb.BytesValue{}
+		if err := ReadInto(r, m, &scratch); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, m)
+	}
+	for i, n := range sizes {
+		if !bytes.Equal(got[i].Value, bytes.Repeat([]byte{byte(n)}, n)) {
+			t.Errorf("message %d (%d bytes) changed after the reads that followed it", i, n)
+		}
+	}
+	if cap(scratch) != reuseMax {
+		t.Errorf("scratch of %d bytes, want %d", cap(scratch), reuseMax)
+	}
+}
