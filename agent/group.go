@@ -160,14 +160,8 @@ func (a *Agent) endOrphanGroup(inst *instance, rec *workerRecord) {
 	var pids []int
 	for _, p := range procfs.Mentioning("--group-segment=" + seg) {
 		pids = append(pids, p.PID)
-		syscall.Kill(p.PID, syscall.SIGKILL)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for _, pid := range pids {
-		for syscall.Kill(pid, 0) == nil && !zombie(pid) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-	}
+	killAll(pids)
 	a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: rec.KVGeneration})
 	a.forgetWorker(inst.id)
 	os.Remove(seg)
@@ -200,6 +194,25 @@ func (a *Agent) sweepSegments(inst *instance) {
 				"recovery_action", "a segment a previous agent process left behind")
 		}
 	}
+}
+
+// killAll SIGKILLs pids and waits, 5 s at most in all, until they are
+// gone (exited: reaped or a zombie); it returns those that are not.
+func killAll(pids []int) (alive []int) {
+	for _, pid := range pids {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+	gone := func(pid int) bool { return syscall.Kill(pid, 0) != nil || zombie(pid) }
+	deadline := time.Now().Add(5 * time.Second)
+	for _, pid := range pids {
+		for !gone(pid) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if !gone(pid) {
+			alive = append(alive, pid)
+		}
+	}
+	return alive
 }
 
 // zombie says whether pid has exited and waits to be reaped.

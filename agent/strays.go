@@ -5,8 +5,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
-	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
@@ -29,28 +27,15 @@ func (a *Agent) endStrays(inst *instance, keep int) {
 	var pids []int
 	for _, p := range procfs.List() {
 		args := p.Args()
-		if !slices.Contains(args, "--agent-socket="+a.opts.Socket) || !slices.Contains(args, "--instance-id="+inst.id) || descends(p.PID, keep) {
-			continue
+		if slices.Contains(args, "--agent-socket="+a.opts.Socket) && slices.Contains(args, "--instance-id="+inst.id) && !descends(p.PID, keep) {
+			pids = append(pids, p.PID)
+			gens[p.PID], _ = argGeneration(args)
 		}
-		if syscall.Kill(p.PID, syscall.SIGKILL) != nil {
-			continue // gone meanwhile
-		}
-		pids = append(pids, p.PID)
-		gens[p.PID], _ = argGeneration(args)
 	}
 	if len(pids) == 0 {
 		return
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	var alive []int
-	for _, pid := range pids {
-		for syscall.Kill(pid, 0) == nil && !zombie(pid) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
-		if syscall.Kill(pid, 0) == nil && !zombie(pid) {
-			alive = append(alive, pid)
-		}
-	}
+	alive := killAll(pids)
 	// The blocks of a process not gone yet (an exit stuck in the kernel, a
 	// device's DMA still landing) are left to its writer's session expiry.
 	reclaimed, reclaim := 0, map[uint64]bool{}

@@ -37,8 +37,8 @@ func Read(r *bufio.Reader, m proto.Message) error {
 }
 
 // reuseMax bounds the scratch ReadInto keeps between reads: a stream of
-// small messages reads into one buffer, a rare large one is allocated
-// and let go.
+// small messages reads into one buffer as large as the largest of them, a
+// rare large one is allocated and let go.
 const reuseMax = 1 << 10
 
 // ReadInto is Read with a scratch buffer (nil: none) for the message's
@@ -53,8 +53,8 @@ func ReadInto(r *bufio.Reader, m proto.Message, scratch *[]byte) error {
 	}
 	var b []byte
 	if scratch != nil && n <= reuseMax {
-		if cap(*scratch) < reuseMax {
-			*scratch = make([]byte, reuseMax)
+		if cap(*scratch) < int(n) {
+			*scratch = make([]byte, n) // the largest small message so far
 		}
 		b = (*scratch)[:n]
 	} else {

@@ -366,14 +366,13 @@ func (f *faulter) restartAgent(ctx context.Context, i int, socket string, pids [
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	old := n.Options.Metrics
-	moved, taken, err := n.FreeMetricsPort()
+	moved, err := n.FreeMetricsPort()
 	if err != nil {
 		return err
 	}
 	if moved != "" {
-		f.c.AgentMetricsURLs[i] = "http://" + moved
-		f.r.Event(time.Now(), EvPhase, "agent %s: its metrics address %s is taken (%v): %s now", n.Options.NodeID, old, taken, moved)
+		f.c.AgentMetricsURLs[i] = "http://" + n.Options.Metrics
+		f.r.Event(time.Now(), EvPhase, "agent %s: %s", n.Options.NodeID, moved)
 	}
 	if err := n.Start(); err != nil {
 		return err

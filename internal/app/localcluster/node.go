@@ -106,25 +106,26 @@ func (n *Node) Start() error {
 // before it is started again: the port was free when it was picked, not
 // reserved, and another process may have bound it since (the agent would
 // exit at once, at every restart). A taken loopback port is replaced by a
-// free one, returned with the error that found it taken ("" and nil: the
-// address is kept). An address that is not loopback (a node in a network
-// namespace) cannot be checked from here and is kept.
-func (n *Node) FreeMetricsPort() (moved string, taken error, err error) {
-	host, _, serr := net.SplitHostPort(n.Options.Metrics)
+// free one, and moved says so (what found it taken, the new address); ""
+// when the address is kept. An address that is not loopback (a node in a
+// network namespace) cannot be checked from here and is kept.
+func (n *Node) FreeMetricsPort() (moved string, err error) {
+	old := n.Options.Metrics
+	host, _, serr := net.SplitHostPort(old)
 	if serr != nil || !net.ParseIP(host).IsLoopback() {
-		return "", nil, nil
+		return "", nil
 	}
-	l, lerr := net.Listen("tcp", n.Options.Metrics)
-	if lerr == nil {
+	l, taken := net.Listen("tcp", old)
+	if taken == nil {
 		l.Close()
-		return "", nil, nil
+		return "", nil
 	}
 	addr, err := FreeLoopbackAddr()
 	if err != nil {
-		return "", lerr, fmt.Errorf("localcluster: agent %s: a metrics port: %w", n.Options.NodeID, err)
+		return "", fmt.Errorf("localcluster: agent %s: its metrics address %s is taken (%v), and no other is free: %w", n.Options.NodeID, old, taken, err)
 	}
 	n.Options.Metrics = addr
-	return addr, lerr, nil
+	return fmt.Sprintf("its metrics address %s is taken (%v); it serves them on %s now", old, taken, addr), nil
 }
 
 // Process is the running agent process (nil before Start).

@@ -299,13 +299,12 @@ var errStopping = errors.New("up: stopping")
 // it since (an agent that exited and found it taken would otherwise exit
 // at every restart). Such a port is replaced by a free one, and said.
 func (u *up) restartAgent(i int, n *Node) error {
-	old := n.Options.Metrics
-	moved, taken, err := n.FreeMetricsPort()
+	moved, err := n.FreeMetricsPort()
 	if err != nil {
 		return err
 	}
 	if moved != "" {
-		u.say("up: agent %d: its metrics address %s is taken (%v); it serves them on %s now", i, old, taken, moved)
+		u.say("up: agent %d: %s", i, moved)
 	}
 	return n.Start()
 }
