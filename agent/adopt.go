@@ -13,8 +13,14 @@ import (
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/ebpf"
+	"github.com/lifeline-llm/lifeline/internal/failpoint"
 	"github.com/lifeline-llm/lifeline/kv"
 )
+
+// FailAdoptWatch, armed with "error", makes the exit detector's watch of a
+// worker the agent is adopting fail, as a full eBPF map would: the
+// adoption fails, and the worker must not run on beside its successor.
+const FailAdoptWatch = "agent.adopt-watch"
 
 // recordLocked is what to remember of inst's running worker (StartTime is
 // the caller's to fill). Agent.mu must be held.
@@ -127,7 +133,11 @@ func (a *Agent) adopt(ctx context.Context, inst *instance, rec *workerRecord) bo
 		delete(a.byPID, rec.PID)
 		a.mu.Unlock()
 	}()
-	if err := a.detector.Watch(rec.PID); err != nil {
+	err = failpoint.Hit(FailAdoptWatch)
+	if err == nil {
+		err = a.detector.Watch(rec.PID)
+	}
+	if err != nil {
 		a.log.Warn("cannot watch adopted worker", "instance_id", inst.id, "pid", rec.PID, "err", err)
 		return false
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lifeline-llm/lifeline/agent"
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 	"github.com/lifeline-llm/lifeline/internal/procfs"
 	"github.com/lifeline-llm/lifeline/tests/clustertest"
@@ -65,6 +66,55 @@ func TestAgentRestartEndsAWorkerNobodyRecorded(t *testing.T) {
 	}
 	if ended == nil || ended.InstanceID != id || ended.PID != stray.PID {
 		t.Fatalf("no stray_ended event for pid %d: %+v", stray.PID, ended)
+	}
+}
+
+// TestAgentRestartEndsAWorkerItFailsToAdopt: the restarted agent finds
+// its predecessor's worker recorded and alive, but cannot watch it (the
+// failpoint stands for the exit detector refusing, as a full eBPF map
+// would), so the adoption fails. A worker nobody watches is not the
+// agent's: it is SIGKILLed and said so before the next generation starts,
+// never left to serve beside it.
+func TestAgentRestartEndsAWorkerItFailsToAdopt(t *testing.T) {
+	t.Parallel()
+	n := clustertest.NewNode(t)
+	const id = "n1-decode-tiny-0"
+	first := n.WaitRegistration(t, id, 0)
+	ps := workerProcesses(n, id)
+	if len(ps) != 1 {
+		t.Fatalf("%d worker processes of %s, want 1: %v", len(ps), id, ps)
+	}
+	recorded := ps[0]
+	n.Process().Kill()
+	<-n.Exited()
+	n.ExtraEnv = []string{"LIFELINE_FAILPOINTS=" + agent.FailAdoptWatch + "=error"}
+	n.Restart(t)
+	next := n.WaitRegistration(t, id, first.Generation)
+	proctest.WaitFor(t, 30*time.Second, "the worker it failed to adopt gone", func() (bool, string) {
+		for _, p := range workerProcesses(n, id) {
+			if p.PID == recorded.PID {
+				return false, n.Log.String()
+			}
+		}
+		return true, ""
+	})
+	if ps := workerProcesses(n, id); len(ps) != 1 {
+		t.Fatalf("%d worker processes of %s beside generation %d, want 1: %v", len(ps), id, next.Generation, ps)
+	}
+	if !strings.Contains(n.Log.String(), "cannot watch adopted worker") {
+		t.Fatalf("the agent never tried to adopt pid %d; agent log:\n%s", recorded.PID, n.Log.String())
+	}
+	var ended *controlapi.Event
+	for _, e := range proctest.JSONLines[controlapi.Event](t, n.Nodectl(t, "events")) {
+		if e.Kind == controlapi.EventStrayEnded && e.PID == recorded.PID {
+			ended = &e
+		}
+		if e.Kind == controlapi.EventAdopted {
+			t.Fatalf("an adopted event though the watch failed: %+v", e)
+		}
+	}
+	if ended == nil || ended.InstanceID != id {
+		t.Fatalf("no stray_ended event for the worker it failed to adopt (pid %d): %+v", recorded.PID, ended)
 	}
 }
 
