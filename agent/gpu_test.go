@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/agent/controlapi"
 )
@@ -87,5 +88,32 @@ func TestGPUFieldIsLlamaCpps(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want an error naming %s", c.spec, err, c.want)
 		}
+	}
+}
+
+// TestStepIntervalIsTheReferenceEngines: step_interval paces the
+// reference engine; out of range, beside a synthetic rate or on llama.cpp
+// it is refused by name.
+func TestStepIntervalIsTheReferenceEngines(t *testing.T) {
+	for _, c := range []struct {
+		spec InstanceSpec
+		want string
+	}{
+		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, StepInterval: Duration(-time.Millisecond)}, "instances[0].step_interval: -1ms"},
+		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, StepInterval: Duration(2 * time.Second)}, "instances[0].step_interval: 2s (0: off, up to 1s)"},
+		{InstanceSpec{Role: "decode", Preset: "tiny", Count: 1, SyntheticRate: 20, StepInterval: Duration(time.Millisecond)}, "synthetic_tokens_per_second"},
+		{InstanceSpec{Role: "decode", Engine: "llamacpp", Model: "/m.gguf", Count: 1, StepInterval: Duration(time.Millisecond)}, "step_interval settings are the reference engine's"},
+	} {
+		o := Options{NodeID: "n1", Instances: []InstanceSpec{c.spec}}
+		err := o.validateInstances(func(field, format string, args ...any) error {
+			return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+		})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: %v, want an error naming %s", c.spec, err, c.want)
+		}
+	}
+	o := Options{NodeID: "n1", Instances: []InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, StepInterval: Duration(20 * time.Millisecond)}}}
+	if err := o.validateInstances(func(field, format string, args ...any) error { return fmt.Errorf(field+": "+format, args...) }); err != nil {
+		t.Fatalf("a 20ms step interval on tiny refused: %v", err)
 	}
 }

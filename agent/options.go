@@ -89,6 +89,10 @@ type InstanceSpec struct {
 	// for every running sequence) this many times a second; its model is
 	// "synthetic-<preset>" (decode/synthetic.go).
 	SyntheticRate float64 `json:"synthetic_tokens_per_second,omitempty"`
+	// StepInterval, for tests and drills, paces the reference engine: a
+	// step no sooner than this ("20ms") after the previous one, so that a
+	// tiny model's streams last long enough to be cut mid-way.
+	StepInterval Duration `json:"step_interval,omitempty"`
 }
 
 // ranks is how many processes an instance of s is.
@@ -359,6 +363,10 @@ func (o *Options) validateInstances(bad func(field, format string, args ...any) 
 			return bad(fmt.Sprintf("instances[%d].synthetic_tokens_per_second", i), "%v (0: off, up to %d)", in.SyntheticRate, decode.SyntheticMaxRate)
 		case in.SyntheticRate > 0 && (in.Role != "decode" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0):
 			return bad(fmt.Sprintf("instances[%d].synthetic_tokens_per_second", i), "the synthetic engine is a decode instance of one process without a draft")
+		case in.StepInterval < 0 || time.Duration(in.StepInterval) > decode.MaxStepInterval:
+			return bad(fmt.Sprintf("instances[%d].step_interval", i), "%v (0: off, up to %v)", time.Duration(in.StepInterval), decode.MaxStepInterval)
+		case in.StepInterval > 0 && in.SyntheticRate > 0:
+			return bad(fmt.Sprintf("instances[%d].step_interval", i), "paces the reference engine; the synthetic engine's pace is synthetic_tokens_per_second")
 		}
 		if cfg, err := model.PresetConfig(in.Preset); err == nil && in.TP > 1 && cfg.SplitsInto(in.TP) != nil {
 			return bad(fmt.Sprintf("instances[%d].tp", i), "%v", cfg.SplitsInto(in.TP))
@@ -404,8 +412,8 @@ func (o *Options) validateLlamaCpp(i int, in InstanceSpec, bad func(field, forma
 		return bad(at+".role", "%q: a llama.cpp instance is a decode instance (prefill hand-off is the reference engine's)", in.Role)
 	case in.Model == "":
 		return bad(at+".model", "empty: the GGUF file the instance serves")
-	case in.Preset != "" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0:
-		return bad(at+".preset", "preset, tp and draft settings are the reference engine's, not %s's", decode.EngineLlamaCpp)
+	case in.Preset != "" || in.TP > 1 || in.DraftPreset != "" || in.DraftLayers != 0 || in.StepInterval != 0:
+		return bad(at+".preset", "preset, tp, draft and step_interval settings are the reference engine's, not %s's", decode.EngineLlamaCpp)
 	case in.Count < 0 || in.Count > 64:
 		return bad(at+".count", "%d (0..64)", in.Count)
 	case in.MaxRunning < 0 || in.MaxQueued < 0 || in.Threads < 0 || in.ContextLen < 0 || in.GPULayers < 0:

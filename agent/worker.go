@@ -94,7 +94,8 @@ func (a *Agent) workerArgs(inst *instance, gen uint64) workerclient.Args {
 		Preset: inst.spec.Preset, WeightSeed: inst.spec.WeightSeed, KVSocket: a.kvSocket, KVTransfer: a.kvAddr,
 		MaxRunning: inst.spec.MaxRunning, MaxQueued: inst.spec.MaxQueued,
 		DraftPreset: inst.spec.DraftPreset, DraftLayers: inst.spec.DraftLayers, DraftK: inst.spec.DraftK,
-		AgentSocket: a.opts.Socket, OrphanTimeout: time.Duration(a.opts.WorkerOrphanTimeout), SyntheticRate: inst.spec.SyntheticRate}
+		AgentSocket: a.opts.Socket, OrphanTimeout: time.Duration(a.opts.WorkerOrphanTimeout), SyntheticRate: inst.spec.SyntheticRate,
+		StepInterval: time.Duration(inst.spec.StepInterval)}
 	if sp := inst.spec; sp.Model != "" {
 		args.Engine, args.ModelPath, args.ServedName = sp.Engine, sp.Model, sp.ServedName
 		args.ContextLen, args.Threads, args.GPULayers = sp.ContextLen, sp.Threads, sp.GPULayers

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/lifeline-llm/lifeline/decode/collective"
@@ -100,7 +101,13 @@ type Options struct {
 	// (synthetic.go), for load tests only: no computation, a step every
 	// 1/SyntheticRate seconds, served as "synthetic-<preset>".
 	SyntheticRate float64
+	// StepInterval (up to MaxStepInterval) paces the reference engine: a
+	// step no sooner than this after the previous one, for tests' streams
+	// that must last long enough to be cut mid-way at little CPU.
+	StepInterval time.Duration
 }
+
+const MaxStepInterval = time.Second // bounds Options.StepInterval
 
 // Engines Options.Engine names.
 const (
@@ -113,6 +120,10 @@ func (o *Options) Validate() error {
 	switch {
 	case o.Engine != "" && o.Engine != EngineLifeline && o.Engine != EngineLlamaCpp:
 		return badField("engine", "%q (want %s or %s)", o.Engine, EngineLifeline, EngineLlamaCpp)
+	case o.StepInterval < 0 || o.StepInterval > MaxStepInterval:
+		return badField("step_interval", "%v (want 0, off, up to %v)", o.StepInterval, MaxStepInterval)
+	case o.StepInterval > 0 && (o.SyntheticRate != 0 || o.Engine == EngineLlamaCpp):
+		return badField("step_interval", "paces the reference engine only (the synthetic engine sets its own pace; llama.cpp has no step interval)")
 	case o.SyntheticRate != 0:
 		return o.validateSynthetic()
 	case o.Engine == EngineLlamaCpp:
@@ -188,6 +199,9 @@ func NewEngine(opts Options) (*Engine, error) {
 		return newSyntheticEngine(opts)
 	}
 	e, err := newEngine(opts)
+	if err == nil {
+		e.sched.SetStepInterval(opts.StepInterval)
+	}
 	if err != nil || !opts.speculates() {
 		return e, err
 	}

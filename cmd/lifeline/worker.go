@@ -64,7 +64,7 @@ func workerOptions(a workerclient.Args) worker.Options {
 	o := worker.Options{InstanceID: a.InstanceID, Generation: a.Generation, Role: a.Role, Listen: a.Listen, CertDir: a.CertDir,
 		KVTransfer: a.KVTransfer, MemoryHeadroom: int64(a.MemoryHeadroomMiB) << 20, Engine: decode.Options{Preset: a.Preset, WeightSeed: a.WeightSeed, ModelPath: a.ModelPath,
 			TokenizerPath: a.TokenizerPath, Engine: a.Engine, ServedName: a.ServedName, ContextLen: a.ContextLen, Threads: a.Threads, GPULayers: a.GPULayers, GGMLBackends: cmp.Or(a.GGMLBackends, os.Getenv("LIFELINE_GGML_BACKENDS")), RevisionCache: a.RevisionCache, KVSocket: a.KVSocket, DraftPreset: a.DraftPreset, DraftLayers: a.DraftLayers, DraftK: a.DraftK,
-			TP: a.TP, Rank: a.Rank, GroupSegment: a.GroupSegment, GroupGeneration: a.GroupGeneration, KVArena: a.KVArena, SyntheticRate: a.SyntheticRate},
+			TP: a.TP, Rank: a.Rank, GroupSegment: a.GroupSegment, GroupGeneration: a.GroupGeneration, KVArena: a.KVArena, SyntheticRate: a.SyntheticRate, StepInterval: a.StepInterval},
 		Log: slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("instance_id", a.InstanceID, "generation", a.Generation)}
 	if a.MaxRunning > 0 {
 		o.Engine.Limits = sched.Limits{MaxRunning: a.MaxRunning, MaxQueued: a.MaxQueued, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/sched"
@@ -30,10 +31,10 @@ func TestWorkerArgvRoundTrip(t *testing.T) {
 		{"every flag",
 			workerclient.Args{InstanceID: "n2-prefill-small-1", Generation: 1 << 40, Role: "prefill", Listen: "10.0.0.2:9000", CertDir: "/c",
 				Preset: "small", WeightSeed: 77, ModelPath: "/m/model.bin", TokenizerPath: "/m/tokenizer.bin", KVSocket: "/k.sock",
-				KVTransfer: "10.0.0.2:9100", MaxRunning: 4, MaxQueued: 12, DraftPreset: "tiny", DraftK: 6},
+				KVTransfer: "10.0.0.2:9100", MaxRunning: 4, MaxQueued: 12, DraftPreset: "tiny", DraftK: 6, StepInterval: 7 * time.Millisecond},
 			worker.Options{InstanceID: "n2-prefill-small-1", Generation: 1 << 40, Role: "prefill", Listen: "10.0.0.2:9000", CertDir: "/c",
 				KVTransfer: "10.0.0.2:9100", Engine: decode.Options{Preset: "small", WeightSeed: 77, ModelPath: "/m/model.bin",
-					TokenizerPath: "/m/tokenizer.bin", KVSocket: "/k.sock", DraftPreset: "tiny", DraftK: 6,
+					TokenizerPath: "/m/tokenizer.bin", KVSocket: "/k.sock", DraftPreset: "tiny", DraftK: 6, StepInterval: 7 * time.Millisecond,
 					Limits: sched.Limits{MaxRunning: 4, MaxQueued: 12, MaxStepTokens: sched.DefaultLimits.MaxStepTokens}}}},
 		{"self-draft",
 			workerclient.Args{InstanceID: "i", Generation: 1, Role: "decode", Listen: "127.0.0.1:0", Preset: "small", WeightSeed: 1, DraftLayers: 2},

@@ -12,6 +12,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lifeline-llm/lifeline/decode/kvcache"
@@ -78,7 +79,16 @@ type Scheduler struct {
 	stepCount int
 	// spec is the draft side when speculative decoding is on (spec.go).
 	spec *speculator
+	// interval is the least time from one step's start to the next's
+	// (SetStepInterval), in nanoseconds.
+	interval atomic.Int64
 }
+
+// SetStepInterval makes Run start a step no sooner than d after the
+// previous one started (0: at once). It is for tests and drills: a small
+// model made as slow per token as a stream that must be cut mid-way
+// needs, without a large model's computation. Safe while Run runs.
+func (s *Scheduler) SetStepInterval(d time.Duration) { s.interval.Store(int64(max(d, 0))) }
 
 // recentSteps is how many steps StepTime looks back over; meanSteps how
 // many MeanStepTime averages.
@@ -111,13 +121,24 @@ func NewOn(e Engine, store kvcache.Store, limits Limits) (*Scheduler, error) {
 // every remaining sequence is cancelled.
 func (s *Scheduler) Run(ctx context.Context) error {
 	defer s.Close()
+	pace := time.NewTimer(0)
+	defer pace.Stop()
 	for {
 		// A failed step has already ended the sequences in its batch (and
 		// counted it); the others keep running.
+		started := time.Now()
 		busy, _ := s.Step()
 		if busy {
 			if ctx.Err() != nil {
 				return ctx.Err()
+			}
+			if d := time.Duration(s.interval.Load()) - time.Since(started); d > 0 {
+				pace.Reset(d)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-pace.C:
+				}
 			}
 			continue
 		}

@@ -411,3 +411,45 @@ func TestStatsCountComputedPositions(t *testing.T) {
 		t.Fatalf("after the prefill: computed %d, finish %+v", st.Computed, r.finish)
 	}
 }
+
+// TestStepIntervalPacesRun: with a step interval, Run starts a step no
+// sooner than the interval after the previous one (8 tokens of tiny take
+// about a millisecond unpaced), and a cancel ends a Run waiting to step.
+func TestStepIntervalPacesRun(t *testing.T) {
+	s, store := newSched(t, 64, DefaultLimits)
+	const interval, tokens = 25 * time.Millisecond, 8
+	s.SetStepInterval(interval)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	r := newRecorder()
+	start := time.Now()
+	if err := s.Submit(r.attach(Request{ID: "a", Prompt: prompt(5, 1), MaxTokens: tokens})); err != nil {
+		t.Fatal(err)
+	}
+	<-r.done
+	// One step a token: the last starts at least tokens-1 intervals after
+	// the first.
+	if took := time.Since(start); took < (tokens-1)*interval || len(r.tokens) != tokens {
+		t.Fatalf("%d tokens in %v, want %d in at least %v", len(r.tokens), took, tokens, (tokens-1)*interval)
+	}
+	s.SetStepInterval(time.Hour)
+	long := newRecorder()
+	if err := s.Submit(long.attach(Request{ID: "b", Prompt: prompt(5, 1), MaxTokens: 400})); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Run returned %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a cancel did not end a Run waiting an hour to step")
+	}
+	<-long.done
+	if store.NumFree() != store.Capacity() {
+		t.Fatal("blocks leaked after Run returned")
+	}
+}

@@ -73,6 +73,9 @@ type Args struct {
 	// SyntheticRate, above 0, serves the synthetic engine of Preset:
 	// no computation, a step every 1/SyntheticRate s (load tests only).
 	SyntheticRate float64
+	// StepInterval, above 0, paces the reference engine: a step no sooner
+	// than this after the previous one (tests and drills only).
+	StepInterval time.Duration
 }
 
 // AddFlags defines the worker's flags on fs, bound to a's fields, and
@@ -109,6 +112,7 @@ func (a *Args) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&a.OrphanTimeout, "orphan-timeout", 3*time.Minute, "how long a worker waits for its agent (restarted, to adopt it) before it stops")
 	fs.IntVar(&a.MemoryHeadroomMiB, "memory-headroom-mib", 0, "soft bound on the Go heap: what it holds once loaded (weights, KV store) plus this many MiB (0: 64, below 0: none; GOMEMLIMIT overrides)")
 	fs.Float64Var(&a.SyntheticRate, "synthetic-rate", 0, "load tests only: serve the synthetic engine of --preset, computing nothing, a step (a token for every running sequence) this many times a second, served as synthetic-<preset> (0: off)")
+	fs.DurationVar(&a.StepInterval, "step-interval", 0, "tests and drills only: the reference engine starts a step no sooner than this after the previous one, so that a small model's streams last long enough to be cut mid-way (0: off, up to 1s)")
 	fs.StringVar(&a.KVArena, "kv-arena", "", "a rank above 0: the node's KV arena file, where it writes its heads' part of the blocks rank 0 allocates")
 }
 

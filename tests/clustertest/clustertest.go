@@ -373,3 +373,24 @@ func SmallDecode(count int) Option {
 		c.ArenaSlotBytes = 131072
 	}
 }
+
+// PacedStep is PacedDecode's step interval: tiny at 200 tokens a second,
+// about as fast as small computes one stream on a loaded 2-core machine.
+const PacedStep = 5 * time.Millisecond
+
+// PacedDecode is a node of count tiny-preset decode instances paced to a
+// step every PacedStep, and canaries an hour apart: streams that last
+// long enough for a test to cut them mid-way, as small's do, at a
+// fiftieth of small's CPU per token. The bits are tiny's own; a test that
+// checks small's numerics runs SmallDecode.
+func PacedDecode(count int) Option { return PacedDecodeEvery(count, PacedStep) }
+
+// PacedDecodeEvery is PacedDecode at a step every step: a stream within
+// tiny's 512-token context that must outlast a frontend's death and a
+// takeover runs slower.
+func PacedDecodeEvery(count int, step time.Duration) Option {
+	return func(c *Config) {
+		c.CanaryIdle = agent.Duration(time.Hour)
+		c.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: count, StepInterval: agent.Duration(step)}}
+	}
+}

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -55,14 +56,14 @@ func resumeOn(t *testing.T, url string, o opened, seen int, want []clustertest.T
 // bit-identical.
 func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	want, _ := clustertest.StreamCompletion(t, b, seeded(3, 96), nil)
 	o := open(t, a.URL, seeded(3, 96))
 	got := clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 20 })
-	started := requestsStarted(t, n, "n1-decode-small-0")
+	started := requestsStarted(t, n, "n1-decode-tiny-0")
 	a.Signal(syscall.SIGTERM)
 	rest, errEv, _ := readAll(o.resp.Body)
 	o.resp.Body.Close()
@@ -72,7 +73,7 @@ func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
 	seen := len(got) + len(rest)
 	<-a.Exited()
 	resumeOn(t, b, o, seen, want)
-	if now := requestsStarted(t, n, "n1-decode-small-0"); now != started {
+	if now := requestsStarted(t, n, "n1-decode-tiny-0"); now != started {
 		t.Errorf("worker requests started: %d after the takeover, %d before: the request was regenerated, not attached", now, started)
 	}
 	if got := metric(t, b, `lifeline_frontend_takeover_starts_total{how="attached"}`); got != 1 {
@@ -85,9 +86,9 @@ func TestTakeoverAttachesAfterFrontendStop(t *testing.T) {
 // more, so B regenerates it from the record; the tail is bit-identical.
 func TestTakeoverRegeneratesWhenWorkerDiedToo(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	want, _ := clustertest.StreamCompletion(t, b, seeded(5, 96), nil)
@@ -157,8 +158,8 @@ func roundRobin(t *testing.T, backends ...string) string {
 // client reconnects to the same address and gets the rest, bit-identical.
 func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	want, _ := clustertest.StreamCompletion(t, b, seeded(7, 96), nil)
@@ -203,28 +204,35 @@ func TestEventSourceReconnectsThroughABalancer(t *testing.T) {
 // client library with frontends A and B; once every stream passed its
 // random point (5..50% of its tokens), A is SIGKILLed; the library resumes
 // each on B: bit-identical to undisturbed runs, contiguous, no duplicate.
-// The streams are 400 tokens: at 96, a one-thread worker (~3 ms a step)
-// finished two of them, and A sent them whole into their readers' socket
+// The streams are 400 tokens: at 96, a one-thread small worker (~3 ms a
+// step; these are paced at clustertest.PacedStep) finished two of them, and A sent them whole into their readers' socket
 // buffers, before the last reader passed its point (no resume at all).
 func TestClientLibraryResumesStreamsOnB(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	const streams, tokens = 8, 400
 	req := func(i int) client.Request {
 		temp := 0.9
-		return client.Request{Model: "small", Prompt: fmt.Sprintf("Tale %d opened with", i), MaxTokens: tokens, Temperature: &temp, Seed: uint64(40 + i), IgnoreEOS: true}
+		return client.Request{Model: "tiny", Prompt: fmt.Sprintf("Tale %d opened with", i), MaxTokens: tokens, Temperature: &temp, Seed: uint64(40 + i), IgnoreEOS: true}
 	}
-	want := make([][]client.Token, streams)
+	// The fault-free runs at once: a paced worker's batch steps as fast as
+	// one stream's.
+	want, errs := make([][]client.Token, streams), make([]error, streams)
+	var fresh sync.WaitGroup
 	for i := range want {
-		c := client.New(b)
-		if _, err := c.Stream(t.Context(), req(i), func(tok client.Token) { want[i] = append(want[i], tok) }); err != nil {
-			t.Fatal(err)
-		}
-		c.Close()
+		fresh.Go(func() {
+			c := client.New(b)
+			defer c.Close()
+			_, errs[i] = c.Stream(t.Context(), req(i), func(tok client.Token) { want[i] = append(want[i], tok) })
+		})
+	}
+	fresh.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	var passed sync.WaitGroup
 	passed.Add(streams)
@@ -294,11 +302,12 @@ func workerHealth(t *testing.T, n *clustertest.Node, instance string) *wire.Heal
 // of a finished stream at a frontend that never held it says finished.
 func TestCancelAtAnotherFrontend(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	// 480 tokens a step every 20 ms: ~10 s, long after the cancel.
+	n := clustertest.NewNode(t, clustertest.PacedDecodeEvery(1, 20*time.Millisecond))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
-	o := open(t, a.URL, seeded(9, 1500))
+	o := open(t, a.URL, seeded(9, 480))
 	clustertest.ReadSSE(t, o.resp.Body, func(tok clustertest.Token) bool { return tok.Seq >= 10 })
 	a.Signal(syscall.SIGKILL)
 	<-a.Exited()
@@ -322,7 +331,7 @@ func TestCancelAtAnotherFrontend(t *testing.T) {
 		t.Fatalf("DELETE at B: %v", out)
 	}
 	proctest.WaitFor(t, 10*time.Second, "the worker's sequence cancelled", func() (bool, string) {
-		h := workerHealth(t, n, "n1-decode-small-0")
+		h := workerHealth(t, n, "n1-decode-tiny-0")
 		return h.InFlight == 0 && h.Detached == 0 && h.Running == 0, fmt.Sprintf("in flight %d, detached %d, running %d", h.InFlight, h.Detached, h.Running)
 	})
 	resp, err := resumeAt(b, o.id, o.token, 10)
@@ -358,12 +367,12 @@ func TestCancelAtAnotherFrontend(t *testing.T) {
 // regenerate the whole request (1–21 s to the next token under load).
 func TestTakeoverAfterAMigration(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
-	// 400 tokens: a one-thread worker steps in ~3 ms, and the stream
+	// 400 tokens: a paced worker steps every 5 ms, and the stream
 	// must still run after the kill at 15 reached the worker and after
 	// A's death (B attaches to the continuation, not to a finished one).
 	want, _ := clustertest.StreamCompletion(t, b, seeded(11, 400), nil)

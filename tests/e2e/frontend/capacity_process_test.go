@@ -25,16 +25,15 @@ func TestFrontendWaitsForRestartedWorkers(t *testing.T) {
 		o.RestartBackoff = agent.Duration(50 * time.Millisecond)
 		o.RestartMax = agent.Duration(100 * time.Millisecond)
 		o.CrashLoopLimit = 100
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
-		o.ArenaSlotBytes = 131072
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", StepInterval: agent.Duration(clustertest.PacedStep), Count: 2}}
 	})
-	ids := []string{"n1-decode-small-0", "n1-decode-small-1"}
+	ids := []string{"n1-decode-tiny-0", "n1-decode-tiny-1"}
 	gens := map[string]uint64{}
 	for _, id := range ids {
 		gens[id] = n.WaitRegistration(t, id, 0).Generation
 	}
 	url := startFrontend(t, n.Env)
-	body := map[string]any{"model": "small", "prompt": "Everyone on the ship fell asleep", "max_tokens": 300,
+	body := map[string]any{"model": "tiny", "prompt": "Everyone on the ship fell asleep", "max_tokens": 300,
 		"temperature": 0.9, "seed": 17, "stream": true, "ignore_eos": true}
 	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	var killed time.Time

@@ -22,7 +22,7 @@ import (
 
 // choiceBody is a seeded streamed request of n choices of tokens tokens.
 func choiceBody(n, tokens int, resumable bool) map[string]any {
-	return map[string]any{"model": "small", "prompt": "The lighthouse keeper wrote", "max_tokens": tokens, "temperature": 0.9,
+	return map[string]any{"model": "tiny", "prompt": "The lighthouse keeper wrote", "max_tokens": tokens, "temperature": 0.9,
 		"seed": 11, "n": n, "stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": resumable, "include_usage": true}}
 }
 
@@ -118,9 +118,9 @@ func killWorker(t *testing.T, n *clustertest.Node, id string) {
 // migrates alone).
 func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := clustertest.StartFrontend(t, n)
 	const tokens, k = 120, 4
 	resp := postChoices(t, url, choiceBody(k, tokens, false))
@@ -192,8 +192,8 @@ func TestChoicesMigrateOnWorkerKill(t *testing.T) {
 // naming Last-Event-ID.
 func TestChoicesResumeFromTheMiddle(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	const tokens = 60
 	resp := postChoices(t, url, choiceBody(2, tokens, true))
@@ -240,9 +240,9 @@ func TestChoicesResumeFromTheMiddle(t *testing.T) {
 // every choice completes bit-identical to a fault-free run.
 func TestChoicesFrontendFailover(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	const tokens = 64
@@ -284,8 +284,8 @@ func TestChoicesFrontendFailover(t *testing.T) {
 // per prompt.
 func TestChoicesBatchWhole(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	prompts := []string{"The river", "A quiet morning in the old town"}
 	whole := func(body map[string]any) map[string]any {
@@ -302,7 +302,7 @@ func TestChoicesBatchWhole(t *testing.T) {
 		}
 		return out
 	}
-	out := whole(map[string]any{"model": "small", "prompt": prompts, "n": 2, "max_tokens": 12, "temperature": 0.9, "seed": 5, "ignore_eos": true})
+	out := whole(map[string]any{"model": "tiny", "prompt": prompts, "n": 2, "max_tokens": 12, "temperature": 0.9, "seed": 5, "ignore_eos": true})
 	choices, _ := out["choices"].([]any)
 	if len(choices) != 4 {
 		t.Fatalf("%d choices: %v", len(choices), out)
@@ -310,7 +310,7 @@ func TestChoicesBatchWhole(t *testing.T) {
 	promptTokens := 0
 	for i, c := range choices {
 		ch := c.(map[string]any)
-		one := whole(map[string]any{"model": "small", "prompt": prompts[i/2], "max_tokens": 12, "temperature": 0.9,
+		one := whole(map[string]any{"model": "tiny", "prompt": prompts[i/2], "max_tokens": 12, "temperature": 0.9,
 			"seed": frontend.ChoiceSeed(5, i), "ignore_eos": true})
 		oc := one["choices"].([]any)[0].(map[string]any)
 		if ch["index"] != float64(i) || ch["text"] != oc["text"] || ch["finish_reason"] != "length" {

@@ -31,7 +31,7 @@ import (
 // fault-free run.
 func seededRequest() client.Request {
 	temp := 0.9
-	return client.Request{Model: "small", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
+	return client.Request{Model: "tiny", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
 }
 
 // collect runs one stream and returns its tokens; at, if not nil, runs
@@ -80,8 +80,8 @@ func deadURL(t *testing.T, scheme string) string {
 // stream is served by the second, identical to a run against it alone.
 func TestClientFailsOverToTheNextURL(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	want := collect(t, client.New(url), 0, nil)
 	c := client.New(deadURL(t, "http"), url)
@@ -99,8 +99,8 @@ func TestClientFailsOverToTheNextURL(t *testing.T) {
 // and bit-identical.
 func TestClientResumesAfterDroppedConnection(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	want := collect(t, client.New(url), 0, nil)
 	c := client.New(url, url)
@@ -156,8 +156,8 @@ func tlsMetric(t *testing.T, url string, roots *tls.Config, name string) float64
 // tokens of a fault-free run.
 func TestClientHTTP3Rebind(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url, roots := tlsFrontend(t, n)
 	plain := client.NewWith(client.Options{TLS: roots, H3: true}, url)
 	want := collect(t, plain, 0, nil)
@@ -194,8 +194,8 @@ func TestClientHTTP3Rebind(t *testing.T) {
 // it, and the stream continues bit-identical.
 func TestClientHTTP3ZeroRTTResume(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url, roots := tlsFrontend(t, n)
 	c := client.NewWith(client.Options{TLS: roots, H3: true}, url)
 	defer c.Close()
@@ -214,8 +214,8 @@ func TestClientHTTP3ZeroRTTResume(t *testing.T) {
 // over HTTPS (TCP); the Alt-Svc of its answer moves the resume to HTTP/3.
 func TestClientTLSAltSvcSwitchesToHTTP3(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url, roots := tlsFrontend(t, n)
 	c := client.NewWith(client.Options{TLS: roots}, url)
 	defer c.Close()
@@ -235,12 +235,12 @@ func TestClientTLSAltSvcSwitchesToHTTP3(t *testing.T) {
 // from the same kind of sender is not refused.
 func TestFrontendRefusesEarlyPOST(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url, roots := tlsFrontend(t, n)
-	before := requestsStarted(t, n, "n1-decode-small-0")
+	before := requestsStarted(t, n, "n1-decode-tiny-0")
 	routes := tlsMetric(t, url, roots, "lifeline_frontend_cache_aware_routes_total")
-	body := `{"model":"small","prompt":"hello","max_tokens":10,"seed":2,"stream":true}`
+	body := `{"model":"tiny","prompt":"hello","max_tokens":10,"seed":2,"stream":true}`
 	if status := earlyRequest(t, url, roots, http.MethodPost, "/v1/completions", body); status != http.StatusTooEarly {
 		t.Fatalf("early POST: status %d, want 425", status)
 	}
@@ -250,7 +250,7 @@ func TestFrontendRefusesEarlyPOST(t *testing.T) {
 	if got := tlsMetric(t, url, roots, "lifeline_frontend_cache_aware_routes_total"); got != routes {
 		t.Fatalf("routing decisions %v → %v: the early POST was routed", routes, got)
 	}
-	if after := requestsStarted(t, n, "n1-decode-small-0"); after != before {
+	if after := requestsStarted(t, n, "n1-decode-tiny-0"); after != before {
 		t.Fatalf("the worker started %d requests", after-before)
 	}
 	// A resume read is allowed early: it gets the frontend's answer
@@ -451,8 +451,8 @@ func (w zeroRTTWatch) RecordEvent(ev qlogwriter.Event) {
 // resumes on the other, bit-identical and contiguous.
 func TestClientResumesOnAnotherFrontend(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	secret := t.TempDir() + "/secret"
 	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef"), 0o600); err != nil {
 		t.Fatal(err)
@@ -477,8 +477,8 @@ func TestClientResumesOnAnotherFrontend(t *testing.T) {
 // contiguous.
 func TestClientResumesOnAnotherFrontendHTTP3(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--tls", "--id", "A")
 	aURL := a.URL
 	bURL, roots := tlsFrontend(t, n)

@@ -19,16 +19,16 @@ import (
 // summed.
 func TestOpenAISDKChoices(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := clustertest.StartFrontend(t, n)
 	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	ctx := context.Background()
 	eos := option.WithJSONSet("ignore_eos", true)
 	const tokens = 80
 
-	p := openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me about the sea")},
+	p := openai.ChatCompletionNewParams{Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me about the sea")},
 		N: openai.Int(2), Seed: openai.Int(21), Temperature: openai.Float(0.9), MaxCompletionTokens: openai.Int(tokens)}
 	whole, err := c.Chat.Completions.New(ctx, p, eos)
 	if err != nil {
@@ -90,7 +90,7 @@ func TestOpenAISDKChoices(t *testing.T) {
 	}
 
 	// Completions, streamed: n = 2 with the SDK's own chunk type.
-	cp := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, N: openai.Int(2),
+	cp := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, N: openai.Int(2),
 		MaxTokens: openai.Int(5), Seed: openai.Int(3)}
 	cw, err := c.Completions.New(ctx, cp, eos)
 	if err != nil || len(cw.Choices) != 2 {

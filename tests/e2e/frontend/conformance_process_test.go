@@ -24,9 +24,9 @@ import (
 // mid-stream that the SDK never notices.
 func TestOpenAISDKConformance(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := clustertest.StartFrontend(t, n)
 	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	ctx := context.Background()
@@ -34,7 +34,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 
 	t.Run("completion", func(t *testing.T) {
 		var resp *http.Response
-		p := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+		p := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
 			MaxTokens: openai.Int(8), Temperature: openai.Float(0.8), TopP: openai.Float(0.9), Seed: openai.Int(7),
 			FrequencyPenalty: openai.Float(0.1), PresencePenalty: openai.Float(0.1), User: openai.String("u"), N: openai.Int(1)}
 		topK := option.WithJSONSet("top_k", 40)
@@ -60,7 +60,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 			t.Fatalf("stop string: %v %s", err, cut2.RawJSON())
 		}
 		// A token-id prompt.
-		ids, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{5, 6, 7, 8}},
+		ids, err := c.Completions.New(ctx, openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{5, 6, 7, 8}},
 			MaxTokens: openai.Int(4), Seed: openai.Int(1)}, eos)
 		if err != nil || ids.Usage.PromptTokens != 5 || ids.Usage.CompletionTokens != 4 {
 			t.Fatalf("token prompt: %v %s", err, ids.RawJSON())
@@ -70,7 +70,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 	t.Run("chat", func(t *testing.T) {
 		msgs := []openai.ChatCompletionMessageParamUnion{openai.SystemMessage("be brief"),
 			openai.UserMessage([]openai.ChatCompletionContentPartUnionParam{openai.TextContentPart("hello "), openai.TextContentPart("there")})}
-		p := openai.ChatCompletionNewParams{Model: "small", Messages: msgs, MaxCompletionTokens: openai.Int(3), Seed: openai.Int(3)}
+		p := openai.ChatCompletionNewParams{Model: "tiny", Messages: msgs, MaxCompletionTokens: openai.Int(3), Seed: openai.Int(3)}
 		got, err := c.Chat.Completions.New(ctx, p, eos)
 		if err != nil {
 			t.Fatal(err)
@@ -101,7 +101,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 	})
 
 	t.Run("seeds", func(t *testing.T) {
-		p := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cat")},
+		p := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("The cat")},
 			MaxTokens: openai.Int(24), Temperature: openai.Float(1)}
 		var r1, r2 *http.Response
 		a, err := c.Completions.New(ctx, p, eos, option.WithResponseInto(&r1))
@@ -129,7 +129,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 		if err != nil || len(the) != 1 {
 			t.Fatalf("\" the\" is %v (%v): want one token", the, err)
 		}
-		p := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+		p := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
 			MaxTokens: openai.Int(6), Temperature: openai.Float(0.9), Seed: openai.Int(3), LogitBias: map[string]int64{fmt.Sprint(the[0]): 100}}
 		r, err := c.Completions.New(ctx, p, eos)
 		if err != nil || r.Choices[0].Text != strings.Repeat(" the", 6) {
@@ -144,7 +144,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 
 	t.Run("refusals", func(t *testing.T) {
 		base := func() openai.CompletionNewParams {
-			return openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}
+			return openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("x")}, MaxTokens: openai.Int(2)}
 		}
 		for param, set := range map[string]func(*openai.CompletionNewParams){
 			// logprobs and echo work (conformance_structured_process_test.go):
@@ -166,7 +166,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 			}
 			wantAPIError(t, st.Err(), 400, param, "")
 		}
-		cp := openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}
+		cp := openai.ChatCompletionNewParams{Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("x")}}
 		// response_format and tools work (conformance_structured_process_test.go):
 		// what is refused is a format or tools of the wrong shape.
 		for param, opt := range map[string]option.RequestOption{"response_format": option.WithJSONSet("response_format", map[string]any{"type": "yaml"}),
@@ -191,7 +191,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 		wantAPIError(t, err, 404, "model", "model_not_found")
 		_, err = c.Models.Get(ctx, "nope")
 		wantAPIError(t, err, 404, "model", "model_not_found")
-		if m, err := c.Models.Get(ctx, "small"); err != nil || m.ID != "small" {
+		if m, err := c.Models.Get(ctx, "tiny"); err != nil || m.ID != "tiny" {
 			t.Fatalf("model: %v %+v", err, m)
 		}
 		for path, status := range map[string]int{"/v1/nothing": 404, "/v1/completions": 405} {
@@ -211,7 +211,7 @@ func TestOpenAISDKConformance(t *testing.T) {
 	})
 
 	t.Run("worker killed", func(t *testing.T) {
-		p := openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a story")},
+		p := openai.ChatCompletionNewParams{Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("Tell me a story")},
 			MaxCompletionTokens: openai.Int(200), Seed: openai.Int(11), Temperature: openai.Float(0.9)}
 		want, _ := chatStream(t, c, p, nil, eos)
 		killed := ""

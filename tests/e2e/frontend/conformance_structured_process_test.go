@@ -35,14 +35,14 @@ var weatherTool = []any{map[string]any{"type": "function", "function": map[strin
 // run of the same seed, and the json_schema output still valid.
 func TestOpenAISDKStructured(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := clustertest.StartFrontend(t, n)
 	c := openai.NewClient(option.WithBaseURL(url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	ctx := context.Background()
 	chat := func(prompt string, maxTokens int64) openai.ChatCompletionNewParams {
-		return openai.ChatCompletionNewParams{Model: "small", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
+		return openai.ChatCompletionNewParams{Model: "tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)},
 			MaxCompletionTokens: openai.Int(maxTokens), Seed: openai.Int(5), Temperature: openai.Float(0.9)}
 	}
 	jsonSchema := option.WithJSONSet("response_format", map[string]any{"type": "json_schema",
@@ -109,7 +109,7 @@ func TestOpenAISDKStructured(t *testing.T) {
 			t.Fatalf("streamed logprobs differ:\n%s\n%s", streamed, whole)
 		}
 		// The completions' legacy shape.
-		cp := openai.CompletionNewParams{Model: "small", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
+		cp := openai.CompletionNewParams{Model: "tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("Once upon a time")},
 			MaxTokens: openai.Int(6), Seed: openai.Int(5), Logprobs: openai.Int(2)}
 		legacy, err := c.Completions.New(ctx, cp, eosOpt)
 		if err != nil {

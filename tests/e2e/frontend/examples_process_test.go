@@ -32,10 +32,10 @@ func TestResumeExamples(t *testing.T) {
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build the Go example: %v\n%s", err, out)
 	}
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
-	args := []string{"-max-tokens", "400", "-seed", "5", "-ignore-eos", "-prompt", "Once upon a time"}
+	args := []string{"-model", "tiny", "-max-tokens", "400", "-seed", "5", "-ignore-eos", "-prompt", "Once upon a time"}
 	examples := map[string]func(urls string) *exec.Cmd{
 		"go": func(urls string) *exec.Cmd {
 			return exec.Command(filepath.Join(dir, "resume-go"), append([]string{"-urls", urls}, args...)...)

@@ -34,7 +34,7 @@ import (
 
 // seeded is the body of a resumable, seeded stream i of n tokens.
 func seeded(i, n int) map[string]any {
-	return map[string]any{"model": "small", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": n, "temperature": 0.9,
+	return map[string]any{"model": "tiny", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": n, "temperature": 0.9,
 		"seed": i + 1, "stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": true}}
 }
 
@@ -133,9 +133,9 @@ func requestsStarted(t *testing.T, n *clustertest.Node, instances ...string) uin
 // sequence numbers and no duplicate.
 func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	const streams, tokens = 8, 64
@@ -158,7 +158,7 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	started := requestsStarted(t, n, "n1-decode-small-0", "n1-decode-small-1")
+	started := requestsStarted(t, n, "n1-decode-tiny-0", "n1-decode-tiny-1")
 	a.Signal(syscall.SIGKILL)
 	<-a.Exited()
 	for i, o := range opens {
@@ -199,7 +199,7 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 		t.Errorf("takeovers attached on B: %v, want %v (every takeover)", got, ok)
 	}
 	t.Logf("on B: %v taken over, %v replayed finished", ok, replayed)
-	if now := requestsStarted(t, n, "n1-decode-small-0", "n1-decode-small-1"); now != started {
+	if now := requestsStarted(t, n, "n1-decode-tiny-0", "n1-decode-tiny-1"); now != started {
 		t.Errorf("worker requests started: %d after the takeovers, %d before", now, started)
 	}
 }
@@ -209,8 +209,8 @@ func TestFailoverResumesOnAnotherFrontend(t *testing.T) {
 // the record, bit-identical, without any worker work.
 func TestFailoverReplaysAFinishedStream(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	o := open(t, a.URL, seeded(1, 40))
@@ -226,7 +226,7 @@ func TestFailoverReplaysAFinishedStream(t *testing.T) {
 	})
 	a.Signal(syscall.SIGKILL)
 	<-a.Exited()
-	started := requestsStarted(t, n, "n1-decode-small-0")
+	started := requestsStarted(t, n, "n1-decode-tiny-0")
 	resp, err := resumeAt(b, o.id, o.token, 25)
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestFailoverReplaysAFinishedStream(t *testing.T) {
 	if err := sameTail(tail, want, 25); err != nil || errEv != nil || !done {
 		t.Fatalf("replayed tail: %v, error %v, [DONE] %v", err, errEv, done)
 	}
-	if now := requestsStarted(t, n, "n1-decode-small-0"); now != started {
+	if now := requestsStarted(t, n, "n1-decode-tiny-0"); now != started {
 		t.Fatalf("the replay started worker requests: %d, then %d", started, now)
 	}
 	if v := metric(t, b, `lifeline_frontend_takeovers_total{result="done_replay"}`); v != 1 {
@@ -259,8 +259,8 @@ func TestFailoverReplaysAFinishedStream(t *testing.T) {
 // client ends with the exact tail.
 func TestFailoverTakeoverRace(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	urls := map[string]string{"B": clustertest.StartFrontend(t, n, "--id", "B"), "C": clustertest.StartFrontend(t, n, "--id", "C")}
 	want, _ := clustertest.StreamCompletion(t, urls["B"], seeded(3, 48), nil)
@@ -346,8 +346,8 @@ func TestFailoverTakeoverRace(t *testing.T) {
 // it is refused.
 func TestFailoverTokens(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	urls := []string{clustertest.StartFrontend(t, n, "--id", "A"), clustertest.StartFrontend(t, n, "--id", "B")}
 	o := open(t, urls[0], seeded(5, 8))
 	readAll(o.resp.Body)
@@ -442,8 +442,8 @@ func ringToken(t *testing.T, n *clustertest.Node, id string, expiry time.Time) s
 // frontend.
 func TestFailoverEtcdDownDuringTakeover(t *testing.T) {
 	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	want, _ := clustertest.StreamCompletion(t, b, seeded(9, 48), nil)
@@ -505,8 +505,8 @@ func TestFailoverEtcdDownDuringTakeover(t *testing.T) {
 // client that resumed on B gets the whole rest, bit-identical.
 func TestFailoverOwnerLearnsOfTakeover(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontend(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	want, _ := clustertest.StreamCompletion(t, a, seeded(11, 200), nil)

@@ -26,9 +26,9 @@ func TestMigrationOfAFinishedRequestFinishes(t *testing.T) {
 	armed := func(c *clustertest.Config) {
 		c.ExtraEnv = append(c.ExtraEnv, "LIFELINE_FAILPOINTS="+worker.FailBeforeFinish+"=kill")
 	}
-	n1 := clustertest.NewNode(t, clustertest.SmallDecode(1), armed)
-	n2 := clustertest.Peer(t, n1, "n2", clustertest.SmallDecode(1), armed)
-	nodes := map[string]*clustertest.Node{"n1-decode-small-0": n1, "n2-decode-small-0": n2}
+	n1 := clustertest.NewNode(t, clustertest.PacedDecode(1), armed)
+	n2 := clustertest.Peer(t, n1, "n2", clustertest.PacedDecode(1), armed)
+	nodes := map[string]*clustertest.Node{"n1-decode-tiny-0": n1, "n2-decode-tiny-0": n2}
 	gens := map[string]uint64{}
 	for id, n := range nodes {
 		gens[id] = n.WaitRegistration(t, id, 0).Generation
@@ -40,11 +40,11 @@ func TestMigrationOfAFinishedRequestFinishes(t *testing.T) {
 		body  map[string]any
 		check func(text string) error
 	}{
-		{"stop token", map[string]any{"model": "small", "prompt": "Once", "max_tokens": 8, "stream": true,
+		{"stop token", map[string]any{"model": "tiny", "prompt": "Once", "max_tokens": 8, "stream": true,
 			"logit_bias": map[string]any{fmt.Sprint(eos): 100}}, func(string) error { return nil }},
 		// A schema whose value closes well within max_tokens (an enum),
 		// so that the close, not the budget, ends it.
-		{"closed json value", map[string]any{"model": "small", "prompt": "Answer in JSON:", "max_tokens": 48, "stream": true,
+		{"closed json value", map[string]any{"model": "tiny", "prompt": "Answer in JSON:", "max_tokens": 48, "stream": true,
 			"temperature": 0.9, "seed": 3, "response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{
 				"name": "pick", "schema": map[string]any{"type": "object", "properties": map[string]any{"a": map[string]any{"enum": []string{"yes", "no"}}},
 					"required": []string{"a"}, "additionalProperties": false}}}},

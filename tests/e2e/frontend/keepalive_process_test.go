@@ -18,10 +18,10 @@ import (
 // client can tell a silent stream from a cut connection.
 func TestStreamKeepAliveWhileSilent(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
 	w := n.WaitWorkerReady(t)
 	url := clustertest.StartFrontend(t, n, "--sse-keepalive", "400ms")
-	body := `{"model":"small","prompt":"Once upon a time","max_tokens":400,"seed":3,"ignore_eos":true,"stream":true}`
+	body := `{"model":"tiny","prompt":"Once upon a time","max_tokens":400,"seed":3,"ignore_eos":true,"stream":true}`
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -82,8 +82,8 @@ func TestStreamKeepAliveWhileSilent(t *testing.T) {
 // resumes at the other frontend: bit-identical and contiguous.
 func TestClientResumesWhenItsFrontendGoesSilent(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	a := clustertest.StartFrontendProc(t, n, "--sse-keepalive", "500ms")
 	b := clustertest.StartFrontend(t, n, "--sse-keepalive", "500ms")
 	want := collect(t, client.New(b), 0, nil)

@@ -16,16 +16,15 @@ import (
 	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
-// limitedNode is one node with count small decode workers of maxRunning
+// limitedNode is one node with count paced tiny decode workers of maxRunning
 // slots and maxQueued queue places each.
 func limitedNode(t *testing.T, count, maxRunning, maxQueued int) *clustertest.Node {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: count, MaxRunning: maxRunning, MaxQueued: maxQueued}}
-		o.ArenaSlotBytes = 131072
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", StepInterval: agent.Duration(clustertest.PacedStep), Count: count, MaxRunning: maxRunning, MaxQueued: maxQueued}}
 	})
 	for i := range count {
-		n.WaitRegistration(t, "n1-decode-small-"+string(rune('0'+i)), 0)
+		n.WaitRegistration(t, "n1-decode-tiny-"+string(rune('0'+i)), 0)
 	}
 	return n
 }
@@ -41,11 +40,11 @@ func TestQueueFillsToItsBoundBefore429(t *testing.T) {
 	n := limitedNode(t, 1, 2, 6)
 	// The registration says what the worker holds: 2 + 6, and for batch
 	// 2 + 5 (a quarter of the queue, rounded down, left to interactive).
-	if reg := n.WaitRegistration(t, "n1-decode-small-0", 0); reg.Capacity != 8 || reg.BatchCapacity != 7 {
+	if reg := n.WaitRegistration(t, "n1-decode-tiny-0", 0); reg.Capacity != 8 || reg.BatchCapacity != 7 {
 		t.Fatalf("registered capacity %d, batch %d; want 8 and 7", reg.Capacity, reg.BatchCapacity)
 	}
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "Once upon a time", MaxTokens: 200}
+	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "tiny", Prompt: "Once upon a time", MaxTokens: 200}
 	res := overload.Burst(context.Background(), l, 14, 1)
 	var served, refused int
 	for i, r := range res {
@@ -74,7 +73,7 @@ func TestBurstDoesNotAmplify(t *testing.T) {
 	t.Parallel()
 	n := limitedNode(t, 2, 4, 12)
 	url := startFrontend(t, n.Env)
-	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "The burst", MaxTokens: 96}
+	l := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "tiny", Prompt: "The burst", MaxTokens: 96}
 	v, err := overload.Drill(context.Background(), l, 32, 3)
 	if err != nil {
 		t.Fatal(err)
@@ -106,11 +105,11 @@ func TestBatchFloodLeavesInteractiveAlone(t *testing.T) {
 	url := startFrontend(t, n.Env)
 	// A prompt long enough that its prefill, not scheduling jitter on a
 	// loaded machine, makes the TTFT.
-	inter := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: strings.Repeat("A quick question about the weather. ", 24), MaxTokens: 4}
-	batch := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "small", Prompt: "A long batch job", MaxTokens: 400, Priority: "batch"}
+	inter := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "tiny", Prompt: strings.Repeat("A quick question about the weather. ", 24), MaxTokens: 4}
+	batch := overload.Load{URL: url, MetricsURL: metricsOf(t, url), Model: "tiny", Prompt: "A long batch job", MaxTokens: 400, Priority: "batch"}
 	// The flood holds the batch share of the slots and of the queue.
 	filled := func(ctx context.Context) (bool, error) {
-		h := workerHealth(t, n, "n1-decode-small-0")
+		h := workerHealth(t, n, "n1-decode-tiny-0")
 		return h.Running >= 3 && h.Queued >= 6, nil
 	}
 	v, err := overload.InteractiveUnderFlood(context.Background(), inter, batch, 8, 36, filled)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -35,11 +37,11 @@ import (
 // a run that never failed, contiguous sequence numbers, no duplicate.
 func TestFrontendMigratesOnWorkerKill(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := clustertest.StartFrontend(t, n)
-	body := map[string]any{"model": "small", "prompt": "Once upon a time there was a little dog", "max_tokens": 240,
+	body := map[string]any{"model": "tiny", "prompt": "Once upon a time there was a little dog", "max_tokens": 240,
 		"temperature": 0.9, "seed": 9, "stream": true, "ignore_eos": true}
 	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	if len(want) != 240 {
@@ -248,10 +250,10 @@ func TestFrontendBadInput(t *testing.T) {
 // uninterrupted run. Resume tokens are checked.
 func TestFrontendResume(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
-	body := map[string]any{"model": "small", "prompt": "The old river", "max_tokens": 150, "temperature": 0.9, "seed": 4,
+	body := map[string]any{"model": "tiny", "prompt": "The old river", "max_tokens": 150, "temperature": 0.9, "seed": 4,
 		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": true}}
 	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	b, _ := json.Marshal(body)
@@ -292,7 +294,7 @@ func TestFrontendResume(t *testing.T) {
 		t.Fatalf("starting_after=100: %d tokens from %v", len(tail), tail)
 	}
 	// Forged, foreign and missing tokens are refused.
-	other, _ := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"small","prompt":"x","max_tokens":2,"ignore_eos":true}`))
+	other, _ := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny","prompt":"x","max_tokens":2,"ignore_eos":true}`))
 	io.Copy(io.Discard, other.Body)
 	other.Body.Close()
 	for name, tok := range map[string]string{"forged": "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "another request's": other.Header.Get("Lifeline-Resume-Token"), "none": ""} {
@@ -365,23 +367,33 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 		o.RestartBackoff = agent.Duration(50 * time.Millisecond)
 		o.RestartMax = agent.Duration(100 * time.Millisecond)
 		o.CrashLoopLimit = 100
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 2}}
-		o.ArenaSlotBytes = 131072
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", StepInterval: agent.Duration(clustertest.PacedStep), Count: 2}}
 	})
 	gens := map[string]uint64{}
-	for _, id := range []string{"n1-decode-small-0", "n1-decode-small-1"} {
+	for _, id := range []string{"n1-decode-tiny-0", "n1-decode-tiny-1"} {
 		gens[id] = n.WaitRegistration(t, id, 0).Generation
 	}
 	url := clustertest.StartFrontend(t, n)
 	rng := rand.New(rand.NewPCG(30, 2026))
-	for i := 0; i < 30; i++ {
+	bodies, wants, errs := make([]map[string]any, 30), make([][]clustertest.Token, 30), make([]error, 30)
+	var fresh sync.WaitGroup
+	for i := range bodies {
 		temp := 0.0
 		if i%2 == 1 {
 			temp = 0.9
 		}
-		body := map[string]any{"model": "small", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": 120,
+		bodies[i] = map[string]any{"model": "tiny", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": 120,
 			"temperature": temp, "top_p": 0.95, "seed": i, "stream": true, "ignore_eos": true}
-		want, _ := clustertest.StreamCompletion(t, url, body, nil)
+		// The fault-free runs at once: a paced worker's batch steps as
+		// fast as one stream's.
+		fresh.Go(func() { wants[i], _, errs[i] = clustertest.Stream(url, bodies[i], nil) })
+	}
+	fresh.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for i, body := range bodies {
+		temp, want := body["temperature"], wants[i]
 		k := 3 + rng.IntN(110)
 		var victim string
 		got, _ := clustertest.StreamCompletion(t, url, body, func(tok clustertest.Token) {
@@ -433,11 +445,11 @@ func (c *cuttingConn) Read(p []byte) (int, error) {
 // lifeline generate (the CLI over the same client) prints the same text.
 func TestClientResumesAfterBrokenConnections(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	temp := 0.9
-	req := client.Request{Model: "small", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
+	req := client.Request{Model: "tiny", Prompt: "Far away", MaxTokens: 160, Temperature: &temp, Seed: 11, IgnoreEOS: true}
 	var want []client.Token
 	if _, err := client.New(url).Stream(t.Context(), req, func(tok client.Token) { want = append(want, tok) }); err != nil {
 		t.Fatal(err)
@@ -466,7 +478,7 @@ func TestClientResumesAfterBrokenConnections(t *testing.T) {
 			t.Fatalf("token %d: %+v, want %+v", i+1, got[i], want[i])
 		}
 	}
-	out, errOut, err := proctest.Run(t, "generate", "--url", url, "--model", "small", "--max-tokens", "160", "--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
+	out, errOut, err := proctest.Run(t, "generate", "--url", url, "--model", "tiny", "--max-tokens", "160", "--seed", "11", "--temperature", "0.9", "--ignore-eos", "Far away")
 	var text strings.Builder
 	for _, tok := range want {
 		text.WriteString(tok.Text)
@@ -648,9 +660,9 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 // answer, equal to a fault-free run's.
 func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	// The frontend's log lines, to see where it dispatches.
 	logs, logw := io.Pipe()
 	t.Cleanup(func() { logw.Close() })
@@ -670,7 +682,7 @@ func TestFrontendNonStreamingSurvivesMigration(t *testing.T) {
 	}
 	t.Cleanup(func() { f.Stop(10 * time.Second) })
 	url := f.URL
-	body := `{"model":"small","prompt":"Tell it all at once","max_tokens":300,"seed":8,"temperature":0.9,"ignore_eos":true}`
+	body := `{"model":"tiny","prompt":"Tell it all at once","max_tokens":300,"seed":8,"temperature":0.9,"ignore_eos":true}`
 	post := func() map[string]any {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
