@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -137,10 +138,12 @@ func gauge(t *testing.T, url, name string) float64 {
 	return -1
 }
 
-// leaseNode is a node with a 2 s lease and one small decode instance;
-// opts change it further.
-func leaseNode(opts ...clustertest.Option) []clustertest.Option {
-	return append([]clustertest.Option{clustertest.SmallDecode(1), func(o *clustertest.Config) {
+// leaseNode is a node with a 2 s lease and one tiny decode instance that
+// steps every step (a worker whose KV lease lapses recomputes its
+// sequences into private memory: small, on a loaded machine, fell silent
+// long enough to be given up on); opts change it further.
+func leaseNode(step time.Duration, opts ...clustertest.Option) []clustertest.Option {
+	return append([]clustertest.Option{clustertest.PacedDecodeEvery(1, step), func(o *clustertest.Config) {
 		o.LeaseTTL = agent.Duration(2 * time.Second)
 	}}, opts...)
 }
@@ -165,16 +168,22 @@ type outage struct {
 func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, maxTokens int) {
 	gens := map[*clustertest.Node]uint64{}
 	for _, n := range nodes {
-		gens[n] = n.WaitRegistration(t, n.Options.NodeID+"-decode-small-0", 0).Generation
+		gens[n] = n.WaitRegistration(t, n.Options.NodeID+"-decode-tiny-0", 0).Generation
 	}
 	bodies := []map[string]any{
-		{"model": "small", "prompt": "The lighthouse keeper", "max_tokens": maxTokens, "temperature": 0.9, "seed": 21, "stream": true, "ignore_eos": true},
-		{"model": "small", "prompt": "In the valley below", "max_tokens": maxTokens, "temperature": 0, "seed": 22, "stream": true, "ignore_eos": true},
+		{"model": "tiny", "prompt": "The lighthouse keeper", "max_tokens": maxTokens, "temperature": 0.9, "seed": 21, "stream": true, "ignore_eos": true},
+		{"model": "tiny", "prompt": "In the valley below", "max_tokens": maxTokens, "temperature": 0, "seed": 22, "stream": true, "ignore_eos": true},
 	}
-	var want [][]clustertest.Token
-	for _, b := range bodies {
-		toks, _ := clustertest.StreamCompletion(t, url, b, nil)
-		want = append(want, toks)
+	// The fault-free runs at once: a paced worker's batch steps as fast
+	// as one stream's.
+	want, errs := make([][]clustertest.Token, len(bodies)), make([]error, len(bodies))
+	var fresh sync.WaitGroup
+	for i, b := range bodies {
+		fresh.Go(func() { want[i], _, errs[i] = clustertest.Stream(url, b, nil) })
+	}
+	fresh.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
 	}
 	seen := make([]atomic.Int64, len(bodies))
 	var runs []<-chan streamed
@@ -195,7 +204,7 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 	if code, _ := getJSON(url + "/healthz"); code != http.StatusOK {
 		t.Fatalf("/healthz %d during the outage", code)
 	}
-	during := streamAsync(url, map[string]any{"model": "small", "prompt": "Meanwhile", "max_tokens": 8, "seed": 3, "stream": true, "ignore_eos": true}, nil)
+	during := streamAsync(url, map[string]any{"model": "tiny", "prompt": "Meanwhile", "max_tokens": 8, "seed": 3, "stream": true, "ignore_eos": true}, nil)
 	if o.flowing {
 		proctest.WaitFor(t, 15*time.Second, "the streams to go on while no instance is registered", func() (bool, string) {
 			ok := true
@@ -216,7 +225,7 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 	o.restore()
 	t.Logf("leases restored %v after the cut; streams at %d, %d", time.Since(cut).Round(time.Millisecond), seen[0].Load(), seen[1].Load())
 	for _, n := range nodes {
-		r := n.WaitRegistration(t, n.Options.NodeID+"-decode-small-0", gens[n])
+		r := n.WaitRegistration(t, n.Options.NodeID+"-decode-tiny-0", gens[n])
 		t.Logf("%s registered again at generation %d (was %d)", r.InstanceID, r.Generation, gens[n])
 	}
 	for i, run := range runs {
@@ -235,7 +244,7 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 	default:
 		t.Fatalf("request during the outage: %+v", d)
 	}
-	after, _ := clustertest.StreamCompletion(t, url, map[string]any{"model": "small", "prompt": "Afterwards", "max_tokens": 8, "stream": true, "ignore_eos": true}, nil)
+	after, _ := clustertest.StreamCompletion(t, url, map[string]any{"model": "tiny", "prompt": "Afterwards", "max_tokens": 8, "stream": true, "ignore_eos": true}, nil)
 	if len(after) != 8 {
 		t.Fatalf("after the outage: %d tokens", len(after))
 	}
@@ -255,8 +264,9 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 // bit-identical; the agents, resumed, register again.
 func TestFrontendLeaseExpiryKeepsStreams(t *testing.T) {
 	t.Parallel()
-	n1 := clustertest.NewNode(t, leaseNode()...)
-	n2 := clustertest.Peer(t, n1, "n2", leaseNode()...)
+	// 480 tokens a step every 20 ms: ~10 s, past the outage.
+	n1 := clustertest.NewNode(t, leaseNode(20*time.Millisecond)...)
+	n2 := clustertest.Peer(t, n1, "n2", leaseNode(20*time.Millisecond)...)
 	nodes := []*clustertest.Node{n1, n2}
 	url := startFrontend(t, n1.Env)
 	signal := func(sig syscall.Signal) func() {
@@ -270,7 +280,7 @@ func TestFrontendLeaseExpiryKeepsStreams(t *testing.T) {
 		p := n.Process()
 		t.Cleanup(func() { p.Signal(syscall.SIGCONT) }) // before the node's own cleanup stops it
 	}
-	leaseOutage(t, url, nodes, outage{cut: signal(syscall.SIGSTOP), restore: signal(syscall.SIGCONT), flowing: true}, 700)
+	leaseOutage(t, url, nodes, outage{cut: signal(syscall.SIGSTOP), restore: signal(syscall.SIGCONT), flowing: true}, 480)
 }
 
 // etcdCut is a TCP proxy in front of etcd whose connections can be cut:
@@ -347,8 +357,10 @@ func TestFrontendEtcdPartitionKeepsStreams(t *testing.T) {
 	env := clustertest.NewEnv(t)
 	proxy := newEtcdCut(t, env.Etcd.Endpoint)
 	viaProxy := func(o *clustertest.Config) { o.Etcd = []string{proxy.ln.Addr().String()} }
-	n1 := clustertest.StartNode(t, env, "n1", leaseNode(viaProxy)...)
-	n2 := clustertest.StartNode(t, env, "n2", leaseNode(viaProxy)...)
+	// 480 tokens a step every 30 ms: ~14 s, past the outage (a cut
+	// agent takes longer to give its lease up than a frozen one).
+	n1 := clustertest.StartNode(t, env, "n1", leaseNode(30*time.Millisecond, viaProxy)...)
+	n2 := clustertest.StartNode(t, env, "n2", leaseNode(30*time.Millisecond, viaProxy)...)
 	url := startFrontend(t, n1.Env)
-	leaseOutage(t, url, []*clustertest.Node{n1, n2}, outage{cut: func() { proxy.setCut(true) }, restore: func() { proxy.setCut(false) }, flowing: true}, 1500)
+	leaseOutage(t, url, []*clustertest.Node{n1, n2}, outage{cut: func() { proxy.setCut(true) }, restore: func() { proxy.setCut(false) }, flowing: true}, 480)
 }
