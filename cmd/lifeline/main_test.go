@@ -74,7 +74,7 @@ func TestGenerateBadInput(t *testing.T) {
 	}{
 		{[]string{"--prompt", ""}, "prompt: empty"},
 		{[]string{"--prompt", "ok\xff"}, "not valid UTF-8"},
-		{[]string{"--prompt", strings.Repeat("the ", 600)}, "do not fit the context"},
+		{[]string{"--prompt", strings.Repeat("the ", 5000)}, "do not fit the context"},
 		{[]string{"--prompt", "hi", "--max-tokens", "0"}, "max_tokens"},
 		{[]string{"--prompt", "hi", "--preset", "galactic"}, "unknown preset"},
 		{[]string{"--prompt", "hi", "--prefix-tokens", "1,x"}, "not a token id"},

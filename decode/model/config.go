@@ -100,7 +100,7 @@ func (c Config) Validate() error {
 var Presets = map[string]Config{
 	"tiny": {
 		Name: "tiny", Dim: 64, HiddenDim: 176, Layers: 2, Heads: 4, KVHeads: 2,
-		ContextLen: 512, RopeTheta: 10000, NormEps: 1e-5,
+		ContextLen: 4096, RopeTheta: 10000, NormEps: 1e-5,
 	},
 	"small": {
 		Name: "small", Dim: 384, HiddenDim: 1024, Layers: 8, Heads: 6, KVHeads: 2,

@@ -85,9 +85,10 @@ type Scheduler struct {
 }
 
 // SetStepInterval makes Run start a step no sooner than d after the
-// previous one started (0: at once). It is for tests and drills: a small
-// model made as slow per token as a stream that must be cut mid-way
-// needs, without a large model's computation. Safe while Run runs.
+// previous one started (0: at once), and Stats count a step as taking at
+// least d. It is for tests and drills: a small model made as slow per
+// token as a stream that must be cut mid-way needs, without a large
+// model's computation. Safe while Run runs.
 func (s *Scheduler) SetStepInterval(d time.Duration) { s.interval.Store(int64(max(d, 0))) }
 
 // recentSteps is how many steps StepTime looks back over; meanSteps how

@@ -414,7 +414,8 @@ func TestStatsCountComputedPositions(t *testing.T) {
 
 // TestStepIntervalPacesRun: with a step interval, Run starts a step no
 // sooner than the interval after the previous one (8 tokens of tiny take
-// about a millisecond unpaced), and a cancel ends a Run waiting to step.
+// about a millisecond unpaced), its step time says so, and a cancel ends
+// a Run waiting to step.
 func TestStepIntervalPacesRun(t *testing.T) {
 	s, store := newSched(t, 64, DefaultLimits)
 	const interval, tokens = 25 * time.Millisecond, 8
@@ -433,6 +434,10 @@ func TestStepIntervalPacesRun(t *testing.T) {
 	// the first.
 	if took := time.Since(start); took < (tokens-1)*interval || len(r.tokens) != tokens {
 		t.Fatalf("%d tokens in %v, want %d in at least %v", len(r.tokens), took, tokens, (tokens-1)*interval)
+	}
+	// The step time a drain or a canary allows for is the paced one.
+	if st := s.Stats(); st.StepTime < interval || st.MeanStepTime < interval {
+		t.Fatalf("step time %v, mean %v: below the %v interval", st.StepTime, st.MeanStepTime, interval)
 	}
 	s.SetStepInterval(time.Hour)
 	long := newRecorder()

@@ -48,7 +48,9 @@ func (s *Scheduler) Step() (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.stepDone.Broadcast()
-	s.stepTimes[s.stepCount%meanSteps] = time.Since(began)
+	// A paced step (SetStepInterval) takes the interval as the streams
+	// see it: that is what a drain's and a canary's allowances are for.
+	s.stepTimes[s.stepCount%meanSteps] = max(time.Since(began), time.Duration(s.interval.Load()))
 	s.stepCount++
 	if err == nil {
 		s.computed += uint64(len(b.in))

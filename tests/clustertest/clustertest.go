@@ -385,9 +385,8 @@ const PacedStep = 5 * time.Millisecond
 // checks small's numerics runs SmallDecode.
 func PacedDecode(count int) Option { return PacedDecodeEvery(count, PacedStep) }
 
-// PacedDecodeEvery is PacedDecode at a step every step: a stream within
-// tiny's 512-token context that must outlast a frontend's death and a
-// takeover runs slower.
+// PacedDecodeEvery is PacedDecode at a step every step: a stream that
+// must outlast a frontend's death and a takeover runs slower.
 func PacedDecodeEvery(count int, step time.Duration) Option {
 	return func(c *Config) {
 		c.CanaryIdle = agent.Duration(time.Hour)

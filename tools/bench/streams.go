@@ -39,7 +39,7 @@ import (
 const (
 	streamsOpen      = 1000
 	streamsSlowEvery = 5
-	streamsMaxTokens = 200 // tiny's context is 512
+	streamsMaxTokens = 200 // within tiny's context (4,096)
 	streamsPace      = 500 * time.Millisecond
 	cpuStreams       = 400
 	streamsNodes     = 2

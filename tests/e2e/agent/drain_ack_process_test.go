@@ -28,7 +28,7 @@ type trickle struct {
 
 func startTrickle(urls []string) *trickle {
 	tr := &trickle{stop: make(chan struct{})}
-	body := map[string]any{"model": "small", "prompt": "A short note", "max_tokens": 4, "stream": true, "ignore_eos": true}
+	body := map[string]any{"model": "tiny", "prompt": "A short note", "max_tokens": 4, "stream": true, "ignore_eos": true}
 	tr.done.Go(func() {
 		for i := 0; ; i++ {
 			select {
@@ -65,7 +65,7 @@ func (tr *trickle) finish() (sent int, failed []string) {
 func TestAgentDrainWaitsForFrontendAcks(t *testing.T) {
 	t.Parallel()
 	c := newDrainCluster(t, func(o *clustertest.Config) { o.DrainSettle = agent.Duration(10 * time.Second) })
-	n1 := c.nodes["n1-decode-small-0"]
+	n1 := c.nodes["n1-decode-tiny-0"]
 	url2 := clustertest.StartFrontend(t, n1)
 	proctest.WaitFor(t, 10*time.Second, "two frontends registered", func() (bool, string) {
 		resp, err := n1.Env.Client.Get(t.Context(), schema.FrontendsPrefix, clientv3.WithPrefix())

@@ -123,7 +123,7 @@ func TestAgentDrainDecidesPerRequest(t *testing.T) {
 	t.Parallel()
 	c := newDrainCluster(t, func(o *clustertest.Config) { o.DrainSettle = agent.Duration(200 * time.Millisecond) })
 	body := func(prompt string, n, seed int) map[string]any {
-		return map[string]any{"model": "small", "prompt": prompt, "max_tokens": n, "seed": seed, "temperature": 0.9,
+		return map[string]any{"model": "tiny", "prompt": prompt, "max_tokens": n, "seed": seed, "temperature": 0.9,
 			"stream": true, "ignore_eos": true}
 	}
 	long, short := body("The night train to the coast", longTokens, 21), body("A small boat", shortTokens, 5)
@@ -206,5 +206,5 @@ func TestAgentDrainDecidesPerRequest(t *testing.T) {
 			t.Errorf("metrics of the drained node lack %s", want)
 		}
 	}
-	clustertest.NoOrphans(t, c.nodes["n1-decode-small-0"], c.nodes["n2-decode-small-0"])
+	clustertest.NoOrphans(t, c.nodes["n1-decode-tiny-0"], c.nodes["n2-decode-tiny-0"])
 }

@@ -161,7 +161,7 @@ func slowWorker(t *testing.T, pid int, stop <-chan struct{}, progress func() int
 // must still run when the worker decides, about 2 s into the drain.
 const (
 	mixedShort, mixedLong = 300, 4000 // within the small preset's 4,096-token context
-	mixedTiny             = 480       // within the tiny preset's 512-token context
+	mixedTiny             = 480       // within the tiny preset's 4,096-token context
 )
 
 // mixedCluster is TestAgentDrainMixed's three nodes: each serves the

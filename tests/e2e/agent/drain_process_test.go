@@ -24,7 +24,7 @@ import (
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
-// drainCluster is two nodes of one small decode instance each and a
+// drainCluster is two nodes of one paced tiny decode instance each and a
 // frontend, and a seeded long request's tokens from an undisturbed run.
 type drainCluster struct {
 	nodes   map[string]*clustertest.Node // by instance id
@@ -41,21 +41,20 @@ const drainTokens = 1000
 
 func newDrainCluster(t *testing.T, opts ...clustertest.Option) *drainCluster {
 	t.Helper()
-	small := func(o *clustertest.Config) {
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
-		o.ArenaSlotBytes = 131072
+	paced := func(o *clustertest.Config) {
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, StepInterval: agent.Duration(clustertest.PacedStep)}}
 		o.DrainSettle = agent.Duration(500 * time.Millisecond)
 	}
 	m1, m2 := proctest.FreeTCPAddr(t), proctest.FreeTCPAddr(t)
-	n1 := clustertest.NewNode(t, append([]clustertest.Option{small, func(o *clustertest.Config) { o.Metrics = m1 }}, opts...)...)
-	n2 := clustertest.Peer(t, n1, "n2", append([]clustertest.Option{small, func(o *clustertest.Config) { o.Metrics = m2 }}, opts...)...)
-	c := &drainCluster{nodes: map[string]*clustertest.Node{"n1-decode-small-0": n1, "n2-decode-small-0": n2},
-		metrics: map[string]string{"n1-decode-small-0": m1, "n2-decode-small-0": m2}}
+	n1 := clustertest.NewNode(t, append([]clustertest.Option{paced, func(o *clustertest.Config) { o.Metrics = m1 }}, opts...)...)
+	n2 := clustertest.Peer(t, n1, "n2", append([]clustertest.Option{paced, func(o *clustertest.Config) { o.Metrics = m2 }}, opts...)...)
+	c := &drainCluster{nodes: map[string]*clustertest.Node{"n1-decode-tiny-0": n1, "n2-decode-tiny-0": n2},
+		metrics: map[string]string{"n1-decode-tiny-0": m1, "n2-decode-tiny-0": m2}}
 	for id, n := range c.nodes {
 		n.WaitRegistration(t, id, 0)
 	}
 	c.url = clustertest.StartFrontend(t, n1)
-	c.body = map[string]any{"model": "small", "prompt": "The lighthouse keeper wrote", "max_tokens": drainTokens, "seed": 9, "temperature": 0.9,
+	c.body = map[string]any{"model": "tiny", "prompt": "The lighthouse keeper wrote", "max_tokens": drainTokens, "seed": 9, "temperature": 0.9,
 		"stream": true, "ignore_eos": true}
 	c.want, _ = clustertest.StreamCompletion(t, c.url, c.body, nil)
 	if len(c.want) != drainTokens {
@@ -136,7 +135,7 @@ func (c *drainCluster) streamDisturbed(t *testing.T, disturb func(instance strin
 func TestAgentDrainMigratesStream(t *testing.T) {
 	t.Parallel()
 	c := newDrainCluster(t)
-	flips := watchFlips(t, c.nodes["n1-decode-small-0"].Env.Client)
+	flips := watchFlips(t, c.nodes["n1-decode-tiny-0"].Env.Client)
 	var (
 		drainOut []byte
 		drainErr error
@@ -174,7 +173,7 @@ func TestAgentDrainMigratesStream(t *testing.T) {
 	if resp, err := node.Env.Client.Get(t.Context(), schema.InstancesPrefix+served); err != nil || len(resp.Kvs) != 0 {
 		t.Fatalf("registration of the drained instance: %v %v", resp, err)
 	}
-	clustertest.NoOrphans(t, c.nodes["n1-decode-small-0"], c.nodes["n2-decode-small-0"])
+	clustertest.NoOrphans(t, c.nodes["n1-decode-tiny-0"], c.nodes["n2-decode-tiny-0"])
 	metrics := scrape(t, c.metrics[served])
 	for _, want := range []string{`lifeline_agent_drains_total{trigger="nodectl"} 1`, "lifeline_agent_drain_duration_seconds_count 1",
 		`lifeline_agent_drain_active_requests{at="start"} 1`, `lifeline_agent_drain_active_requests{at="end"} 0`,
@@ -226,7 +225,7 @@ func TestAgentSIGTERMDrains(t *testing.T) {
 	c := newDrainCluster(t, func(o *clustertest.Config) {
 		o.DrainDeadline, o.DrainHardDeadline = agent.Duration(time.Second), agent.Duration(20*time.Second)
 	})
-	flips := watchFlips(t, c.nodes["n1-decode-small-0"].Env.Client)
+	flips := watchFlips(t, c.nodes["n1-decode-tiny-0"].Env.Client)
 	var (
 		node    *clustertest.Node
 		pid     int

@@ -20,15 +20,15 @@ import (
 // nothing, and is not told it did.
 func TestFrontendStopIsNotAClientCancel(t *testing.T) {
 	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	log := &proctest.SyncBuffer{}
 	f, err := n.Env.StartFrontend("127.0.0.1:0", log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Stop(10 * time.Second) })
-	b, _ := json.Marshal(map[string]any{"model": "small", "prompt": "A very long story", "max_tokens": 1500, "stream": true, "ignore_eos": true})
+	b, _ := json.Marshal(map[string]any{"model": "tiny", "prompt": "A very long story", "max_tokens": 1500, "stream": true, "ignore_eos": true})
 	resp, err := http.Post(f.URL+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
 		t.Fatal(err)
@@ -63,11 +63,11 @@ func TestFrontendStopIsNotAClientCancel(t *testing.T) {
 // sequences is a failure to migrate from; TestWorkerCancelMigrates).
 func TestFrontendWorkerStopCompletes(t *testing.T) {
 	t.Parallel() // waits on timers and processes: overlapped with the other waiting tests
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	url := startFrontend(t, n.Env)
-	body := map[string]any{"model": "small", "prompt": "The clockmaker's apprentice", "max_tokens": 800,
+	body := map[string]any{"model": "tiny", "prompt": "The clockmaker's apprentice", "max_tokens": 800,
 		"temperature": 0.9, "seed": 31, "stream": true, "ignore_eos": true}
 	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 	var stopped string

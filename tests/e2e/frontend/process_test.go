@@ -170,7 +170,7 @@ func TestFrontendBadInput(t *testing.T) {
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 99999999999}`, 400, "invalid_request_error"},
 		{`{"model": "tiny", "prompt": ""}`, 400, "invalid_request_error"},
 		{`{"model": "nonexistent", "prompt": "hi"}`, 404, "invalid_request_error"},
-		{`{"model": "tiny", "prompt": "` + strings.Repeat("the ", 600) + `", "max_tokens": 5}`, 400, "invalid_request_error"},
+		{`{"model": "tiny", "prompt": "` + strings.Repeat("the ", 5000) + `", "max_tokens": 5}`, 400, "invalid_request_error"}, // past tiny's 4,096-token context
 		{`{"model": "tiny", "prompt": "hi", "max_tokens": 5, "unknown_field": 1, "ignore_eos": true}`, 200, ""},
 	} {
 		resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(c.body))
@@ -312,8 +312,8 @@ func TestFrontendResume(t *testing.T) {
 // resumable one.
 func TestFrontendDisconnectCancels(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	check := func(id, token string) string {
 		req, _ := http.NewRequest("GET", url+"/v1/streams/"+id+"?starting_after=0", nil)
@@ -326,7 +326,7 @@ func TestFrontendDisconnectCancels(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return string(b)
 	}
-	body := `{"model":"small","prompt":"A long tale","max_tokens":900,"seed":1,"stream":true,"ignore_eos":true%s}`
+	body := `{"model":"tiny","prompt":"A long tale","max_tokens":900,"seed":1,"stream":true,"ignore_eos":true%s}`
 	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(body, "")))
 	if err != nil {
 		t.Fatal(err)
@@ -547,20 +547,19 @@ func TestFrontendOverloadIs429(t *testing.T) {
 	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1, MaxRunning: 1, MaxQueued: 0}}
-		o.ArenaSlotBytes = 131072
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", StepInterval: agent.Duration(clustertest.PacedStep), Count: 1, MaxRunning: 1, MaxQueued: 0}}
 	})
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	url := clustertest.StartFrontend(t, n)
 	long, err := http.Post(url+"/v1/completions", "application/json",
-		strings.NewReader(`{"model":"small","prompt":"a long one","max_tokens":600,"stream":true,"ignore_eos":true}`))
+		strings.NewReader(`{"model":"tiny","prompt":"a long one","max_tokens":600,"stream":true,"ignore_eos":true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer long.Body.Close()
 	clustertest.ReadSSE(t, long.Body, func(tok clustertest.Token) bool { return tok.Seq == 2 })
 	start := time.Now()
-	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"small","prompt":"x","max_tokens":5}`))
+	resp, err := http.Post(url+"/v1/completions", "application/json", strings.NewReader(`{"model":"tiny","prompt":"x","max_tokens":5}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -609,15 +608,14 @@ func TestFrontendMigrationExhausted(t *testing.T) {
 		o.CanaryIdle = agent.Duration(time.Hour)
 		o.RestartBackoff = agent.Duration(5 * time.Second)
 		o.RestartMax = agent.Duration(5 * time.Second)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 4}}
-		o.ArenaSlotBytes = 131072
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", StepInterval: agent.Duration(clustertest.PacedStep), Count: 4}}
 		o.ArenaSlots = 512
 	})
 	for i := 0; i < 4; i++ {
-		n.WaitRegistration(t, fmt.Sprintf("n1-decode-small-%d", i), 0)
+		n.WaitRegistration(t, fmt.Sprintf("n1-decode-tiny-%d", i), 0)
 	}
 	url := clustertest.StartFrontend(t, n)
-	b, _ := json.Marshal(map[string]any{"model": "small", "prompt": "doomed", "max_tokens": 900, "seed": 1, "stream": true, "ignore_eos": true})
+	b, _ := json.Marshal(map[string]any{"model": "tiny", "prompt": "doomed", "max_tokens": 900, "seed": 1, "stream": true, "ignore_eos": true})
 	start := time.Now()
 	resp, err := http.Post(url+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {

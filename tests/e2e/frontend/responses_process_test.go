@@ -93,7 +93,7 @@ func joined(evs []respEvent) string {
 
 // story is a seeded response body of n tokens.
 func story(seed, n int, background bool) responses.ResponseNewParams {
-	p := responses.ResponseNewParams{Model: "small", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("Story number %d began when", seed))},
+	p := responses.ResponseNewParams{Model: "tiny", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(fmt.Sprintf("Story number %d began when", seed))},
 		MaxOutputTokens: openai.Int(int64(n)), Temperature: openai.Float(0.9), Instructions: openai.String("tell stories")}
 	if background {
 		p.Background = openai.Bool(true)
@@ -125,9 +125,9 @@ func statusOf(err error) int {
 
 func TestResponsesSDK(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	a := clustertest.StartFrontend(t, n, "--id", "A")
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	ca, cb := sdk(a, "k1"), sdk(b, "k1")
@@ -143,7 +143,7 @@ func TestResponsesSDK(t *testing.T) {
 	}
 	if !strings.HasPrefix(whole.ID, "resp_") || whole.Status != "incomplete" || whole.IncompleteDetails.Reason != "max_output_tokens" ||
 		whole.Usage.OutputTokens != 12 || whole.Usage.InputTokens < 2 || whole.OutputText() == "" || whole.Metadata["user"] != "u1" ||
-		whole.Instructions.OfString != "tell stories" || whole.Model != "small" {
+		whole.Instructions.OfString != "tell stories" || whole.Model != "tiny" {
 		t.Fatalf("whole response: %s", whole.RawJSON())
 	}
 	evs, final, err := readEvents(ca.Responses.NewStreaming(ctx, p, seedOpt(3)...), nil)
@@ -184,7 +184,7 @@ func TestResponsesSDK(t *testing.T) {
 	}
 
 	t.Run("previous_response_id", func(t *testing.T) {
-		next, err := cb.Responses.New(ctx, responses.ResponseNewParams{Model: "small", PreviousResponseID: openai.String(whole.ID),
+		next, err := cb.Responses.New(ctx, responses.ResponseNewParams{Model: "tiny", PreviousResponseID: openai.String(whole.ID),
 			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("and then")}, MaxOutputTokens: openai.Int(4)}, seedOpt(4)...)
 		if err != nil {
 			t.Fatal(err)
@@ -193,7 +193,7 @@ func TestResponsesSDK(t *testing.T) {
 			t.Fatalf("continued: %s (first had %d input tokens)", next.RawJSON(), whole.Usage.InputTokens)
 		}
 		// Another credential does not see the conversation.
-		_, err = cb2.Responses.New(ctx, responses.ResponseNewParams{Model: "small", PreviousResponseID: openai.String(whole.ID),
+		_, err = cb2.Responses.New(ctx, responses.ResponseNewParams{Model: "tiny", PreviousResponseID: openai.String(whole.ID),
 			Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("x")}}, seedOpt(4)...)
 		if statusOf(err) != 400 || !strings.Contains(errText(err), "previous_response_id") {
 			t.Fatalf("previous response under another key: %v", err)
@@ -203,7 +203,7 @@ func TestResponsesSDK(t *testing.T) {
 	t.Run("json_schema", func(t *testing.T) {
 		schema := map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}, "n": map[string]any{"type": "integer"}},
 			"required": []string{"city", "n"}, "additionalProperties": false}
-		r, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "small", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a city")},
+		r, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "tiny", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("a city")},
 			MaxOutputTokens: openai.Int(200), Text: responses.ResponseTextConfigParam{Format: responses.ResponseFormatTextConfigUnionParam{
 				OfJSONSchema: &responses.ResponseFormatTextJSONSchemaConfigParam{Name: "place", Schema: schema, Strict: openai.Bool(true)}}}},
 			option.WithJSONSet("seed", 5))
@@ -222,7 +222,7 @@ func TestResponsesSDK(t *testing.T) {
 	t.Run("function_call", func(t *testing.T) {
 		tool := responses.ToolUnionParam{OfFunction: &responses.FunctionToolParam{Name: "get_weather", Strict: openai.Bool(true),
 			Parameters: map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}, "required": []string{"city"}, "additionalProperties": false}}}
-		p := responses.ResponseNewParams{Model: "small", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("weather in Paris?")},
+		p := responses.ResponseNewParams{Model: "tiny", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("weather in Paris?")},
 			MaxOutputTokens: openai.Int(200), Tools: []responses.ToolUnionParam{tool},
 			ToolChoice: responses.ResponseNewParamsToolChoiceUnion{OfToolChoiceMode: openai.Opt(responses.ToolChoiceOptionsRequired)}}
 		r, err := ca.Responses.New(ctx, p, option.WithJSONSet("seed", 6))
@@ -244,7 +244,7 @@ func TestResponsesSDK(t *testing.T) {
 		// The call's output continues the conversation.
 		out := responses.ResponseInputItemParamOfFunctionCallOutput(`{"temp": 21}`)
 		out.OfFunctionCallOutput.CallID = openai.String(r.Output[0].CallID)
-		next, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "small", PreviousResponseID: openai.String(r.ID), MaxOutputTokens: openai.Int(4),
+		next, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "tiny", PreviousResponseID: openai.String(r.ID), MaxOutputTokens: openai.Int(4),
 			Input: responses.ResponseNewParamsInputUnion{OfInputItemList: responses.ResponseInputParam{out}}}, seedOpt(6)...)
 		if err != nil || next.Usage.InputTokens <= r.Usage.InputTokens {
 			t.Fatalf("after the call's output: %v %v", err, next)
@@ -265,7 +265,7 @@ func TestResponsesSDK(t *testing.T) {
 			t.Fatalf("cancel at B: %v %v", err, c)
 		}
 		proctest.WaitFor(t, 10*time.Second, "the workers' sequences cancelled", func() (bool, string) {
-			h0, h1 := workerHealth(t, n, "n1-decode-small-0"), workerHealth(t, n, "n1-decode-small-1")
+			h0, h1 := workerHealth(t, n, "n1-decode-tiny-0"), workerHealth(t, n, "n1-decode-tiny-1")
 			return h0.Running+h1.Running+h0.Detached+h1.Detached == 0, fmt.Sprintf("running %d+%d", h0.Running, h1.Running)
 		})
 		if r, err := ca.Responses.Get(ctx, bg.ID, responses.ResponseGetParams{}); err != nil || r.Status != "cancelled" {
@@ -321,7 +321,7 @@ func TestResponsesSDK(t *testing.T) {
 			}, 400, "input[0].content[0].type"},
 			{"max_output_tokens", func() error { _, err := ca.Responses.New(ctx, story(1, 0, false)); return err }, 400, "max_output_tokens"},
 			{"oversized input", func() error {
-				_, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "small", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(strings.Repeat("words ", 2<<20))}})
+				_, err := ca.Responses.New(ctx, responses.ResponseNewParams{Model: "tiny", Input: responses.ResponseNewParamsInputUnion{OfString: openai.String(strings.Repeat("words ", 2<<20))}})
 				return err
 			}, 413, ""},
 		} {
@@ -341,9 +341,9 @@ func TestResponsesSDK(t *testing.T) {
 // sequence numbers, text), contiguous, with no duplicate.
 func TestResponsesSurviveFailures(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(2))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	n.WaitRegistration(t, "n1-decode-small-1", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(2))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	n.WaitRegistration(t, "n1-decode-tiny-1", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	cb := sdk(b, "k")
 	ctx := context.Background()
@@ -419,7 +419,7 @@ func sameEvents(got, want []respEvent) error {
 
 // killServing SIGKILLs the decode worker that is generating.
 func killServing(t *testing.T, n *clustertest.Node) {
-	for _, id := range []string{"n1-decode-small-0", "n1-decode-small-1"} {
+	for _, id := range []string{"n1-decode-tiny-0", "n1-decode-tiny-1"} {
 		if workerHealth(t, n, id).Running > 0 {
 			killWorker(t, n, id)
 			return
@@ -434,8 +434,8 @@ func killServing(t *testing.T, n *clustertest.Node) {
 // end; retrieved afterwards it is a fault-free run's output.
 func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	cb := sdk(b, "k")
 	ctx := context.Background()
@@ -495,8 +495,8 @@ func TestBackgroundResponseAdoptedWhenItsFrontendDies(t *testing.T) {
 // not take it (TestResponsesSDK polls a live owner's responses).
 func TestPolledResponseTakenOverWhenItsOwnerDied(t *testing.T) {
 	t.Parallel()
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
 	b := clustertest.StartFrontend(t, n, "--id", "B")
 	cb := sdk(b, "k")
 	ctx := context.Background()

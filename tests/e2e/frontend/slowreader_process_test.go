@@ -32,9 +32,9 @@ func TestSlowReaderIsCutAndResumes(t *testing.T) {
 	proctest.Processes(t)
 	t.Parallel()
 	const tokens, readFirst, stallTokens = 2000, 10, 1000
-	n := clustertest.NewNode(t, clustertest.SmallDecode(1))
-	n.WaitRegistration(t, "n1-decode-small-0", 0)
-	body := map[string]any{"model": "small", "prompt": "A slow reader", "max_tokens": tokens, "temperature": 0.9, "seed": 11,
+	n := clustertest.NewNode(t, clustertest.PacedDecode(1))
+	n.WaitRegistration(t, "n1-decode-tiny-0", 0)
+	body := map[string]any{"model": "tiny", "prompt": "A slow reader", "max_tokens": tokens, "temperature": 0.9, "seed": 11,
 		"stream": true, "ignore_eos": true, "stream_options": map[string]any{"resumable": true}}
 	began := time.Now()
 	want, _ := clustertest.StreamCompletion(t, clustertest.StartFrontend(t, n), body, nil)
