@@ -12,7 +12,7 @@ import (
 )
 
 // endStrays SIGKILLs every worker process of inst that an agent on this
-// socket started and nobody can adopt (every one but keep, the adopted
+// socket started and nobody adopts (every one but keep, the adopted
 // worker's pid or 0, and its descendants: a worker_binary wrapper that
 // forks leaves the worker under it), waits (bounded) until they are gone
 // and reclaims the KV blocks of those that are. A supervisor calls it
@@ -45,10 +45,10 @@ func (a *Agent) endStrays(inst *instance, keep int) {
 			reclaimed += a.kvOwner.WriterDead(kv.Writer{Instance: inst.id, Gen: g})
 		}
 	}
-	a.log.Warn("workers nobody can adopt ended", "instance_id", inst.id, "pids", pids, "not_gone_yet", alive, "kv_blocks_reclaimed", reclaimed,
-		"recovery_action", "a worker a previous agent process started but never recorded is ended before its successor starts")
+	a.log.Warn("workers nobody adopts ended", "instance_id", inst.id, "pids", pids, "not_gone_yet", alive, "kv_blocks_reclaimed", reclaimed,
+		"recovery_action", "a worker a previous agent process started, never recorded or not adopted, is ended before its successor starts")
 	a.emit(controlapi.Event{Kind: controlapi.EventStrayEnded, InstanceID: inst.id, PID: pids[0],
-		Detail: fmt.Sprintf("%d processes a previous agent started and never recorded (pids %v) SIGKILLed, %d not gone within 5 s; %d KV blocks reclaimed", len(pids), pids, len(alive), reclaimed)})
+		Detail: fmt.Sprintf("%d processes a previous agent started, never recorded or not adopted (pids %v), SIGKILLed, %d not gone within 5 s; %d KV blocks reclaimed", len(pids), pids, len(alive), reclaimed)})
 }
 
 // descends says whether pid is keep or runs under it (keep 0: never).

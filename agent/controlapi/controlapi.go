@@ -40,8 +40,9 @@ const (
 	// after a rank's death (Detail says how fast).
 	EventGroupEnded = "group_ended"
 	// EventStrayEnded: worker processes of the instance a previous agent
-	// process started and never recorded (it died first) were ended
-	// before a new worker started (Detail lists them).
+	// process started and nobody adopts (it died before it recorded them,
+	// or their adoption failed) were ended before a new worker started
+	// (Detail lists them).
 	EventStrayEnded = "stray_ended"
 )
 

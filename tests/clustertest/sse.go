@@ -3,9 +3,11 @@ package clustertest
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"testing"
 
 	"github.com/lifeline-llm/lifeline/frontend/sse"
@@ -29,6 +31,23 @@ func StreamCompletion(t testing.TB, url string, body map[string]any, each func(T
 		t.Fatal(err)
 	}
 	return toks, last
+}
+
+// StreamCompletions streams every body at once and returns their tokens
+// in order, failing the test on any error: fault-free reference runs,
+// which a paced worker steps in one batch as fast as one stream.
+func StreamCompletions(t testing.TB, url string, bodies []map[string]any) [][]Token {
+	t.Helper()
+	toks, errs := make([][]Token, len(bodies)), make([]error, len(bodies))
+	var wg sync.WaitGroup
+	for i, b := range bodies {
+		wg.Go(func() { toks[i], _, errs[i] = Stream(url, b, nil) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	return toks
 }
 
 // Stream is StreamCompletion for goroutines that must not fail the test:

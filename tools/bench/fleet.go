@@ -361,7 +361,10 @@ func (f *fleet) admission(rate int, admitFor time.Duration) error {
 			// The admitting frontend's profile from 0.5 s in, for all
 			// but the last second of the admissions:
 			// prefix-records-on.pb.gz and prefix-records-off.pb.gz.
-			path := prefix + "-records-" + map[bool]string{true: "off", false: "on"}[fe == f.noRecords] + ".pb.gz"
+			path := prefix + "-records-on.pb.gz"
+			if fe == f.noRecords {
+				path = prefix + "-records-off.pb.gz"
+			}
 			prof.Go(func() {
 				time.Sleep(500 * time.Millisecond)
 				(&streamsCluster{fe: fe}).saveProfile(path, fmt.Sprintf("/debug/pprof/profile?seconds=%d", max(1, int(admitFor.Seconds())-1)))

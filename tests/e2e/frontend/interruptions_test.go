@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -174,17 +173,7 @@ func leaseOutage(t *testing.T, url string, nodes []*clustertest.Node, o outage, 
 		{"model": "tiny", "prompt": "The lighthouse keeper", "max_tokens": maxTokens, "temperature": 0.9, "seed": 21, "stream": true, "ignore_eos": true},
 		{"model": "tiny", "prompt": "In the valley below", "max_tokens": maxTokens, "temperature": 0, "seed": 22, "stream": true, "ignore_eos": true},
 	}
-	// The fault-free runs at once: a paced worker's batch steps as fast
-	// as one stream's.
-	want, errs := make([][]clustertest.Token, len(bodies)), make([]error, len(bodies))
-	var fresh sync.WaitGroup
-	for i, b := range bodies {
-		fresh.Go(func() { want[i], _, errs[i] = clustertest.Stream(url, b, nil) })
-	}
-	fresh.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	want := clustertest.StreamCompletions(t, url, bodies)
 	seen := make([]atomic.Int64, len(bodies))
 	var runs []<-chan streamed
 	for i, b := range bodies {

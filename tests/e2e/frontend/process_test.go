@@ -6,7 +6,6 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -14,7 +13,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -375,8 +373,7 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 	}
 	url := clustertest.StartFrontend(t, n)
 	rng := rand.New(rand.NewPCG(30, 2026))
-	bodies, wants, errs := make([]map[string]any, 30), make([][]clustertest.Token, 30), make([]error, 30)
-	var fresh sync.WaitGroup
+	bodies := make([]map[string]any, 30)
 	for i := range bodies {
 		temp := 0.0
 		if i%2 == 1 {
@@ -384,14 +381,8 @@ func TestFrontendThirtyKillPoints(t *testing.T) {
 		}
 		bodies[i] = map[string]any{"model": "tiny", "prompt": fmt.Sprintf("Story number %d began when", i), "max_tokens": 120,
 			"temperature": temp, "top_p": 0.95, "seed": i, "stream": true, "ignore_eos": true}
-		// The fault-free runs at once: a paced worker's batch steps as
-		// fast as one stream's.
-		fresh.Go(func() { wants[i], _, errs[i] = clustertest.Stream(url, bodies[i], nil) })
 	}
-	fresh.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	wants := clustertest.StreamCompletions(t, url, bodies)
 	for i, body := range bodies {
 		temp, want := body["temperature"], wants[i]
 		k := 3 + rng.IntN(110)
