@@ -67,7 +67,7 @@ func (a *Agent) status() controlapi.Status {
 		Stats: controlapi.TransferStats(a.transfer.Stats())}
 	ks := a.kvOwner.Stats()
 	st.Arena = map[string]any{"slots": ks.Slots, "slots_in_use": ks.SlotsInUse, "by_state": ks.ByState, "leases": ks.Leases,
-		"sessions": ks.Sessions, "unpublished_by_writer": ks.Unpublished, "orphans_reclaimed": ks.OrphansReclaimed, "stale_rejects": ks.StaleRejects,
+		"sessions": ks.Sessions, "unpublished_by_writer": ks.Unpublished, "leases_by_session": ks.LeasesBy, "orphans_reclaimed": ks.OrphansReclaimed, "sessions_replaced": ks.SessionsReplaced, "stale_rejects": ks.StaleRejects,
 		"checksum_failures": ks.ChecksumFailures, "corrupt_dropped": ks.CorruptDropped}
 	for state, n := range ks.ByState {
 		a.metrics.slots.WithLabelValues(state).Set(float64(n))

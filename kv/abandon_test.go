@@ -279,3 +279,59 @@ func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
 		t.Fatalf("abort the kept block under the new session: %v", err)
 	}
 }
+
+// TestALateAcquireLeavesNoLease: an Acquire that got no answer in time
+// (the owner stalled, as a SIGSTOP of the agent stalls it) still reaches
+// the owner once it resumes, which leases the blocks to the session of
+// the connection the client gave up. The client never learnt of those
+// leases: the session held them until it expired, a lease TTL after its
+// last renewal plus however long the owner had stalled (drill 7 counted
+// 19 such leases, one prompt's prefix, still held 15 s after a 4 s
+// pause). The client's next hello now replaces that session, and the
+// owner ends it at once: the leases go with it.
+// Not in parallel: its stall must end within the lease.
+func TestALateAcquireLeavesNoLease(t *testing.T) {
+	const ttl = 1500 * time.Millisecond
+	o, target := serveOwner(t, 8, ttl)
+	sid := hello(t, o, "writer", 1)
+	key := BlockKey{7}
+	r := writeBlock(t, o, sid, key, BlockKey{}, 3, true)
+	if err := o.Release(sid, r); err != nil {
+		t.Fatal(err)
+	}
+	p := newProxy(t, target)
+	c, err := kvclient.Dial(context.Background(), p.sock, Writer{Instance: "reader", Gen: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p.Pause(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err = c.Acquire(ctx, []BlockKey{key})
+	cancel()
+	if err == nil {
+		t.Fatal("an Acquire through a stalled line succeeded")
+	}
+	p.Pause(false)
+	proctest.WaitFor(t, 5*time.Second, "the late Acquire to lease the block", func() (bool, string) {
+		n := o.Stats().Leases
+		return n == 1, fmt.Sprintf("%d leases", n)
+	})
+	proctest.WaitFor(t, 5*time.Second, "a renewal to find the owner back", func() (bool, string) {
+		return c.Reachable(), "unreachable"
+	})
+	// The client goes on under a new session: what it acquires now, it
+	// holds and releases, and the lease it never learnt of is gone with
+	// the session it replaced, at once (that session, renewed until now,
+	// would have lived a TTL longer).
+	refs, err := c.Acquire(context.Background(), []BlockKey{key})
+	if err != nil || len(refs) != 1 {
+		t.Fatalf("acquire after the stall: %v %v", refs, err)
+	}
+	if err := c.Release(context.Background(), refs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if st := o.Stats(); st.Leases != 0 || st.SessionsReplaced != 1 {
+		t.Fatalf("after the new session's release: %d leases (%v), %d sessions replaced (want 0 and 1)", st.Leases, st.LeasesBy, st.SessionsReplaced)
+	}
+}

@@ -727,3 +727,46 @@ func TestSweeperFencesWritersFirst(t *testing.T) {
 		t.Fatalf("an abandoned session of a live writer: %d expired, fenced %v", expired, fenced)
 	}
 }
+
+// TestEndReplacedEndsOnlyTheWritersOwnSession: a hello that names the
+// session it replaces ends that one, with its leases and the blocks it
+// still writes; a session of another writer, or the new one itself, is
+// left alone, so that a writer cannot end anyone else's.
+func TestEndReplacedEndsOnlyTheWritersOwnSession(t *testing.T) {
+	t.Parallel()
+	o := newOwnerEnv(t, 8).open(t)
+	w := Writer{Instance: "w", Gen: 1}
+	old := hello(t, o, "w", 1)
+	pub := writeBlock(t, o, old, BlockKey{1}, BlockKey{}, 1, true)
+	writing, err := o.Allocate(old, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := hello(t, o, "x", 1)
+	if _, err := o.Acquire(other, []BlockKey{{1}}); err != nil {
+		t.Fatal(err)
+	}
+	sid, _, _, err := o.Hello(w, nil, []Ref{pub})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.EndReplaced(w, sid, other) || o.EndReplaced(w, sid, sid) || o.EndReplaced(Writer{Instance: "w", Gen: 2}, sid, old) {
+		t.Fatal("ended a session of another writer, or the new one itself")
+	}
+	if !o.EndReplaced(w, sid, old) {
+		t.Fatal("the writer's own old session not ended")
+	}
+	if o.EndReplaced(w, sid, old) {
+		t.Fatal("ended twice")
+	}
+	st := o.Stats()
+	if st.Sessions != 2 || st.SessionsReplaced != 1 || st.Leases != 2 {
+		t.Fatalf("after the replacement: %d sessions, %d replaced, %d leases (want 2, 1, 2: the new session's and the other writer's)", st.Sessions, st.SessionsReplaced, st.Leases)
+	}
+	if slotState(o, writing[0].Slot) != Free {
+		t.Fatal("the block the old session still wrote was not freed")
+	}
+	if _, err := o.Acquire(old, []BlockKey{{1}}); !errors.Is(err, ErrUnknownSession) {
+		t.Fatalf("acquire under the ended session: %v", err)
+	}
+}

@@ -206,9 +206,13 @@ func dispatchAdmin(o *Owner, req *kvpb.Request, resp *kvpb.Response) error {
 
 // handleHello opens the connection's session.
 func handleHello(o *Owner, sid *SessionID, h *kvpb.Hello, resp *kvpb.Response) error {
-	id, ownedOK, leasedOK, err := o.Hello(Writer{Instance: h.InstanceId, Gen: h.Generation}, kvclient.RefsFromPB(h.Owned), kvclient.RefsFromPB(h.Leased))
+	w := Writer{Instance: h.InstanceId, Gen: h.Generation}
+	id, ownedOK, leasedOK, err := o.Hello(w, kvclient.RefsFromPB(h.Owned), kvclient.RefsFromPB(h.Leased))
 	if err != nil {
 		return err
+	}
+	if h.Replaces != 0 {
+		o.EndReplaced(w, id, SessionID(h.Replaces))
 	}
 	*sid = id
 	g := o.Arena().Geometry()

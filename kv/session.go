@@ -66,6 +66,24 @@ func (o *Owner) KeepAlive(sid SessionID) error {
 	return nil
 }
 
+// EndReplaced ends session old of writer w once w's session sid has taken
+// over what it re-attached: whatever old still holds, its writer gave up
+// (a lease an unanswered Acquire took, a block it forgot), and it would
+// otherwise be held until old expired, the owner's own stalls added. A
+// session of another writer, or sid itself, is left alone. It reports
+// whether old was ended.
+func (o *Owner) EndReplaced(w Writer, sid, old SessionID) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	s := o.sessions[old]
+	if s == nil || old == sid || s.writer != w {
+		return false
+	}
+	o.endSessionLocked(old)
+	o.stats.SessionsReplaced++
+	return true
+}
+
 // EndSession ends a session at once: its leases are released and any
 // block it still writes is freed. It returns how many blocks were freed.
 func (o *Owner) EndSession(sid SessionID) int {

@@ -16,6 +16,9 @@ type Stats struct {
 	// Unpublished counts, per writer session ("instance@gen session N"),
 	// the slots held ALLOCATED, WRITING or SEALED: what a leak names.
 	Unpublished map[string]int
+	// LeasesBy counts, per session ("instance@gen session N", "expired"
+	// once past its lease end), the published slots it holds leased.
+	LeasesBy map[string]int
 
 	StaleRejects      uint64 // reads or changes through a stale reference
 	StaleDeletes      uint64 // compare-and-deletes refused for a stale generation
@@ -27,6 +30,7 @@ type Stats struct {
 	RecoveredAtStart  uint64 // published manifests that verified when the owner started
 	DuplicatePublish  uint64
 	SessionsExpired   uint64
+	SessionsReplaced  uint64 // ended by their writer's next hello (EndReplaced)
 	WritersReportDead uint64
 	// Quarantined lists an arena file or manifest directory that could not
 	// be opened at start-up and was moved aside (the owner started empty).
@@ -50,6 +54,20 @@ func (o *Owner) Stats() Stats {
 			}
 			st.Unpublished[fmt.Sprintf("%s session %d", sl.writer, sl.session)]++
 		}
+	}
+	now := o.opts.Now()
+	for sid, s := range o.sessions {
+		if len(s.leased) == 0 {
+			continue
+		}
+		if st.LeasesBy == nil {
+			st.LeasesBy = map[string]int{}
+		}
+		name := fmt.Sprintf("%s session %d", s.writer, sid)
+		if !now.Before(s.expires) {
+			name += " expired"
+		}
+		st.LeasesBy[name] = len(s.leased)
 	}
 	st.Sessions = len(o.sessions)
 	st.SlotsInUse = len(o.slots) - len(o.free)

@@ -151,7 +151,13 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 	}
 	c.conn = w
 	owned, leased, expired := c.held()
-	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen}
+	// The session we had (if any) is ended once this one re-attached
+	// what we still hold: the owner may hold more under it than we know
+	// (the leases of an Acquire whose answer we never read).
+	c.mu.Lock()
+	replaces := c.hello.GetSession()
+	c.mu.Unlock()
+	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen, Replaces: replaces}
 	for _, r := range owned {
 		hello.Owned = append(hello.Owned, RefToPB(r))
 	}

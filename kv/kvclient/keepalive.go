@@ -54,7 +54,11 @@ func (c *Client) keepAlive(ctx context.Context) {
 		w, err = c.renew(ctx, w, session, ttl)
 		c.mu.Lock()
 		switch {
-		case err == nil && c.hello.GetSession() == session:
+		case c.hello.GetSession() != session:
+			// A hello replaced the session meanwhile (and ended it at the
+			// owner): the answer is about one we no longer hold.
+			c.mu.Unlock()
+		case err == nil:
 			c.validUntil = sent.Add(ttl - c.margin())
 			c.unreachable = false
 			c.mu.Unlock()

@@ -169,11 +169,16 @@ func (x *Ref) GetPayloadLen() uint32 {
 // Hello opens the connection's session. owned and leased re-attach blocks
 // the writer held before a reconnect or an owner restart.
 type Hello struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	Generation    uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
-	Owned         []*Ref                 `protobuf:"bytes,3,rep,name=owned,proto3" json:"owned,omitempty"`
-	Leased        []*Ref                 `protobuf:"bytes,4,rep,name=leased,proto3" json:"leased,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	Owned      []*Ref                 `protobuf:"bytes,3,rep,name=owned,proto3" json:"owned,omitempty"`
+	Leased     []*Ref                 `protobuf:"bytes,4,rep,name=leased,proto3" json:"leased,omitempty"`
+	// replaces is the writer's previous session, ended once this one has
+	// taken over what it re-attaches: what the writer gave up (a lease an
+	// unanswered Acquire took, a block it forgot) is freed now rather than
+	// when that session would have expired.
+	Replaces      uint64 `protobuf:"varint,5,opt,name=replaces,proto3" json:"replaces,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -234,6 +239,13 @@ func (x *Hello) GetLeased() []*Ref {
 		return x.Leased
 	}
 	return nil
+}
+
+func (x *Hello) GetReplaces() uint64 {
+	if x != nil {
+		return x.Replaces
+	}
+	return 0
 }
 
 type HelloReply struct {
@@ -1378,7 +1390,7 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"\x03gen\x18\x02 \x01(\x04R\x03gen\x12\x1a\n" +
 	"\bchecksum\x18\x03 \x01(\rR\bchecksum\x12\x1f\n" +
 	"\vpayload_len\x18\x04 \x01(\rR\n" +
-	"payloadLen\"\xa0\x01\n" +
+	"payloadLen\"\xbc\x01\n" +
 	"\x05Hello\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1e\n" +
@@ -1386,7 +1398,8 @@ const file_lifeline_kv_proto_rawDesc = "" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12)\n" +
 	"\x05owned\x18\x03 \x03(\v2\x13.lifeline.kv.v1.RefR\x05owned\x12+\n" +
-	"\x06leased\x18\x04 \x03(\v2\x13.lifeline.kv.v1.RefR\x06leased\"\xd8\x01\n" +
+	"\x06leased\x18\x04 \x03(\v2\x13.lifeline.kv.v1.RefR\x06leased\x12\x1a\n" +
+	"\breplaces\x18\x05 \x01(\x04R\breplaces\"\xd8\x01\n" +
 	"\n" +
 	"HelloReply\x12\x18\n" +
 	"\asession\x18\x01 \x01(\x04R\asession\x12\x1d\n" +

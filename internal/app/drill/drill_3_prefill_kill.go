@@ -163,14 +163,22 @@ func holding(ctx context.Context, c *Cluster) (leaks, error) {
 
 // holders names, node by node, the writer sessions holding unpublished
 // slots: who a leak of slots belongs to.
-func holders(ctx context.Context, c *Cluster) string {
+func holders(ctx context.Context, c *Cluster) string { return heldBy(ctx, c, "unpublished_by_writer") }
+
+// leaseHolders names, node by node, the sessions holding leases on
+// published slots: who a leak of leases belongs to.
+func leaseHolders(ctx context.Context, c *Cluster) string { return heldBy(ctx, c, "leases_by_session") }
+
+// heldBy lists, node by node, the arena status's per-session counts
+// under key.
+func heldBy(ctx context.Context, c *Cluster, key string) string {
 	sts, err := c.Statuses(ctx)
 	if err != nil {
 		return err.Error()
 	}
 	var out []string
 	for _, st := range sts {
-		if by, _ := st.Arena["unpublished_by_writer"].(map[string]any); len(by) > 0 {
+		if by, _ := st.Arena[key].(map[string]any); len(by) > 0 {
 			out = append(out, fmt.Sprintf("%s: %v", st.NodeID, by))
 		}
 	}

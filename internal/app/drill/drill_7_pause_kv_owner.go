@@ -108,7 +108,7 @@ func runPauseKVOwner(ctx context.Context, c *Cluster, cfg Config, r *Recorder) e
 	ck.That(all.Gaps == 0 && all.Duplicates == 0, "%d gaps, %d duplicates", all.Gaps, all.Duplicates)
 	ck.That(all.Identical == all.Streams, "%d of %d streams bit-identical", all.Identical, all.Streams)
 	ck.That(checksum == 0 && corrupt == 0, "the owner counted %v checksum failures, dropped %v corrupt blocks", checksum, corrupt)
-	ck.That(left.over(base) == (leaks{}), "the node holds %+v after the drill (before: %+v)", left, base)
+	ck.That(left.over(base) == (leaks{}), "the node holds %+v after the drill (before: %+v); leases by session: %s", left, base, leaseHolders(ctx, c))
 	ck.Verdict(r, fmt.Sprintf("owner paused %.0f ms: %d streams served as cache misses, bit-identical; %d positions reused before, %d after",
 		ms(pausedFor), paused.Streams, reusedWarm, reusedAgain))
 	return nil
