@@ -22,11 +22,13 @@ func TestWorkerDecodesWhileAgentFrozen(t *testing.T) {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.LeaseTTL = agent.Duration(2 * time.Second)
 		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}}
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, StepInterval: agent.Duration(pacedStep)}}
 		o.ArenaSlotBytes = 131072
 	})
 	url := clustertest.StartFrontend(t, n)
-	body := map[string]any{"model": "small", "prompt": "The lighthouse keeper", "max_tokens": 700, "temperature": 0.9, "seed": 21, "stream": true, "ignore_eos": true}
+	// 1,200 paced tokens take 6 s at least: the stream outlasts the 3 s
+	// freeze.
+	body := map[string]any{"model": "tiny", "prompt": "The lighthouse keeper", "max_tokens": 1200, "temperature": 0.9, "seed": 21, "stream": true, "ignore_eos": true}
 	want, _ := clustertest.StreamCompletion(t, url, body, nil)
 
 	p := n.Process()
@@ -86,8 +88,8 @@ func TestWorkerDecodesWhileAgentFrozen(t *testing.T) {
 	}
 	// Resumed: the agent registers again, and a request publishes its
 	// prompt's blocks to the arena, where the next one reuses them.
-	n.WaitRegistration(t, n.Options.NodeID+"-decode-small-0", 0)
-	again := map[string]any{"model": "small", "prompt": "After the freeze the keeper climbed the stairs of the old lighthouse and lit the lamp again, as every night",
+	n.WaitRegistration(t, n.Options.NodeID+"-decode-tiny-0", 0)
+	again := map[string]any{"model": "tiny", "prompt": "After the freeze the keeper climbed the stairs of the old lighthouse and lit the lamp again, as every night",
 		"max_tokens": 4, "stream": true, "ignore_eos": true}
 	proctest.WaitFor(t, 30*time.Second, "a request served with arena KV after the freeze", func() (bool, string) {
 		_, last, err := clustertest.Stream(url, again, nil)

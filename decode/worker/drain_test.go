@@ -16,8 +16,9 @@ import (
 	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
-// startWorker runs a worker of the small preset (a long generation takes
-// seconds) in-process and dials it.
+// startWorker runs a paced worker of the tiny preset (a long generation
+// takes seconds, as small's does, at a fraction of its CPU) in-process
+// and dials it.
 func startWorker(t *testing.T) *workerclient.Client {
 	c, _ := startStoppableWorker(t)
 	return c
@@ -32,7 +33,8 @@ func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 	return w.dial(t), w.stop
 }
 
-// testWorker is an in-process worker of the small preset.
+// testWorker is an in-process worker: by default tiny, a step every
+// pacedStep.
 type testWorker struct {
 	addr    string
 	tlsConf *tls.Config
@@ -43,8 +45,12 @@ type testWorker struct {
 
 func newTestWorker(t *testing.T) *testWorker {
 	t.Helper()
-	return newTestWorkerWith(t, decode.Options{Preset: "small", WeightSeed: 1})
+	return newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: pacedStep})
 }
+
+// pacedStep paces test workers' steps: tiny at 200 tokens a second, about
+// as fast as small computes one stream on a loaded 2-core machine.
+const pacedStep = 5 * time.Millisecond
 
 // newTestWorkerWith is newTestWorker with the engine options eopts.
 func newTestWorkerWith(t *testing.T, eopts decode.Options) *testWorker {

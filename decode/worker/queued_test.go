@@ -16,7 +16,7 @@ import (
 // first is cancelled, its tokens from 1.
 func TestQueuedRequestIsToldSo(t *testing.T) {
 	t.Parallel()
-	w := newTestWorkerWith(t, decode.Options{Preset: "small", WeightSeed: 1,
+	w := newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: pacedStep,
 		Limits: sched.Limits{MaxRunning: 1, MaxQueued: 4, MaxStepTokens: 512}, KVBlocks: 128})
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

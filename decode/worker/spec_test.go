@@ -34,7 +34,7 @@ func TestSpeculativeWorkerFramesEqualPlain(t *testing.T) {
 		}
 		return clustertest.CollectFrames(t, s)
 	}
-	plain := newTestWorker(t)
+	plain := newTestWorkerWith(t, decode.Options{Preset: "small", WeightSeed: 1})
 	want := map[string][]*wire.Frame{}
 	for _, g := range gens {
 		want[g.RequestId] = frames(plain, g)
