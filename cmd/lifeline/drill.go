@@ -69,6 +69,7 @@ fails.`,
 	f.DurationVar(&o.Timeout, "timeout", 3*time.Minute, "bound on each drill")
 	f.StringVar(&o.Local.Preset, "preset", "small", "local cluster: the workers' model (tiny or small)")
 	f.IntVar(&o.Local.Threads, "threads", 0, "local cluster: compute threads per worker where a drill sets none (0: every CPU)")
+	f.DurationVar(&o.Local.StepInterval, "step-interval", 0, "local cluster: pace the workers to a step at most this often (0: unpaced; 5ms makes tiny stream as slowly as small computes)")
 	f.StringVar(&o.Local.Dir, "dir", "", "local cluster: where its temporary directories go (default: the system's)")
 	f.StringSliceVar(&o.Against.URLs, "against", nil, "act on the existing cluster with these frontend URLs")
 	f.StringSliceVar(&o.Against.MetricsURLs, "frontend-metrics", nil, "with --against: the frontends' metrics URLs, in the same order (lifeline up prints them)")
@@ -143,6 +144,7 @@ grown less than 1.5×. Exits non-zero otherwise.`,
 	f.StringVar(&report, "report", "", "write report.json and report.html into this directory")
 	f.StringVar(&o.Local.Preset, "preset", "small", "the workers' model (tiny or small)")
 	f.IntVar(&o.Local.Threads, "threads", 0, "compute threads per worker (0: every CPU)")
+	f.DurationVar(&o.Local.StepInterval, "step-interval", 0, "pace the workers to a step at most this often (0: unpaced)")
 	f.StringVar(&o.Local.Dir, "dir", "", "where the cluster's temporary directory goes (default: the system's)")
 	f.StringVar(&logFile, "log", "", "append every process's output to this file (default: the cluster's directory, removed at the end)")
 	cmd.PreRunE = func(*cobra.Command, []string) error {

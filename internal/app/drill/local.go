@@ -31,6 +31,12 @@ type LocalOptions struct {
 	// shape sets none (0: every CPU). The local cluster's workers share
 	// this machine's CPUs.
 	Threads int
+	// StepInterval paces the workers' reference engine: a step at most
+	// every StepInterval (0: as fast as it computes). The tiny preset
+	// paced to a few milliseconds a step streams as slowly as small
+	// computes, at a fraction of its CPU: a drill's faults land mid-stream
+	// as they do on small.
+	StepInterval time.Duration
 	// Log receives every process's output (nil: Dir/lifeline.log).
 	Log io.Writer
 }
@@ -171,9 +177,11 @@ func localNodeOptions(env *localcluster.Env, s Shape, lo LocalOptions, i int) ag
 	o.ArenaPath = filepath.Join("/dev/shm", fmt.Sprintf("lifeline-drill-%d-%d-%s", os.Getpid(), time.Now().UnixNano(), id))
 	o.ArenaSlots, o.ArenaSlotBytes = 512, 131072
 	threads := cmp.Or(s.Threads, lo.Threads)
-	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: lo.Preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued, Threads: threads, TP: s.TP}}
+	pace := agent.Duration(lo.StepInterval)
+	o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: lo.Preset, Count: s.DecodePerNode, MaxRunning: s.MaxRunning, MaxQueued: s.MaxQueued,
+		Threads: threads, TP: s.TP, StepInterval: pace}}
 	if np := s.Prefill/s.Nodes + b2i((s.Nodes-1-i) < s.Prefill%s.Nodes); np > 0 {
-		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: lo.Preset, Count: np, Threads: lo.Threads})
+		o.Instances = append(o.Instances, agent.InstanceSpec{Role: "prefill", Preset: lo.Preset, Count: np, Threads: lo.Threads, StepInterval: pace})
 	}
 	o.LeaseTTL, o.CrashLoopLimit = agent.Duration(3*time.Second), 20
 	if s.LeaseTTL > 0 {

@@ -12,10 +12,19 @@ import (
 	"github.com/lifeline-llm/lifeline/internal/app/drill"
 	"github.com/lifeline-llm/lifeline/internal/netns"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 func TestMain(m *testing.M) { proctest.Main(m) }
+
+// localOptions is a local cluster of tiny workers paced to a step every
+// clustertest.PacedStep: streams last as long as small's, so that each
+// drill's fault lands mid-stream as it does on small, at a fraction of
+// small's CPU. No drill checks small's numerics.
+func localOptions(t *testing.T, bin string) drill.LocalOptions {
+	return drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "tiny", Threads: 1, StepInterval: clustertest.PacedStep}
+}
 
 // shortConfig is a short pass: a few streams of few tokens.
 var shortConfig = drill.Config{Streams: 3, MaxTokens: 24, Seed: 7}
@@ -34,7 +43,7 @@ func TestShortPass(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	reports, err := drill.Run(ctx, drill.Options{Drills: ds, Config: shortConfig,
-		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1}}, &out)
+		Local: localOptions(t, bin)}, &out)
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +181,7 @@ func TestAgainstExistingCluster(t *testing.T) {
 	bin := proctest.Lifeline(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := drill.StartLocal(ctx, drill.Standard, drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1})
+	c, err := drill.StartLocal(ctx, drill.Standard, localOptions(t, bin))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -256,7 +265,7 @@ func TestSoakShort(t *testing.T) {
 	var out strings.Builder
 	r, err := drill.Soak(ctx, drill.SoakOptions{Duration: 30 * time.Second, KillEvery: 2 * time.Second, StopFor: 11 * time.Second,
 		Nodes: 2, Config: drill.Config{Streams: 4, MaxTokens: 32, Seed: 3},
-		Local: drill.LocalOptions{Dir: t.TempDir(), Binary: bin, Preset: "small", Threads: 1}}, &out)
+		Local: localOptions(t, bin)}, &out)
 	t.Log(out.String())
 	if err != nil {
 		t.Fatal(err)
