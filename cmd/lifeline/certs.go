@@ -160,6 +160,13 @@ func addAdminAsRoot(ctx context.Context, endpoints []string, ca string, admin pk
 	if err != nil {
 		return fmt.Errorf("etcd-setup: --ca: %w", err)
 	}
+	// etcd refuses a certificate from another CA in the TLS handshake,
+	// which gRPC would retry until the command's deadline (30 s).
+	for _, ep := range endpoints {
+		if err := pki.CertRefused(strings.TrimPrefix(ep, "https://"), conf, 3*time.Second); err != nil {
+			return fmt.Errorf("etcd-setup: etcd at %s refused a root certificate from --ca %s (%v): --ca must be the CA that issued etcd's certificates", ep, ca, err)
+		}
+	}
 	root, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, TLS: conf})
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)

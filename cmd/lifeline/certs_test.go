@@ -72,8 +72,13 @@ func TestCertsCommands(t *testing.T) {
 	// A CA that did not issue etcd's certificates is refused by etcd.
 	other := clustertest.CADir(t)
 	dirs["stranger"] = clustertest.Issue(t, ca, "admin", "stranger")
+	// It says so at once (it waited out its 30 s deadline, saying only
+	// that the deadline was exceeded).
+	start := time.Now()
 	if _, errOut, err := proctest.Run(t, "certs", "etcd-setup", "--etcd", e.Endpoint, "--certs", dirs["stranger"], "--ca", other); err == nil {
 		t.Fatalf("etcd-setup with another CA added the admin: %s", errOut)
+	} else if took := time.Since(start); !strings.Contains(errOut, "--ca must be the CA that issued etcd's certificates") || took > 10*time.Second {
+		t.Fatalf("etcd-setup with another CA, after %v: %s", took, errOut)
 	}
 	client := func(dir string) *clientv3.Client {
 		conf, err := pki.EtcdClientTLS(dir)

@@ -137,3 +137,47 @@ func CheckDir(dir string, id Identity) error {
 	}
 	return nil
 }
+
+// h2Preface is an HTTP/2 client's connection preface and an empty
+// SETTINGS frame: what makes etcd's listener answer at once.
+const h2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+// CertRefused reports, within timeout, whether a TLS session with the
+// server at addr as conf is impossible: the server refuses conf's client
+// certificate (its alert: a certificate from a CA it does not trust), or
+// conf does not trust the server's (another CA), which gRPC would only
+// retry until its deadline. nil when both sides accept, or when it
+// cannot tell (no answer, no connection): the caller's own call says
+// why then.
+func CertRefused(addr string, conf *tls.Config, timeout time.Duration) error {
+	conf = conf.Clone()
+	conf.NextProtos = []string{"h2"}
+	d := &net.Dialer{Timeout: timeout}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, conf)
+	if err != nil {
+		return refusal(err)
+	}
+	defer conn.Close()
+	// With TLS 1.3 the server checks the client's certificate after the
+	// handshake has completed on this side: its alert comes with the
+	// first read.
+	conn.SetDeadline(time.Now().Add(timeout))
+	if _, err := conn.Write([]byte(h2Preface)); err != nil {
+		return refusal(err)
+	}
+	var b [1]byte
+	_, err = conn.Read(b[:])
+	return refusal(err)
+}
+
+// refusal is err if it is the peer's TLS alert or a certificate this
+// side did not verify, else nil.
+func refusal(err error) error {
+	if _, unverified := errors.AsType[*tls.CertificateVerificationError](err); unverified {
+		return err
+	}
+	if err != nil && strings.Contains(err.Error(), "remote error: tls:") {
+		return err
+	}
+	return nil
+}
