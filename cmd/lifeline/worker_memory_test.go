@@ -86,7 +86,9 @@ func hostile(i int) (g *wire.Generate, leave func(s *workerclient.Stream, frames
 func TestWorkerMemoryUnderHostileTraffic(t *testing.T) {
 	t.Parallel()
 	ca := clustertest.CADir(t)
-	cmd, ready := startWorker(t, ca, "decode-m", 1, "--preset", "small")
+	// Paced tiny: requests last as long as small's (clients leave
+	// mid-stream), at a fraction of its CPU.
+	cmd, ready := startWorker(t, ca, "decode-m", 1, "--preset", "tiny", "--step-interval", "5ms")
 	tlsConf, err := workerclient.ClientTLS(clustertest.Issue(t, ca, "frontend", "client"))
 	if err != nil {
 		t.Fatal(err)
