@@ -27,6 +27,12 @@ type clientPool struct {
 	dials map[*dial]bool
 	// open counts the connections not closed yet, retired ones included.
 	open int
+	// failed is, per instance, the newest generation announced dead: a
+	// dial to it or an older one fails at once. A request may have picked
+	// the endpoint just before the announcement and dial it just after,
+	// when there is no dial of it yet to end (it waited out the dial
+	// timeout on a dead worker's port).
+	failed map[string]uint64
 }
 
 // dial is one dial under way.
@@ -49,7 +55,7 @@ type pooled struct {
 }
 
 func newClientPool(tlsConf *tls.Config) *clientPool {
-	return &clientPool{tls: tlsConf, conns: map[reqfsm.Endpoint]*pooled{}, dials: map[*dial]bool{}}
+	return &clientPool{tls: tlsConf, conns: map[reqfsm.Endpoint]*pooled{}, dials: map[*dial]bool{}, failed: map[string]uint64{}}
 }
 
 // get returns the connection to ep at addr, dialled if need be, with a
@@ -60,6 +66,10 @@ func (p *clientPool) get(ctx context.Context, ep reqfsm.Endpoint, addr string) (
 		c.streams++
 		p.mu.Unlock()
 		return c, nil
+	}
+	if gen, ok := p.failed[ep.InstanceID]; ok && ep.Generation <= gen {
+		p.mu.Unlock()
+		return nil, errEndpointFailed
 	}
 	fctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
@@ -119,6 +129,9 @@ func (p *clientPool) drop(ep reqfsm.Endpoint) {
 // fail closes the connections to instance id at generations up to gen,
 // and ends the dials to them (a failure announcement).
 func (p *clientPool) fail(id string, gen uint64) {
+	p.mu.Lock()
+	p.failed[id] = max(p.failed[id], gen)
+	p.mu.Unlock()
 	p.closeWhere(func(e reqfsm.Endpoint) bool { return e.InstanceID == id && e.Generation <= gen })
 }
 

@@ -62,7 +62,8 @@ func TestFrontendWaitsForRestartedWorkers(t *testing.T) {
 	}
 	m := clustertest.Metrics(t, url)
 	if !strings.Contains(m, `lifeline_frontend_capacity_waits_total{result="served"}`) {
-		t.Fatalf("the stream never waited for capacity:\n%s", m)
+		log := n.Log.String()
+		t.Fatalf("the stream never waited for capacity (workers killed at %s):\n%s\nthe agent's log, its end:\n%s", killed.Format("15:04:05.000"), m, log[max(0, len(log)-6000):])
 	}
 	ll, _ := last["lifeline"].(map[string]any)
 	t.Logf("both workers killed at sequence 30; the stream waited for their restart and continued bit-identical (%v migrations)", ll["migrations"])
