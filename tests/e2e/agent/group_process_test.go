@@ -139,12 +139,12 @@ func grep(page, prefix string) string {
 func TestGroupsShareKVByLayout(t *testing.T) {
 	t.Parallel()
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "small", Count: 1}, {Role: "decode", Preset: "small", Count: 2, TP: 2}}
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1}, {Role: "decode", Preset: "tiny", Count: 2, TP: 2}}
 		o.ArenaSlotBytes = 131072
 		o.CanaryIdle = agent.Duration(time.Hour)
 	})
-	one := n.DialWorker(t, "n1-decode-small-0")
-	a, b := n.DialWorker(t, "n1-decode-small-tp2-0"), n.DialWorker(t, "n1-decode-small-tp2-1")
+	one := n.DialWorker(t, "n1-decode-tiny-0")
+	a, b := n.DialWorker(t, "n1-decode-tiny-tp2-0"), n.DialWorker(t, "n1-decode-tiny-tp2-1")
 	run := func(c *workerclient.Client, id, prompt string) (uint32, []int32) {
 		s, err := c.Generate(t.Context(), &wire.Generate{RequestId: id, Prompt: prompt, MaxTokens: 8, IgnoreEos: true, Temperature: 0.8, Seed: 5})
 		if err != nil {
