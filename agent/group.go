@@ -38,9 +38,12 @@ func (a *Agent) segmentPath(inst *instance, gen uint64) string {
 	return a.segmentPrefix(inst) + strconv.FormatUint(gen, 10)
 }
 
-// segmentPrefix is the path of inst's segments without the generation.
+// segmentPrefix is the path of inst's segments without the generation:
+// named after the arena, which is this agent's alone, so that two agents
+// on one host with the same node id (test clusters side by side) never
+// open, or sweep away, each other's segments.
 func (a *Agent) segmentPrefix(inst *instance) string {
-	return filepath.Join(filepath.Dir(a.opts.ArenaPath), "lifeline-group-"+inst.id+"-")
+	return a.opts.ArenaPath + ".group-" + inst.id + "-"
 }
 
 // createSegment makes inst's segment for generation gen, sized for a

@@ -556,16 +556,14 @@ func (c *Cluster) strays(ctx context.Context) (strays, error) {
 			s.processes = append(s.processes, fmt.Sprintf("%d %s", p.PID, strings.Join(p.Args(), " ")))
 		}
 	}
-	dirs := map[string]bool{}
 	for _, n := range c.nodes {
-		dirs[filepath.Dir(n.Options.ArenaPath)] = true
-	}
-	for dir := range dirs {
+		// A group's segments are named after its agent's arena.
+		dir, arena := filepath.Split(n.Options.ArenaPath)
 		entries, _ := os.ReadDir(dir)
 		for id, tp := range groups {
 			var of []string
 			for _, e := range entries {
-				if strings.HasPrefix(e.Name(), "lifeline-group-"+id+"-") {
+				if strings.HasPrefix(e.Name(), arena+".group-"+id+"-") {
 					of = append(of, filepath.Join(dir, e.Name()))
 				}
 			}

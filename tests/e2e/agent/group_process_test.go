@@ -217,9 +217,9 @@ func TestAgentRestartEndsItsOldGroup(t *testing.T) {
 	// A segment an earlier agent process left with no record of it (it
 	// was SIGKILLed before it could end that group), and a file that only
 	// looks like one of this instance's.
-	shm := filepath.Dir(n.Options.ArenaPath)
-	stale := filepath.Join(shm, "lifeline-group-"+id+"-7")
-	other := filepath.Join(shm, "lifeline-group-"+id+"-7-not-a-generation")
+	prefix := n.Options.ArenaPath + ".group-" + id + "-"
+	stale := prefix + "7"
+	other := prefix + "7-not-a-generation"
 	for _, p := range []string{stale, other} {
 		if err := os.WriteFile(p, []byte("left behind"), 0o600); err != nil {
 			t.Fatal(err)
@@ -236,8 +236,8 @@ func TestAgentRestartEndsItsOldGroup(t *testing.T) {
 		}
 		return true, ""
 	})
-	segs, _ := filepath.Glob(filepath.Join(shm, "lifeline-group-"+id+"-*"))
-	want := []string{filepath.Join(shm, fmt.Sprintf("lifeline-group-%s-%d", id, back.Generation)), other}
+	segs, _ := filepath.Glob(prefix + "*")
+	want := []string{fmt.Sprintf("%s%d", prefix, back.Generation), other}
 	slices.Sort(segs)
 	slices.Sort(want)
 	if !slices.Equal(segs, want) {

@@ -606,6 +606,10 @@ func TestAgentClassifiesOOMKill(t *testing.T) {
 		o.ExtraEnv = []string{"LIFELINE_FAILPOINTS=worker.after-ready=allocMB:512"}
 		o.CrashLoopLimit, o.WorkerCgroup = 1, dir
 		o.RestartBackoff, o.RestartMax = agent.Duration(5*time.Second), agent.Duration(5*time.Second)
+		// A canary timing out while the worker fills its cgroup (reclaim
+		// is slow on a loaded machine) would have the agent kill it first
+		// (seen: reason canary_timeout): canaries out of the way.
+		o.CanaryIdle = agent.Duration(time.Hour)
 	})
 	proctest.WaitFor(t, 30*time.Second, "the OOM kill's exit event", func() (bool, string) {
 		for _, line := range strings.Split(strings.TrimSpace(n.NodectlTry(t, "events")), "\n") {
