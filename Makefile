@@ -74,15 +74,15 @@ engine-demo:
 # first so that they start first: otherwise, last in path order, the
 # longest runs alone at the end while the other core idles. The
 # multi-host deployment test mostly waits (a minute at 3 % CPU): last in
-# path order it ran alone at the end. -parallel 4: the process tests
-# mostly wait on timers, leases and processes, and go test runs only
-# GOMAXPROCS (2 here) of a package's parallel tests at once by default
-# (tests/e2e/frontend alone: 272 s at 2, 159 s at 4).
+# path order it ran alone at the end. tests/e2e/frontend runs 4 of its
+# tests at once (its TestMain): they mostly wait. -parallel 4 for every
+# package was slower (9 m 31 s against 8 m 41 s): the agent's tests,
+# heavier, outgrew their share of the CPU.
 LONG_FIRST = ./tests/e2e/frontend/ ./tests/e2e/agent/ ./cmd/lifeline/ ./tests/e2e/drill/ ./tests/e2e/deploy/ ./decode/worker/ ./decode/
 
 test:
 	@bin=$$(mktemp -d) && $(GO) build -o $$bin/ ./cmd/lifeline ./cmd/nodectl && \
-	LIFELINE_TEST_BINARIES=$$bin $(GO) test -count=1 -parallel 4 -timeout 14m $(LONG_FIRST) ./...; rc=$$?; rm -rf $$bin; exit $$rc
+	LIFELINE_TEST_BINARIES=$$bin $(GO) test -count=1 -timeout 14m $(LONG_FIRST) ./...; rc=$$?; rm -rf $$bin; exit $$rc
 
 # llama.cpp (the copy in the ollama module go.mod names, compiled by cgo
 # with gcc and g++, no cmake: about 4 minutes cold on 2 cores, cached

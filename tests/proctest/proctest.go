@@ -8,12 +8,14 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -92,6 +94,20 @@ func Lifeline(t testing.TB) string { t.Helper(); return binary(t, "lifeline") }
 
 // Nodectl returns the path of the nodectl binary, building it on first use.
 func Nodectl(t testing.TB) string { t.Helper(); return binary(t, "nodectl") }
+
+// MainParallel is Main with up to n of the package's parallel tests
+// run at once unless -parallel says otherwise: go test's default is
+// GOMAXPROCS, and a package whose process tests mostly wait on timers,
+// leases and processes leaves the CPUs idle at 2.
+func MainParallel(m *testing.M, n int) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(n))
+	}
+	Main(m)
+}
 
 // Main runs the package's tests and removes the binaries afterwards; call
 // it from TestMain.

@@ -42,9 +42,12 @@ func runIsolate(ctx context.Context, c *Cluster, cfg Config, r *Recorder) error 
 		return err
 	}
 	// Streams long enough that one a victim has just begun is still under
-	// way when its link goes down (cutting it takes a few commands): the
-	// engine's speed must not decide whether anything moves.
-	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens, 16), Seed: cfg.Seed, Tag: "6"})
+	// way when its link goes down (cutting it takes a few commands, which
+	// can take a few hundred milliseconds on a loaded machine): the
+	// engine's speed must not decide whether anything moves. 16 tokens
+	// were not: on tiny paced to 5 ms a step (200 tokens/s) the stream
+	// ended before the cut, and nothing moved.
+	l := NewLoad(c, LoadSpec{Streams: cfg.Streams, MaxTokens: max(cfg.MaxTokens, 96), Seed: cfg.Seed, Tag: "6"})
 	defer l.Close()
 	if err := l.Reference(ctx); err != nil {
 		return err
