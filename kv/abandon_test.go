@@ -193,8 +193,9 @@ func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 // before a step, or its keepalive goroutine); the renewals then get
 // through, and
 // the session lived on at the owner with those slots WRITING for as long
-// as the worker lived. Now the session is abandoned and expires, and the
-// owner frees them.
+// as the worker lived. Now the session is abandoned and expires (a hello
+// does not end a session whose blocks the client forgot: see
+// Client.forgot), and the owner frees them.
 // Not in parallel: its stall must end within the lease.
 func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 	const ttl = 1500 * time.Millisecond
@@ -225,6 +226,12 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 		t.Fatal("the owner expired the session during the stall: the stall outlasted the lease, and this tests nothing")
 	}
 	waitFreed(t, o, refs[0].Slot, "the owner to free the fenced block")
+	// It expired: a step in flight when the client fenced may still
+	// write the block, and the TTL/3 between the fence and the expiry is
+	// its margin. The next hello must not end that session at once.
+	if st := o.Stats(); st.SessionsReplaced != 0 || st.SessionsExpired == before {
+		t.Fatalf("the fenced session: %d replaced, %d expired (want 0, and 1 more)", st.SessionsReplaced, st.SessionsExpired-before)
+	}
 	// The client goes on under a new session.
 	got, err := c.Allocate(context.Background(), 1)
 	if err != nil || slotState(o, got[0].Slot) != Writing {

@@ -54,10 +54,23 @@ type Client struct {
 	// blocks the owner may still hold under it (a fence, a hello left
 	// unanswered, a hand-back that never reached the owner). Renewed, the
 	// session would keep those slots WRITING or leased for as long as the
-	// worker lives; left to expire, the owner frees them. The keepalive
-	// goroutine opens a new session instead, re-attaching what is still
-	// held, and renews the old one only until it has.
+	// worker lives; ended by the next hello (or left to expire: see
+	// forgot), the owner frees them. The keepalive goroutine opens a new
+	// session instead, re-attaching what is still held, and renews the
+	// old one only until it has.
 	abandoned uint64
+	// forgot is set once the client forgot blocks a step may still be
+	// using (a fence, a hello left unanswered): the next hello then names
+	// no session to replace, and the one they were held under is left
+	// to expire, at least a third of the TTL after the client stopped
+	// trusting it (the fence's margin: a step in flight ends first).
+	// Otherwise the hello names the session it replaces and the owner
+	// ends it at once: what it still holds, the client gave up (or never
+	// learnt of: the leases of an Acquire whose answer it never read).
+	forgot bool
+	// replacing is the session a hello under way names: a renewal of it
+	// refused meanwhile (that hello ended it) is no reason to fence.
+	replacing uint64
 
 	stop      context.CancelFunc // ends the keepalive goroutine
 	done      chan struct{}
@@ -152,10 +165,14 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 	c.conn = w
 	owned, leased, expired := c.held()
 	// The session we had (if any) is ended once this one re-attached
-	// what we still hold: the owner may hold more under it than we know
-	// (the leases of an Acquire whose answer we never read).
+	// what we still hold, unless we forgot blocks a step may still use
+	// (see forgot). A forget during the hello sets forgot again.
 	c.mu.Lock()
-	replaces := c.hello.GetSession()
+	replaces, forgot := c.hello.GetSession(), c.forgot
+	if forgot {
+		replaces = 0
+	}
+	c.forgot, c.replacing = false, replaces
 	c.mu.Unlock()
 	hello := &kvpb.Hello{InstanceId: c.writer.Instance, Generation: c.writer.Gen, Replaces: replaces}
 	for _, r := range owned {
@@ -175,12 +192,14 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 		// write any more.
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		c.unreachable = true
+		c.unreachable, c.replacing = true, 0
+		c.forgot = c.forgot || forgot
 		var adrift []Ref
 		if _, isRemote := errors.AsType[*RemoteError](err); !isRemote {
 			// Or it never arrived, and the blocks stay in the session
 			// we had: that one must expire too.
 			adrift = forgetUnconfirmed(c.owned, owned, nil)
+			c.forgot = c.forgot || len(adrift) > 0
 			c.abandonLocked()
 		}
 		return append(expired, adrift...), nil, err
@@ -188,7 +207,7 @@ func (c *Client) sayHello(ctx context.Context) (expired, unconfirmed []Ref, err 
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hello = resp.Hello
-	c.unreachable = false
+	c.unreachable, c.replacing = false, 0
 	c.validUntil = sent.Add(c.ttl() - c.margin())
 	unconfirmed = forgetUnconfirmed(c.owned, owned, resp.Hello.OwnedOk)
 	unconfirmed = append(unconfirmed, forgetUnconfirmed(c.leased, leased, resp.Hello.LeasedOk)...)
@@ -213,6 +232,7 @@ func (c *Client) forgetAllLocked() []Ref {
 	lost := append(slices.Collect(maps.Values(c.owned)), slices.Collect(maps.Values(c.leased))...)
 	clear(c.owned)
 	clear(c.leased)
+	c.forgot = len(lost) > 0 || c.forgot
 	c.abandonLocked()
 	return lost
 }

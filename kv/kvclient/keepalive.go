@@ -54,9 +54,10 @@ func (c *Client) keepAlive(ctx context.Context) {
 		w, err = c.renew(ctx, w, session, ttl)
 		c.mu.Lock()
 		switch {
-		case c.hello.GetSession() != session:
-			// A hello replaced the session meanwhile (and ended it at the
-			// owner): the answer is about one we no longer hold.
+		case c.hello.GetSession() != session || (errors.Is(err, ErrUnknownSession) && session == c.replacing):
+			// A hello replaced the session meanwhile, or one under way
+			// names it and the owner ended it already: the answer is
+			// about a session we no longer hold.
 			c.mu.Unlock()
 		case err == nil:
 			c.validUntil = sent.Add(ttl - c.margin())
