@@ -22,7 +22,7 @@ func TestWorkerDecodesWhileAgentFrozen(t *testing.T) {
 	n := clustertest.NewNode(t, func(o *clustertest.Config) {
 		o.LeaseTTL = agent.Duration(2 * time.Second)
 		o.CanaryIdle = agent.Duration(time.Hour)
-		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, StepInterval: agent.Duration(pacedStep)}}
+		o.Instances = []agent.InstanceSpec{{Role: "decode", Preset: "tiny", Count: 1, StepInterval: agent.Duration(clustertest.PacedStep)}}
 		o.ArenaSlotBytes = 131072
 	})
 	url := clustertest.StartFrontend(t, n)

@@ -34,7 +34,7 @@ func startStoppableWorker(t *testing.T) (*workerclient.Client, func() error) {
 }
 
 // testWorker is an in-process worker: by default tiny, a step every
-// pacedStep.
+// clustertest.PacedStep.
 type testWorker struct {
 	addr    string
 	tlsConf *tls.Config
@@ -45,12 +45,8 @@ type testWorker struct {
 
 func newTestWorker(t *testing.T) *testWorker {
 	t.Helper()
-	return newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: pacedStep})
+	return newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: clustertest.PacedStep})
 }
-
-// pacedStep paces test workers' steps: tiny at 200 tokens a second, about
-// as fast as small computes one stream on a loaded 2-core machine.
-const pacedStep = 5 * time.Millisecond
 
 // newTestWorkerWith is newTestWorker with the engine options eopts.
 func newTestWorkerWith(t *testing.T, eopts decode.Options) *testWorker {

@@ -8,6 +8,7 @@ import (
 	"github.com/lifeline-llm/lifeline/decode"
 	"github.com/lifeline-llm/lifeline/decode/sched"
 	"github.com/lifeline-llm/lifeline/decode/wire"
+	"github.com/lifeline-llm/lifeline/tests/clustertest"
 )
 
 // TestQueuedRequestIsToldSo: with one slot, a second request waits in the
@@ -16,7 +17,7 @@ import (
 // first is cancelled, its tokens from 1.
 func TestQueuedRequestIsToldSo(t *testing.T) {
 	t.Parallel()
-	w := newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: pacedStep,
+	w := newTestWorkerWith(t, decode.Options{Preset: "tiny", WeightSeed: 1, StepInterval: clustertest.PacedStep,
 		Limits: sched.Limits{MaxRunning: 1, MaxQueued: 4, MaxStepTokens: 512}, KVBlocks: 128})
 	c := w.dial(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

@@ -31,8 +31,10 @@ func EtcdHint(err error, endpoints []string, certDir string, id Identity) (hint 
 		(errors.Is(err, context.DeadlineExceeded) || strings.Contains(msg, "deadline exceeded") || strings.Contains(msg, "Unavailable")) {
 		// gRPC retries a failed handshake until the deadline and reports
 		// only that: try one handshake here to see why.
-		if herr := handshake(endpoints[0], certDir); herr != nil && strings.Contains(herr.Error(), "unknown authority") {
-			err, msg = herr, herr.Error()
+		if conf, cerr := EtcdClientTLS(certDir); cerr == nil {
+			if herr := CertRefused(endpoints[0], conf, 2*time.Second); herr != nil && strings.Contains(herr.Error(), "unknown authority") {
+				err, msg = herr, herr.Error()
+			}
 		}
 	}
 	switch {
@@ -55,20 +57,6 @@ func EtcdHint(err error, endpoints []string, certDir string, id Identity) (hint 
 		return fmt.Errorf("etcd does not answer at %s (%v): check the endpoints, that etcd runs, and that this host reaches it", eps, err), false
 	}
 	return err, false
-}
-
-// handshake is one TLS handshake with addr as certDir's identity.
-func handshake(addr, certDir string) error {
-	conf, err := EtcdClientTLS(certDir)
-	if err != nil {
-		return nil
-	}
-	d := &net.Dialer{Timeout: 2 * time.Second}
-	conn, err := tls.DialWithDialer(d, "tcp", addr, conf)
-	if err != nil {
-		return err
-	}
-	return conn.Close()
 }
 
 // caName names the CA certificate in file: its subject and fingerprint.
