@@ -274,7 +274,7 @@ func TestPullBadInput(t *testing.T) {
 	dst := newNode(t, c, 1024)
 	keys := chain(2, "d")
 	withID := func(id string, b *transferpb.Binding) *transferpb.Binding { b.RequestId = id; return b }
-	for _, tc := range []struct {
+	cases := []struct {
 		name, want string
 		p          *transferpb.Pull
 	}{
@@ -286,12 +286,26 @@ func TestPullBadInput(t *testing.T) {
 		{"no source", "no source", &transferpb.Pull{Binding: withID("f", binding(1, 2)), Keys: blockid.KeyBytes(keys)}},
 		{"too many sources", "sources", &transferpb.Pull{Binding: withID("g", binding(1, 2)), Keys: blockid.KeyBytes(keys), Sources: make([]string, MaxSources+1)}},
 		{"dead source", "dial", &transferpb.Pull{Binding: withID("h", binding(1, 2)), Keys: blockid.KeyBytes(keys), Sources: []string{"127.0.0.1:1"}}},
-	} {
-		r := dst.engine.Pull(context.Background(), tc.p)
-		if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) || r.Stale {
-			t.Errorf("%s: %+v (want an error naming %q)", tc.name, r, tc.want)
-		}
 	}
+	// The cases run side by side (one waits out a dial); the group ends
+	// before the check that none left state behind.
+	t.Run("cases", func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(tc.name, func(t *testing.T) {
+				t.Parallel()
+				start := time.Now()
+				r := dst.engine.Pull(context.Background(), tc.p)
+				if r.Pulled != 0 || !strings.Contains(r.Error, tc.want) || r.Stale {
+					t.Errorf("%+v (want an error naming %q)", r, tc.want)
+				}
+				// A dead source costs one dial timeout (3 s), not one
+				// for the data path's question and another for QUIC.
+				if took := time.Since(start); took > 4500*time.Millisecond {
+					t.Errorf("took %v (want one dial timeout, 3 s)", took)
+				}
+			})
+		}
+	})
 	noneInFlight(t, dst)
 }
 

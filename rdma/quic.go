@@ -181,7 +181,11 @@ func (q *QUIC) Name() string { return "quic" }
 // Fetch implements Transport.
 func (q *QUIC) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
 	if q.TCP {
-		if p, ok := q.dataPath(ctx, addr); ok {
+		p, ok, err := q.dataPath(ctx, addr)
+		if err != nil {
+			return 0, err
+		}
+		if ok {
 			n, err := q.fetchTCP(ctx, addr, p, f, into)
 			if !errors.Is(err, errDataDial) || ctx.Err() != nil {
 				return n, err

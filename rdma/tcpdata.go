@@ -181,10 +181,12 @@ type dataPath struct {
 
 // dataPath returns the data path of the source at addr, asking its QUIC
 // endpoint once per connection; ok is false where there is none to use.
-func (q *QUIC) dataPath(ctx context.Context, addr string) (dataPath, bool) {
+// err is the QUIC dial's failure: the source is not there on either
+// path, and dialing it again would only wait out a second timeout.
+func (q *QUIC) dataPath(ctx context.Context, addr string) (_ dataPath, ok bool, err error) {
 	c, err := q.Conn(ctx, addr, 0)
 	if err != nil {
-		return dataPath{}, false
+		return dataPath{}, false, err
 	}
 	q.pathsMu.Lock()
 	p, known := q.paths[addr]
@@ -202,7 +204,7 @@ func (q *QUIC) dataPath(ctx context.Context, addr string) (dataPath, bool) {
 		q.paths[addr] = p
 		q.pathsMu.Unlock()
 	}
-	return p, p.port != 0 && time.Now().After(p.retry)
+	return p, p.port != 0 && time.Now().After(p.retry), nil
 }
 
 // askDataPath asks the QUIC endpoint at addr for its data path's port (0

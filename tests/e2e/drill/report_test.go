@@ -15,6 +15,7 @@ import (
 
 	"github.com/lifeline-llm/lifeline/internal/app/drill"
 	"github.com/lifeline-llm/lifeline/internal/tracing"
+	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
 // t0 is the sample trace's start.
@@ -77,6 +78,7 @@ func TestReportJSON(t *testing.T) {
 // from elsewhere. It skips only where chromium is not installed (CI
 // installs it, and sets LIFELINE_CI, which makes its absence a failure).
 func TestReportHTMLInChromium(t *testing.T) {
+	proctest.Processes(t) // chromium is a process, seconds to start
 	t.Parallel()
 	browser := ""
 	for _, name := range []string{"chromium", "chromium-browser"} {
