@@ -156,6 +156,7 @@ func waitFreed(t *testing.T, o *Owner, slot uint32, why string) {
 // freed, and the block it still holds moves to the new session intact.
 // Not in parallel: its waits are timed against a 600 ms lease.
 func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
+	t.Parallel()
 	o, sock := serveOwner(t, 8, 600*time.Millisecond)
 	c, err := kvclient.Dial(context.Background(), sock, Writer{Instance: "w", Gen: 1})
 	if err != nil {
@@ -198,6 +199,7 @@ func TestAFailedAbortStillFreesTheSlot(t *testing.T) {
 // Client.forgot), and the owner frees them.
 // Not in parallel: its stall must end within the lease.
 func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
+	t.Parallel()
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
@@ -248,6 +250,7 @@ func TestAFencedClientsSlotsReturnToTheOwner(t *testing.T) {
 // block over and the abandoned one expires with the other.
 // Not in parallel: its waits are timed against a 600 ms lease.
 func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
+	t.Parallel()
 	const ttl = 600 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	p := newProxy(t, target)
@@ -298,6 +301,7 @@ func TestAnAbandonedSessionLivesUntilReplaced(t *testing.T) {
 // owner ends it at once: the leases go with it.
 // Not in parallel: its stall must end within the lease.
 func TestALateAcquireLeavesNoLease(t *testing.T) {
+	t.Parallel()
 	const ttl = 1500 * time.Millisecond
 	o, target := serveOwner(t, 8, ttl)
 	sid := hello(t, o, "writer", 1)

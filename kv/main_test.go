@@ -6,5 +6,6 @@ import (
 	"github.com/lifeline-llm/lifeline/tests/proctest"
 )
 
-// TestMain removes the binaries the process tests built.
-func TestMain(m *testing.M) { proctest.Main(m) }
+// TestMain removes the binaries the process tests built; 4 of the
+// parallel tests run at once (they wait on leases, graces and timers).
+func TestMain(m *testing.M) { proctest.MainParallel(m, 4) }

@@ -78,6 +78,7 @@ func denied(err error) bool { return errors.Is(err, rpctypes.ErrPermissionDenied
 // what it must (registrations, frontends' records, the budget) and no
 // request record.
 func TestAgentWritesOnlyItsNode(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	n1, n2 := c.client(t, pki.Agent("n1")), c.client(t, pki.Agent("n2"))
 	lease, err := n1.Grant(ctx(t), 30)
@@ -133,6 +134,7 @@ func TestAgentWritesOnlyItsNode(t *testing.T) {
 // registration, a generation, a failure or another frontend's record,
 // nor renew an agent's lease.
 func TestFrontendWritesOnlyRecords(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	n1, f1 := c.client(t, pki.Agent("n1")), c.client(t, pki.Frontend("f1"))
 	lease, err := n1.Grant(ctx(t), 30)
@@ -174,6 +176,7 @@ func TestFrontendWritesOnlyRecords(t *testing.T) {
 // certificate is refused too, while etcd's own renews (the request is
 // well-formed).
 func TestLeasesNeedACertificate(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t)
 	n1 := c.client(t, pki.Agent("n1"))
 	lease, err := n1.Grant(ctx(t), 30)

@@ -112,6 +112,7 @@ func (c *collector) Export(_ context.Context, req *coltrace.ExportTraceServiceRe
 // OTLP/gRPC receiver, named by service, within the batch timeout; the
 // ring keeps them too.
 func TestExportsOverOTLP(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -155,6 +156,7 @@ func TestExportsOverOTLP(t *testing.T) {
 // still end at once (the exporter batches them away from the caller) and
 // stay in the ring; Shutdown gives up within its context.
 func TestCollectorDownHoldsNothing(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
