@@ -46,7 +46,7 @@ type Agent struct {
 	// ooms counts the worker cgroup's OOM kills (nil without one).
 	ooms *oomCounter
 	// gpu is nil without a GPU; gpuErr says why.
-	gpu    *gpuChecker
+	gpu    GPUWatcher
 	gpuErr error
 
 	events  *eventLog

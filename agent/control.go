@@ -54,7 +54,7 @@ func (a *Agent) status() controlapi.Status {
 	if a.gpuErr != nil {
 		st.GPU = a.gpuErr.Error()
 	} else if a.gpu != nil {
-		st.GPU = fmt.Sprintf("ok: %d devices watched for XID and double-bit ECC errors", a.gpu.devices)
+		st.GPU = fmt.Sprintf("ok: %d devices watched for XID and double-bit ECC errors", a.gpu.Devices())
 	}
 	a.mu.Lock()
 	st.Etcd = controlapi.EtcdStatus{Endpoints: a.opts.Etcd, LeaseID: int64(a.lease), Routable: a.routableLocked(), LastRenewalMs: time.Since(a.leaseAlive).Milliseconds()}

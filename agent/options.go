@@ -207,6 +207,10 @@ type Options struct {
 	// v2 fabrics, the index of the transfer interface's RoCE v2 GID
 	// (show_gids); 0 suits InfiniBand.
 	RDMAGIDIndex int `json:"rdma_gid_index"`
+	// GPU opens the node's GPU watcher (nvmlgpu.Open in the lifeline
+	// binary); nil or ErrNoGPU: the agent runs without GPU checks and its
+	// status says why. Not configuration: the binary sets it.
+	GPU func() (GPUWatcher, error) `json:"-"`
 }
 
 // Defaults fills unset fields.

@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/lifeline-llm/lifeline/agent"
+	"github.com/lifeline-llm/lifeline/agent/nvmlgpu"
 	"github.com/lifeline-llm/lifeline/internal/pki"
 )
 
@@ -65,6 +66,7 @@ func agentCmd() *cobra.Command {
 				return nil
 			}
 			log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("node", o.NodeID)
+			o.GPU = nvmlgpu.Open
 			return agent.Run(cmd.Context(), o, log)
 		},
 	}

@@ -65,6 +65,9 @@ var depRules = []depRule{
 		Deny: []string{"cmd/...", "internal/app/...", "tests/...", "tools/..."}},
 	{Why: "applications (the local cluster, drills, load) run without the test frameworks",
 		From: []string{"internal/app/..."}, Deny: []string{"cmd/...", "tests/...", "tools/..."}},
+	{Why: "NVML's cgo is the lifeline binary's alone: the agent, its tests and every other program link without cgo",
+		From: []string{"..."}, Except: []string{"cmd/lifeline", "agent/nvmlgpu"},
+		Deny: []string{"agent/nvmlgpu", "github.com/NVIDIA/go-nvml/..."}},
 	{Why: "test frameworks drive the binaries; they never link mains or tools",
 		From: []string{"tests/..."}, Deny: []string{"cmd/...", "tools/..."}},
 }
@@ -201,11 +204,12 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	}
 	dir := t.TempDir()
 	plant := map[string]string{
-		filepath.Join(root, "frontend", "zz_planted.go"):          "package frontend\n\nimport _ \"" + module + "/agent\"\n",
-		filepath.Join(root, "shm", "zz_planted.go"):               "package shm\n\nimport _ \"" + module + "/kv/blockid\"\n",
-		filepath.Join(root, "decode", "sample", "zz_planted.go"):  "package sample\n\nimport _ \"" + module + "/kv\"\n",
-		filepath.Join(root, "frontend", "route", "zz_planted.go"): "package route\n\nimport _ \"github.com/prometheus/client_golang/prometheus\"\n",
-		filepath.Join(root, "internal", "frame", "zz_planted.go"): "package frame\n\nimport _ \"" + module + "/tests/cgtest\"\n",
+		filepath.Join(root, "frontend", "zz_planted.go"):             "package frontend\n\nimport _ \"" + module + "/agent\"\n",
+		filepath.Join(root, "shm", "zz_planted.go"):                  "package shm\n\nimport _ \"" + module + "/kv/blockid\"\n",
+		filepath.Join(root, "decode", "sample", "zz_planted.go"):     "package sample\n\nimport _ \"" + module + "/kv\"\n",
+		filepath.Join(root, "frontend", "route", "zz_planted.go"):    "package route\n\nimport _ \"github.com/prometheus/client_golang/prometheus\"\n",
+		filepath.Join(root, "internal", "frame", "zz_planted.go"):    "package frame\n\nimport _ \"" + module + "/tests/cgtest\"\n",
+		filepath.Join(root, "internal", "unixsock", "zz_planted.go"): "package unixsock\n\nimport _ \"github.com/NVIDIA/go-nvml/pkg/nvml\"\n",
 	}
 	replace := map[string]string{}
 	for path, src := range plant {
@@ -227,6 +231,7 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 		"decode/sample (a worker links the KV client, never the arena's owner: no Badger in a worker): decode/sample → kv",
 		"internal/frame (libraries never reach up into mains, applications, test frameworks or tools): internal/frame → tests/cgtest",
 		"frontend/route (the frontend's decisions are pure: the standard library and contract leaves only): frontend/route → github.com/prometheus/client_golang/prometheus",
+		"internal/unixsock (NVML's cgo is the lifeline binary's alone: the agent, its tests and every other program link without cgo): internal/unixsock → github.com/NVIDIA/go-nvml/pkg/nvml",
 	}
 	for _, w := range want {
 		if !slices.Contains(got, w) {
@@ -238,7 +243,8 @@ func TestDependencyRulesCatchAPlantedViolation(t *testing.T) {
 	// through a planted edge.
 	for _, v := range got {
 		if !strings.Contains(v, "frontend → agent") && !strings.Contains(v, "shm → kv/blockid") && !strings.Contains(v, "decode/sample → kv") &&
-			!strings.Contains(v, "internal/frame → tests/cgtest") && !strings.Contains(v, "frontend/route → github.com/prometheus") {
+			!strings.Contains(v, "internal/frame → tests/cgtest") && !strings.Contains(v, "frontend/route → github.com/prometheus") &&
+			!strings.Contains(v, "internal/unixsock → github.com/NVIDIA/go-nvml") {
 			t.Errorf("unexpected violation: %s", v)
 		}
 	}
