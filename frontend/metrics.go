@@ -51,6 +51,8 @@ type metrics struct {
 	// was closed for not reading (slowClientTimeout).
 	tokens      prometheus.Counter
 	slowClients prometheus.Counter
+	// frameBatches counts hand-offs of worker frames to run loops.
+	frameBatches prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -102,7 +104,9 @@ func newMetrics() *metrics {
 	m.tokens = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_tokens_total", Help: "Tokens committed to the requests' logs (relayed to their clients)."})
 	m.slowClients = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_slow_clients_closed_total",
 		Help: "Streams whose client read nothing for the write timeout: the connection was closed (a resumable stream is resumed by Last-Event-ID)."})
-	m.reg.MustRegister(m.tokens, m.slowClients)
+	m.frameBatches = prometheus.NewCounter(prometheus.CounterOpts{Name: "lifeline_frontend_frame_batches_total",
+		Help: "Hand-offs of worker frames to their requests' run loops, each every frame already received: tokens_total ÷ this is the frames per hand-off (1 while the relay keeps up with its workers, more when it falls behind)."})
+	m.reg.MustRegister(m.tokens, m.slowClients, m.frameBatches)
 	m.reg.MustRegister(m.capacityWaits, m.notReadyAvoided, m.drainMigrations, m.zeroRTTResumes, m.tooEarly)
 	m.reg.MustRegister(m.pd, m.staleTransfers, m.prefillFailures, m.transferBytes, m.cacheRoutes)
 	m.reg.MustRegister(m.migrations, m.migrationFail, m.migrationTime, m.replayedPrefill, m.duplicates, m.gaps, m.staleEpoch, m.resumes, m.shed, m.notReadyRouted)

@@ -18,6 +18,7 @@ import (
 type event struct {
 	epoch    uint64
 	frame    *wire.Frame
+	more     []*wire.Frame   // received with frame, after it, in order
 	from     reqfsm.Endpoint // the instance and generation the frame's stream was opened to
 	err      error           // the worker stream broke
 	failed   bool            // the instance was announced dead
@@ -110,6 +111,9 @@ type run struct {
 	keysAt       int
 	// takeover: the request was taken over from another frontend.
 	takeover bool
+	// unpublished: tokens were delivered that the stream's writers were
+	// not shown yet (publish).
+	unpublished bool
 	// prefix is a taken-over request's output before its last migration,
 	// from its record (takeoverStart puts it in the log).
 	prefix []schema.RecordToken
@@ -215,6 +219,7 @@ func (x *run) loop(ctx context.Context) {
 		deadline = t.C
 	}
 	for !x.execAll(ctx, acts) {
+		x.publish()
 		wake, bound := x.waitChans()
 		select {
 		case <-ctx.Done():
@@ -224,6 +229,10 @@ func (x *run) loop(ctx context.Context) {
 		case <-bound:
 			acts = x.capacityChanged()
 		case e := <-x.events:
+			var finished bool
+			if e, finished = x.handleAllButLast(ctx, e); finished {
+				return
+			}
 			acts = x.handle(e, time.Now())
 		case e := <-x.notes:
 			if x.drainEvents(ctx) {
@@ -248,7 +257,8 @@ func (x *run) loop(ctx context.Context) {
 // finished.
 func (x *run) drainEvents(ctx context.Context) bool {
 	for len(x.events) > 0 {
-		if x.execAll(ctx, x.handle(<-x.events, time.Now())) {
+		e, finished := x.handleAllButLast(ctx, <-x.events)
+		if finished || x.execAll(ctx, x.handle(e, time.Now())) {
 			return true
 		}
 	}
@@ -338,7 +348,7 @@ func (x *run) execDeliver(d reqfsm.Deliver) {
 	if took, ok := x.tl.markRecovered(now); ok {
 		x.obs.recovered(took)
 	}
-	x.st.publish(x.r.Output.View())
+	x.unpublished = true // published once the event is handled
 	x.s.metrics.tokens.Add(float64(d.Tokens))
 }
 
@@ -352,6 +362,7 @@ func (x *run) execPrefillFailed(a reqfsm.PrefillFailed) {
 }
 
 func (x *run) finish() {
+	x.publish() // the last tokens before the end
 	x.obs.finished()
 	end := x.summary()
 	x.st.finish(x.r, end)

@@ -233,6 +233,12 @@ func (s *Stream) Next() (*wire.Frame, error) {
 	}
 }
 
+// Buffered reports whether a whole frame was received and not yet read:
+// Next returns it without waiting (unless it is stale, dropped, and the
+// next one is not there yet). A relay takes every frame already there in
+// one go and waits only for the first.
+func (s *Stream) Buffered() bool { return frame.Buffered(s.r) }
+
 // Cancel abandons the stream; the worker cancels the request. After
 // Detach it changes nothing: only a stream's first STOP_SENDING is sent.
 func (s *Stream) Cancel() {

@@ -65,3 +65,16 @@ func ReadInto(r *bufio.Reader, m proto.Message, scratch *[]byte) error {
 	}
 	return proto.Unmarshal(b, m)
 }
+
+// Buffered reports whether r's buffer holds a whole frame: a ReadInto now
+// returns without reading from r's source, so a reader can take every
+// frame already received in one go and block only for the first.
+func Buffered(r *bufio.Reader) bool {
+	n := r.Buffered()
+	if n == 0 {
+		return false
+	}
+	b, _ := r.Peek(min(n, binary.MaxVarintLen64))
+	size, k := binary.Uvarint(b)
+	return k > 0 && size <= uint64(n-k)
+}

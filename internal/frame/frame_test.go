@@ -103,3 +103,59 @@ func TestReadIntoKeepsNothingOfTheScratch(t *testing.T) {
 		t.Errorf("scratch of %d bytes, want %d", cap(scratch), want)
 	}
 }
+
+// TestBufferedSaysWhenAReadWouldNotWait: Buffered is true exactly while
+// the reader's buffer holds a whole frame, never reading from the source
+// to find out (a relay asks it between frames and must not block).
+func TestBufferedSaysWhenAReadWouldNotWait(t *testing.T) {
+	var wire bytes.Buffer
+	for _, s := range []string{"one", "two", string(bytes.Repeat([]byte("x"), 200))} {
+		if err := Write(&wire, wrapperspb.String(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := wire.Bytes()
+	first := 2 + len("one") // a 1-byte length, a tag and a length, the text
+	pr, pw := io.Pipe()
+	r := bufio.NewReaderSize(pr, 64)
+	if Buffered(r) {
+		t.Fatal("Buffered with nothing received")
+	}
+	// The first frame and half of the second arrive: one read is there.
+	go func() { pw.Write(all[:first+1+3]) }()
+	var m wrapperspb.StringValue
+	if err := Read(r, &m); err != nil || m.Value != "one" {
+		t.Fatalf("first frame: %q %v", m.Value, err)
+	}
+	if Buffered(r) {
+		t.Fatalf("Buffered with %d bytes of the second frame", r.Buffered())
+	}
+	// The rest: the second frame whole, the third (longer than the
+	// buffer) never whole in it.
+	go func() { pw.Write(all[first+1+3:]); pw.Close() }()
+	if err := Read(r, &m); err != nil || m.Value != "two" {
+		t.Fatalf("second frame: %q %v", m.Value, err)
+	}
+	if r.Buffered() > 0 && Buffered(r) {
+		t.Fatalf("Buffered with %d bytes of a %d-byte frame", r.Buffered(), len(all)-first-6)
+	}
+	if err := Read(r, &m); err != nil || len(m.Value) != 200 {
+		t.Fatalf("third frame: %d bytes %v", len(m.Value), err)
+	}
+	// Whole frames received together are all there to read.
+	r = bufio.NewReader(bytes.NewReader(all))
+	if _, err := r.Peek(1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if !Buffered(r) {
+			t.Fatalf("frame %d of 3 received together: not buffered (%d bytes)", i+1, r.Buffered())
+		}
+		if err := Read(r, &m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if Buffered(r) {
+		t.Fatal("Buffered after the last frame")
+	}
+}

@@ -299,7 +299,7 @@ func runStreamsBench() error {
 	// readers.
 	warm := openStreams(c.fe.URL, 16, 1<<30, streamsMaxTokens, 0)
 	warm.wg.Wait()
-	fe0, wk0, tok0, err := c.cpuSample(workers)
+	fe0, wk0, tok0, hand0, err := c.cpuSample(workers)
 	if err != nil {
 		return err
 	}
@@ -308,14 +308,14 @@ func runStreamsBench() error {
 		c.saveProfile(path, "/debug/pprof/profile?seconds=5")
 	}
 	fast.wg.Wait()
-	fe1, wk1, tok1, err := c.cpuSample(workers)
+	fe1, wk1, tok1, hand1, err := c.cpuSample(workers)
 	if err != nil {
 		return err
 	}
 	if n := fast.errs.Load(); n > 0 {
 		return fmt.Errorf("bench: %d streams failed, the first: %v", n, fast.firstErr.Load())
 	}
-	cpu := cpuFigures{fe: fe1 - fe0, wk: wk1 - wk0, tokens: tok1 - tok0, received: fast.received.Load()}
+	cpu := cpuFigures{fe: fe1 - fe0, wk: wk1 - wk0, tokens: tok1 - tok0, handOffs: hand1 - hand0, received: fast.received.Load()}
 	mem, err := c.memoryPhase()
 	if err != nil {
 		fmt.Printf("CPU phase: frontend %d ticks, workers %d ticks, %.0f tokens (%d received)\n", cpu.fe, cpu.wk, cpu.tokens, cpu.received)
@@ -330,6 +330,7 @@ func runStreamsBench() error {
 type cpuFigures struct {
 	fe, wk   int64
 	tokens   float64
+	handOffs float64 // of worker frames to run loops
 	received int64
 }
 
@@ -385,20 +386,20 @@ func (c *streamsCluster) memoryPhase() (f memFigures, err error) {
 }
 
 // cpuSample is the frontend's and the workers' CPU ticks, and the
-// frontend's tokens so far.
-func (c *streamsCluster) cpuSample(workers []int) (fe, wk int64, tokens float64, err error) {
+// frontend's tokens and hand-offs of frames so far.
+func (c *streamsCluster) cpuSample(workers []int) (fe, wk int64, tokens, handOffs float64, err error) {
 	if fe, err = cpuTicks(c.fe.PID()); err != nil {
 		return
 	}
 	for _, p := range workers {
 		t, err := cpuTicks(p)
 		if err != nil {
-			return 0, 0, 0, err
+			return 0, 0, 0, 0, err
 		}
 		wk += t
 	}
 	m, err := overload.Scrape(context.Background(), c.fe.MetricsURL)
-	return fe, wk, m["lifeline_frontend_tokens_total"], err
+	return fe, wk, m["lifeline_frontend_tokens_total"], m["lifeline_frontend_frame_batches_total"], err
 }
 
 // waitTokensSettle waits until the frontend has committed want tokens:
@@ -426,8 +427,9 @@ func printStreamsTable(f memFigures, cpu cpuFigures) {
 	fmt.Printf("| frontend memory growth over 5 s, every log complete, every reader behind (they read %d events meanwhile) | %+.1f KiB | %.1f MiB held | %.4f | no growth: %s |\n",
 		f.slowRead, grow/1024, f.lag1.inUse()/(1<<20), grow/f.lag1.inUse(), verdict(grow <= f.lag1.inUse()/100))
 	fmt.Printf("| slow clients cut by the write timeout | %.0f | | | |\n", f.lag2.slowClosed)
-	fmt.Printf("| frontend CPU per relayed token (%d fast-reading streams × %d tokens, %d received) | %.1f µs | workers' CPU per generated token: %.1f µs | %.3f | < %.2f: %s |\n\n",
+	fmt.Printf("| frontend CPU per relayed token (%d fast-reading streams × %d tokens, %d received) | %.1f µs | workers' CPU per generated token: %.1f µs | %.3f | < %.2f: %s |\n",
 		cpuStreams, streamsMaxTokens, cpu.received, feTok/1e3, wkTok/1e3, feTok/wkTok, cpuShareGoal, verdict(feTok/wkTok < cpuShareGoal))
+	fmt.Printf("| worker frames per hand-off to a request's run loop, same phase (1: the relay kept up) | %.2f | | | |\n\n", cpu.tokens/max(cpu.handOffs, 1))
 }
 
 // saveProfile writes one of the frontend's profiles to path (a diagnosis:
