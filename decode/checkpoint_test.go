@@ -53,6 +53,7 @@ func checkpoints(t *testing.T) map[string]string {
 // continuation from any split point, batched with the others, reproduces
 // the uninterrupted run's tokens, text and logits bit for bit.
 func TestCheckpointsServeBitExact(t *testing.T) {
+	t.Parallel()
 	for name, path := range checkpoints(t) {
 		t.Run(name, func(t *testing.T) {
 			if err := CheckModel(path); err != nil {

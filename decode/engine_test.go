@@ -76,6 +76,7 @@ var continuationPrompts = []string{
 // token ids, text chunks and logits bit for bit. All continuations of one
 // configuration run concurrently, so they also share batches.
 func TestContinuationBitExact(t *testing.T) {
+	t.Parallel()
 	e := newTinyEngine(t)
 	const maxTokens = 48
 	rng := rand.New(rand.NewPCG(2026, 11))

@@ -186,6 +186,7 @@ func TestStructuredOutputValidates(t *testing.T) {
 // continued from every prefix k (a migration after k tokens), produces
 // the same tokens, text, logprobs and top logprobs, bit for bit.
 func TestStructuredContinuationBitExact(t *testing.T) {
+	t.Parallel()
 	e := newTinyEngine(t)
 	a := compileSchema(t, testSchema)
 	for _, temp := range []float64{0, 1} {

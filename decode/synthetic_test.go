@@ -14,6 +14,7 @@ import (
 // sequence from any prefix bit-identically (a migrated stream on another
 // synthetic worker is the stream that never moved).
 func TestSyntheticEngine(t *testing.T) {
+	t.Parallel() // paced by its own clock: it runs beside the others
 	const rate = 200
 	e, err := NewEngine(Options{Preset: "tiny", WeightSeed: 1, SyntheticRate: rate, Limits: sched.Limits{MaxRunning: 64, MaxQueued: 64, MaxStepTokens: 256}})
 	if err != nil {
