@@ -51,6 +51,12 @@ func (s *Server) startFailover(ctx context.Context, addr net.Addr, rev int64) er
 	for range admitWriters {
 		s.goes.Go(func() { s.recs.queue.write(ctx, s.etcd) })
 	}
+	// The first records' lease, granted before serving: the first
+	// admission after a start would otherwise wait for a grant and a put
+	// (two raft writes) within recordTimeout, and under load run without
+	// a record, not resumable elsewhere. A failure here costs nothing:
+	// the admission grants one itself.
+	s.recs.warm(ctx)
 	s.metrics.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "lifeline_frontend_request_record_bytes_live",
 		Help: "Bytes of request records this frontend wrote that may still be live in etcd (bounded by --record-bytes-max)."},
 		func() float64 { return float64(s.recs.budget.live(time.Now())) }))

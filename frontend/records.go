@@ -42,6 +42,9 @@ const maxRecordBytes = 1 << 20
 // recordTimeout bounds the admission write; tokens wait for it.
 const recordTimeout = time.Second
 
+// leaseWarmTimeout bounds the grant of the records' first lease at start.
+const leaseWarmTimeout = 5 * time.Second
+
 // takeoverTimeout bounds each etcd call of a takeover.
 const takeoverTimeout = 2 * time.Second
 
@@ -124,6 +127,18 @@ func (rs *recordState) term() uint64 {
 // recordTimeout and most requests ran without a record. A new lease
 // every recordsPerLease writes costs a grant per that many.
 const recordsPerLease = 64
+
+// warm grants the lease the first records are written under, before
+// any is (bounded by leaseWarmTimeout; a failure leaves it to them).
+func (rc *records) warm(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, leaseWarmTimeout)
+	defer cancel()
+	if _, _, err := rc.leaseFor(ctx); err == nil {
+		rc.mu.Lock()
+		rc.leaseUses = 0 // granted, not yet written under
+		rc.mu.Unlock()
+	}
+}
 
 // leaseFor is the shared lease for a record written now, and when it
 // expires.

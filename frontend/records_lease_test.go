@@ -98,6 +98,47 @@ func admitRecords(t *testing.T, cli *clientv3.Client) (*records, context.Context
 // TestAdmissionWritesShareTransactions: admissions that arrive together
 // are written in fewer transactions than records (each transaction one
 // etcd revision), every record stored under its key with its revision.
+// TestWarmLeaseServesTheFirstRecords: the lease granted at start (warm)
+// is the one the first records are written under — the first admission
+// after a start waits for its put alone, not a grant as well — and it
+// holds recordsPerLease of them, as any other.
+func TestWarmLeaseServesTheFirstRecords(t *testing.T) {
+	cli := testEtcd(t)
+	ctx := context.Background()
+	rc := &records{etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1"}
+	leases := func() []clientv3.LeaseStatus {
+		ls, err := cli.Leases(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ls.Leases
+	}
+	rc.warm(ctx)
+	warm := leases()
+	if len(warm) != 1 {
+		t.Fatalf("%d leases after warm, want 1", len(warm))
+	}
+	for i := range recordsPerLease + 1 {
+		st := newStream(fmt.Sprintf("r%d", i), CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
+		st.rec = &recordState{stored: make(chan struct{})}
+		now := time.Now()
+		rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
+		if st.rec.rev == 0 {
+			t.Fatalf("record %d not written", i)
+		}
+		if got := len(leases()); i < recordsPerLease && got != 1 {
+			t.Fatalf("record %d: %d leases, want the warm one alone", i, got)
+		}
+	}
+	ttl, err := cli.TimeToLive(ctx, warm[0].ID, clientv3.WithAttachedKeys())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ttl.Keys) != recordsPerLease || len(leases()) != 2 {
+		t.Fatalf("the warm lease holds %d records, %d leases in all: want %d and 2", len(ttl.Keys), len(leases()), recordsPerLease)
+	}
+}
+
 func TestAdmissionWritesShareTransactions(t *testing.T) {
 	cli := testEtcd(t)
 	rc, ctx := admitRecords(t, cli)

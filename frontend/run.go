@@ -282,6 +282,11 @@ func (x *run) execAll(ctx context.Context, acts []reqfsm.Action) bool {
 
 // exec carries out one action; what it returns comes from the machine.
 func (x *run) exec(ctx context.Context, a reqfsm.Action) []reqfsm.Action {
+	if _, ok := a.(reqfsm.Deliver); !ok {
+		// What was delivered reaches the client before anything that
+		// may wait (a route, a dial, a prefill of a migration).
+		x.publish()
+	}
 	switch a := a.(type) {
 	case reqfsm.Route:
 		return x.execRoute(a)

@@ -344,11 +344,16 @@ func (t *verbs) Close() error {
 // Fetch implements Transport.
 func (t *verbs) Fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
 	n, err := t.fetch(ctx, addr, f, into)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrBadTransfer) {
+	if err != nil && ctx.Err() == nil && !errors.Is(err, ErrBadTransfer) && !errors.Is(err, errNoControl) {
 		return t.ctrl.Fetch(ctx, addr, f, into)
 	}
 	return n, err
 }
+
+// errNoControl: the source's QUIC endpoint, which the RDMA offer is
+// asked on and the QUIC fallback would fetch from, did not answer; the
+// fallback would only wait out a second dial.
+var errNoControl = errors.New("rdma: the source's control stream")
 
 func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, into func(int, *transferpb.BlockHeader) ([]byte, error)) (int, error) {
 	q, err := t.dev.newQP(int(min(f.Count, maxReadsInFlight))+1, false)
@@ -358,7 +363,7 @@ func (t *verbs) fetch(ctx context.Context, addr string, f *transferpb.Fetch, int
 	defer freeQP(q)
 	st, _, stop, err := t.ctrl.Stream(ctx, addr, 0)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%w: %w", errNoControl, err)
 	}
 	defer stop()
 	defer st.Close()
