@@ -25,11 +25,7 @@ func TestRecordLeasesHoldABoundedNumberOfRecords(t *testing.T) {
 	rc := &records{etcd: cli, window: time.Minute, m: newMetrics(), log: slog.New(slog.NewTextHandler(io.Discard, nil)), owner: "f1"}
 	const n = 3*recordsPerLease + 5
 	for i := range n {
-		st := newStream(fmt.Sprintf("r%d", i), CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
-		st.rec = &recordState{stored: make(chan struct{})}
-		now := time.Now()
-		rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
-		if st.rec.rev == 0 {
+		if st := admitOne(ctx, rc, fmt.Sprintf("r%d", i)); st.rec.rev == 0 {
 			t.Fatalf("record %d not written", i)
 		}
 	}
@@ -51,6 +47,16 @@ func TestRecordLeasesHoldABoundedNumberOfRecords(t *testing.T) {
 	if want := (n + recordsPerLease - 1) / recordsPerLease; total != n || len(ls.Leases) != want {
 		t.Fatalf("%d records under %d leases, want %d under %d", total, len(ls.Leases), n, want)
 	}
+}
+
+// admitOne admits a resumable request id through rc and returns its
+// stream (st.rec.rev is its record's revision, 0 if none was written).
+func admitOne(ctx context.Context, rc *records, id string) *stream {
+	st := newStream(id, CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
+	st.rec = &recordState{stored: make(chan struct{})}
+	now := time.Now()
+	rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
+	return st
 }
 
 // testEtcd is a client of a real etcd (one member, in this process) that
@@ -119,11 +125,7 @@ func TestWarmLeaseServesTheFirstRecords(t *testing.T) {
 		t.Fatalf("%d leases after warm, want 1", len(warm))
 	}
 	for i := range recordsPerLease + 1 {
-		st := newStream(fmt.Sprintf("r%d", i), CompletionRequest{Model: "m", Prompt: "p"}, false, true, func(error) {})
-		st.rec = &recordState{stored: make(chan struct{})}
-		now := time.Now()
-		rc.admit(ctx, st, rc.newRecord(st, now.Add(time.Minute), now))
-		if st.rec.rev == 0 {
+		if st := admitOne(ctx, rc, fmt.Sprintf("r%d", i)); st.rec.rev == 0 {
 			t.Fatalf("record %d not written", i)
 		}
 		if got := len(leases()); i < recordsPerLease && got != 1 {
