@@ -495,7 +495,8 @@ func (x *run) handleAllButLast(ctx context.Context, e event) (event, bool) {
 
 // publish shows the client's writers the tokens delivered since the last
 // publish: once per event the loop handled, however many tokens it
-// delivered (a batch of frames wakes each writer once).
+// delivered (a batch of frames wakes each writer once), and before any
+// action that may wait (exec) or the end (finish).
 func (x *run) publish() {
 	if x.unpublished {
 		x.unpublished = false

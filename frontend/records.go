@@ -129,14 +129,15 @@ func (rs *recordState) term() uint64 {
 const recordsPerLease = 64
 
 // warm grants the lease the first records are written under, before
-// any is (bounded by leaseWarmTimeout; a failure leaves it to them).
+// any is (bounded by leaseWarmTimeout; a failure leaves it to them). It
+// does nothing once a lease was granted.
 func (rc *records) warm(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, leaseWarmTimeout)
 	defer cancel()
-	if _, _, err := rc.leaseFor(ctx); err == nil {
-		rc.mu.Lock()
-		rc.leaseUses = 0 // granted, not yet written under
-		rc.mu.Unlock()
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if rc.lease == 0 {
+		rc.grantLocked(ctx, 0) // granted, not yet written under
 	}
 }
 
@@ -145,17 +146,27 @@ func (rc *records) warm(ctx context.Context) {
 func (rc *records) leaseFor(ctx context.Context) (clientv3.LeaseID, time.Time, error) {
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	ttl := rc.window + rc.window/4
 	if rc.lease != 0 && time.Since(rc.granted) < rc.window/4 && rc.leaseUses < recordsPerLease {
 		rc.leaseUses++
-		return rc.lease, rc.granted.Add(ttl), nil
+		return rc.lease, rc.granted.Add(rc.leaseTTL()), nil
 	}
+	return rc.grantLocked(ctx, 1)
+}
+
+// leaseTTL is a records lease's time to live: a record written under it
+// up to window/4 after the grant still lives its whole window.
+func (rc *records) leaseTTL() time.Duration { return rc.window + rc.window/4 }
+
+// grantLocked grants a new records lease, written under uses times so
+// far, and returns it with its expiry; rc.mu is held.
+func (rc *records) grantLocked(ctx context.Context, uses int) (clientv3.LeaseID, time.Time, error) {
+	ttl := rc.leaseTTL()
 	now := time.Now()
 	g, err := rc.etcd.Grant(ctx, int64((ttl+time.Second-1)/time.Second))
 	if err != nil {
 		return 0, time.Time{}, err
 	}
-	rc.lease, rc.granted, rc.leaseUses = g.ID, now, 1
+	rc.lease, rc.granted, rc.leaseUses = g.ID, now, uses
 	return g.ID, now.Add(ttl), nil
 }
 

@@ -101,9 +101,6 @@ func admitRecords(t *testing.T, cli *clientv3.Client) (*records, context.Context
 	return rc, ctx
 }
 
-// TestAdmissionWritesShareTransactions: admissions that arrive together
-// are written in fewer transactions than records (each transaction one
-// etcd revision), every record stored under its key with its revision.
 // TestWarmLeaseServesTheFirstRecords: the lease granted at start (warm)
 // is the one the first records are written under — the first admission
 // after a start waits for its put alone, not a grant as well — and it
@@ -141,6 +138,9 @@ func TestWarmLeaseServesTheFirstRecords(t *testing.T) {
 	}
 }
 
+// TestAdmissionWritesShareTransactions: admissions that arrive together
+// are written in fewer transactions than records (each transaction one
+// etcd revision), every record stored under its key with its revision.
 func TestAdmissionWritesShareTransactions(t *testing.T) {
 	cli := testEtcd(t)
 	rc, ctx := admitRecords(t, cli)

@@ -353,7 +353,7 @@ func (x *run) execDeliver(d reqfsm.Deliver) {
 	if took, ok := x.tl.markRecovered(now); ok {
 		x.obs.recovered(took)
 	}
-	x.unpublished = true // published once the event is handled
+	x.unpublished = true // published once the event is handled, or before an action that may wait
 	x.s.metrics.tokens.Add(float64(d.Tokens))
 }
 
