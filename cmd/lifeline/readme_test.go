@@ -29,7 +29,8 @@ func TestRunnableDocCommands(t *testing.T) {
 	if len(blocks) < 2 {
 		t.Fatalf("%d runnable blocks in the README and docs: the quickstart's are marked <!-- runnable -->", len(blocks))
 	}
-	up := startUp(t, t.TempDir(), "--nodes", "2", "--frontends", "2", "--preset", "small")
+	// Each frontend on a port the kernel picks (as TestUpTLS).
+	up := startUp(t, t.TempDir(), "--nodes", "2", "--frontends", "2", "--preset", "small", "--listen", "127.0.0.1:0")
 	var urls []string
 	for _, l := range strings.Split(up.out.String(), "\n") {
 		if u, ok := strings.CutPrefix(l, "URL "); ok {

@@ -567,7 +567,10 @@ func TestUpNetNSCutsANodeForReal(t *testing.T) {
 func TestUpTLS(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
-	up := startUp(t, dir, "--nodes", "1", "--tls", "--frontends", "2")
+	// Each frontend on a port the kernel picks: startUp's free port P
+	// leaves P+1 for the second only by luck (another test's connection
+	// took it once in CI).
+	up := startUp(t, dir, "--nodes", "1", "--tls", "--frontends", "2", "--listen", "127.0.0.1:0")
 	if !strings.HasPrefix(up.url, "https://127.0.0.1:") {
 		t.Fatalf("lifeline up --tls printed URL %s", up.url)
 	}
