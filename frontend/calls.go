@@ -443,18 +443,20 @@ func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream
 	}
 	for {
 		f, err := next()
-		var more []*wire.Frame
-		for err == nil && f.FinishReason == "" && len(more) < maxFrameBatch-1 && st.Buffered() {
-			g, gerr := next()
-			if gerr != nil {
-				// The frames before it first, then the failure.
-				x.deliver(ctx, event{epoch: epoch, frame: f, more: more, from: to})
-				x.s.metrics.frameBatches.Inc()
-				f, more, err = nil, nil, gerr
-				break
+		if err == nil {
+			// The frames already received with f (a failure among them
+			// is reported after them).
+			e := event{epoch: epoch, frame: f, from: to}
+			for last := f; last.FinishReason == "" && len(e.more) < maxFrameBatch-1 && st.Buffered(); {
+				if last, err = next(); err != nil {
+					break
+				}
+				e.more = append(e.more, last)
 			}
-			if more = append(more, g); g.FinishReason != "" {
-				break
+			x.deliver(ctx, e)
+			x.s.metrics.frameBatches.Inc()
+			if err == nil && e.last().FinishReason != "" {
+				return
 			}
 		}
 		if err != nil {
@@ -466,16 +468,15 @@ func (x *run) readFrames(ctx context.Context, c *pooled, st *workerclient.Stream
 			}
 			return
 		}
-		x.deliver(ctx, event{epoch: epoch, frame: f, more: more, from: to})
-		x.s.metrics.frameBatches.Inc()
-		last := f
-		if len(more) > 0 {
-			last = more[len(more)-1]
-		}
-		if last.FinishReason != "" {
-			return
-		}
 	}
+}
+
+// last is the last frame of e's batch.
+func (e event) last() *wire.Frame {
+	if len(e.more) > 0 {
+		return e.more[len(e.more)-1]
+	}
+	return e.frame
 }
 
 // handleAllButLast handles the frames of a batch but its last, one at a
